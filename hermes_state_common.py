@@ -1,0 +1,609 @@
+"""What every hermes_state module shares: home and profile paths, the schema, small helpers.
+
+Home resolution has one authority, :func:`get_hermes_home`: a context-local override first
+(:func:`hermes_home_override`, safe across threads and asyncio tasks because it is a
+``ContextVar``), then ``HERMES_HOME``, then the platform default. Everything else — the default
+database path, profile homes, the environment handed to child processes — is derived from it at
+call time, never frozen at import.
+
+Named profiles live in ``<root>/profiles/<name>/``. The root is the resolved home, or, when the
+resolved home is itself a profile directory, the root that profile belongs to; so a process
+already running inside one profile resolves a sibling profile next to it, never inside itself.
+
+``SCHEMA_SQL`` declares every table, column, index, view and trigger of the current schema
+(version :data:`SCHEMA_VERSION`); ``hermes_state_schema`` applies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from hermes_state_errors import UnsafePathError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SCHEMA_SQL",
+    "get_hermes_home",
+    "hermes_home_override",
+    "platform_default_home",
+    "hermes_root",
+    "default_db_path",
+    "display_hermes_home",
+    "validate_profile_name",
+    "resolve_profile_home",
+    "child_process_env",
+    "check_test_isolation",
+    "transaction",
+]
+
+SCHEMA_VERSION = 31
+DB_FILENAME = "state.db"
+SIDECAR_SUFFIXES = ("-wal", "-shm")
+GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
+
+# ---------------------------------------------------------------------------------------------
+# Home and profiles
+# ---------------------------------------------------------------------------------------------
+
+_home_override: ContextVar[Path | None] = ContextVar("hermes_home_override", default=None)
+
+
+def platform_default_home() -> Path:
+    """``~/.hermes`` on macOS and Linux, ``%LOCALAPPDATA%/hermes`` on Windows."""
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        if local:
+            return Path(local) / "hermes"
+        return Path.home() / "AppData" / "Local" / "hermes"
+    return Path.home() / ".hermes"
+
+
+def get_hermes_home() -> Path:
+    """The directory that holds this process's (or this context's) state and config."""
+    override = _home_override.get()
+    if override is not None:
+        return override
+    env = os.environ.get("HERMES_HOME")
+    if env:
+        return Path(env).expanduser()
+    return platform_default_home()
+
+
+@contextlib.contextmanager
+def hermes_home_override(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Make :func:`get_hermes_home` return ``path`` inside this context only.
+
+    The override follows the current thread or asyncio task (a ``ContextVar``): other threads
+    and tasks keep resolving their own home.
+    """
+    home = Path(path).expanduser()
+    token = _home_override.set(home)
+    try:
+        yield home
+    finally:
+        _home_override.reset(token)
+
+
+def hermes_root(home: Path | None = None) -> Path:
+    """The root that named profiles live under (see the module docstring)."""
+    home = get_hermes_home() if home is None else home
+    if home.parent.name == "profiles":
+        return home.parent.parent
+    return home
+
+
+def default_db_path() -> Path:
+    return get_hermes_home() / DB_FILENAME
+
+
+_PROFILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_profile_name(name: str) -> str:
+    """Return ``name`` if it is a safe profile name, else raise :class:`UnsafePathError`.
+
+    A name is 1–64 characters of letters, digits, ``.``, ``_`` and ``-``, starting with a letter
+    or digit; so no separators, no ``..``, nothing absolute and nothing empty.
+    """
+    if not isinstance(name, str) or not _PROFILE_NAME_RE.fullmatch(name) or ".." in name:
+        raise UnsafePathError(f"invalid profile name: {name!r}", path=str(name))
+    return name
+
+
+def resolve_profile_home(name: str, root: Path | None = None) -> Path:
+    """The home directory of profile ``name``; ``"default"`` is the root itself.
+
+    The result is checked to stay under ``<root>/profiles`` after resolving symlinks.
+    """
+    validate_profile_name(name)
+    root = hermes_root() if root is None else Path(root).expanduser()
+    if name == "default":
+        return root
+    profiles = root / "profiles"
+    home = profiles / name
+    resolved_profiles = profiles.resolve()
+    if not home.resolve().is_relative_to(resolved_profiles):
+        raise UnsafePathError(f"profile {name!r} escapes {profiles}", path=home)
+    return home
+
+
+def display_hermes_home(home: Path | None = None) -> str:
+    """Format a home for people to read (``~/.hermes/profiles/coder``); display only."""
+    home = get_hermes_home() if home is None else Path(home)
+    try:
+        return "~/" + home.relative_to(Path.home()).as_posix()
+    except ValueError:
+        return str(home)
+
+
+def child_process_env(
+    home: Path | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment for a child process that must work in ``home`` (default: this context's).
+
+    ``HERMES_HOME`` is always set explicitly: a child that inherited only ``HOME`` would fall
+    back to the default profile.
+    """
+    env = dict(os.environ if base is None else base)
+    env["HERMES_HOME"] = str(get_hermes_home() if home is None else home)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# The test-isolation guard
+# ---------------------------------------------------------------------------------------------
+
+# Set by the pytest plugin while a test marked ``live_system_guard_bypass`` runs.
+_guard_bypassed_in_process = False
+
+
+def _running_under_pytest() -> bool:
+    return "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules
+
+
+def is_production_db_path(db_path: Path) -> bool:
+    """True when ``db_path`` is the real default root's database or a real profile's."""
+    root = platform_default_home()
+    try:
+        target = db_path.expanduser().absolute()
+        rel = target.parent.relative_to(root.absolute())
+    except ValueError:
+        return False
+    parts = rel.parts
+    return parts == () or (len(parts) == 2 and parts[0] == "profiles")
+
+
+def check_test_isolation(db_path: Path) -> None:
+    """Refuse, under pytest, to open a production database (RuntimeError, nothing touched)."""
+    if not _running_under_pytest() or _guard_bypassed_in_process:
+        return
+    if os.environ.get(GUARD_BYPASS_ENV) == "1":
+        return
+    if is_production_db_path(db_path):
+        raise RuntimeError(
+            f"refusing to open the production database {db_path} from a test: point "
+            f"HERMES_HOME or db_path at a temporary directory"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Small shared helpers
+# ---------------------------------------------------------------------------------------------
+
+_SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str) -> str:
+    """Remove lone surrogates (SQLite cannot bind them); join valid pairs. Nothing else changes."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    joined = _SURROGATE_PAIR_RE.sub(
+        lambda m: m.group(0).encode("utf-16", "surrogatepass").decode("utf-16"), value
+    )
+    return _SURROGATE_RE.sub("", joined)
+
+
+def clean_optional(value: str | None) -> str | None:
+    return None if value is None else clean_text(str(value))
+
+
+def encode_json(value: Any) -> str | None:
+    """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is."""
+    if value is None:
+        return None
+    return clean_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def decode_json(text: str | None) -> Any:
+    """The value of a JSON-typed column; text that is not JSON is returned unchanged."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def escape_like(value: str) -> str:
+    """Escape ``\\``, ``%`` and ``_`` for a ``LIKE ... ESCAPE '\\'`` pattern."""
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def now() -> float:
+    return time.time()
+
+
+def placeholders(n: int) -> str:
+    """``?, ?, ...`` for ``n`` values (n ≥ 1)."""
+    return ", ".join("?" * n)
+
+
+_savepoint_ids = itertools.count(1)
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
+
+    Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
+    never hides the original error.
+    """
+    if conn.in_transaction:
+        name = f"hermes_sp_{next(_savepoint_ids)}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+            raise
+        conn.execute(f"RELEASE {name}")
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def quote_identifier(name: str) -> str:
+    """Quote an SQL identifier (table or column name read from the schema)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema
+# ---------------------------------------------------------------------------------------------
+
+# Canonical tables. Column additions here are picked up by _reconcile_columns() on open.
+TABLES_SQL = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    user_id TEXT,
+    model TEXT,
+    model_config TEXT,
+    system_prompt TEXT,
+    parent_session_id TEXT,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    message_count INTEGER DEFAULT 0,
+    tool_call_count INTEGER DEFAULT 0,
+    input_tokens INTEGER DEFAULT 0,
+    output_tokens INTEGER DEFAULT 0,
+    cache_read_tokens INTEGER DEFAULT 0,
+    cache_write_tokens INTEGER DEFAULT 0,
+    reasoning_tokens INTEGER DEFAULT 0,
+    billing_provider TEXT,
+    billing_base_url TEXT,
+    billing_mode TEXT,
+    estimated_cost_usd REAL,
+    actual_cost_usd REAL,
+    cost_status TEXT,
+    cost_source TEXT,
+    pricing_version TEXT,
+    title TEXT,
+    api_call_count INTEGER DEFAULT 0,
+    session_key TEXT,
+    chat_id TEXT,
+    chat_type TEXT,
+    thread_id TEXT,
+    display_name TEXT,
+    origin_json TEXT,
+    expiry_finalized INTEGER DEFAULT 0,
+    cwd TEXT,
+    git_branch TEXT,
+    git_repo_root TEXT,
+    handoff_state TEXT,
+    handoff_target TEXT,
+    handoff_at REAL,
+    compression_failure_count INTEGER DEFAULT 0,
+    last_compression_error TEXT,
+    last_compression_failed_at REAL,
+    successor_session_id TEXT,
+    profile_name TEXT,
+    transport_profile TEXT,
+    rewind_count INTEGER DEFAULT 0,
+    archived INTEGER DEFAULT 0,
+    auto_archived INTEGER DEFAULT 0,
+    pinned INTEGER DEFAULT 0,
+    FOREIGN KEY (parent_session_id) REFERENCES sessions(id)
+);
+
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    role TEXT NOT NULL,
+    content TEXT,
+    tool_call_id TEXT,
+    tool_calls TEXT,
+    tool_name TEXT,
+    timestamp REAL NOT NULL,
+    token_count INTEGER,
+    finish_reason TEXT,
+    reasoning TEXT,
+    reasoning_content TEXT,
+    reasoning_details TEXT,
+    codex_reasoning_items TEXT,
+    codex_message_items TEXT,
+    effect_disposition TEXT,
+    platform_message_id TEXT,
+    observed INTEGER DEFAULT 0,
+    active INTEGER DEFAULT 1,
+    compacted INTEGER DEFAULT 0,
+    api_content TEXT,
+    display_kind TEXT,
+    display_metadata TEXT,
+    message_uid TEXT,
+    absorbed_message_uids TEXT,
+    tool_call_uids TEXT,
+    tool_call_uid TEXT,
+    search_cjk TEXT
+);
+
+CREATE TABLE IF NOT EXISTS session_model_usage (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    model TEXT NOT NULL DEFAULT '',
+    billing_provider TEXT NOT NULL DEFAULT '',
+    billing_base_url TEXT NOT NULL DEFAULT '',
+    billing_mode TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    input_tokens INTEGER DEFAULT 0,
+    output_tokens INTEGER DEFAULT 0,
+    cache_read_tokens INTEGER DEFAULT 0,
+    cache_write_tokens INTEGER DEFAULT 0,
+    reasoning_tokens INTEGER DEFAULT 0,
+    estimated_cost_usd REAL,
+    actual_cost_usd REAL,
+    api_call_count INTEGER DEFAULT 0,
+    first_used_at REAL,
+    last_used_at REAL,
+    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task)
+);
+
+CREATE TABLE IF NOT EXISTS state_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT
+);
+
+CREATE TABLE IF NOT EXISTS gateway_routing (
+    scope TEXT NOT NULL DEFAULT '',
+    session_key TEXT NOT NULL,
+    entry_json TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (scope, session_key)
+);
+
+CREATE TABLE IF NOT EXISTS compression_locks (
+    session_id TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS async_delegations (
+    delegation_id TEXT PRIMARY KEY,
+    parent_session_id TEXT NOT NULL,
+    child_session_id TEXT,
+    status TEXT NOT NULL DEFAULT 'pending',
+    task TEXT,
+    result_json TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS runtime_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL,
+    instance_id TEXT NOT NULL,
+    started_at REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS session_admissions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT,
+    principal_id TEXT NOT NULL DEFAULT '',
+    request_id TEXT,
+    intent TEXT NOT NULL DEFAULT 'queue',
+    payload_json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'queued',
+    epoch INTEGER,
+    outcome TEXT,
+    result_json TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    UNIQUE (principal_id, session_id, request_id)
+);
+
+CREATE TABLE IF NOT EXISTS worker_executions (
+    execution_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT,
+    epoch INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'registered',
+    outcome TEXT,
+    last_sequence INTEGER NOT NULL DEFAULT 0,
+    registered_at REAL NOT NULL,
+    finished_at REAL
+);
+
+CREATE TABLE IF NOT EXISTS worker_receipts (
+    execution_id TEXT NOT NULL REFERENCES worker_executions(execution_id) ON DELETE RESTRICT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT,
+    sequence INTEGER NOT NULL,
+    payload_json TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (execution_id, sequence)
+);
+"""
+
+INDEXES_SQL = """
+CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source);
+CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id);
+CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC);
+CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique
+    ON sessions(title) WHERE title IS NOT NULL;
+CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp);
+CREATE INDEX IF NOT EXISTS idx_messages_session_id ON messages(session_id, id);
+CREATE INDEX IF NOT EXISTS idx_admissions_session
+    ON session_admissions(session_id, status, id);
+CREATE INDEX IF NOT EXISTS idx_worker_executions_session
+    ON worker_executions(session_id, status);
+"""
+
+# The three full-text indexes are external-content FTS5 tables over `messages` (rowid = message
+# id). messages_fts covers every row; messages_fts_trigram (substring search, queried with LIKE,
+# hence detail=none) skips tool output, which is most of the bytes and is still searchable by
+# word through messages_fts; messages_fts_cjk indexes `search_cjk`, a copy of the row's text in
+# which every CJK run is spelled as overlapping bigrams (written by Python when the row is
+# inserted, NULL for rows without CJK), so plain unicode61 serves 1–2 character CJK terms and
+# any SQLite, the sqlite3 shell included, can read and maintain it. The views are the exact row
+# sets each index covers, so FTS5 'integrity-check' compares like with like.
+FTS_SQL = """
+CREATE VIEW IF NOT EXISTS messages_fts_trigram_source AS
+    SELECT id, content FROM messages WHERE role <> 'tool';
+CREATE VIEW IF NOT EXISTS messages_fts_cjk_source AS
+    SELECT id, search_cjk FROM messages WHERE search_cjk IS NOT NULL;
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
+    content, tool_name, tool_calls,
+    content='messages', content_rowid='id'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(
+    content,
+    content='messages_fts_trigram_source', content_rowid='id',
+    tokenize='trigram', detail='none'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_cjk USING fts5(
+    search_cjk,
+    content='messages_fts_cjk_source', content_rowid='id',
+    tokenize='unicode61'
+);
+"""
+
+FTS_TRIGGER_NAMES = ("messages_fts_insert", "messages_fts_update", "messages_fts_delete")
+
+# A row is in the indexes unless a chunked rebuild is running and has not reached it yet:
+# rows in (fts_rebuild_progress, fts_rebuild_high_water] are left to the rebuild.
+_FTS_GATE = """
+    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_high_water') IS NULL
+    OR {row}.id > (SELECT CAST(value AS INTEGER) FROM state_meta
+                   WHERE key = 'fts_rebuild_high_water')
+    OR {row}.id <= (SELECT CAST(value AS INTEGER) FROM state_meta
+                    WHERE key = 'fts_rebuild_progress')"""
+
+_FTS_ADD = """
+    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
+        VALUES ({row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);
+    INSERT INTO messages_fts_trigram(rowid, content)
+        SELECT {row}.id, {row}.content WHERE {row}.role <> 'tool';
+    INSERT INTO messages_fts_cjk(rowid, search_cjk)
+        SELECT {row}.id, {row}.search_cjk WHERE {row}.search_cjk IS NOT NULL;"""
+
+_FTS_REMOVE = """
+    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
+        VALUES ('delete', {row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content)
+        SELECT 'delete', {row}.id, {row}.content WHERE {row}.role <> 'tool';
+    INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, search_cjk)
+        SELECT 'delete', {row}.id, {row}.search_cjk WHERE {row}.search_cjk IS NOT NULL;"""
+
+FTS_TRIGGERS_SQL = f"""
+CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages
+WHEN {_FTS_GATE.format(row="new")}
+BEGIN{_FTS_ADD.format(row="new")}
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_update
+AFTER UPDATE OF content, tool_name, tool_calls, role, search_cjk ON messages
+WHEN {_FTS_GATE.format(row="old")}
+BEGIN{_FTS_REMOVE.format(row="old")}{_FTS_ADD.format(row="new")}
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages
+WHEN {_FTS_GATE.format(row="old")}
+BEGIN{_FTS_REMOVE.format(row="old")}
+END;
+"""
+
+# Created on first use by the gateway's delivery ledger, not when the store is opened.
+DELIVERY_OBLIGATIONS_SQL = """
+CREATE TABLE IF NOT EXISTS delivery_obligations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT,
+    platform TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    thread_id TEXT,
+    obligation_key TEXT NOT NULL UNIQUE,
+    payload_json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'owed',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    settled_at REAL
+);
+CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
+    ON delivery_obligations(status, created_at);
+"""
+
+SCHEMA_SQL = TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL
+
+# The runtime ledgers: never copied by recover (a partial ledger could replay or adopt work).
+RUNTIME_LEDGER_TABLES = (
+    "runtime_epoch",
+    "session_admissions",
+    "worker_executions",
+    "worker_receipts",
+)

@@ -1,0 +1,211 @@
+"""The typed exception hierarchy of hermes_state, and SQLite error classification.
+
+Every error the library raises on purpose derives from :class:`HermesStateError`. Errors that
+come from SQLite keep the original ``sqlite3`` exception as ``__cause__``. Messages state the
+condition only; advice on what to do next belongs to the command line, not to the exception.
+
+SQLite errors are classified by result code (``sqlite_errorcode``, the extended code), never by
+message text: message text changes between SQLite versions and locales, result codes do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "HermesStateError",
+    "StateDbLockedError",
+    "StateDbCorruptError",
+    "FtsCorruptError",
+    "StateDbUnavailableError",
+    "StateDbReplacedError",
+    "UnsafePathError",
+    "LedgerBusyError",
+    "LedgerConflictError",
+    "StaleEpochError",
+    "ReceiptRejectedError",
+    "SessionNotFoundError",
+    "TitleConflictError",
+    "OwnerLookupError",
+    "is_sqlite_lock_error",
+    "is_corruption_error",
+    "is_fts_corruption_code",
+    "is_disk_full_error",
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_CORRUPT",
+    "SQLITE_NOTADB",
+    "SQLITE_CORRUPT_VTAB",
+    "SQLITE_FULL",
+]
+
+# Primary result codes; the extended code keeps the primary code in its low byte.
+SQLITE_BUSY = 5
+SQLITE_LOCKED = 6
+SQLITE_CORRUPT = 11
+SQLITE_FULL = 13
+SQLITE_NOTADB = 26
+SQLITE_CORRUPT_VTAB = SQLITE_CORRUPT | (1 << 8)
+
+LOCKED_REASON = "session_persistence_failed:locked"
+
+
+class HermesStateError(Exception):
+    """Root of every error raised by hermes_state."""
+
+
+class StateDbLockedError(HermesStateError):
+    """A write could not take the database lock before its patience ran out.
+
+    ``holders`` names the processes seen holding SQLite locks on the database files at that
+    moment (one line each, empty where ``/proc/locks`` is not available).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | None = None,
+        waited_s: float = 0.0,
+        attempts: int = 0,
+        holders: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.reason = LOCKED_REASON
+        self.path = path
+        self.waited_s = waited_s
+        self.attempts = attempts
+        self.holders = list(holders)
+
+
+class StateDbCorruptError(HermesStateError):
+    """The database file itself (not only a search index) is damaged.
+
+    The handle that saw it is quarantined: it never writes to the file again. When a transcript
+    could not be written, ``spooled_to`` is the JSONL file that holds it instead.
+    """
+
+    def __init__(
+        self, message: str, *, path: Path | None = None, spooled_to: Path | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.spooled_to = spooled_to
+
+
+class FtsCorruptError(HermesStateError):
+    """A full-text index is damaged while the canonical tables are intact."""
+
+
+class StateDbUnavailableError(HermesStateError):
+    """The store cannot serve this request: ``reason`` is "uninitialized", "incompatible" or
+    "busy". ``http_status`` is what a web front end should answer (503: try again later)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        path: Path | None = None,
+        http_status: int = 503,
+        schema_version: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.path = path
+        self.http_status = http_status
+        self.schema_version = schema_version
+
+
+class StateDbReplacedError(HermesStateError):
+    """The database file was deleted or replaced underneath an open handle."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class UnsafePathError(HermesStateError, ValueError):
+    """A path or profile name was refused: a symlink where a database file belongs, a profile
+    name with separators or ``..``, or a path that escapes its root."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class LedgerBusyError(HermesStateError):
+    """A session cannot be deleted or pruned while its runtime ledgers hold live work."""
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class LedgerConflictError(HermesStateError, ValueError):
+    """A ledger operation does not fit the ledger's current state (wrong status, unknown id)."""
+
+
+class StaleEpochError(LedgerConflictError):
+    """The caller's runtime epoch is not the current one: another owner has taken over."""
+
+    def __init__(self, message: str, *, epoch: int, current_epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class ReceiptRejectedError(LedgerConflictError):
+    """A worker receipt was out of sequence or did not match its digest; nothing was written."""
+
+
+class SessionNotFoundError(HermesStateError, KeyError):
+    """No session has this id."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        return f"session not found: {self.session_id!r}"
+
+
+class TitleConflictError(HermesStateError, ValueError):
+    """Another session already carries this title."""
+
+
+class OwnerLookupError(HermesStateError):
+    """The owner of an input could not be determined, so nothing was written on a guess."""
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code if isinstance(code, int) else None
+
+
+def is_sqlite_lock_error(exc: BaseException) -> bool:
+    """True for SQLITE_BUSY / SQLITE_LOCKED and their extended codes.
+
+    This includes a busy error that FTS5 reports as "vtable constructor failed": the code is
+    still SQLITE_BUSY, only the message differs.
+    """
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) in (SQLITE_BUSY, SQLITE_LOCKED)
+
+
+def is_corruption_error(exc: BaseException) -> bool:
+    """True for SQLITE_CORRUPT (any extended code) and SQLITE_NOTADB."""
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) in (SQLITE_CORRUPT, SQLITE_NOTADB)
+
+
+def is_fts_corruption_code(exc: BaseException) -> bool:
+    """True when the result code itself says the damage is inside a virtual table."""
+    return _error_code(exc) == SQLITE_CORRUPT_VTAB
+
+
+def is_disk_full_error(exc: BaseException) -> bool:
+    """True for SQLITE_FULL (the disk or ``max_page_count`` is exhausted)."""
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) == SQLITE_FULL
