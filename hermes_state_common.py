@@ -17,14 +17,16 @@ already running inside one profile resolves a sibling profile next to it, never 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
 import re
 import sqlite3
+import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,77 @@ def child_process_env(
 
 
 # ---------------------------------------------------------------------------------------------
+# Database files
+# ---------------------------------------------------------------------------------------------
+
+
+def sidecar_paths(db_path: Path) -> list[Path]:
+    return [db_path.with_name(db_path.name + suffix) for suffix in SIDECAR_SUFFIXES]
+
+
+def refuse_symlinks(db_path: Path) -> None:
+    """Raise :class:`UnsafePathError` if the database or a sidecar path is a symlink (dangling
+    or not): whoever planted it could redirect the store's writes."""
+    for path in (db_path, *sidecar_paths(db_path)):
+        if path.is_symlink():
+            raise UnsafePathError(f"refusing to open a symlink as a database file: {path}", path=path)
+
+
+def prepare_db_file(db_path: Path) -> bool:
+    """Make ``db_path`` ready for SQLite: private directory and file, no symlinks.
+
+    Creates the file with ``O_CREAT|O_EXCL|O_NOFOLLOW`` at mode 0600 (SQLite gives ``-wal`` and
+    ``-shm`` the main file's mode), tightens existing files with ``chmod`` on the path and
+    never opens a descriptor on an existing file: closing any descriptor on a database file
+    drops every POSIX lock this process holds on it. Returns True when the file was created.
+    """
+    refuse_symlinks(db_path)
+    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    created = False
+    try:
+        fd = os.open(
+            db_path,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_CLOEXEC", 0),
+            0o600,
+        )
+        os.close(fd)
+        created = True
+    except FileExistsError:
+        pass
+    tighten_modes(db_path)
+    return created
+
+
+def tighten_modes(db_path: Path) -> None:
+    """chmod 0600 the database and its sidecars where group or others have any access."""
+    for path in (db_path, *sidecar_paths(db_path)):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"refusing a symlink as a database file: {path}", path=path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"not a regular file: {path}", path=path)
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+
+
+# The WAL-reset bug (corruption when a WAL reset races a concurrent checkpoint) is fixed in
+# 3.51.3 and in the 3.50.7 and 3.44.6 backports.
+_WAL_RESET_FIXED = ((3, 44, 6), (3, 50, 7), (3, 51, 3))
+
+
+def wal_reset_exposed(version: tuple[int, ...] = sqlite3.sqlite_version_info) -> bool:
+    """True when this SQLite library is inside the WAL-reset bug range."""
+    for fixed in _WAL_RESET_FIXED:
+        if version[:2] == fixed[:2]:
+            return version < fixed
+    return version < (3, 51, 3) and version[:2] not in {f[:2] for f in _WAL_RESET_FIXED}
+
+
+# ---------------------------------------------------------------------------------------------
 # The test-isolation guard
 # ---------------------------------------------------------------------------------------------
 
@@ -244,6 +317,43 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def append_error_log(line: str) -> None:
+    """Append one timestamped line to ``<home>/logs/errors.log`` (private file); never raises."""
+    try:
+        logs = get_hermes_home() / "logs"
+        logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{stamp} {clean_text(line)}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def spool_transcript(session_id: str, records: Iterable[Mapping[str, Any]]) -> Path:
+    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync).
+
+    Where a transcript goes when the database cannot take it (a quarantined file): the
+    caller's turn is kept on disk instead of in a retry queue.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", session_id) or "_"
+    directory = get_hermes_home() / "sessions"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{safe.lstrip('.') or '_'}.jsonl"
+    data = "".join(
+        clean_text(json.dumps(dict(r), ensure_ascii=False, default=str)) + "\n" for r in records
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, data.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
 def now() -> float:
     return time.time()
 
@@ -284,6 +394,38 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+
+
+@functools.cache
+def split_sql(script: str) -> tuple[str, ...]:
+    """Split a script of complete statements (triggers included) for conn.execute()."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+    if current.strip():
+        raise ValueError(f"incomplete SQL statement: {current.strip()[:60]!r}")
+    return tuple(statements)
+
+
+SET_META_SQL = """
+INSERT INTO state_meta (key, value) VALUES (?, ?)
+ON CONFLICT(key) DO UPDATE SET value = excluded.value
+"""
+
+
+def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+    """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:

@@ -17,6 +17,8 @@ __all__ = [
     "HermesStateError",
     "StateDbLockedError",
     "StateDbCorruptError",
+    "StateDbFullError",
+    "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
     "StateDbReplacedError",
@@ -92,6 +94,18 @@ class StateDbCorruptError(HermesStateError):
         super().__init__(message)
         self.path = path
         self.spooled_to = spooled_to
+
+
+class StateDbFullError(HermesStateError):
+    """The disk (or the configured page limit) is full; the write was rolled back whole."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StateDbClosedError(HermesStateError):
+    """The handle was closed."""
 
 
 class FtsCorruptError(HermesStateError):

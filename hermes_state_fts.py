@@ -23,8 +23,23 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import re
+import sqlite3
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hermes_state_common import FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, escape_like, quote_identifier
+from hermes_state_common import set_meta, split_sql, table_exists
+from hermes_state_errors import is_corruption_error, is_fts_corruption_code
+from hermes_state_lockowners import lock_holders
+
+PROC_LOCKS = "/proc/locks"
 
 __all__ = [
     "CJK_CHAR_CLASS",
@@ -83,3 +98,230 @@ def cjk_index_text(*parts: str | None) -> str | None:
 
 def iter_cjk_runs(text: str) -> Iterator[re.Match[str]]:
     return _CJK_RUN_RE.finditer(text)
+
+
+# --- markers ---------------------------------------------------------------------------------
+
+FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+STALE_KEY = "fts_stale"
+HIGH_WATER_KEY = "fts_rebuild_high_water"
+PROGRESS_KEY = "fts_rebuild_progress"
+REBUILD_CHUNK_ROWS = 2000
+
+# Canonical tables, checked to tell FTS-only damage from damage to the record itself.
+_CANONICAL_TABLES = ("sessions", "messages", "state_meta", "session_model_usage")
+
+
+def _delete_meta(conn: sqlite3.Connection, *keys: str) -> None:
+    conn.executemany("DELETE FROM state_meta WHERE key = ?", ((k,) for k in keys))
+
+
+# One read answers "can searches trust the indexes?" (no stale marker, no rebuild under way).
+INDEX_STATE_SQL = """
+SELECT
+    (SELECT value FROM state_meta WHERE key = 'fts_stale'),
+    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_high_water'),
+    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_progress')
+"""
+
+
+@dataclass(frozen=True)
+class IndexState:
+    stale: str | None
+    high_water: int | None
+    progress: int | None
+
+    @property
+    def usable(self) -> bool:
+        return self.stale is None and self.high_water is None
+
+    @property
+    def rebuilding(self) -> bool:
+        return self.high_water is not None
+
+
+def index_state(conn: sqlite3.Connection) -> IndexState:
+    stale, high_water, progress = conn.execute(INDEX_STATE_SQL).fetchone()
+    return IndexState(
+        stale,
+        None if high_water is None else int(high_water),
+        None if progress is None else int(progress),
+    )
+
+
+def missing_triggers(conn: sqlite3.Connection) -> list[str]:
+    present = {
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
+        )
+    }
+    return [name for name in FTS_TRIGGER_NAMES if name not in present]
+
+
+# --- damage ----------------------------------------------------------------------------------
+
+
+def _quick_check_ok(conn: sqlite3.Connection, table: str) -> bool:
+    rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
+    return [r[0] for r in rows] == ["ok"]
+
+
+def _fts_shadow_tables(conn: sqlite3.Connection) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND ("
+            + " OR ".join("name LIKE ?" for _ in FTS_TABLES)
+            + ")",
+            [escape_like(t) + "\\_%" for t in FTS_TABLES],
+        )
+        if not r[0].endswith("_source")
+    ]
+
+
+def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
+    """True when corruption reported by ``exc`` provably lies in the FTS indexes only.
+
+    Either the result code says so (``SQLITE_CORRUPT_VTAB``: FTS5 found its own structures
+    inconsistent), or a plain ``SQLITE_CORRUPT`` came from a b-tree that belongs to an FTS
+    shadow table: every canonical table passes ``quick_check`` and some shadow table does not.
+    Anything else — including a check that cannot even run — is not provably FTS-only.
+    """
+    if is_fts_corruption_code(exc):
+        return True
+    if not is_corruption_error(exc):
+        return False
+    try:
+        if not all(_quick_check_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
+            return False
+        return not all(_quick_check_ok(conn, t) for t in _fts_shadow_tables(conn))
+    except sqlite3.Error:
+        return False
+
+
+def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
+    """Mark the indexes stale and drop their sync triggers (the caller's transaction).
+
+    Canonical writes then proceed without touching the damaged index; searches fall back to
+    LIKE over canonical rows until a rebuild. This never rebuilds anything itself.
+    """
+    set_meta(conn, STALE_KEY, json.dumps({"reason": reason, "at": time.time()}))
+    _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
+    for name in FTS_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+
+
+# --- rebuild ---------------------------------------------------------------------------------
+
+
+def start_rebuild(conn: sqlite3.Connection) -> int:
+    """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
+    transaction). Returns the high water: the rows the chunks must index (0: nothing to do)."""
+    for table in FTS_TABLES:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+    for statement in split_sql(FTS_TRIGGERS_SQL):
+        conn.execute(statement)
+    _delete_meta(conn, STALE_KEY)
+    high_water = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+    if high_water:
+        set_meta(conn, HIGH_WATER_KEY, high_water)
+        set_meta(conn, PROGRESS_KEY, 0)
+    else:
+        _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
+    return int(high_water)
+
+
+REBUILD_ROWS_SQL = "SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?"
+REBUILD_FTS_SQL = """
+INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
+    SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :lo AND id <= :hi;
+INSERT INTO messages_fts_trigram(rowid, content)
+    SELECT id, content FROM messages_fts_trigram_source WHERE id > :lo AND id <= :hi;
+INSERT INTO messages_fts_cjk(rowid, search_cjk)
+    SELECT id, search_cjk FROM messages_fts_cjk_source WHERE id > :lo AND id <= :hi;
+"""
+
+
+def rebuild_chunk(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> int | None:
+    """Index the next chunk of a rebuild (the caller's transaction).
+
+    Returns the rows left to do (0 when this chunk finished the rebuild), or None when no
+    rebuild is under way. ``search_cjk`` is recomputed on the way, so rows written without it
+    (by another SQLite client, or before CJK indexing existed) become searchable too.
+    """
+    state = index_state(conn)
+    if state.high_water is None:
+        return None
+    lo = state.progress or 0
+    hi = min(lo + chunk_rows, state.high_water)
+    stale_cjk = [
+        (fresh, row_id)
+        for row_id, content, tool_calls, stored in conn.execute(REBUILD_ROWS_SQL, (lo, hi))
+        if (fresh := cjk_index_text(content, tool_calls)) != stored
+    ]
+    conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", stale_cjk)
+    for statement in split_sql(REBUILD_FTS_SQL):
+        conn.execute(statement, {"lo": lo, "hi": hi})
+    if hi >= state.high_water:
+        _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
+        return 0
+    set_meta(conn, PROGRESS_KEY, hi)
+    return state.high_water - hi
+
+
+def integrity_report(conn: sqlite3.Connection) -> dict[str, str | None]:
+    """FTS5 'integrity-check' of each index against its content (None: clean, else the error).
+
+    ``PRAGMA integrity_check`` does not look inside FTS5 structures on this SQLite, so this is
+    the only check that sees a damaged index. SQLite treats the command as a write.
+    """
+    report: dict[str, str | None] = {}
+    for table in FTS_TABLES:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+            report[table] = None
+        except sqlite3.Error as exc:
+            report[table] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+# --- admission -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def admission_lock(db_path: Path) -> Iterator[bool]:
+    """The cross-process lock for index rebuilds (``<db>.lock``, flock, never waited for).
+
+    Yields True when this process holds it. The lock file is not a database file, so opening
+    and closing it cannot drop SQLite's POSIX locks.
+    """
+    lock_path = db_path.with_name(db_path.name + ".lock")
+    try:
+        fd = os.open(
+            lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def other_processes_hold(db_path: Path) -> bool:
+    """True unless it is provable that no other process has the database open.
+
+    Every WAL connection holds a shared lock on the ``-shm`` dead-man byte while it is open, so
+    ``/proc/locks`` shows every other process using the file. Where ``/proc/locks`` cannot be
+    read nothing is provable, and the answer is True.
+    """
+    if not Path(PROC_LOCKS).exists():
+        return True
+    return bool(lock_holders(db_path))

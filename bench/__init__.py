@@ -1,0 +1,1 @@
+"""Benchmark support: a deterministic corpus of agent conversations (``bench.corpus``)."""

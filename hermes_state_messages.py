@@ -1,0 +1,387 @@
+"""Messages: one row per turn, written once, copied with its identity, replayed byte for byte.
+
+* :func:`insert_message` is the single way a message row is written (append, replace,
+  compression generations, import, the gateway's exception path): it cleans text, encodes the
+  JSON-typed fields, issues ``message_uid`` (and ``tool_call_uids`` for an assistant row with
+  tool calls) unless the row already has them, pairs a tool result with its call, and computes
+  the CJK index text. A copy passes the uids it carries and they are kept as they are.
+* Lone surrogates are the only change ever made to text (SQLite cannot bind them).
+* A reasoning-only successful reply keeps ``content`` empty; its text lives in
+  ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
+* :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
+  bytes sent differ from ``content``; each turn carries its ``message_uid`` and the runtime
+  ``_``-keys; display metadata stays out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import hermes_state_fts as fts
+from hermes_state_common import clean_optional, decode_json, encode_json, now
+from hermes_state_errors import SessionNotFoundError
+
+__all__ = [
+    "MESSAGE_FIELDS",
+    "JSON_FIELDS",
+    "insert_message",
+    "get_messages",
+    "conversation",
+    "replace_messages",
+    "tool_call_count_of",
+]
+
+# The append_message keywords, in column order (session_id comes first in the row).
+MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "tool_name",
+    "tool_calls",
+    "tool_call_id",
+    "token_count",
+    "finish_reason",
+    "reasoning",
+    "reasoning_content",
+    "reasoning_details",
+    "codex_reasoning_items",
+    "codex_message_items",
+    "platform_message_id",
+    "observed",
+    "effect_disposition",
+    "api_content",
+    "display_kind",
+    "display_metadata",
+    "message_uid",
+    "timestamp",
+    "absorbed_message_uids",
+    "tool_call_uids",
+    "tool_call_uid",
+    "active",
+    "compacted",
+)
+JSON_FIELDS = frozenset(
+    {
+        "tool_calls",
+        "reasoning_details",
+        "codex_reasoning_items",
+        "codex_message_items",
+        "display_metadata",
+        "absorbed_message_uids",
+        "tool_call_uids",
+    }
+)
+_FLAG_FIELDS = ("observed", "active", "compacted")
+_INT_FIELDS = ("token_count",)
+_COLUMNS = ("session_id", *MESSAGE_FIELDS, "search_cjk")
+
+INSERT_MESSAGE_SQL = (
+    f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+)
+# Counters move in the same transaction as the insert; no row updated means no such session.
+COUNT_MESSAGE_SQL = """
+UPDATE sessions SET message_count = message_count + 1,
+                    tool_call_count = tool_call_count + ?
+WHERE id = ?
+"""
+
+_UID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def new_uid() -> str:
+    return uuid.uuid4().hex
+
+
+def _check_uid(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _UID_RE.fullmatch(value):
+        raise ValueError(f"{field} must be 32 lowercase hex characters, got {value!r}")
+    return value
+
+
+def tool_call_count_of(role: str, tool_calls: Any) -> int:
+    """Tool calls an assistant row makes (tool-result rows make none)."""
+    if role != "assistant" or not isinstance(tool_calls, list):
+        return 0
+    return len(tool_calls)
+
+
+def _tool_call_ids(tool_calls: Any) -> list[str]:
+    if not isinstance(tool_calls, list):
+        return []
+    ids = []
+    for call in tool_calls:
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        if isinstance(call_id, str) and call_id not in ids:
+            ids.append(call_id)
+    return ids
+
+
+# The latest assistant row of the session that issued uids for its tool calls.
+LAST_CALLER_SQL = """
+SELECT id, tool_call_uids FROM messages
+WHERE session_id = ? AND role = 'assistant' AND active = 1 AND tool_call_uids IS NOT NULL
+ORDER BY id DESC LIMIT 1
+"""
+EARLIER_RESULTS_SQL = """
+SELECT COUNT(*) FROM messages
+WHERE session_id = ? AND id > ? AND role = 'tool' AND tool_call_id = ? AND active = 1
+"""
+
+
+def _pick_uid(value: Any, occurrence: int) -> str | None:
+    """The uid of the ``occurrence``-th result for a call id (a list after folded turns)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and occurrence < len(value) and isinstance(value[occurrence], str):
+        return value[occurrence]
+    return None
+
+
+def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: str) -> str | None:
+    row = conn.execute(LAST_CALLER_SQL, (session_id,)).fetchone()
+    if row is None:
+        return None
+    mapping = decode_json(row[1])
+    if not isinstance(mapping, dict) or tool_call_id not in mapping:
+        return None
+    earlier = conn.execute(EARLIER_RESULTS_SQL, (session_id, row[0], tool_call_id)).fetchone()[0]
+    return _pick_uid(mapping[tool_call_id], earlier)
+
+
+def _prepare(conn: sqlite3.Connection, session_id: str, fields: Mapping[str, Any]) -> tuple:
+    unknown = set(fields) - set(MESSAGE_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
+    row: dict[str, Any] = dict.fromkeys(MESSAGE_FIELDS)
+    row.update(fields)
+    role = row["role"]
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"role must be a non-empty string, got {role!r}")
+    for name, value in row.items():
+        if name in JSON_FIELDS or name in _FLAG_FIELDS or name in ("timestamp", "token_count"):
+            continue
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+        row[name] = clean_optional(value)
+    role = row["role"]
+
+    # A reasoning-only successful reply: the reasoning text is the reply that replays.
+    reasoning_text = row["reasoning_content"] or row["reasoning"]
+    if (
+        role == "assistant"
+        and not row["content"]
+        and row["finish_reason"] == "stop"
+        and reasoning_text
+        and not row["tool_calls"]
+    ):
+        row["content"] = ""
+        if row["api_content"] is None:
+            row["api_content"] = reasoning_text
+
+    timestamp = now() if row["timestamp"] is None else row["timestamp"]
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
+        raise TypeError(f"timestamp must be a number, got {type(timestamp).__name__}")
+    if not math.isfinite(timestamp):
+        raise ValueError(f"timestamp must be finite, got {timestamp!r}")
+    row["timestamp"] = float(timestamp)
+    if row["token_count"] is not None and (
+        isinstance(row["token_count"], bool) or not isinstance(row["token_count"], int)
+    ):
+        raise TypeError("token_count must be an int or None")
+    row["observed"] = int(bool(row["observed"]))
+    row["active"] = 1 if row["active"] is None else int(bool(row["active"]))
+    row["compacted"] = int(bool(row["compacted"]))
+
+    row["message_uid"] = (
+        new_uid() if row["message_uid"] is None else _check_uid(row["message_uid"], "message_uid")
+    )
+    if row["tool_call_uids"] is None and role == "assistant":
+        ids = _tool_call_ids(row["tool_calls"])
+        row["tool_call_uids"] = {call_id: new_uid() for call_id in ids} or None
+    if (
+        row["tool_call_uid"] is None
+        and role == "tool"
+        and row["tool_call_id"]
+        and row["active"]
+    ):
+        row["tool_call_uid"] = _pair_tool_result(conn, session_id, row["tool_call_id"])
+    if row["tool_call_uid"] is not None:
+        _check_uid(row["tool_call_uid"], "tool_call_uid")
+
+    for name in JSON_FIELDS:
+        row[name] = encode_json(row[name])
+    search_cjk = fts.cjk_index_text(row["content"], row["tool_calls"])
+    return (session_id, *(row[name] for name in MESSAGE_FIELDS), search_cjk)
+
+
+def insert_message(
+    conn: sqlite3.Connection,
+    session_id: str,
+    fields: Mapping[str, Any],
+    *,
+    count: bool = True,
+) -> int:
+    """Write one message row (the caller's transaction) and return its id.
+
+    ``count`` moves the session's counters (an append); copies made by compression or
+    replacement pass False and the caller sets the counters it means.
+    """
+    values = _prepare(conn, session_id, fields)
+    if count:
+        calls = tool_call_count_of(values[1], fields.get("tool_calls"))
+        if conn.execute(COUNT_MESSAGE_SQL, (calls, session_id)).rowcount == 0:
+            raise SessionNotFoundError(session_id)
+    elif not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        raise SessionNotFoundError(session_id)
+    cursor = conn.execute(INSERT_MESSAGE_SQL, values)
+    return int(cursor.lastrowid or 0)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+_READ_COLUMNS = ("id", "session_id", *MESSAGE_FIELDS)
+SELECT_MESSAGES_SQL = f"SELECT {', '.join(_READ_COLUMNS)} FROM messages"
+
+
+def row_to_message(row: Sequence[Any]) -> dict[str, Any]:
+    message = dict(zip(_READ_COLUMNS, row, strict=True))
+    for name in JSON_FIELDS:
+        if message[name] is not None:
+            message[name] = decode_json(message[name])
+    for name in _FLAG_FIELDS:
+        message[name] = bool(message[name])
+    return message
+
+
+def get_messages(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    include_inactive: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Rows of a session in order (active generation only unless asked), every field decoded."""
+    sql = SELECT_MESSAGES_SQL + " WHERE session_id = ?"
+    if not include_inactive:
+        sql += " AND active = 1"
+    sql += " ORDER BY id LIMIT ? OFFSET ?"
+    rows = conn.execute(sql, (session_id, -1 if limit is None else limit, offset))
+    return [row_to_message(r) for r in rows]
+
+
+CONVERSATION_SQL = """
+SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, finish_reason,
+       reasoning, reasoning_content, reasoning_details, codex_reasoning_items,
+       codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid
+FROM messages WHERE session_id = ? AND active = 1 ORDER BY id
+"""
+
+
+def conversation(
+    conn: sqlite3.Connection, session_ids: Iterable[str], *, include_row_ids: bool = False
+) -> list[dict[str, Any]]:
+    """The OpenAI-format replay list of the sessions' active rows, in the order given."""
+    out: list[dict[str, Any]] = []
+    for session_id in session_ids:
+        caller_uids: dict[str, Any] = {}
+        seen_results: dict[str, int] = {}
+        for (
+            row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
+            finish_reason, reasoning, reasoning_content, reasoning_details,
+            codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
+            call_uid,
+        ) in conn.execute(CONVERSATION_SQL, (session_id,)):
+            turn: dict[str, Any] = {
+                "role": role,
+                "content": content if api_content is None else api_content,
+            }
+            if tool_calls is not None:
+                turn["tool_calls"] = decode_json(tool_calls)
+            if tool_call_id is not None:
+                turn["tool_call_id"] = tool_call_id
+            if role == "tool" and tool_name is not None:
+                turn["name"] = tool_name
+            if role == "assistant":
+                if finish_reason is not None:
+                    turn["finish_reason"] = finish_reason
+                if reasoning is not None:
+                    turn["reasoning"] = reasoning
+                if reasoning_content is not None:
+                    turn["reasoning_content"] = reasoning_content
+                if reasoning_details is not None:
+                    turn["reasoning_details"] = decode_json(reasoning_details)
+                if codex_reasoning_items is not None:
+                    turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
+                if codex_message_items is not None:
+                    turn["codex_message_items"] = decode_json(codex_message_items)
+            turn["message_uid"] = message_uid
+            if absorbed is not None:
+                turn["_absorbed_message_uids"] = decode_json(absorbed)
+            if call_uids is not None:
+                caller_uids = decode_json(call_uids)
+                seen_results = {}
+                turn["_tool_call_uids"] = caller_uids
+            if role == "tool" and tool_call_id is not None:
+                occurrence = seen_results.get(tool_call_id, 0)
+                seen_results[tool_call_id] = occurrence + 1
+                if call_uid is None and isinstance(caller_uids, dict):
+                    call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
+            if call_uid is not None:
+                turn["_tool_call_uid"] = call_uid
+            if include_row_ids:
+                turn["_row_id"] = row_id
+            out.append(turn)
+    return out
+
+
+# --- rewriting -------------------------------------------------------------------------------
+
+# Keys of the replay format that map onto message fields.
+_CONVERSATION_ALIASES = {
+    "_absorbed_message_uids": "absorbed_message_uids",
+    "_tool_call_uids": "tool_call_uids",
+    "_tool_call_uid": "tool_call_uid",
+}
+_IGNORED_KEYS = frozenset({"_row_id", "id", "session_id"})
+
+
+def message_fields(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The insert fields of a message dict in append, export or replay format."""
+    fields: dict[str, Any] = {}
+    for key, value in message.items():
+        if key in _IGNORED_KEYS:
+            continue
+        if key == "name":
+            key = "tool_name"
+        fields[_CONVERSATION_ALIASES.get(key, key)] = value
+    return fields
+
+
+RECOUNT_SQL = """
+UPDATE sessions SET message_count = ?, tool_call_count = ? WHERE id = ?
+"""
+
+
+def replace_messages(
+    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]]
+) -> list[int]:
+    """Replace the active generation of a session (the caller's transaction).
+
+    Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
+    given); archived generations are left alone. The counters are recomputed from the rows.
+    """
+    if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        raise SessionNotFoundError(session_id)
+    conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+    ids, calls = [], 0
+    for message in messages:
+        fields = message_fields(message)
+        ids.append(insert_message(conn, session_id, fields, count=False))
+        calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+    conn.execute(RECOUNT_SQL, (len(ids), calls, session_id))
+    return ids

@@ -1,0 +1,35 @@
+"""pytest plugin shipped with hermes_state (registered through the ``pytest11`` entry point).
+
+It provides the ``live_system_guard_bypass`` marker: a test carrying it may open the real
+default home's (or a real profile's) ``state.db``, which the test-isolation guard otherwise
+refuses with ``RuntimeError``. Use it only for tests that must touch a live system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import hermes_state_common
+
+MARKER = "live_system_guard_bypass"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}: let this test open the production state.db (bypasses the isolation guard)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Lift the guard for the whole protocol of a marked test: setup, call and teardown."""
+    bypass = item.get_closest_marker(MARKER) is not None
+    previous = hermes_state_common._guard_bypassed_in_process
+    hermes_state_common._guard_bypassed_in_process = bypass or previous
+    try:
+        yield
+    finally:
+        hermes_state_common._guard_bypassed_in_process = previous

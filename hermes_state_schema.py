@@ -1,0 +1,265 @@
+"""Applying the schema: fresh creation, declarative column reconciliation, numbered migrations.
+
+An up-to-date database costs one read at open: the version. Anything older is brought forward
+in place, each step in its own write transaction that first re-reads the version, so several
+processes opening an old file at once do every step exactly once:
+
+1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
+   compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
+   they need nothing else; this is also why a version-1 file (sessions and messages with only
+   their original columns) upgrades without special code.
+2. *Migrations*: the append-only :data:`MIGRATIONS` list, for what a column list cannot say
+   (data rewrites, unique indexes over old data, FTS generations). Each step bumps the version
+   when it commits.
+
+A database whose version is newer than this library's is never touched: it raises
+:class:`~hermes_state_errors.StateDbUnavailableError` with reason ``"incompatible"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import hermes_state_fts as fts
+from hermes_state_common import (
+    FTS_SQL,
+    FTS_TRIGGER_NAMES,
+    FTS_TRIGGERS_SQL,
+    INDEXES_SQL,
+    SCHEMA_SQL,
+    SCHEMA_VERSION,
+    TABLES_SQL,
+    quote_identifier,
+    split_sql,
+    table_exists,
+)
+from hermes_state_errors import StateDbUnavailableError
+
+__all__ = ["MIGRATIONS", "read_version", "ensure_schema", "expected_columns"]
+
+T = TypeVar("T")
+WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
+
+# A database with tables but no schema_version row predates version tracking.
+_UNTRACKED_VERSION = 1
+
+
+def read_version(conn: sqlite3.Connection) -> int | None:
+    """The schema version of the database; None for an empty (uninitialised) database."""
+    try:
+        row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
+    except sqlite3.OperationalError:
+        if table_exists(conn, "schema_version"):
+            raise
+        row = None
+    if row is not None and row[0] is not None:
+        return int(row[0])
+    if table_exists(conn, "sessions"):
+        return _UNTRACKED_VERSION
+    return None
+
+
+def _set_version(conn: sqlite3.Connection, version: int) -> None:
+    conn.execute("DELETE FROM schema_version")
+    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+
+@functools.cache
+def expected_columns() -> dict[str, list[tuple[str, str, int, str | None]]]:
+    """Per table of ``SCHEMA_SQL``: (name, declared type, notnull, default SQL) of each column."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES_SQL)
+        tables = [r[0] for r in mem.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {
+            t: [
+                (r[1], r[2], r[3], r[4])
+                for r in mem.execute("SELECT * FROM pragma_table_info(?)", (t,))
+            ]
+            for t in tables
+            if not t.startswith("sqlite_")
+        }
+    finally:
+        mem.close()
+
+
+def _live_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))}
+
+
+def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
+    """Add every column ``SCHEMA_SQL`` declares that the live tables lack; returns them.
+
+    Idempotent, and tolerant of a column that appeared meanwhile: a failed ADD is only an
+    error if the column is still missing afterwards.
+    """
+    added = []
+    for table, columns in expected_columns().items():
+        live = _live_columns(conn, table)
+        for name, decl_type, notnull, default in columns:
+            if name in live:
+                continue
+            ddl = (
+                f"ALTER TABLE {quote_identifier(table)}"
+                f" ADD COLUMN {quote_identifier(name)} {decl_type}"
+            )
+            if notnull:
+                ddl += " NOT NULL"
+            if default is not None:
+                ddl += f" DEFAULT {default}"
+            try:
+                conn.execute(ddl)
+            except sqlite3.OperationalError:
+                if name not in _live_columns(conn, table):
+                    raise
+            added.append(f"{table}.{name}")
+    return added
+
+
+# --- migrations ------------------------------------------------------------------------------
+
+_TITLE_SUFFIX_RE = re.compile(r"^(.*) #(\d+)$")
+
+
+def _migrate_unique_titles(conn: sqlite3.Connection) -> None:
+    """Titles became unique. Older files may hold duplicates: the oldest session keeps the title,
+    later ones are renumbered in lineage style (``T #2``, ``T #3``…), so no title is lost."""
+    dupes = conn.execute(
+        "SELECT title FROM sessions WHERE title IS NOT NULL GROUP BY title HAVING COUNT(*) > 1"
+    ).fetchall()
+    for (title,) in dupes:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM sessions WHERE title = ? ORDER BY started_at, id", (title,)
+            )
+        ]
+        match = _TITLE_SUFFIX_RE.match(title)
+        base, n = (match.group(1), int(match.group(2))) if match else (title, 1)
+        for session_id in ids[1:]:
+            while True:
+                n += 1
+                candidate = f"{base} #{n}"
+                taken = conn.execute("SELECT 1 FROM sessions WHERE title = ?", (candidate,))
+                if taken.fetchone() is None:
+                    break
+            conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (candidate, session_id))
+    conn.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique"
+        " ON sessions(title) WHERE title IS NOT NULL"
+    )
+
+
+def _migrate_message_uids(conn: sqlite3.Connection) -> None:
+    """Every message gets its lasting ``message_uid`` (uuid4 hex); existing ones are kept."""
+    ids = [r[0] for r in conn.execute("SELECT id FROM messages WHERE message_uid IS NULL")]
+    conn.executemany(
+        "UPDATE messages SET message_uid = ? WHERE id = ?", ((uuid.uuid4().hex, i) for i in ids)
+    )
+
+
+# Legacy FTS objects: earlier generations had one index over `content` only.
+_FTS_OBJECTS = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+_FTS_VIEWS = ("messages_fts_trigram_source", "messages_fts_cjk_source")
+
+
+def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
+    """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
+    indexes are filled by the chunked rebuild (see hermes_state_fts)."""
+    legacy_triggers = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
+        " AND sql LIKE '%messages\\_fts%' ESCAPE '\\'"
+    ).fetchall()
+    for name in {*FTS_TRIGGER_NAMES, *(r[0] for r in legacy_triggers)}:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+    for name in _FTS_OBJECTS:
+        conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(name)}")
+    for name in _FTS_VIEWS:
+        conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
+    for statement in split_sql(FTS_SQL + FTS_TRIGGERS_SQL):
+        conn.execute(statement)
+    fts.start_rebuild(conn)
+
+
+def _finish(conn: sqlite3.Connection) -> None:
+    for statement in split_sql(INDEXES_SQL):
+        conn.execute(statement)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+# Append-only. Versions not listed here only added columns (handled by _reconcile_columns).
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(12, "unique session titles", _migrate_unique_titles),
+    Migration(18, "lasting message uids", _migrate_message_uids),
+    Migration(31, "three FTS5 indexes with gated triggers", _migrate_fts_indexes),
+)
+
+
+def _create_fresh(conn: sqlite3.Connection) -> bool:
+    if read_version(conn) is not None:
+        return False
+    for statement in split_sql(SCHEMA_SQL):
+        conn.execute(statement)
+    _set_version(conn, SCHEMA_VERSION)
+    return True
+
+
+def _bootstrap(conn: sqlite3.Connection) -> None:
+    if (read_version(conn) or 0) >= SCHEMA_VERSION:
+        return
+    for statement in split_sql(TABLES_SQL):
+        conn.execute(statement)
+    _reconcile_columns(conn)
+
+
+def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
+    if (read_version(conn) or 0) >= migration.version:
+        return
+    migration.apply(conn)
+    if migration.version == SCHEMA_VERSION:
+        _finish(conn)
+    _set_version(conn, migration.version)
+
+
+def _finish_upgrade(conn: sqlite3.Connection) -> None:
+    """The last step when no migration carries the current version: indexes, then the bump.
+    (Indexes come last because the unique title index needs the title migration first.)"""
+    if (read_version(conn) or 0) >= SCHEMA_VERSION:
+        return
+    _finish(conn)
+    _set_version(conn, SCHEMA_VERSION)
+
+
+def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
+    """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was found at.
+
+    ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.
+    """
+    found = read_version(conn)
+    if found == SCHEMA_VERSION:
+        return found
+    if found is not None and found > SCHEMA_VERSION:
+        raise StateDbUnavailableError(
+            f"database schema version {found} is newer than this library's {SCHEMA_VERSION}",
+            reason="incompatible",
+            schema_version=found,
+        )
+    if found is None and write(_create_fresh):
+        return None
+    write(_bootstrap)
+    for migration in MIGRATIONS:
+        write(functools.partial(_run_migration, migration=migration))
+    write(_finish_upgrade)
+    return found

@@ -1,0 +1,435 @@
+"""Message search: from user text to queries on the three FTS5 indexes, and snippets.
+
+User text never reaches FTS5 as typed. :func:`sanitize_fts5_query` reduces it to a small query
+language that is always valid FTS5 and that keeps the meaning of the plain queries people type:
+
+* A *term* is a balanced ``"quoted phrase"`` or a run of non-space characters. Punctuation and
+  FTS5 syntax (``* ^ : ( ) { } [ ] + , ; ~ -`` ...) at the edges of a word are dropped; a word
+  that still holds punctuation inside is searched as a phrase of its parts (``chat-send`` →
+  ``"chat-send"``, ``gateway/run.py`` → ``"gateway/run.py"``, ``it's`` → ``"it's"``), which
+  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). Unbalanced quotes,
+  control characters and lone surrogates are removed; a term without a letter or digit (``***``,
+  emoji) is dropped. Prefix ``*``, ``^``, ``NEAR()`` and grouping parentheses are not offered.
+* ``AND``, ``OR`` and ``NOT`` (upper case only) stay operators when they stand between two
+  terms; a dangling one is dropped (``hello AND`` → ``hello``) and of several in a row the last
+  one wins (``a AND NOT b`` → ``a NOT b``). Lower-case ``and``/``or``/``not`` are plain words.
+  The result means what FTS5 says it means: adjacent terms (implicit AND) bind tightest, then
+  ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
+* At most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS` characters are kept. Whole
+  terms are dropped from the end; a single term longer than the cap is cut and searched as a
+  prefix (``"...cut text" *``), so the text it was cut from still matches.
+
+:func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
+for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
+precedence); each alternative goes to exactly one index:
+
+* ``messages_fts`` (``fts_match``): alternatives whose positive terms hold no CJK text. This is
+  the sanitized query itself when the query has no CJK at all.
+* ``messages_fts_cjk`` (``cjk_match``): alternatives with CJK text in a positive term. CJK runs
+  are spelled the way ``search_cjk`` indexes them (see ``hermes_state_fts``): a run of one
+  character ``X`` is the prefix query ``"X" *``, two characters are the token ``"AB"``, longer
+  runs the phrase of their bigrams ``"AB BC CD"``. A run followed, inside the same term, by more
+  text ends there in any matching row, so it is spelled with its trailing character as well
+  (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
+  are. Only rows holding CJK text are in this index, which is why alternatives without CJK stay
+  on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges them by rowid).
+  A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
+  expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
+* LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
+  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal) and of negated
+  conjunctions, with exactly the boolean meaning above but substring semantics (``cat`` also
+  finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row fallback while
+  the indexes are stale, and substring search through ``messages_fts_trigram``. SQLite hands a
+  LIKE to the trigram index only without an ESCAPE clause and only usefully for a literal of at
+  least 3 characters (shorter literals find nothing or crash some SQLite versions when several
+  are combined), so each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
+  for the pieces of ≥ 3 characters between ``%``/``_``, which drive the index while the escaped
+  patterns filter exactly. A group without one cannot use the trigram index and is served by
+  the canonical LIKE scan instead.
+
+A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
+search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
+to centre and mark snippets for hits from ``messages_fts_cjk`` and the LIKE routes, whose
+indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show at all.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from hermes_state_common import clean_text, escape_like
+from hermes_state_fts import cjk_bigrams, has_cjk, iter_cjk_runs
+
+__all__ = [
+    "MAX_QUERY_TERMS",
+    "MAX_QUERY_CHARS",
+    "SNIPPET_WIDTH",
+    "MATCH_START",
+    "MATCH_END",
+    "ELLIPSIS",
+    "LikeGroup",
+    "SearchPlan",
+    "sanitize_fts5_query",
+    "plan_search",
+    "make_snippet",
+]
+
+MAX_QUERY_TERMS = 32
+MAX_QUERY_CHARS = 256
+SNIPPET_WIDTH = 120
+MATCH_START = ">>>"
+MATCH_END = "<<<"
+ELLIPSIS = "..."
+
+_OPERATORS = frozenset({"AND", "OR", "NOT"})
+# Barewords FTS5 would read as syntax: the operators, and NEAR in front of a parenthesis.
+_KEYWORDS = _OPERATORS | {"NEAR"}
+
+# ---------------------------------------------------------------------------------------------
+# User text → terms and operators
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Term:
+    text: str  # the text searched: a word, or a phrase's content
+    quoted: bool  # rendered as an FTS5 string rather than a bareword
+    prefix: bool = False  # cut by the length cap: matched as a prefix
+
+
+_Item = _Term | str  # a str item is one of _OPERATORS
+
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+# A balanced phrase, a lone (unbalanced) quote, or a run of other non-space characters.
+_CHUNK_RE = re.compile(r'"([^"]*)"|"|[^\s"]+')
+
+
+def _is_word_char(ch: str) -> bool:
+    """Letters, digits, marks and private use: what unicode61 keeps inside a token."""
+    cat = unicodedata.category(ch)
+    return cat[0] in "LNM" or cat == "Co"
+
+
+def _is_usable_char(ch: str) -> bool:
+    cat = unicodedata.category(ch)
+    return cat[0] in "LN" or cat == "Co"
+
+
+def _usable(text: str) -> bool:
+    return any(_is_usable_char(ch) for ch in text)
+
+
+def _strip_edges(word: str) -> str:
+    start, end = 0, len(word)
+    while start < end and not _is_word_char(word[start]):
+        start += 1
+    while end > start and not _is_word_char(word[end - 1]):
+        end -= 1
+    return word[start:end]
+
+
+def _word_term(chunk: str) -> _Term | None:
+    word = _strip_edges(chunk)
+    if not _usable(word):
+        return None
+    bare = word not in _KEYWORDS and all(_is_word_char(ch) for ch in word)
+    return _Term(word, quoted=not bare)
+
+
+def _phrase_term(content: str) -> _Term | None:
+    content = content.strip()
+    return _Term(content, quoted=True) if _usable(content) else None
+
+
+def _as_text(query: object) -> str:
+    if query is None:
+        return ""
+    if isinstance(query, (bytes, bytearray)):
+        return bytes(query).decode("utf-8", "replace")
+    return str(query)
+
+
+def _render_term(term: _Term) -> str:
+    if not term.quoted:
+        return term.text + ("*" if term.prefix else "")
+    return '"' + term.text.replace('"', '""') + '"' + (" *" if term.prefix else "")
+
+
+def _cut_term(term: _Term, limit: int) -> _Term | None:
+    """``term`` shortened so that it renders in ``limit`` characters, as a prefix query."""
+    room = limit - (4 if term.quoted else 1)  # quotes and " *", or the bare "*"
+    text = term.text
+    while text and len(_render_term(_Term(text, term.quoted, True))) > limit:
+        text = _strip_edges(text[: max(room, 0)])
+        room -= 1
+    return _Term(text, term.quoted, prefix=True) if _usable(text) else None
+
+
+def _parse(query: object) -> list[_Item]:
+    """Terms with operators only between two of them, within the caps (see module docstring)."""
+    text = _CONTROL_RE.sub(" ", clean_text(_as_text(query)))
+    items: list[_Item] = []
+    pending_op: str | None = None
+    terms = length = 0
+    for match in _CHUNK_RE.finditer(text):
+        chunk = match.group(0)
+        if chunk in _OPERATORS:
+            if items:
+                pending_op = chunk  # the last of several operators in a row wins
+            continue
+        if match.group(1) is not None:
+            term = _phrase_term(match.group(1))
+        elif chunk == '"':
+            continue
+        else:
+            term = _word_term(chunk)
+        if term is None:
+            continue
+        joiner = f" {pending_op} " if pending_op else " "
+        extra = len(_render_term(term)) + (len(joiner) if items else 0)
+        if terms == MAX_QUERY_TERMS:
+            break
+        if length + extra > MAX_QUERY_CHARS:
+            if items:
+                break
+            term = _cut_term(term, MAX_QUERY_CHARS)
+            if term is None:
+                break
+            extra = len(_render_term(term))
+        if items and pending_op:
+            items.append(pending_op)
+        items.append(term)
+        pending_op = None
+        terms += 1
+        length += extra
+    return items
+
+
+def _render(items: Iterable[_Item], render_term: _RenderTerm = _render_term) -> str:
+    return " ".join(item if isinstance(item, str) else render_term(item) for item in items)
+
+
+def sanitize_fts5_query(query: object) -> str:
+    """``query`` as a valid FTS5 query for ``messages_fts``, or ``""`` if nothing usable remains.
+
+    Any object is accepted: None is empty, bytes are decoded as UTF-8, anything else goes
+    through ``str()``. The rules are in the module docstring.
+    """
+    return _render(_parse(query))
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan: one expression per index, LIKE groups, needles
+# ---------------------------------------------------------------------------------------------
+
+
+def _cjk_tokens(run: str, followed: bool) -> tuple[str, bool]:
+    """How ``run`` is spelled in a query on ``messages_fts_cjk``, and whether it needs ``*``."""
+    if followed:  # the run ends here in any matching row: spell it as the index does
+        return (run if len(run) == 1 else " ".join(cjk_bigrams(run)) + " " + run[-1]), False
+    if len(run) == 1:
+        return run, True
+    return " ".join(cjk_bigrams(run)), False
+
+
+def _render_cjk_term(term: _Term) -> str:
+    if not has_cjk(term.text):
+        return _render_term(term)
+    pieces: list[tuple[str, bool]] = []
+    pos = 0
+    for run in iter_cjk_runs(term.text):
+        if run.start() > pos:
+            pieces.append((term.text[pos : run.start()], False))
+        pieces.append((run.group(0), True))
+        pos = run.end()
+    if pos < len(term.text):
+        pieces.append((term.text[pos:], False))
+    parts: list[str] = []
+    star = term.prefix
+    for i, (piece, is_run) in enumerate(pieces):
+        if not is_run:
+            parts.append(piece)
+            continue
+        followed = any(later_run or _usable(later) for later, later_run in pieces[i + 1 :])
+        tokens, run_star = _cjk_tokens(piece, followed)
+        parts.append(tokens)
+        star = star or run_star
+    return '"' + " ".join(parts).replace('"', '""') + '"' + (" *" if star else "")
+
+
+def _split(items: Sequence[_Item], op: str) -> list[list[_Item]]:
+    parts: list[list[_Item]] = [[]]
+    for item in items:
+        if item == op:
+            parts.append([])
+        else:
+            parts[-1].append(item)
+    return parts
+
+
+def _positive_and_negated(alternative: list[_Item]) -> tuple[list[_Term], list[list[_Term]]]:
+    """An OR-free alternative as its required terms and its negated conjunctions."""
+    positive: list[_Term] = []
+    negated: list[list[_Term]] = []
+    for conjunct in _split(alternative, "AND"):
+        head, *tails = _split(conjunct, "NOT")  # implicit AND binds tighter than NOT
+        positive.extend(t for t in head if isinstance(t, _Term))
+        negated.extend([t for t in tail if isinstance(t, _Term)] for tail in tails)
+    return positive, negated
+
+
+def _like_pattern(text: str) -> str:
+    return "%" + escape_like(text) + "%"
+
+
+_LIKE_WILDCARD_RE = re.compile("[%_]")
+
+
+@dataclass(frozen=True)
+class LikeGroup:
+    """One alternative of the query for the LIKE routes (see the module docstring).
+
+    A row matches when every ``include`` pattern matches and, for each tuple in ``exclude``,
+    not all of its patterns match. Patterns are for ``LIKE ? ESCAPE '\\'``. ``index_patterns``
+    are plain ``LIKE ?`` patterns (no ESCAPE) implied by ``include``, for the trigram index.
+    """
+
+    include: tuple[str, ...]
+    exclude: tuple[tuple[str, ...], ...]
+    index_patterns: tuple[str, ...]
+
+    def where(self, column: str, *, trigram: bool = False) -> tuple[str, tuple[str, ...]]:
+        """An SQL condition on ``column`` (a trusted SQL expression, never user text).
+
+        With ``trigram``, the index patterns come first so FTS5 can use them (the caller runs
+        this only on groups that have some).
+        """
+        escaped = f"{column} LIKE ? ESCAPE '\\'"
+        clauses: list[str] = []
+        params: list[str] = []
+        if trigram:
+            clauses += [f"{column} LIKE ?"] * len(self.index_patterns)
+            params += self.index_patterns
+        clauses += [escaped] * len(self.include)
+        params += self.include
+        for conjunction in self.exclude:
+            clauses.append("NOT (" + " AND ".join([escaped] * len(conjunction)) + ")")
+            params += conjunction
+        return "(" + " AND ".join(clauses) + ")", tuple(params)
+
+
+def _like_group(positive: list[_Term], negated: list[list[_Term]]) -> LikeGroup:
+    include = tuple(dict.fromkeys(_like_pattern(t.text) for t in positive))
+    exclude = tuple(tuple(_like_pattern(t.text) for t in conj) for conj in negated)
+    pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.text) if len(p) >= 3)
+    index_patterns = tuple(dict.fromkeys("%" + p + "%" for p in pieces))
+    return LikeGroup(include, exclude, index_patterns)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """How to run one query on each index (see the module docstring for the routing rules)."""
+
+    query: str  # the sanitized query, valid on messages_fts
+    fts_match: str | None  # MATCH on messages_fts, or None when no alternative goes there
+    cjk_match: str | None  # MATCH on messages_fts_cjk, or None when no alternative goes there
+    like_groups: tuple[LikeGroup, ...]  # the whole query for LIKE, OR of the groups
+    needles: tuple[str, ...]  # the positive terms' texts, for make_snippet
+
+    def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
+        """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
+        parts = [group.where(column) for group in self.like_groups]
+        return "(" + " OR ".join(sql for sql, _ in parts) + ")", tuple(
+            p for _, params in parts for p in params
+        )
+
+
+def plan_search(query: object) -> SearchPlan | None:
+    """The routes for ``query``, or None when it has no usable term (the search finds nothing)."""
+    items = _parse(query)
+    if not items:
+        return None
+    latin: list[list[_Item]] = []
+    cjk: list[list[_Item]] = []
+    groups: list[LikeGroup] = []
+    needles: dict[str, None] = {}
+    for alternative in _split(items, "OR"):
+        positive, negated = _positive_and_negated(alternative)
+        groups.append(_like_group(positive, negated))
+        needles.update((t.text, None) for t in positive)
+        (cjk if any(has_cjk(t.text) for t in positive) else latin).append(alternative)
+    return SearchPlan(
+        query=_render(items),
+        fts_match=" OR ".join(_render(alt) for alt in latin) or None,
+        cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in cjk) or None,
+        like_groups=tuple(groups),
+        needles=tuple(needles),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Snippets
+# ---------------------------------------------------------------------------------------------
+
+_SEPARATORS = r"[\W_]+"
+
+
+def _needle_regex(needle: str) -> str | None:
+    """A needle as a regex: its words in order, any punctuation or space between them."""
+    words: list[str] = []
+    current = ""
+    for ch in needle:
+        if _is_word_char(ch):
+            current += ch
+        elif current:
+            words.append(current)
+            current = ""
+    if current:
+        words.append(current)
+    if words:
+        return _SEPARATORS.join(re.escape(w) for w in words)
+    return re.escape(needle) if needle.strip() else None
+
+
+def _needles_re(needles: Iterable[str]) -> re.Pattern[str] | None:
+    alternatives = {rx for rx in map(_needle_regex, needles) if rx}
+    if not alternatives:
+        return None
+    # Longer needles first, so that at any position the longest one is marked.
+    ordered = sorted(alternatives, key=lambda rx: (-len(rx), rx))
+    return re.compile("|".join(f"(?:{rx})" for rx in ordered), re.IGNORECASE)
+
+
+def make_snippet(text: str, needles: Sequence[str], *, width: int = SNIPPET_WIDTH) -> str:
+    """``width`` characters of ``text`` centred on the first match of any needle.
+
+    Needles match case-insensitively, and any run of spaces or punctuation inside a needle
+    matches any such run in the text (as a phrase query would). Every match inside the window
+    is wrapped in ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and
+    ellipses are not counted in ``width``. Without a match the snippet is the start of the text.
+    """
+    width = max(width, 1)
+    pattern = _needles_re(needles)
+    first = pattern.search(text) if pattern else None
+    start = 0
+    if first is not None:
+        length = first.end() - first.start()
+        start = first.start() - max(width - length, 0) // 2
+        start = max(0, min(start, len(text) - width, first.start()))
+    end = min(len(text), start + width)
+    out = [ELLIPSIS] if start > 0 else []
+    pos = start
+    if pattern is not None and first is not None:
+        for match in pattern.finditer(text, first.start()):
+            if match.start() >= end:
+                break
+            lo, hi = max(match.start(), start), min(match.end(), end)
+            out += [text[pos:lo], MATCH_START, text[lo:hi], MATCH_END]
+            pos = hi
+    out.append(text[pos:end])
+    if end < len(text):
+        out.append(ELLIPSIS)
+    return "".join(out)

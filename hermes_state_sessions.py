@@ -1,0 +1,646 @@
+"""Sessions: creation, accounting, listing, titles, deletion and pruning.
+
+Every function takes the connection first and runs inside the caller's transaction (writes)
+or as a plain read. Rules that matter:
+
+* creating a session is idempotent — a second ``create_session`` never overwrites the row, so
+  ``user_id`` (the principal behind the session) is fixed when the row is born;
+* the first end reason wins; ``reopen_session`` clears it so a later end applies;
+* token accounting moves the session totals and the per-model ``session_model_usage`` row in
+  the same transaction; the session's ``model`` is only filled while it is NULL;
+* a listed conversation is its lineage root: compression successors and delegate children are
+  folded into it, and the row shows the live tip;
+* deleting or pruning never cascades to other sessions (children are orphaned), and refuses
+  while the runtime ledgers hold live work for the session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from hermes_state_common import (
+    clean_optional,
+    escape_like,
+    now,
+    placeholders,
+    quote_identifier,
+)
+from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
+from hermes_state_schema import expected_columns
+
+__all__ = [
+    "create_session",
+    "get_session",
+    "resolve_session_id",
+    "end_session",
+    "reopen_session",
+    "update_token_counts",
+    "list_sessions_rich",
+    "sanitize_title",
+    "set_session_title",
+    "delete_session",
+    "prune_sessions",
+]
+
+# Columns a caller may set at creation besides the named parameters.
+_COUNTER_COLUMNS = frozenset(
+    {
+        "message_count",
+        "tool_call_count",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "reasoning_tokens",
+        "api_call_count",
+    }
+)
+_JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
+
+
+def session_columns() -> tuple[str, ...]:
+    return tuple(c[0] for c in expected_columns()["sessions"])
+
+
+def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
+    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+
+def _session_value(name: str, value: Any) -> Any:
+    if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    if isinstance(value, str):
+        return clean_optional(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _check_session_id(session_id: Any) -> str:
+    if not isinstance(session_id, str) or not session_id.strip():
+        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+    return session_id
+
+
+def require_session(conn: sqlite3.Connection, session_id: str) -> None:
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        raise SessionNotFoundError(session_id)
+
+
+def create_session(
+    conn: sqlite3.Connection, session_id: str, source: str, columns: Mapping[str, Any]
+) -> bool:
+    """Insert the session row unless it exists (then nothing changes). True when created."""
+    _check_session_id(session_id)
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"source must be a non-empty string, got {source!r}")
+    allowed = set(session_columns()) - {"id", "source"}
+    unknown = set(columns) - allowed
+    if unknown:
+        raise TypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
+    values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
+    values.setdefault("started_at", now())
+    parent = values.get("parent_session_id")
+    if parent is not None:
+        require_session(conn, parent)
+    names = ["id", "source", *values]
+    sql = (
+        f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
+        f" VALUES ({placeholders(len(names))}) ON CONFLICT(id) DO NOTHING"
+    )
+    return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
+
+
+def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
+    row = cursor.fetchone()
+    return None if row is None else row_to_dict(cursor, row)
+
+
+def resolve_session_id(conn: sqlite3.Connection, id_or_prefix: str) -> str | None:
+    """The session id equal to, or uniquely starting with, ``id_or_prefix`` (``%``/``_``
+    literal); None when there is no match or more than one."""
+    if not isinstance(id_or_prefix, str) or not id_or_prefix:
+        return None
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (id_or_prefix,)).fetchone():
+        return id_or_prefix
+    rows = conn.execute(
+        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
+        (escape_like(id_or_prefix) + "%",),
+    ).fetchall()
+    return rows[0][0] if len(rows) == 1 else None
+
+
+def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str) -> bool:
+    """End the session; the first end reason is kept. True when this call ended it."""
+    cursor = conn.execute(
+        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+        (now(), clean_optional(end_reason), session_id),
+    )
+    if cursor.rowcount == 0:
+        require_session(conn, session_id)
+    return cursor.rowcount > 0
+
+
+REOPEN_SQL = """
+UPDATE sessions SET ended_at = NULL, end_reason = NULL,
+    archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END,
+    auto_archived = 0
+WHERE id = ?
+"""
+
+
+def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
+    """Clear the end so a later end applies; resuming lifts an archive only when the idle
+    clean-up set it, never a deliberate one."""
+    if conn.execute(REOPEN_SQL, (session_id,)).rowcount == 0:
+        raise SessionNotFoundError(session_id)
+
+
+def update_session_columns(
+    conn: sqlite3.Connection, session_id: str, values: Mapping[str, Any]
+) -> None:
+    sets = ", ".join(f"{quote_identifier(k)} = ?" for k in values)
+    cursor = conn.execute(
+        f"UPDATE sessions SET {sets} WHERE id = ?",
+        (*(_session_value(k, v) for k, v in values.items()), session_id),
+    )
+    if cursor.rowcount == 0:
+        raise SessionNotFoundError(session_id)
+
+
+# --- accounting ------------------------------------------------------------------------------
+
+TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "api_call_count",
+)
+COST_FIELDS = ("estimated_cost_usd", "actual_cost_usd")
+LABEL_FIELDS = ("cost_status", "cost_source", "pricing_version")
+ROUTE_FIELDS = ("billing_provider", "billing_base_url", "billing_mode")
+
+USAGE_UPSERT_SQL = """
+INSERT INTO session_model_usage (
+    session_id, model, billing_provider, billing_base_url, billing_mode, task,
+    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+    api_call_count, estimated_cost_usd, actual_cost_usd, first_used_at, last_used_at
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task)
+DO UPDATE SET {updates}, last_used_at = excluded.last_used_at
+"""
+_INCREMENT = "{f} = {f} + excluded.{f}"
+_ADD_COST = "{f} = CASE WHEN excluded.{f} IS NULL THEN {f} ELSE COALESCE({f}, 0) + excluded.{f} END"
+_SET_COST = "{f} = COALESCE(excluded.{f}, {f})"
+
+
+def _usage_sql(absolute: bool) -> str:
+    token = "{f} = excluded.{f}" if absolute else _INCREMENT
+    cost = _SET_COST if absolute else _ADD_COST
+    updates = [token.format(f=f) for f in TOKEN_FIELDS] + [cost.format(f=f) for f in COST_FIELDS]
+    return USAGE_UPSERT_SQL.format(updates=", ".join(updates))
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _check_cost(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or None, got {type(value).__name__}")
+    return float(value)
+
+
+def update_token_counts(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    model: str | None,
+    absolute: bool,
+    task: str | None,
+    counts: Mapping[str, Any],
+) -> None:
+    """Add ``counts`` to (or, with ``absolute``, set) the session totals and its usage row."""
+    tokens = {f: _check_count(f, counts.get(f, 0)) for f in TOKEN_FIELDS}
+    costs = {f: _check_cost(f, counts.get(f)) for f in COST_FIELDS}
+    labels = {f: counts.get(f) for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if counts.get(f) is not None}
+    row = conn.execute(
+        "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        raise SessionNotFoundError(session_id)
+    sets = [f"{f} = ?" if absolute else f"{f} = {f} + ?" for f in TOKEN_FIELDS]
+    params: list[Any] = list(tokens.values())
+    for f, value in costs.items():
+        if value is not None:
+            sets.append(f"{f} = ?" if absolute else f"{f} = COALESCE({f}, 0) + ?")
+            params.append(value)
+    for f, value in labels.items():
+        sets.append(f"{f} = ?")
+        params.append(clean_optional(value))
+    if model is not None:
+        sets.append("model = COALESCE(model, ?)")
+        params.append(clean_optional(model))
+    conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
+
+    route = [labels.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
+    usage_model = model if model is not None else row[0]
+    stamp = now()
+    conn.execute(
+        _usage_sql(absolute),
+        (
+            session_id,
+            clean_optional(usage_model) or "",
+            *(clean_optional(v) or "" for v in route),
+            clean_optional(task) or "",
+            *tokens.values(),
+            *costs.values(),
+            stamp,
+            stamp,
+        ),
+    )
+
+
+def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    cursor = conn.execute(
+        "SELECT * FROM session_model_usage WHERE session_id = ?"
+        " ORDER BY first_used_at, model, task",
+        (session_id,),
+    )
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+
+# --- listing ---------------------------------------------------------------------------------
+
+PREVIEW_CHARS = 60
+
+# A conversation's root is the session without a parent (or whose parent is gone). The row it
+# is listed under shows the live tip of its compression chain (see compression_tip_sql).
+LIST_ROOTS_SQL = """
+SELECT s.*,
+    (SELECT m.content FROM messages m
+     WHERE m.session_id = s.id AND m.role = 'user' AND m.content IS NOT NULL
+     ORDER BY m.timestamp, m.id LIMIT 1) AS _first_user,
+    COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2.session_id = s.id),
+             s.started_at) AS last_active
+FROM sessions s
+WHERE (s.parent_session_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = s.parent_session_id))
+  {filters}
+ORDER BY s.started_at DESC, s.id DESC
+LIMIT ? OFFSET ?
+"""
+
+# Every session below a root, with the most recent activity of each.
+FAMILY_SQL = """
+WITH RECURSIVE family(id) AS (
+    SELECT ?
+    UNION
+    SELECT s.id FROM sessions s JOIN family f ON s.parent_session_id = f.id
+)
+SELECT s.id, s.parent_session_id, s.end_reason, s.successor_session_id, s.started_at,
+       COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+                s.started_at) AS last_active
+FROM sessions s JOIN family f ON s.id = f.id
+"""
+
+
+def make_preview(text: str | None) -> str:
+    """First user message, whitespace collapsed, at most 60 characters plus ``...``."""
+    if not text:
+        return ""
+    collapsed = " ".join(text.split())
+    if len(collapsed) <= PREVIEW_CHARS:
+        return collapsed
+    return collapsed[:PREVIEW_CHARS] + "..."
+
+
+def source_filters(
+    source: str | None, exclude_sources: Iterable[str] | None, *, alias: str = "s"
+) -> tuple[str, list[Any]]:
+    """SQL conditions for a source and an excluded-sources list of any length.
+
+    The list travels as one JSON parameter (``json_each``), so its length never meets
+    SQLite's bound-parameter limit and nothing is formatted into SQL text.
+    """
+    sql, params = "", []
+    if source is not None:
+        sql += f" AND {alias}.source = ?"
+        params.append(source)
+    excluded = [str(s) for s in exclude_sources or ()]
+    if excluded:
+        sql += f" AND {alias}.source NOT IN (SELECT value FROM json_each(?))"
+        params.append(json.dumps(excluded))
+    return sql, params
+
+
+def next_in_chain(
+    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], node_id: str
+) -> str | None:
+    """The compression successor of a session: the published one, else the newest child of a
+    session that ended with ``end_reason='compression'``; None at the tip."""
+    node = family[node_id]
+    successor = node.get("successor_session_id")
+    if successor in family:
+        return str(successor)
+    kids = children.get(node_id)
+    if node.get("end_reason") == "compression" and kids:
+        return max(kids, key=lambda c: (family[c]["started_at"], c))
+    return None
+
+
+def chain_from(
+    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], start: str
+) -> list[str]:
+    """``start`` and its compression successors in order; the last one is the live tip."""
+    path, seen = [start], {start}
+    while (nxt := next_in_chain(family, children, path[-1])) is not None and nxt not in seen:
+        path.append(nxt)
+        seen.add(nxt)
+    return path
+
+
+def family_of(conn: sqlite3.Connection, root: str) -> tuple[dict, dict[str, list[str]]]:
+    cursor = conn.execute(FAMILY_SQL, (root,))
+    family = {r[0]: row_to_dict(cursor, r) for r in cursor.fetchall()}
+    children: dict[str, list[str]] = {}
+    for sid, node in family.items():
+        parent = node["parent_session_id"]
+        if parent in family and sid != root:
+            children.setdefault(parent, []).append(sid)
+    return family, children
+
+
+def list_sessions_rich(
+    conn: sqlite3.Connection,
+    *,
+    source: str | None,
+    exclude_sources: Iterable[str] | None,
+    limit: int,
+    offset: int,
+    include_archived: bool,
+) -> list[dict[str, Any]]:
+    filters, params = source_filters(source, exclude_sources)
+    if not include_archived:
+        filters += " AND COALESCE(s.archived, 0) = 0"
+    cursor = conn.execute(LIST_ROOTS_SQL.format(filters=filters), (*params, limit, offset))
+    roots = [row_to_dict(cursor, r) for r in cursor.fetchall()]
+    out = []
+    for root in roots:
+        root["preview"] = make_preview(root.pop("_first_user"))
+        family, children = family_of(conn, root["id"])
+        tip_id = chain_from(family, children, root["id"])[-1]
+        root["root_session_id"] = root["id"]
+        root["tip_session_id"] = tip_id
+        root["lineage_size"] = len(family)
+        root["last_active"] = max(n["last_active"] for n in family.values())
+        if tip_id != root["id"]:
+            tip = get_session(conn, tip_id) or {}
+            for key in ("title", "model", "ended_at", "end_reason", "message_count"):
+                root[f"tip_{key}"] = tip.get(key)
+        out.append(root)
+    return out
+
+
+def list_sessions(
+    conn: sqlite3.Connection, *, source: str | None, limit: int, offset: int
+) -> list[dict[str, Any]]:
+    filters, params = source_filters(source, None)
+    cursor = conn.execute(
+        f"SELECT * FROM sessions s WHERE 1 = 1 {filters}"
+        " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
+        (*params, limit, offset),
+    )
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+
+def session_count(conn: sqlite3.Connection, source: str | None, include_archived: bool) -> int:
+    filters, params = source_filters(source, None)
+    if not include_archived:
+        filters += " AND COALESCE(s.archived, 0) = 0"
+    sql = f"SELECT COUNT(*) FROM sessions s WHERE 1 = 1 {filters}"
+    return int(conn.execute(sql, params).fetchone()[0])
+
+
+def message_count(conn: sqlite3.Connection, session_id: str | None) -> int:
+    if session_id is None:
+        return int(conn.execute("SELECT COUNT(*) FROM messages WHERE active = 1").fetchone()[0])
+    return int(
+        conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND active = 1", (session_id,)
+        ).fetchone()[0]
+    )
+
+
+# --- titles ----------------------------------------------------------------------------------
+
+TITLE_MAX_CHARS = 100
+# Zero-width characters, bidi embeddings/overrides/isolates and marks, and the BOM.
+_INVISIBLE = frozenset(
+    "\u200b\u200c\u200d\u2060\ufeff\u200e\u200f\u061c"
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+_TITLE_SUFFIX_RE = re.compile(r"^(.*?) #(\d+)$")
+
+
+def sanitize_title(title: str | None) -> str | None:
+    """Strip, collapse whitespace, drop control/DEL/zero-width/bidi/BOM characters.
+
+    Empty → None; longer than 100 characters → ValueError.
+    """
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    kept = []
+    for ch in clean_optional(title) or "":
+        if ch.isspace():
+            kept.append(" ")
+        elif ch in _INVISIBLE or unicodedata.category(ch) == "Cc":
+            continue
+        else:
+            kept.append(ch)
+    cleaned = " ".join("".join(kept).split())
+    if not cleaned:
+        return None
+    if len(cleaned) > TITLE_MAX_CHARS:
+        raise ValueError(f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
+    return cleaned
+
+
+def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
+    """Set (or, with an empty title, clear) the title; False when there is no such session."""
+    cleaned = sanitize_title(title)
+    if cleaned is not None:
+        owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
+        if owner is not None and owner[0] != session_id:
+            raise TitleConflictError(f"title {cleaned!r} is already used by session {owner[0]}")
+    cursor = conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (cleaned, session_id))
+    return cursor.rowcount > 0
+
+
+def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str, float]]:
+    """(id, title, started_at) of sessions titled ``base`` or ``base #N``."""
+    rows = conn.execute(
+        "SELECT id, title, started_at FROM sessions"
+        " WHERE title = ? OR title LIKE ? ESCAPE '\\'",
+        (base, escape_like(base) + " #%"),
+    ).fetchall()
+    out = []
+    for session_id, title, started_at in rows:
+        match = _TITLE_SUFFIX_RE.match(title)
+        if title == base or (match and match.group(1) == base):
+            out.append((session_id, title, started_at))
+    return out
+
+
+def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
+    """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
+    cleaned = sanitize_title(title)
+    if cleaned is None:
+        return None
+    candidates = _lineage_titles(conn, cleaned)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c[2], c[0]))[0]
+
+
+def next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+    """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
+    cleaned = sanitize_title(title) or ""
+    match = _TITLE_SUFFIX_RE.match(cleaned)
+    base = match.group(1) if match else cleaned
+    existing = _lineage_titles(conn, base)
+    if not existing:
+        return base
+    highest = 1
+    for _, t, _ in existing:
+        m = _TITLE_SUFFIX_RE.match(t)
+        if m and m.group(1) == base:
+            highest = max(highest, int(m.group(2)))
+    return f"{base} #{highest + 1}"
+
+
+# --- deletion --------------------------------------------------------------------------------
+
+# Work that is not finished (or whose fate is unknown) pins a session.
+LIVE_LEDGER_SQL = """
+SELECT
+    (SELECT COUNT(*) FROM session_admissions
+     WHERE session_id = :id AND status IN ('queued', 'started', 'unknown')),
+    (SELECT COUNT(*) FROM worker_executions
+     WHERE session_id = :id AND status IN ('registered', 'running', 'unknown'))
+"""
+DELETE_SESSION_SQL = (
+    "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = :id",
+    "DELETE FROM messages WHERE session_id = :id",
+    "DELETE FROM session_model_usage WHERE session_id = :id",
+    "DELETE FROM compression_locks WHERE session_id = :id",
+    "DELETE FROM worker_receipts WHERE session_id = :id",
+    "DELETE FROM worker_executions WHERE session_id = :id",
+    "DELETE FROM session_admissions WHERE session_id = :id",
+    "DELETE FROM sessions WHERE id = :id",
+)
+
+
+def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Delete a session, its messages, usage and terminal ledger rows; orphan its children.
+
+    Raises :class:`LedgerBusyError` (nothing deleted) while its ledgers hold live work.
+    """
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        return False
+    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    if admissions or executions:
+        raise LedgerBusyError(
+            f"session {session_id} has {admissions} live admission(s) and {executions} live "
+            f"worker execution(s)",
+            session_id=session_id,
+        )
+    for sql in DELETE_SESSION_SQL:
+        conn.execute(sql, {"id": session_id})
+    return True
+
+
+def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
+    require_session(conn, session_id)
+    deleted = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
+    conn.execute(
+        "UPDATE sessions SET message_count = 0, tool_call_count = 0 WHERE id = ?", (session_id,)
+    )
+    return deleted
+
+
+# Ended sessions whose last activity (latest message, else start) is before the cutoff.
+PRUNE_CANDIDATES_SQL = """
+SELECT s.id FROM sessions s
+WHERE s.ended_at IS NOT NULL
+  AND COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+               s.started_at) < ?
+  {filters}
+"""
+
+
+def prune_sessions(
+    conn: sqlite3.Connection, *, older_than_days: float, source: str | None
+) -> list[str]:
+    """Delete ended, idle sessions and return their ids.
+
+    A compression chain is pruned as a unit: a session is kept while any session of its chain
+    (its compression ancestors and successors) is still live or active after the cutoff, so
+    the ended parent of a live conversation is never pulled from under it. Sessions whose
+    ledgers hold live work are skipped.
+    """
+    cutoff = now() - older_than_days * 86400.0
+    filters, params = source_filters(source, None)
+    candidates = {
+        r[0] for r in conn.execute(PRUNE_CANDIDATES_SQL.format(filters=filters), (cutoff, *params))
+    }
+    pruned = []
+    for session_id in sorted(candidates):
+        chain = compression_chain(conn, session_id)
+        if not chain <= candidates:
+            continue
+        try:
+            delete_session(conn, session_id)
+        except LedgerBusyError:
+            continue
+        pruned.append(session_id)
+    return pruned
+
+
+COMPRESSION_CHAIN_SQL = """
+WITH RECURSIVE
+up(id, parent, reason) AS (
+    SELECT id, parent_session_id, end_reason FROM sessions WHERE id = :id
+    UNION
+    SELECT p.id, p.parent_session_id, p.end_reason
+    FROM sessions p JOIN up ON p.id = up.parent
+    WHERE p.end_reason = 'compression'
+),
+down(id, reason) AS (
+    SELECT id, end_reason FROM sessions WHERE id = :id
+    UNION
+    SELECT c.id, c.end_reason FROM sessions c JOIN down ON c.parent_session_id = down.id
+    WHERE down.reason = 'compression'
+)
+SELECT id FROM up UNION SELECT id FROM down
+"""
+
+
+def compression_chain(conn: sqlite3.Connection, session_id: str) -> set[str]:
+    """The session, its compression ancestors and its compression successors."""
+    return {r[0] for r in conn.execute(COMPRESSION_CHAIN_SQL, {"id": session_id})}
