@@ -28,14 +28,16 @@ The constants below are module attributes on purpose: tests shorten them.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
@@ -93,6 +95,7 @@ __all__ = [
 
 logger = logging.getLogger("hermes_state")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
 _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
@@ -117,6 +120,59 @@ def _retry_delay(elapsed: float) -> float:
     if elapsed < _FAST_RETRY_WINDOW_S:
         return random.uniform(_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
     return random.uniform(_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
+
+
+def _method_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with its leading connection parameter shown as ``self``."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sig.replace(parameters=[self_param, *params[1:]])
+
+
+def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Callable[..., T]:
+    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
+
+    @functools.wraps(fn)
+    def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._read(lambda conn: fn(conn, *args, **kwargs))
+
+    method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
+    return method
+
+
+def _writes(
+    fn: Callable[Concatenate[sqlite3.Connection, P], T], kind: str = "write", *, spool: bool = False
+) -> Callable[..., T]:
+    """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
+
+    With ``spool=True`` (transcript writes) the message(s) of a write refused because the
+    file is corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
+    :class:`StateDbCorruptError` names that file in ``spooled_to``.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
+        # A retried transaction calls fn again: one-shot iterators must survive that.
+        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)  # type: ignore
+        kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
+        try:
+            return self._write(lambda conn: fn(conn, *args, **kwargs), kind)
+        except StateDbCorruptError as exc:
+            if spool:
+                bound = signature.bind(None, *args, **kwargs).arguments
+                session_id = str(bound["session_id"])
+                records = bound.get("messages") or [
+                    {k: v for k, v in bound.items() if k != "conn"}
+                ]
+                exc.spooled_to = common.spool_transcript(
+                    session_id, [{"session_id": session_id, **r} for r in records]
+                )
+            raise
+
+    method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
+    return method
 
 
 class SessionDB:
@@ -462,160 +518,26 @@ class SessionDB:
 
     # --- sessions -----------------------------------------------------------------------------
 
-    def create_session(
-        self,
-        session_id: str,
-        source: str,
-        model: str | None = None,
-        model_config: dict[str, Any] | str | None = None,
-        system_prompt: str | None = None,
-        user_id: str | None = None,
-        parent_session_id: str | None = None,
-        **columns: Any,
-    ) -> str:
-        """Create the session unless it exists; a second call changes nothing."""
-        columns.update(
-            model=model,
-            model_config=model_config,
-            system_prompt=system_prompt,
-            user_id=user_id,
-            parent_session_id=parent_session_id,
-        )
-        self._write(lambda c: sessions.create_session(c, session_id, source, columns))
-        return session_id
-
-    def ensure_session(self, session_id: str, source: str = "unknown", model: str | None = None) -> str:
-        return self.create_session(session_id, source, model=model)
-
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
-        return self._read(lambda c: sessions.get_session(c, session_id))
-
-    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
-        return self._read(lambda c: sessions.resolve_session_id(c, session_id_or_prefix))
-
-    def end_session(self, session_id: str, end_reason: str) -> bool:
-        """End the session; the first end reason is kept (True when this call ended it)."""
-        return self._write(lambda c: sessions.end_session(c, session_id, end_reason))
-
-    def reopen_session(self, session_id: str) -> None:
-        self._write(lambda c: sessions.reopen_session(c, session_id))
-
-    def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
-        self._write(
-            lambda c: sessions.update_session_columns(c, session_id, {"system_prompt": prompt})
-        )
-
-    def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str | None = None,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        api_call_count: int = 0,
-        absolute: bool = False,
-        task: str | None = None,
-    ) -> None:
-        """Add to (or, with ``absolute=True``, set) the session's totals and the matching
-        ``session_model_usage`` row, in one transaction."""
-        counts = dict(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens,
-            cache_write_tokens=cache_write_tokens,
-            reasoning_tokens=reasoning_tokens,
-            api_call_count=api_call_count,
-            estimated_cost_usd=estimated_cost_usd,
-            actual_cost_usd=actual_cost_usd,
-            cost_status=cost_status,
-            cost_source=cost_source,
-            pricing_version=pricing_version,
-            billing_provider=billing_provider,
-            billing_base_url=billing_base_url,
-            billing_mode=billing_mode,
-        )
-        self._write(
-            lambda c: sessions.update_token_counts(
-                c, session_id, model=model, absolute=absolute, task=task, counts=counts
-            )
-        )
-
-    def get_model_usage(self, session_id: str) -> list[dict[str, Any]]:
-        return self._read(lambda c: sessions.model_usage(c, session_id))
-
-    def list_sessions_rich(
-        self,
-        source: str | None = None,
-        exclude_sources: Iterable[str] | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        include_archived: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Conversations newest first, one row per lineage root, with ``preview``,
-        ``last_active`` and the live tip (``tip_session_id``)."""
-        return self._read(
-            lambda c: sessions.list_sessions_rich(
-                c,
-                source=source,
-                exclude_sources=exclude_sources,
-                limit=limit,
-                offset=offset,
-                include_archived=include_archived,
-            )
-        )
-
-    def search_sessions(
-        self, source: str | None = None, limit: int = 20, offset: int = 0
-    ) -> list[dict[str, Any]]:
-        """Session rows newest first, optionally of one source."""
-        return self._read(
-            lambda c: sessions.list_sessions(c, source=source, limit=limit, offset=offset)
-        )
-
-    def session_count(self, source: str | None = None, include_archived: bool = True) -> int:
-        return self._read(lambda c: sessions.session_count(c, source, include_archived))
-
-    def message_count(self, session_id: str | None = None) -> int:
-        """Active messages of one session, or of the whole store."""
-        return self._read(lambda c: sessions.message_count(c, session_id))
-
-    def get_meta(self, key: str) -> str | None:
-        return self._read(lambda c: common.get_meta(c, key))
-
-    def set_meta(self, key: str, value: object) -> None:
-        self._write(lambda c: common.set_meta(c, key, value))
-
-    def export_session(self, session_id: str) -> dict[str, Any] | None:
-        return self._read(lambda c: portability.export_session(c, session_id))
-
-    def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
-        return self._read(lambda c: portability.export_all(c, source))
-
-    def clear_messages(self, session_id: str) -> int:
-        """Delete every message of the session (all generations); the row stays, zeroed."""
-        return self._write(lambda c: sessions.clear_messages(c, session_id), "transcript")
-
-    def delete_session(self, session_id: str) -> bool:
-        """Delete a session (children are orphaned, not deleted); False if there was none."""
-        return self._write(lambda c: sessions.delete_session(c, session_id))
-
-    def prune_sessions(self, older_than_days: float = 90, source: str | None = None) -> int:
-        """Delete ended sessions idle for ``older_than_days``; returns how many."""
-        return len(
-            self._write(
-                lambda c: sessions.prune_sessions(c, older_than_days=older_than_days, source=source)
-            )
-        )
+    create_session = _writes(sessions.create_session)
+    ensure_session = _writes(sessions.ensure_session)
+    get_session = _reads(sessions.get_session)
+    resolve_session_id = _reads(sessions.resolve_session_id)
+    end_session = _writes(sessions.end_session)
+    reopen_session = _writes(sessions.reopen_session)
+    update_system_prompt = _writes(sessions.update_system_prompt)
+    update_token_counts = _writes(sessions.update_token_counts)
+    get_model_usage = _reads(sessions.get_model_usage)
+    list_sessions_rich = _reads(sessions.list_sessions_rich)
+    search_sessions = _reads(sessions.search_sessions)
+    session_count = _reads(sessions.session_count)
+    message_count = _reads(sessions.message_count)
+    get_meta = _reads(common.get_meta)
+    set_meta = _writes(common.set_meta)
+    export_session = _reads(portability.export_session)
+    export_all = _reads(portability.export_all)
+    clear_messages = _writes(sessions.clear_messages, "transcript")
+    delete_session = _writes(sessions.delete_session)
+    prune_sessions = _writes(sessions.prune_sessions)
 
     def vacuum(self) -> None:
         self._write(lambda c: c.execute("VACUUM"), transactional=False)
@@ -641,130 +563,26 @@ class SessionDB:
 
     # --- messages -----------------------------------------------------------------------------
 
-    def append_message(
-        self,
-        session_id: str,
-        role: str,
-        content: str | None = None,
-        tool_name: str | None = None,
-        tool_calls: list[dict[str, Any]] | None = None,
-        tool_call_id: str | None = None,
-        token_count: int | None = None,
-        finish_reason: str | None = None,
-        reasoning: str | None = None,
-        reasoning_content: str | None = None,
-        reasoning_details: Any = None,
-        codex_reasoning_items: Any = None,
-        codex_message_items: Any = None,
-        platform_message_id: str | None = None,
-        observed: bool = False,
-        effect_disposition: str | None = None,
-        api_content: str | None = None,
-        display_kind: str | None = None,
-        display_metadata: Any = None,
-        message_uid: str | None = None,
-        timestamp: float | None = None,
-        absorbed_message_uids: list[str] | None = None,
-        tool_call_uids: dict[str, Any] | None = None,
-        tool_call_uid: str | None = None,
-    ) -> int:
-        """Append one message and move the session's counters, in one transaction.
-
-        Returns the row id. If the file turns out to be corrupt the message is spooled to
-        ``<home>/sessions/<session_id>.jsonl`` and the error says where.
-        """
-        fields = {k: v for k, v in locals().items() if k not in ("self", "session_id")}
-        return self._write_transcript(
-            session_id, [fields], lambda c: messages.insert_message(c, session_id, fields)
-        )
-
-    def _write_transcript(
-        self, session_id: str, records: list[dict[str, Any]], fn: Callable[[sqlite3.Connection], T]
-    ) -> T:
-        try:
-            return self._write(fn, "transcript")
-        except StateDbCorruptError as exc:
-            stamped = [{"session_id": session_id, **r} for r in records]
-            exc.spooled_to = common.spool_transcript(session_id, stamped)
-            raise
-
-    def get_messages(
-        self,
-        session_id: str,
-        include_inactive: bool = False,
-        limit: int | None = None,
-        offset: int = 0,
-    ) -> list[dict[str, Any]]:
-        return self._read(
-            lambda c: messages.get_messages(
-                c, session_id, include_inactive=include_inactive, limit=limit, offset=offset
-            )
-        )
-
-    def get_messages_as_conversation(
-        self, session_id: str, include_ancestors: bool = False, include_row_ids: bool = False
-    ) -> list[dict[str, Any]]:
-        """The OpenAI-format replay list (see hermes_state_messages.conversation).
-
-        ``include_ancestors=True`` prepends the lineage, root first."""
-        def read(c: sqlite3.Connection) -> list[dict[str, Any]]:
-            ids = [session_id]
-            if include_ancestors:
-                ids = [r["id"] for r in reversed(compression.ancestors(c, session_id))]
-            return messages.conversation(c, ids, include_row_ids=include_row_ids)
-
-        return self._read(read)
-
-    def replace_messages(self, session_id: str, new_messages: Iterable[dict[str, Any]]) -> list[int]:
-        """Replace the active generation; every message keeps the uid it carries."""
-        rows = [dict(m) for m in new_messages]
-        return self._write_transcript(
-            session_id, rows, lambda c: messages.replace_messages(c, session_id, rows)
-        )
+    append_message = _writes(messages.append_message, "transcript", spool=True)
+    get_messages = _reads(messages.get_messages)
+    get_messages_as_conversation = _reads(messages.get_messages_as_conversation)
+    replace_messages = _writes(messages.replace_messages, "transcript", spool=True)
 
     # --- titles -------------------------------------------------------------------------------
 
     sanitize_title = staticmethod(sessions.sanitize_title)
-
-    def set_session_title(self, session_id: str, title: str | None) -> bool:
-        """Set the title (unique among sessions; TitleConflictError otherwise)."""
-        return self._write(lambda c: sessions.set_session_title(c, session_id, title))
-
-    def get_session_title(self, session_id: str) -> str | None:
-        session = self.get_session(session_id)
-        return None if session is None else session["title"]
-
-    def get_session_by_title(self, title: str) -> dict[str, Any] | None:
-        cleaned = sessions.sanitize_title(title)
-        if cleaned is None:
-            return None
-        def read(c: sqlite3.Connection) -> dict[str, Any] | None:
-            row = c.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
-            return None if row is None else sessions.get_session(c, row[0])
-        return self._read(read)
-
-    def resolve_session_by_title(self, title: str) -> str | None:
-        """The most recent session of the title's lineage (``T``, ``T #2``, …)."""
-        return self._read(lambda c: sessions.resolve_session_by_title(c, title))
-
-    def get_next_title_in_lineage(self, title: str) -> str:
-        return self._read(lambda c: sessions.next_title_in_lineage(c, title))
+    set_session_title = _writes(sessions.set_session_title)
+    get_session_title = _reads(sessions.get_session_title)
+    get_session_by_title = _reads(sessions.get_session_by_title)
+    resolve_session_by_title = _reads(sessions.resolve_session_by_title)
+    get_next_title_in_lineage = _reads(sessions.get_next_title_in_lineage)
 
     # --- lineage ------------------------------------------------------------------------------
 
-    def get_session_ancestors(self, session_id: str) -> list[dict[str, Any]]:
-        """The session and its ancestors, nearest first."""
-        return self._read(lambda c: compression.ancestors(c, session_id))
-
-    def get_session_descendants(self, session_id: str) -> list[dict[str, Any]]:
-        return self._read(lambda c: compression.descendants(c, session_id))
-
-    def get_compression_tip(self, session_id: str) -> str | None:
-        return self._read(lambda c: compression.compression_tip_of(c, session_id))
-
-    def get_compression_lineage(self, session_id: str) -> list[str]:
-        """The compression chain through the session, root first, tip last."""
-        return self._read(lambda c: compression.compression_lineage(c, session_id))
+    get_session_ancestors = _reads(compression.get_session_ancestors)
+    get_session_descendants = _reads(compression.get_session_descendants)
+    get_compression_tip = _reads(compression.get_compression_tip)
+    get_compression_lineage = _reads(compression.get_compression_lineage)
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

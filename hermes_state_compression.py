@@ -12,7 +12,12 @@ from typing import Any
 
 from hermes_state_sessions import chain_from, family_of, row_to_dict
 
-__all__ = ["ancestors", "descendants", "compression_tip_of", "compression_lineage"]
+__all__ = [
+    "get_session_ancestors",
+    "get_session_descendants",
+    "get_compression_tip",
+    "get_compression_lineage",
+]
 
 # The seed's lineage queries: the session first, then each parent in turn.
 ANCESTORS_SQL = """
@@ -46,17 +51,17 @@ def _rows(conn: sqlite3.Connection, sql: str, session_id: str) -> list[dict[str,
     return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
 
-def ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def get_session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """The session and its ancestors, nearest first (empty when the session is unknown)."""
     return _rows(conn, ANCESTORS_SQL, session_id)
 
 
-def descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def get_session_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """The session and everything below it, breadth first."""
     return _rows(conn, DESCENDANTS_SQL, session_id)
 
 
-def compression_tip_of(conn: sqlite3.Connection, session_id: str) -> str | None:
+def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None:
     """Where the compression chain starting at ``session_id`` currently ends."""
     family, children = family_of(conn, session_id)
     if session_id not in family:
@@ -67,7 +72,7 @@ def compression_tip_of(conn: sqlite3.Connection, session_id: str) -> str | None:
 def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
     """The first session of the compression chain through ``session_id``: walk up while the
     parent ended by compression."""
-    rows = ancestors(conn, session_id)
+    rows = get_session_ancestors(conn, session_id)
     if not rows:
         return None
     root = rows[0]["id"]
@@ -78,7 +83,7 @@ def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
     return root
 
 
-def compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[str]:
+def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[str]:
     """The compression chain through ``session_id``, root first, live tip last."""
     root = compression_root(conn, session_id)
     if root is None:

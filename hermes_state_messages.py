@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
+from hermes_state_compression import get_session_ancestors
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import SessionNotFoundError
 
@@ -30,8 +31,9 @@ __all__ = [
     "MESSAGE_FIELDS",
     "JSON_FIELDS",
     "insert_message",
+    "append_message",
     "get_messages",
-    "conversation",
+    "get_messages_as_conversation",
     "replace_messages",
     "tool_call_count_of",
 ]
@@ -241,6 +243,40 @@ def insert_message(
     return int(cursor.lastrowid or 0)
 
 
+def append_message(
+    conn: sqlite3.Connection,
+    session_id: str,
+    role: str,
+    content: str | None = None,
+    tool_name: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str | None = None,
+    token_count: int | None = None,
+    finish_reason: str | None = None,
+    reasoning: str | None = None,
+    reasoning_content: str | None = None,
+    reasoning_details: Any = None,
+    codex_reasoning_items: Any = None,
+    codex_message_items: Any = None,
+    platform_message_id: str | None = None,
+    observed: bool = False,
+    effect_disposition: str | None = None,
+    api_content: str | None = None,
+    display_kind: str | None = None,
+    display_metadata: Any = None,
+    message_uid: str | None = None,
+    timestamp: float | None = None,
+    absorbed_message_uids: list[str] | None = None,
+    tool_call_uids: dict[str, Any] | None = None,
+    tool_call_uid: str | None = None,
+) -> int:
+    """Append one message and move the session's counters (the caller's transaction).
+
+    Returns the row id. JSON-typed fields take any JSON value and are decoded on read."""
+    fields = {k: v for k, v in locals().items() if k not in ("conn", "session_id")}
+    return insert_message(conn, session_id, fields)
+
+
 # --- reading ---------------------------------------------------------------------------------
 
 _READ_COLUMNS = ("id", "session_id", *MESSAGE_FIELDS)
@@ -260,7 +296,6 @@ def row_to_message(row: Sequence[Any]) -> dict[str, Any]:
 def get_messages(
     conn: sqlite3.Connection,
     session_id: str,
-    *,
     include_inactive: bool = False,
     limit: int | None = None,
     offset: int = 0,
@@ -280,6 +315,20 @@ SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, fini
        codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid
 FROM messages WHERE session_id = ? AND active = 1 ORDER BY id
 """
+
+
+def get_messages_as_conversation(
+    conn: sqlite3.Connection,
+    session_id: str,
+    include_ancestors: bool = False,
+    include_row_ids: bool = False,
+) -> list[dict[str, Any]]:
+    """The OpenAI-format replay list of the session's active rows (see the module docstring);
+    ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
+    ids = [session_id]
+    if include_ancestors:
+        ids = [r["id"] for r in reversed(get_session_ancestors(conn, session_id))]
+    return conversation(conn, ids, include_row_ids=include_row_ids)
 
 
 def conversation(

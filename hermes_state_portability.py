@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from hermes_state_messages import get_messages
-from hermes_state_sessions import get_session, list_sessions, model_usage
+from hermes_state_sessions import get_model_usage, get_session, search_sessions
 
 __all__ = ["export_session", "export_all"]
 
@@ -22,12 +22,12 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     if session is None:
         return None
     session["messages"] = get_messages(conn, session_id, include_inactive=True)
-    session["model_usage"] = model_usage(conn, session_id)
+    session["model_usage"] = get_model_usage(conn, session_id)
     return session
 
 
 def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict[str, Any]]:
     """Every session (optionally of one source), oldest first, exported as above."""
-    sessions = list_sessions(conn, source=source, limit=-1, offset=0)
+    sessions = search_sessions(conn, source=source, limit=-1)
     exported = (export_session(conn, s["id"]) for s in reversed(sessions))
     return [e for e in exported if e is not None]

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hermes_state_common import clean_text, escape_like
@@ -101,6 +101,7 @@ class _Term:
 
 
 _Item = _Term | str  # a str item is one of _OPERATORS
+_RenderTerm = Callable[[_Term], str]
 
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 # A balanced phrase, a lone (unbalanced) quote, or a run of other non-space characters.
@@ -159,12 +160,9 @@ def _render_term(term: _Term) -> str:
 
 
 def _cut_term(term: _Term, limit: int) -> _Term | None:
-    """``term`` shortened so that it renders in ``limit`` characters, as a prefix query."""
-    room = limit - (4 if term.quoted else 1)  # quotes and " *", or the bare "*"
-    text = term.text
-    while text and len(_render_term(_Term(text, term.quoted, True))) > limit:
-        text = _strip_edges(text[: max(room, 0)])
-        room -= 1
+    """``term`` cut to render in ``limit`` characters, as a prefix query (None: nothing left)."""
+    room = limit - (4 if term.quoted else 1)  # the quotes and " *", or the bare "*"
+    text = _strip_edges(term.text[: max(room, 0)])
     return _Term(text, term.quoted, prefix=True) if _usable(text) else None
 
 
@@ -188,10 +186,10 @@ def _parse(query: object) -> list[_Item]:
             term = _word_term(chunk)
         if term is None:
             continue
-        joiner = f" {pending_op} " if pending_op else " "
-        extra = len(_render_term(term)) + (len(joiner) if items else 0)
         if terms == MAX_QUERY_TERMS:
             break
+        joiner = f" {pending_op} " if pending_op else " "
+        extra = len(_render_term(term)) + (len(joiner) if items else 0)
         if length + extra > MAX_QUERY_CHARS:
             if items:
                 break

@@ -93,9 +93,40 @@ def require_session(conn: sqlite3.Connection, session_id: str) -> None:
 
 
 def create_session(
+    conn: sqlite3.Connection,
+    session_id: str,
+    source: str,
+    model: str | None = None,
+    model_config: Mapping[str, Any] | str | None = None,
+    system_prompt: str | None = None,
+    user_id: str | None = None,
+    parent_session_id: str | None = None,
+    **columns: Any,
+) -> str:
+    """Create the session unless it exists; a second call changes nothing. Returns the id.
+
+    ``columns`` may set any other column of ``sessions`` (``cwd``, ``chat_id``, …)."""
+    columns.update(
+        model=model,
+        model_config=model_config,
+        system_prompt=system_prompt,
+        user_id=user_id,
+        parent_session_id=parent_session_id,
+    )
+    _insert_session(conn, session_id, source, columns)
+    return session_id
+
+
+def ensure_session(
+    conn: sqlite3.Connection, session_id: str, source: str = "unknown", model: str | None = None
+) -> str:
+    """The session id, creating a minimal session row when there is none."""
+    return create_session(conn, session_id, source, model=model)
+
+
+def _insert_session(
     conn: sqlite3.Connection, session_id: str, source: str, columns: Mapping[str, Any]
 ) -> bool:
-    """Insert the session row unless it exists (then nothing changes). True when created."""
     _check_session_id(session_id)
     if not isinstance(source, str) or not source:
         raise ValueError(f"source must be a non-empty string, got {source!r}")
@@ -122,21 +153,22 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
     return None if row is None else row_to_dict(cursor, row)
 
 
-def resolve_session_id(conn: sqlite3.Connection, id_or_prefix: str) -> str | None:
-    """The session id equal to, or uniquely starting with, ``id_or_prefix`` (``%``/``_``
+def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
+    """The session id equal to, or uniquely starting with, the argument (``%``/``_`` are
     literal); None when there is no match or more than one."""
-    if not isinstance(id_or_prefix, str) or not id_or_prefix:
+    prefix = session_id_or_prefix
+    if not isinstance(prefix, str) or not prefix:
         return None
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (id_or_prefix,)).fetchone():
-        return id_or_prefix
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
+        return prefix
     rows = conn.execute(
         "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
-        (escape_like(id_or_prefix) + "%",),
+        (escape_like(prefix) + "%",),
     ).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
-def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str) -> bool:
+def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | None) -> bool:
     """End the session; the first end reason is kept. True when this call ended it."""
     cursor = conn.execute(
         "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
@@ -160,6 +192,10 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
     clean-up set it, never a deliberate one."""
     if conn.execute(REOPEN_SQL, (session_id,)).rowcount == 0:
         raise SessionNotFoundError(session_id)
+
+
+def update_system_prompt(conn: sqlite3.Connection, session_id: str, prompt: str | None) -> None:
+    update_session_columns(conn, session_id, {"system_prompt": prompt})
 
 
 def update_session_columns(
@@ -226,13 +262,29 @@ def _check_cost(name: str, value: Any) -> float | None:
 def update_token_counts(
     conn: sqlite3.Connection,
     session_id: str,
-    *,
-    model: str | None,
-    absolute: bool,
-    task: str | None,
-    counts: Mapping[str, Any],
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    model: str | None = None,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    estimated_cost_usd: float | None = None,
+    actual_cost_usd: float | None = None,
+    cost_status: str | None = None,
+    cost_source: str | None = None,
+    pricing_version: str | None = None,
+    billing_provider: str | None = None,
+    billing_base_url: str | None = None,
+    billing_mode: str | None = None,
+    api_call_count: int = 0,
+    absolute: bool = False,
+    task: str | None = None,
 ) -> None:
-    """Add ``counts`` to (or, with ``absolute``, set) the session totals and its usage row."""
+    """Add to (or, with ``absolute=True``, set) the session totals and the matching
+    ``session_model_usage`` row (session × model × billing route × task), in the caller's
+    transaction. ``model`` fills the session's model only while it is NULL."""
+    counts = {k: v for k, v in locals().items() if k not in ("conn", "session_id", "model",
+                                                              "absolute", "task")}
     tokens = {f: _check_count(f, counts.get(f, 0)) for f in TOKEN_FIELDS}
     costs = {f: _check_cost(f, counts.get(f)) for f in COST_FIELDS}
     labels = {f: counts.get(f) for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if counts.get(f) is not None}
@@ -274,7 +326,7 @@ def update_token_counts(
     )
 
 
-def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def get_model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     cursor = conn.execute(
         "SELECT * FROM session_model_usage WHERE session_id = ?"
         " ORDER BY first_used_at, model, task",
@@ -386,13 +438,15 @@ def family_of(conn: sqlite3.Connection, root: str) -> tuple[dict, dict[str, list
 
 def list_sessions_rich(
     conn: sqlite3.Connection,
-    *,
-    source: str | None,
-    exclude_sources: Iterable[str] | None,
-    limit: int,
-    offset: int,
-    include_archived: bool,
+    source: str | None = None,
+    exclude_sources: Iterable[str] | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_archived: bool = False,
 ) -> list[dict[str, Any]]:
+    """Conversations newest first, one row per lineage root (compression successors and
+    delegate children folded in), with ``preview``, ``last_active`` over the whole family and
+    the live tip (``tip_session_id`` and ``tip_*`` fields when the tip is another session)."""
     filters, params = source_filters(source, exclude_sources)
     if not include_archived:
         filters += " AND COALESCE(s.archived, 0) = 0"
@@ -415,9 +469,10 @@ def list_sessions_rich(
     return out
 
 
-def list_sessions(
-    conn: sqlite3.Connection, *, source: str | None, limit: int, offset: int
+def search_sessions(
+    conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0
 ) -> list[dict[str, Any]]:
+    """Session rows newest first, optionally of one source."""
     filters, params = source_filters(source, None)
     cursor = conn.execute(
         f"SELECT * FROM sessions s WHERE 1 = 1 {filters}"
@@ -427,7 +482,9 @@ def list_sessions(
     return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
 
-def session_count(conn: sqlite3.Connection, source: str | None, include_archived: bool) -> int:
+def session_count(
+    conn: sqlite3.Connection, source: str | None = None, include_archived: bool = True
+) -> int:
     filters, params = source_filters(source, None)
     if not include_archived:
         filters += " AND COALESCE(s.archived, 0) = 0"
@@ -435,7 +492,8 @@ def session_count(conn: sqlite3.Connection, source: str | None, include_archived
     return int(conn.execute(sql, params).fetchone()[0])
 
 
-def message_count(conn: sqlite3.Connection, session_id: str | None) -> int:
+def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+    """Active messages of one session, or of the whole store."""
     if session_id is None:
         return int(conn.execute("SELECT COUNT(*) FROM messages WHERE active = 1").fetchone()[0])
     return int(
@@ -482,7 +540,8 @@ def sanitize_title(title: str | None) -> str | None:
 
 
 def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
-    """Set (or, with an empty title, clear) the title; False when there is no such session."""
+    """Set (or, with an empty title, clear) the title; False when there is no such session.
+    Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
     if cleaned is not None:
         owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
@@ -507,6 +566,19 @@ def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str,
     return out
 
 
+def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict[str, Any] | None:
+    cleaned = sanitize_title(title)
+    if cleaned is None:
+        return None
+    row = conn.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
+    return None if row is None else get_session(conn, row[0])
+
+
 def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
     """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
     cleaned = sanitize_title(title)
@@ -518,7 +590,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None
     return max(candidates, key=lambda c: (c[2], c[0]))[0]
 
 
-def next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
     """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
     cleaned = sanitize_title(title) or ""
     match = _TITLE_SUFFIX_RE.match(cleaned)
@@ -557,7 +629,8 @@ DELETE_SESSION_SQL = (
 
 
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
-    """Delete a session, its messages, usage and terminal ledger rows; orphan its children.
+    """Delete a session, its messages, usage and terminal ledger rows; orphan its children
+    (they are never deleted). False when there is no such session.
 
     Raises :class:`LedgerBusyError` (nothing deleted) while its ledgers hold live work.
     """
@@ -576,6 +649,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
 
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
+    """Delete every message of the session (all generations); the row stays, zeroed."""
     require_session(conn, session_id)
     deleted = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
     conn.execute(
@@ -595,9 +669,9 @@ WHERE s.ended_at IS NOT NULL
 
 
 def prune_sessions(
-    conn: sqlite3.Connection, *, older_than_days: float, source: str | None
-) -> list[str]:
-    """Delete ended, idle sessions and return their ids.
+    conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None
+) -> int:
+    """Delete ended sessions idle for ``older_than_days``; returns how many.
 
     A compression chain is pruned as a unit: a session is kept while any session of its chain
     (its compression ancestors and successors) is still live or active after the cutoff, so
@@ -619,7 +693,7 @@ def prune_sessions(
         except LedgerBusyError:
             continue
         pruned.append(session_id)
-    return pruned
+    return len(pruned)
 
 
 COMPRESSION_CHAIN_SQL = """
