@@ -17,7 +17,8 @@ language that is always valid FTS5 and that keeps the meaning of the plain queri
   ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
 * At most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS` characters are kept. Whole
   terms are dropped from the end; a single term longer than the cap is cut and searched as a
-  prefix (``"...cut text" *``), so the text it was cut from still matches.
+  prefix (``"...cut text" *``), so the text it was cut from still matches. Only the first
+  :data:`MAX_INPUT_CHARS` characters of the input are read, which bounds the work per query.
 
 :func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
 for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
@@ -31,21 +32,24 @@ precedence); each alternative goes to exactly one index:
   runs the phrase of their bigrams ``"AB BC CD"``. A run followed, inside the same term, by more
   text ends there in any matching row, so it is spelled with its trailing character as well
   (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
-  are. Only rows holding CJK text are in this index, which is why alternatives without CJK stay
-  on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges them by rowid).
+  are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
+  ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
+  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges
+  them by rowid).
   A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
   expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
 * LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
   ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal) and of negated
   conjunctions, with exactly the boolean meaning above but substring semantics (``cat`` also
   finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row fallback while
-  the indexes are stale, and substring search through ``messages_fts_trigram``. SQLite hands a
-  LIKE to the trigram index only without an ESCAPE clause and only usefully for a literal of at
-  least 3 characters (shorter literals find nothing or crash some SQLite versions when several
-  are combined), so each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
-  for the pieces of ≥ 3 characters between ``%``/``_``, which drive the index while the escaped
-  patterns filter exactly. A group without one cannot use the trigram index and is served by
-  the canonical LIKE scan instead.
+  the indexes are stale, and substring search through ``messages_fts_trigram`` (non-tool rows
+  only). SQLite hands a LIKE to a virtual table only when it has no ESCAPE clause, and the
+  trigram index must only ever see literals of at least 3 characters: SQLite 3.40 counts bytes,
+  so ``'%東京%'`` silently finds nothing, and a short pattern beside another one can crash it.
+  So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns for the pieces of
+  ≥ 3 characters between ``%``/``_`` in its required terms. They drive the index; the escaped
+  patterns then filter exactly. A group without one cannot use the trigram index and is served
+  by the canonical LIKE scan instead.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
 search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
@@ -66,6 +70,7 @@ from hermes_state_fts import cjk_bigrams, has_cjk, iter_cjk_runs
 __all__ = [
     "MAX_QUERY_TERMS",
     "MAX_QUERY_CHARS",
+    "MAX_INPUT_CHARS",
     "SNIPPET_WIDTH",
     "MATCH_START",
     "MATCH_END",
@@ -79,13 +84,14 @@ __all__ = [
 
 MAX_QUERY_TERMS = 32
 MAX_QUERY_CHARS = 256
+MAX_INPUT_CHARS = 64 * MAX_QUERY_CHARS
 SNIPPET_WIDTH = 120
 MATCH_START = ">>>"
 MATCH_END = "<<<"
 ELLIPSIS = "..."
 
 _OPERATORS = frozenset({"AND", "OR", "NOT"})
-# Barewords FTS5 would read as syntax: the operators, and NEAR in front of a parenthesis.
+# Words that are syntax as FTS5 barewords (NEAR only before "(", never emitted; quoted anyway).
 _KEYWORDS = _OPERATORS | {"NEAR"}
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +174,7 @@ def _cut_term(term: _Term, limit: int) -> _Term | None:
 
 def _parse(query: object) -> list[_Item]:
     """Terms with operators only between two of them, within the caps (see module docstring)."""
-    text = _CONTROL_RE.sub(" ", clean_text(_as_text(query)))
+    text = _CONTROL_RE.sub(" ", clean_text(_as_text(query)[:MAX_INPUT_CHARS]))
     items: list[_Item] = []
     pending_op: str | None = None
     terms = length = 0
