@@ -246,11 +246,19 @@ def _running_under_pytest() -> bool:
 
 
 def is_production_db_path(db_path: Path) -> bool:
-    """True when ``db_path`` is the real default root's database or a real profile's."""
-    root = platform_default_home()
+    """True when ``db_path`` is the real default root's database or a real profile's.
+
+    Both sides are resolved first, so neither ``..`` components nor a symlinked directory can
+    spell a production path in a way the comparison misses.
+    """
     try:
-        target = db_path.expanduser().absolute()
-        rel = target.parent.relative_to(root.absolute())
+        target = db_path.expanduser().resolve()
+        root = platform_default_home().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the normalised spelling
+        target = Path(os.path.abspath(db_path.expanduser()))
+        root = Path(os.path.abspath(platform_default_home()))
+    try:
+        rel = target.parent.relative_to(root)
     except ValueError:
         return False
     parts = rel.parts
