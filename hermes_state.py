@@ -35,7 +35,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -46,6 +46,7 @@ import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
 import hermes_state_schema as schema
+import hermes_state_search as search
 import hermes_state_sessions as sessions
 from hermes_state_common import (
     SCHEMA_VERSION,
@@ -583,6 +584,34 @@ class SessionDB:
     get_session_descendants = _reads(compression.get_session_descendants)
     get_compression_tip = _reads(compression.get_compression_tip)
     get_compression_lineage = _reads(compression.get_compression_lineage)
+
+    # --- search -------------------------------------------------------------------------------
+
+    _sanitize_fts5_query = staticmethod(search.sanitize_fts5_query)
+
+    def search_messages(
+        self,
+        query: str,
+        source_filter: Iterable[str] | None = None,
+        exclude_sources: Iterable[str] | None = None,
+        role_filter: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_inactive: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Full-text search over every session (see hermes_state_search.search_messages).
+
+        Never raises for any query text. An index found damaged is detached (``fts_stale``)
+        and the search answers from canonical rows instead."""
+        args = (query, source_filter, exclude_sources, role_filter, limit, offset,
+                include_inactive)
+        try:
+            return self._read(lambda c: search.search_messages(c, *args))
+        except FtsCorruptError:
+            logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
+            if not self.read_only and self._quarantined is None:
+                self._write(fts.detach_index)
+            return self._read(lambda c: search.search_messages(c, *args, use_index=False))
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

@@ -59,13 +59,17 @@ indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show 
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hermes_state_common import clean_text, escape_like
-from hermes_state_fts import cjk_bigrams, has_cjk, iter_cjk_runs
+from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
 
 __all__ = [
     "MAX_QUERY_TERMS",
@@ -80,6 +84,7 @@ __all__ = [
     "sanitize_fts5_query",
     "plan_search",
     "make_snippet",
+    "search_messages",
 ]
 
 MAX_QUERY_TERMS = 32
@@ -437,3 +442,189 @@ def make_snippet(text: str, needles: Sequence[str], *, width: int = SNIPPET_WIDT
     if end < len(text):
         out.append(ELLIPSIS)
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a search
+# ---------------------------------------------------------------------------------------------
+
+CONTEXT_CHARS = 200
+
+# The columns of a hit; {snippet} and {rank} depend on the route.
+_HIT_COLUMNS = """m.id, m.session_id, m.role, m.timestamp, s.source, s.model,
+       s.started_at, {snippet} AS snippet, {rank} AS rank"""
+
+FTS_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(
+    snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
+FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
+WHERE messages_fts MATCH ? {{filters}}
+ORDER BY rank LIMIT ?
+"""
+CJK_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
+FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
+WHERE messages_fts_cjk MATCH ? {{filters}}
+ORDER BY rank LIMIT ?
+"""
+# One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
+# the exact, escaped conditions of the group then filter the canonical content.
+TRIGRAM_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
+FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE t.content LIKE ? AND {{exact}} {{filters}}
+ORDER BY m.id DESC LIMIT ?
+"""
+# The canonical fallback: no index at all, newest first.
+LIKE_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
+FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE {{exact}} {{filters}}
+ORDER BY m.timestamp DESC, m.id DESC LIMIT ? OFFSET ?
+"""
+_LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
+             " || char(10) || COALESCE(m.tool_calls, ''))"
+
+CONTEXT_BEFORE_SQL = """
+SELECT role, substr(content, 1, ?) FROM messages
+WHERE session_id = ? AND id < ? AND active = 1 ORDER BY id DESC LIMIT 1
+"""
+CONTEXT_AFTER_SQL = """
+SELECT role, substr(content, 1, ?) FROM messages
+WHERE session_id = ? AND id > ? AND active = 1 ORDER BY id LIMIT 1
+"""
+
+
+def _as_list(values: str | Iterable[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return [values]
+    return [str(v) for v in values]
+
+
+def search_filters(
+    source_filter: str | Iterable[str] | None,
+    exclude_sources: str | Iterable[str] | None,
+    role_filter: str | Iterable[str] | None,
+    include_inactive: bool,
+) -> tuple[str, list[str]]:
+    """SQL conditions on ``m`` (messages) and ``s`` (sessions). Each list travels as one JSON
+    parameter, so any length works and nothing is formatted into SQL text."""
+    sql, params = "", []
+    if not include_inactive:
+        sql += " AND m.active = 1"
+    for values, condition in (
+        (_as_list(source_filter), "s.source IN"),
+        (_as_list(exclude_sources), "s.source NOT IN"),
+        (_as_list(role_filter), "m.role IN"),
+    ):
+        if values is None or (condition.endswith("NOT IN") and not values):
+            continue
+        sql += f" AND {condition} (SELECT value FROM json_each(?))"
+        params.append(json.dumps(values))
+    return sql, params
+
+
+def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    cursor = conn.execute(sql, params)
+    return [
+        dict(zip(("id", "session_id", "role", "timestamp", "source", "model",
+                  "session_started", "snippet", "rank"), row, strict=True))
+        for row in cursor
+    ]
+
+
+def _index_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
+) -> list[dict[str, Any]]:
+    """Hits from the FTS indexes, best first, then trigram substring hits, newest first."""
+    hits: list[dict[str, Any]] = []
+    if plan.fts_match:
+        sql = FTS_SEARCH_SQL.format(filters=filters)
+        hits += _hits(conn, sql, (plan.fts_match, *params, wanted))
+    if plan.cjk_match:
+        sql = CJK_SEARCH_SQL.format(filters=filters)
+        for hit in _hits(conn, sql, (plan.cjk_match, *params, wanted)):
+            hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+            hits.append(hit)
+    hits.sort(key=lambda h: h["rank"])
+    hits = list({h["id"]: h for h in hits}.values())
+    for group in plan.like_groups:
+        if len(hits) >= wanted or not group.index_patterns:
+            continue
+        exact, exact_params = group.where("m.content")
+        index_pattern = max(group.index_patterns, key=len)
+        found = {h["id"] for h in hits}
+        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters)
+        for hit in _hits(conn, sql, (index_pattern, *exact_params, *params, wanted)):
+            if hit["id"] not in found:
+                hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+                hits.append(hit)
+    return hits
+
+
+def _like_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
+    limit: int, offset: int,
+) -> list[dict[str, Any]]:
+    exact, exact_params = plan.like_where(_LIKE_TEXT)
+    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters)
+    hits = _hits(conn, sql, (*exact_params, *params, limit, offset))
+    for hit in hits:
+        hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+    return hits
+
+
+def _add_context(conn: sqlite3.Connection, hit: dict[str, Any]) -> dict[str, Any]:
+    context = []
+    for sql in (CONTEXT_BEFORE_SQL, CONTEXT_AFTER_SQL):
+        row = conn.execute(sql, (CONTEXT_CHARS, hit["session_id"], hit["id"])).fetchone()
+        if row is not None:
+            context.append({"role": row[0], "content": row[1]})
+    hit["context"] = context
+    hit.pop("rank", None)
+    return hit
+
+
+def search_messages(
+    conn: sqlite3.Connection,
+    query: object,
+    source_filter: str | Iterable[str] | None = None,
+    exclude_sources: str | Iterable[str] | None = None,
+    role_filter: str | Iterable[str] | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_inactive: bool = False,
+    *,
+    use_index: bool = True,
+) -> list[dict[str, Any]]:
+    """Search every session's messages (see the module docstring for the routes).
+
+    Returns ``id, session_id, role, timestamp, snippet`` (matches marked ``>>>…<<<``),
+    ``context`` (the previous and next message of the same session, ``{role, content}`` with
+    content cut to 200 characters), ``source, model, session_started``; best matches first.
+    Archived generations are left out unless ``include_inactive``. Any text is a valid query;
+    one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an index
+    proves damaged (the caller detaches it and searches again with ``use_index=False``).
+    """
+    plan = plan_search(query)
+    limit, offset = max(int(limit), 0), max(int(offset), 0)
+    if plan is None or limit == 0:
+        return []
+    filters, params = search_filters(source_filter, exclude_sources, role_filter,
+                                     include_inactive)
+    hits = None
+    if use_index and index_state(conn).usable:
+        try:
+            hits = _index_hits(conn, plan, filters, params, offset + limit)[offset:]
+        except sqlite3.Error as exc:
+            if is_corruption_error(exc) and damage_is_fts_only(conn, exc):
+                raise FtsCorruptError(f"full-text index damaged: {exc}") from exc
+            if is_corruption_error(exc) or is_sqlite_lock_error(exc):
+                raise
+            hits = None  # a query the index refused: answer from canonical rows
+    if hits is None:
+        hits = _like_hits(conn, plan, filters, params, limit, offset)
+    return [_add_context(conn, hit) for hit in hits[:limit]]
