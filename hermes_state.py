@@ -236,7 +236,11 @@ class SessionDB:
 
     def _configure_writable(self, conn: sqlite3.Connection) -> None:
         """Connection settings, outside any transaction (both pragmas are no-ops inside one)
-        but through the retry wrapper: switching a new file to WAL needs its lock."""
+        but through the retry wrapper: switching a new file to WAL needs its lock.
+
+        A file from a newer library is refused first: switching its journal mode would
+        already rewrite its header."""
+        schema.refuse_newer(conn, self.path)
         conn.execute("PRAGMA foreign_keys = ON")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -498,7 +502,10 @@ class SessionDB:
             return False
 
     def rebuild_fts(self) -> None:
-        """Rebuild the three FTS indexes now, in chunks, under the admission lock."""
+        """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
+        handle's own background rebuild, if one is running, has finished)."""
+        if self._rebuild_thread is not None:
+            self._rebuild_thread.join()
         if not self._rebuild(require_exclusive=False):
             raise HermesStateError(f"another process is rebuilding the FTS index of {self.path}")
 

@@ -24,6 +24,7 @@ import sqlite3
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import hermes_state_fts as fts
@@ -41,7 +42,9 @@ from hermes_state_common import (
 )
 from hermes_state_errors import StateDbUnavailableError
 
-__all__ = ["MIGRATIONS", "read_version", "ensure_schema", "expected_columns"]
+__all__ = [
+    "MIGRATIONS", "read_version", "refuse_newer", "ensure_schema", "expected_columns"
+]
 
 T = TypeVar("T")
 WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
@@ -63,6 +66,20 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     if table_exists(conn, "sessions"):
         return _UNTRACKED_VERSION
     return None
+
+
+def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | None:
+    """The schema version (see :func:`read_version`); a database written by a newer library
+    raises :class:`StateDbUnavailableError` (reason "incompatible") and is left untouched."""
+    found = read_version(conn)
+    if found is not None and found > SCHEMA_VERSION:
+        raise StateDbUnavailableError(
+            f"database schema version {found} is newer than this library's {SCHEMA_VERSION}",
+            reason="incompatible",
+            path=path,
+            schema_version=found,
+        )
+    return found
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
@@ -247,15 +264,9 @@ def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
 
     ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.
     """
-    found = read_version(conn)
+    found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
         return found
-    if found is not None and found > SCHEMA_VERSION:
-        raise StateDbUnavailableError(
-            f"database schema version {found} is newer than this library's {SCHEMA_VERSION}",
-            reason="incompatible",
-            schema_version=found,
-        )
     if found is None and write(_create_fresh):
         return None
     write(_bootstrap)

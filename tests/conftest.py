@@ -81,6 +81,24 @@ def run_python() -> RunPython:
     return _run_python
 
 
+def _spawn_python(code: str, *args: str, env: Mapping[str, str | None] = {}) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=subprocess_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+
+
+@pytest.fixture
+def spawn_python() -> Callable[..., subprocess.Popen[str]]:
+    """``spawn_python(code, *args, env={...})``: start a snippet in a fresh interpreter, with
+    stdout and stderr piped; the caller waits for it."""
+    return _spawn_python
+
+
 # Takes SQLite's write lock on argv[1] with BEGIN IMMEDIATE, says "locked", and keeps it for
 # argv[2] seconds, or until its stdin is closed when argv[2] is "stdin".
 _HOLDER_SCRIPT = """
