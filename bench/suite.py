@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import sqlite3
@@ -27,7 +28,7 @@ from typing import Any
 
 import hermes_state
 import hermes_state_messages as messages
-from bench.corpus import CorpusSession, generate_corpus
+from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
 from hermes_state import SessionDB
 
 __all__ = ["main", "Figure"]
@@ -95,7 +96,6 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
                 break
         if len(batch) >= n_messages:
             break
-    sessions = [s for s in corpus if any(sid == s.session_id for sid, _ in batch[:1])] or corpus
     used = {sid for sid, _ in batch}
     sessions = [s for s in corpus if s.session_id in used]
 
@@ -217,25 +217,219 @@ def bench_conversation(repeats: int, n_messages: int = 20_000) -> Figure:
     )
 
 
+# --- corpus stores ---------------------------------------------------------------------------
+
+
+class Stores:
+    """Stores filled with the seeded corpus, built once per run and shared by the figures."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[int, tuple[Path, int, float]] = {}
+
+    def get(self, size: int) -> tuple[Path, int, float]:
+        """(path, content bytes, seconds to load) of a store with ``size`` messages."""
+        if size not in self._built:
+            path = self.root / f"corpus-{size}.db"
+            corpus = generate_corpus(size, seed=1)
+            nbytes = 0
+            start = time.perf_counter()
+            with SessionDB(path) as db:
+                for session in corpus:
+                    nbytes += content_bytes([session])
+                    db._write(lambda c, s=session: load_session(c, s), "transcript")
+            self._built[size] = (path, nbytes, time.perf_counter() - start)
+        return self._built[size]
+
+
+def load_session(conn: sqlite3.Connection, session: CorpusSession) -> None:
+    conn.execute(
+        "INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+        (session.session_id, session.source, session.model, session.started_at),
+    )
+    for message in session.messages:
+        messages.insert_message(conn, session.session_id, message.as_append_kwargs())
+
+
+# --- B3: search latency ------------------------------------------------------------------------
+
+SEARCH_CLASSES = {
+    "en_1term": ("English 1-term", 20.0),
+    "en_2term": ("English 2-term", 20.0),
+    "en_phrase": ("English phrase", 20.0),
+    "cjk_1char": ("CJK 1-char", 40.0),
+    "cjk_2char": ("CJK 2-char", 40.0),
+    "cjk_4char": ("CJK 4-char", 40.0),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def search_latencies(path: Path, repeats: int) -> dict[str, list[float]]:
+    queries = query_terms(seed=1)
+    out: dict[str, list[float]] = {}
+    with SessionDB(path, read_only=True) as db:
+        for key in SEARCH_CLASSES:
+            qs = [f'"{q}"' if key == "en_phrase" else q for q in queries[key]]
+            out[key] = timed_searches(db, qs, repeats)
+        out["filtered"] = timed_searches(
+            db, queries["en_1term"] + queries["cjk_2char"], repeats, source_filter=["telegram"]
+        )
+    return out
+
+
+def timed_searches(db: SessionDB, queries: list[str], repeats: int, **kw: Any) -> list[float]:
+    times = []
+    for _ in range(max(1, repeats // 2)):
+        for q in queries:
+            start = time.perf_counter()
+            db.search_messages(q, **kw)
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
+    path, _, _ = stores.get(size)
+    lat = search_latencies(path, repeats)
+    figures = []
+    for key, values in lat.items():
+        name, target = SEARCH_CLASSES.get(key, ("English + CJK, source filter", 30.0))
+        p95 = percentile(values, 0.95)
+        figures.append(Figure(
+            "B3", f"search {name} @ {size:,} (p95)", p95, None, "ms", None, None,
+            f"p95 ≤ {target:g} ms", p95 <= target,
+            {"p50_ms": round(percentile(values, 0.5), 2), "queries": len(values)},
+        ))
+    return figures
+
+
+# --- B5: database bytes per byte of content ---------------------------------------------------
+
+
+def bench_size(stores: Stores, size: int) -> Figure:
+    path, nbytes, _ = stores.get(size)
+    with SessionDB(path) as db:
+        db._write(lambda c: None)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    per_table = dict(conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+    conn.close()
+    total = path.stat().st_size
+    ratio = total / nbytes
+    top = sorted(per_table.items(), key=lambda kv: -kv[1])[:6]
+    return Figure(
+        "B5", f"database bytes per content byte @ {size:,}", ratio, None, "bytes/byte", None,
+        None, "≤ 4.0", ratio <= 4.0,
+        {"db_bytes": total, "content_bytes": nbytes,
+         "largest": {k: round(v / nbytes, 3) for k, v in top}},
+    )
+
+
+# --- B2: several writer processes and a searcher -----------------------------------------------
+
+
+def _writer(path: str, session_id: str, payloads: list[dict[str, Any]], out: Any) -> None:
+    latencies, errors = [], 0
+    with SessionDB(path, rebuild_fts=False) as db:
+        db.create_session(session_id, "bench")
+        for kwargs in payloads:
+            start = time.perf_counter()
+            try:
+                db.append_message(session_id, **kwargs)
+            except hermes_state.HermesStateError:
+                errors += 1
+            latencies.append(time.perf_counter() - start)
+    out.put((session_id, latencies, errors))
+
+
+def _searcher(path: str, stop: Any, out: Any) -> None:
+    searches = errors = 0
+    with SessionDB(path, rebuild_fts=False) as db:
+        while not stop.is_set():
+            try:
+                db.search_messages("error")
+                db._checkpoint()
+                searches += 1
+            except (hermes_state.HermesStateError, sqlite3.Error):
+                errors += 1
+            time.sleep(0.05)
+    out.put(("searcher", searches, errors))
+
+
+def bench_contention(corpus: list[CorpusSession], b1_rate: float | None, writers: int = 4,
+                     per_writer: int = 250) -> Figure:
+    ctx = multiprocessing.get_context("spawn")
+    pool = [m.as_append_kwargs() for s in corpus for m in s.messages][: writers * per_writer]
+    with scratch_dir() as d:
+        path = str(d / "state.db")
+        SessionDB(path).close()
+        out, stop = ctx.Queue(), ctx.Event()
+        searcher = ctx.Process(target=_searcher, args=(path, stop, out))
+        procs = [
+            ctx.Process(target=_writer, args=(
+                path, f"writer-{i}", pool[i * per_writer:(i + 1) * per_writer], out))
+            for i in range(writers)
+        ]
+        searcher.start()
+        start = time.perf_counter()
+        for p in procs:
+            p.start()
+        results = [out.get() for _ in procs]
+        elapsed = time.perf_counter() - start
+        stop.set()
+        search_result = out.get()
+        for p in (*procs, searcher):
+            p.join()
+        with SessionDB(path) as db:
+            stored = db.message_count()
+    latencies = [x for _, lat, _ in results for x in lat]
+    errors = sum(e for _, _, e in results) + search_result[2]
+    rate = len(latencies) / elapsed
+    p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
+    lost = writers * per_writer - stored
+    ratio = rate / b1_rate if b1_rate else None
+    ok = (ratio is None or ratio >= 0.60) and p99 <= 250 and errors == 0 and lost == 0
+    return Figure(
+        "B2", f"{writers} writer processes + 1 searcher", rate, b1_rate, "appends/s", ratio,
+        None, "≥ 0.60× B1; p99 ≤ 250 ms; 0 errors, 0 lost", ok,
+        {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "errors": errors, "lost": lost,
+         "searches": search_result[1]},
+    )
+
+
 # --- driver ----------------------------------------------------------------------------------
 
-BENCHMARKS = ("B1", "B4", "B6")
+BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6")
 
 
-def run(only: set[str], repeats: int, size: int) -> list[Figure]:
-    figures = []
-    corpus = list(generate_corpus(size, seed=1))
-    if "B1" in only:
-        figures.append(bench_append(corpus, repeats, n_messages=min(size, 2000)))
-    if "B4" in only:
-        figures.append(bench_open_close(repeats))
-    if "B6" in only:
-        figures.append(bench_conversation(repeats))
+def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
+    figures: list[Figure] = []
+    corpus = list(generate_corpus(10_000, seed=1))
+    b1 = None
+    with scratch_dir() as root:
+        stores = Stores(root)
+        if "B1" in only:
+            b1 = bench_append(corpus, repeats, n_messages=1000)
+            figures.append(b1)
+        if "B2" in only:
+            figures.append(bench_contention(corpus, b1.ours if b1 else None))
+        if "B4" in only:
+            figures.append(bench_open_close(repeats))
+        if "B6" in only:
+            figures.append(bench_conversation(repeats))
+        for size in sizes:
+            if "B3" in only:
+                figures += bench_search(stores, size, repeats)
+            if "B5" in only:
+                figures.append(bench_size(stores, size))
     return figures
 
 
 def render(figures: list[Figure]) -> str:
-    head = f"{'id':<4} {'figure':<46} {'ours':>12} {'raw':>12} {'unit':<10} {'ratio':>6} " \
+    head = f"{'id':<4} {'figure':<52} {'ours':>12} {'raw':>12} {'unit':<10} {'ratio':>6} " \
            f"{'spread':>13}  target"
     lines = [head, "-" * len(head)]
     for f in figures:
@@ -244,9 +438,11 @@ def render(figures: list[Figure]) -> str:
         spread = f"{f.spread[0]:.2f}–{f.spread[1]:.2f}" if f.spread else "-"
         mark = "" if f.ok is None else (" ok" if f.ok else " MISS")
         lines.append(
-            f"{f.id:<4} {f.name:<46} {f.ours:>12,.2f} {raw:>12} {f.unit:<10} {ratio:>6} "
+            f"{f.id:<4} {f.name:<52} {f.ours:>12,.2f} {raw:>12} {f.unit:<10} {ratio:>6} "
             f"{spread:>13}  {f.target}{mark}"
         )
+        if f.notes:
+            lines.append(" " * 5 + ", ".join(f"{k}={v}" for k, v in f.notes.items()))
     return "\n".join(lines)
 
 
@@ -254,11 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated ids")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--size", type=int, default=10_000, help="corpus messages for B1")
+    parser.add_argument("--sizes", default="200000", help="corpus sizes (messages) for B3/B5")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))
-    figures = run({x.strip() for x in args.only.split(",")}, args.repeats, args.size)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    figures = run({x.strip() for x in args.only.split(",")}, args.repeats, sizes)
     if args.json:
         print(json.dumps([asdict(f) for f in figures], indent=2))
     else:
