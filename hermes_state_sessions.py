@@ -153,18 +153,20 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
     return None if row is None else row_to_dict(cursor, row)
 
 
+# Ids are case-sensitive, which LIKE is not (for ASCII): the prefix is compared exactly, and
+# no character of it is a wildcard.
+PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
+
+
 def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
-    """The session id equal to, or uniquely starting with, the argument (``%``/``_`` are
-    literal); None when there is no match or more than one."""
+    """The session id equal to, or uniquely starting with, the argument (compared exactly:
+    case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
     prefix = session_id_or_prefix
     if not isinstance(prefix, str) or not prefix:
         return None
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
         return prefix
-    rows = conn.execute(
-        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
-        (escape_like(prefix) + "%",),
-    ).fetchall()
+    rows = conn.execute(PREFIX_MATCH_SQL, {"p": clean_optional(prefix)}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
@@ -608,13 +610,16 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
 
 # --- deletion --------------------------------------------------------------------------------
 
-# Work that is not finished (or whose fate is unknown) pins a session.
+# Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
+# to the same list of live states, so a status one of them borrows from the other still pins.
 LIVE_LEDGER_SQL = """
 SELECT
     (SELECT COUNT(*) FROM session_admissions
-     WHERE session_id = :id AND status IN ('queued', 'started', 'unknown')),
+     WHERE session_id = :id
+       AND status IN ('queued', 'started', 'registered', 'running', 'unknown')),
     (SELECT COUNT(*) FROM worker_executions
-     WHERE session_id = :id AND status IN ('registered', 'running', 'unknown'))
+     WHERE session_id = :id
+       AND status IN ('queued', 'started', 'registered', 'running', 'unknown'))
 """
 DELETE_SESSION_SQL = (
     "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = :id",
@@ -628,6 +633,12 @@ DELETE_SESSION_SQL = (
 )
 
 
+def _live_work(conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+    """(live admissions, live worker executions) of the session."""
+    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    return int(admissions), int(executions)
+
+
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """Delete a session, its messages, usage and terminal ledger rows; orphan its children
     (they are never deleted). False when there is no such session.
@@ -636,7 +647,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
         return False
-    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    admissions, executions = _live_work(conn, session_id)
     if admissions or executions:
         raise LedgerBusyError(
             f"session {session_id} has {admissions} live admission(s) and {executions} live "
@@ -683,17 +694,14 @@ def prune_sessions(
     candidates = {
         r[0] for r in conn.execute(PRUNE_CANDIDATES_SQL.format(filters=filters), (cutoff, *params))
     }
-    pruned = []
-    for session_id in sorted(candidates):
-        chain = compression_chain(conn, session_id)
-        if not chain <= candidates:
-            continue
-        try:
-            delete_session(conn, session_id)
-        except LedgerBusyError:
-            continue
-        pruned.append(session_id)
-    return len(pruned)
+    # Busy sessions are taken out first, so that a chain with a busy member is not a subset
+    # of what may go and stays whole.
+    deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
+    pruned = 0
+    for session_id in sorted(deletable):
+        if compression_chain(conn, session_id) <= deletable:
+            pruned += delete_session(conn, session_id)
+    return pruned
 
 
 COMPRESSION_CHAIN_SQL = """
