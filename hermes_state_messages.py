@@ -422,15 +422,19 @@ def replace_messages(
     """Replace the active generation of a session (the caller's transaction).
 
     Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
-    given); archived generations are left alone. The counters are recomputed from the rows.
+    given); archived generations are left alone. The counters are recomputed from the active
+    rows, as appending would have left them; rows given with ``active=False`` join the archive
+    and count for nothing.
     """
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
     conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
-    ids, calls = [], 0
+    ids, active, calls = [], 0, 0
     for message in messages:
         fields = message_fields(message)
         ids.append(insert_message(conn, session_id, fields, count=False))
-        calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
-    conn.execute(RECOUNT_SQL, (len(ids), calls, session_id))
+        if fields.get("active") is None or fields.get("active"):
+            active += 1
+            calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+    conn.execute(RECOUNT_SQL, (active, calls, session_id))
     return ids

@@ -73,7 +73,7 @@ def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
 
 def _session_value(name: str, value: Any) -> Any:
     if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+        return clean_optional(json.dumps(value, ensure_ascii=False, sort_keys=True))
     if isinstance(value, str):
         return clean_optional(value)
     if isinstance(value, bool):
