@@ -136,9 +136,15 @@ def _insert_session(
         raise TypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
     values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
     values.setdefault("started_at", now())
+    if "title" in values:
+        values["title"] = sanitize_title(values["title"])
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        return False  # idempotent: the existing row is never touched
     parent = values.get("parent_session_id")
     if parent is not None:
         require_session(conn, parent)
+    if values.get("title") is not None:
+        _check_title_free(conn, session_id, values["title"])
     names = ["id", "source", *values]
     sql = (
         f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
@@ -541,14 +547,18 @@ def sanitize_title(title: str | None) -> str | None:
     return cleaned
 
 
+def _check_title_free(conn: sqlite3.Connection, session_id: str, title: str) -> None:
+    owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+    if owner is not None and owner[0] != session_id:
+        raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
+
+
 def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
     if cleaned is not None:
-        owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
-        if owner is not None and owner[0] != session_id:
-            raise TitleConflictError(f"title {cleaned!r} is already used by session {owner[0]}")
+        _check_title_free(conn, session_id, cleaned)
     cursor = conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (cleaned, session_id))
     return cursor.rowcount > 0
 
