@@ -69,15 +69,39 @@ def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None
     return chain_from(family, children, session_id)[-1]
 
 
+# One step of the rule of hermes_state_sessions.next_in_chain, for walking up a chain.
+SUCCESSOR_LINK_SQL = "SELECT successor_session_id, end_reason FROM sessions WHERE id = ?"
+NEWEST_CHILD_SQL = """
+SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY started_at DESC, id DESC LIMIT 1
+"""
+
+
+def _is_successor(conn: sqlite3.Connection, parent: str, child: str) -> bool:
+    """True when ``child`` (a child of ``parent``) is ``parent``'s compression successor: the
+    published one, else — with no published successor among its descendants — the newest
+    child of a parent that ended by compression."""
+    successor, end_reason = conn.execute(SUCCESSOR_LINK_SQL, (parent,)).fetchone()
+    if successor is not None:
+        if successor == child:
+            return True
+        if any(r["id"] == parent for r in get_session_ancestors(conn, successor)[1:]):
+            return False
+    if end_reason != "compression":
+        return False
+    newest = conn.execute(NEWEST_CHILD_SQL, (parent,)).fetchone()
+    return newest is not None and newest[0] == child
+
+
 def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
     """The first session of the compression chain through ``session_id``: walk up while the
-    parent ended by compression."""
+    session is its parent's compression successor. A delegate child, or an older branch the
+    parent has moved past, is not its parent's successor and starts a chain of its own."""
     rows = get_session_ancestors(conn, session_id)
     if not rows:
         return None
     root = rows[0]["id"]
     for parent in rows[1:]:
-        if parent["end_reason"] != "compression":
+        if not _is_successor(conn, parent["id"], root):
             break
         root = parent["id"]
     return root
