@@ -22,7 +22,7 @@ language that is always valid FTS5 and that keeps the meaning of the plain queri
 
 :func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
 for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
-precedence); each alternative goes to exactly one index:
+precedence); each alternative goes to one index (a Latin one to a second one as well):
 
 * ``messages_fts`` (``fts_match``): alternatives whose positive terms hold no CJK text. This is
   the sanitized query itself when the query has no CJK at all.
@@ -38,18 +38,22 @@ precedence); each alternative goes to exactly one index:
   them by rowid).
   A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
   expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
+* The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
+  reads a CJK run and the Latin letters touching it as one token, so in ``日本語のUI設計`` or
+  ``Python入門`` the word is not a token of ``messages_fts``, but it is one of ``search_cjk``.
 * LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
-  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal) and of negated
-  conjunctions, with exactly the boolean meaning above but substring semantics (``cat`` also
-  finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row fallback while
-  the indexes are stale, and substring search through ``messages_fts_trigram`` (non-tool rows
-  only). SQLite hands a LIKE to a virtual table only when it has no ESCAPE clause, and the
-  trigram index must only ever see literals of at least 3 characters: SQLite 3.40 counts bytes,
-  so ``'%東京%'`` silently finds nothing, and a short pattern beside another one can crash it.
-  So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns for the pieces of
-  ≥ 3 characters between ``%``/``_`` in its required terms. They drive the index; the escaped
-  patterns then filter exactly. A group without one cannot use the trigram index and is served
-  by the canonical LIKE scan instead.
+  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal, and a word
+  keeps the ``%`` and ``_`` at its edges there: ``50%`` finds ``50% off``, not ``500``) and
+  of negated conjunctions, with exactly the boolean meaning above but substring semantics
+  (``cat`` also finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row
+  fallback while the indexes are stale, and substring search through ``messages_fts_trigram``
+  (non-tool rows only). SQLite hands a LIKE to a virtual table only when it has no ESCAPE
+  clause, and the trigram index must only ever see literals of at least 3 characters: SQLite
+  3.40 counts bytes, so ``'%東京%'`` silently finds nothing, and a short pattern beside another
+  one can crash it. So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
+  for the pieces of ≥ 3 characters between ``%``/``_`` in its required terms. They drive the
+  index; the escaped patterns then filter exactly. A group without one cannot use the trigram
+  index and is served by the canonical LIKE scan instead.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
 search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
@@ -109,6 +113,11 @@ class _Term:
     text: str  # the text searched: a word, or a phrase's content
     quoted: bool  # rendered as an FTS5 string rather than a bareword
     prefix: bool = False  # cut by the length cap: matched as a prefix
+    like: str | None = None  # the text for the LIKE routes, when it differs from ``text``
+
+    @property
+    def like_text(self) -> str:
+        return self.text if self.like is None else self.like
 
 
 _Item = _Term | str  # a str item is one of _OPERATORS
@@ -134,13 +143,18 @@ def _usable(text: str) -> bool:
     return any(_is_usable_char(ch) for ch in text)
 
 
-def _strip_edges(word: str) -> str:
+def _strip_edges(word: str, keep: str = "") -> str:
     start, end = 0, len(word)
-    while start < end and not _is_word_char(word[start]):
+    while start < end and not (_is_word_char(word[start]) or word[start] in keep):
         start += 1
-    while end > start and not _is_word_char(word[end - 1]):
+    while end > start and not (_is_word_char(word[end - 1]) or word[end - 1] in keep):
         end -= 1
     return word[start:end]
+
+
+# Kept at the edges of a word on the LIKE routes: dropping them would make them wildcards in
+# effect ("50%" would find "500"), and in a LIKE path they are literal.
+_LIKE_LITERALS = "%_"
 
 
 def _word_term(chunk: str) -> _Term | None:
@@ -148,7 +162,8 @@ def _word_term(chunk: str) -> _Term | None:
     if not _usable(word):
         return None
     bare = word not in _KEYWORDS and all(_is_word_char(ch) for ch in word)
-    return _Term(word, quoted=not bare)
+    like = _strip_edges(chunk, keep=_LIKE_LITERALS)
+    return _Term(word, quoted=not bare, like=None if like == word else like)
 
 
 def _phrase_term(content: str) -> _Term | None:
@@ -331,9 +346,9 @@ class LikeGroup:
 
 
 def _like_group(positive: list[_Term], negated: list[list[_Term]]) -> LikeGroup:
-    include = tuple(dict.fromkeys(_like_pattern(t.text) for t in positive))
-    exclude = tuple(tuple(_like_pattern(t.text) for t in conj) for conj in negated)
-    pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.text) if len(p) >= 3)
+    include = tuple(dict.fromkeys(_like_pattern(t.like_text) for t in positive))
+    exclude = tuple(tuple(_like_pattern(t.like_text) for t in conj) for conj in negated)
+    pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.like_text) if len(p) >= 3)
     index_patterns = tuple(dict.fromkeys("%" + p + "%" for p in pieces))
     return LikeGroup(include, exclude, index_patterns)
 
@@ -347,6 +362,7 @@ class SearchPlan:
     cjk_match: str | None  # MATCH on messages_fts_cjk, or None when no alternative goes there
     like_groups: tuple[LikeGroup, ...]  # the whole query for LIKE, OR of the groups
     needles: tuple[str, ...]  # the positive terms' texts, for make_snippet
+    latin_cjk_match: str | None = None  # fts_match's alternatives, spelled for messages_fts_cjk
 
     def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
         """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
@@ -376,6 +392,7 @@ def plan_search(query: object) -> SearchPlan | None:
         cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in cjk) or None,
         like_groups=tuple(groups),
         needles=tuple(needles),
+        latin_cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in latin) or None,
     )
 
 
@@ -459,13 +476,13 @@ SELECT {_HIT_COLUMNS.format(
     snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
 FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts MATCH ? {{filters}}
-ORDER BY rank LIMIT ?
+ORDER BY rank, m.id LIMIT ?
 """
 CJK_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
 FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts_cjk MATCH ? {{filters}}
-ORDER BY rank LIMIT ?
+ORDER BY rank, m.id LIMIT ?
 """
 # One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
 # the exact, escaped conditions of the group then filter the canonical content.
@@ -544,13 +561,17 @@ def _index_hits(
     if plan.fts_match:
         sql = FTS_SEARCH_SQL.format(filters=filters)
         hits += _hits(conn, sql, (plan.fts_match, *params, wanted))
-    if plan.cjk_match:
+    cjk_match = " OR ".join(m for m in (plan.cjk_match, plan.latin_cjk_match) if m)
+    if cjk_match:
         sql = CJK_SEARCH_SQL.format(filters=filters)
-        for hit in _hits(conn, sql, (plan.cjk_match, *params, wanted)):
+        for hit in _hits(conn, sql, (cjk_match, *params, wanted)):
             hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
             hits.append(hit)
     hits.sort(key=lambda h: h["rank"])
-    hits = list({h["id"]: h for h in hits}.values())
+    best: dict[int, dict[str, Any]] = {}
+    for hit in hits:
+        best.setdefault(hit["id"], hit)  # a row both indexes found keeps its better rank
+    hits = list(best.values())
     for group in plan.like_groups:
         if len(hits) >= wanted or not group.index_patterns:
             continue
