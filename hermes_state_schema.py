@@ -186,15 +186,23 @@ _FTS_OBJECTS = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
 _FTS_VIEWS = ("messages_fts_trigram_source", "messages_fts_cjk_source")
 
 
+# Triggers on `messages` that feed an FTS table, whatever their generation named them.
+FTS_FEEDING_TRIGGERS_SQL = """
+SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
+  AND sql LIKE '%messages\\_fts%' ESCAPE '\\'
+"""
+
+
+def _drop_fts_triggers(conn: sqlite3.Connection) -> None:
+    legacy = [r[0] for r in conn.execute(FTS_FEEDING_TRIGGERS_SQL)]
+    for name in {*FTS_TRIGGER_NAMES, *legacy}:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+
+
 def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
     indexes are filled by the chunked rebuild (see hermes_state_fts)."""
-    legacy_triggers = conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
-        " AND sql LIKE '%messages\\_fts%' ESCAPE '\\'"
-    ).fetchall()
-    for name in {*FTS_TRIGGER_NAMES, *(r[0] for r in legacy_triggers)}:
-        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+    _drop_fts_triggers(conn)
     for name in _FTS_OBJECTS:
         conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(name)}")
     for name in _FTS_VIEWS:
@@ -234,8 +242,12 @@ def _create_fresh(conn: sqlite3.Connection) -> bool:
 
 
 def _bootstrap(conn: sqlite3.Connection) -> None:
+    """Tables and columns first. An old generation's FTS triggers go too: the data migrations
+    below rewrite rows, and a legacy index that is damaged or already gone would make every
+    such rewrite fail, while the FTS migration rebuilds the indexes from the rows anyway."""
     if (read_version(conn) or 0) >= SCHEMA_VERSION:
         return
+    _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
     _reconcile_columns(conn)
