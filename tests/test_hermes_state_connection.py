@@ -260,6 +260,38 @@ def test_threads_on_two_handles_in_one_process_lose_no_write(db_path: Path) -> N
             h.close()
 
 
+# Appends argv[3] messages tagged argv[2] to session "shared" of argv[1], starting when the
+# clock reaches argv[4].
+APPEND_SCRIPT = """
+import sys, time
+from hermes_state import SessionDB
+time.sleep(max(0.0, float(sys.argv[4]) - time.time()))
+with SessionDB(sys.argv[1]) as db:
+    for i in range(int(sys.argv[3])):
+        db.append_message("shared", "user", f"{sys.argv[2]}:{i}")
+        db.update_token_counts("shared", input_tokens=1, model="m")
+"""
+
+
+def test_processes_appending_to_one_session_lose_nothing(db: SessionDB, spawn_python) -> None:
+    db.create_session("shared", "cli")
+    start = f"{time.time() + 0.5:.3f}"
+    procs = [spawn_python(APPEND_SCRIPT, str(db.path), tag, "60", start) for tag in "ab"]
+    time.sleep(max(0.0, float(start) - time.time()))
+    for i in range(60):
+        db.append_message("shared", "user", f"main:{i}")
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    contents = [m["content"] for m in db.get_messages("shared")]
+    assert sorted(contents) == sorted(f"{t}:{i}" for t in ("a", "b", "main") for i in range(60))
+    for tag in ("a", "b", "main"):  # each writer's rows are in its own order
+        mine = [c for c in contents if c.startswith(f"{tag}:")]
+        assert mine == [f"{tag}:{i}" for i in range(60)]
+    row = db.get_session("shared")
+    assert (row["message_count"], row["input_tokens"]) == (180, 120)
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 
 
