@@ -480,7 +480,7 @@ class SessionDB:
     def _rebuild_in_background(self) -> None:
         try:
             self._rebuild(require_exclusive=True)
-        except HermesStateError as exc:
+        except (HermesStateError, sqlite3.Error) as exc:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:

@@ -18,13 +18,15 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   rebuild has not reached yet are left to it, rows it has passed and rows newer than the high
   water are kept in sync by the triggers: nothing is indexed twice or missed, even with other
   writers running meanwhile. Only a writable open that holds the cross-process admission lock
-  and sees no other process on the database starts one.
+  and sees no other process on the database starts one. An index so damaged that FTS5 cannot
+  open it any more (its structure record lost) is first reset through its shadow tables.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -34,9 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes_state_common import FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, escape_like, quote_identifier
-from hermes_state_common import set_meta, split_sql, table_exists
-from hermes_state_errors import is_corruption_error, is_fts_corruption_code
+from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
+from hermes_state_common import escape_like, quote_identifier, set_meta, split_sql, table_exists
+from hermes_state_errors import is_corruption_error, is_fts_corruption_code, is_sqlite_lock_error
 from hermes_state_lockowners import lock_holders
 
 PROC_LOCKS = "/proc/locks"
@@ -72,7 +74,7 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 
 def has_cjk(text: str | None) -> bool:
-    return bool(text) and _CJK_RUN_RE.search(text) is not None
+    return bool(text and _CJK_RUN_RE.search(text))
 
 
 def cjk_bigrams(run: str) -> list[str]:
@@ -215,11 +217,60 @@ def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
 # --- rebuild ---------------------------------------------------------------------------------
 
 
+# The shadow tables FTS5 keeps for an external-content index.
+_SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
+
+
+@functools.cache
+def _fresh_shadow_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
+    """What each shadow table of a just-created, empty index holds, as this SQLite writes it
+    (made once, in memory, from the same DDL)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(TABLES_SQL + FTS_SQL)
+        return {
+            table + suffix: tuple(conn.execute(f"SELECT * FROM {table}{suffix}").fetchall())
+            for table in FTS_TABLES
+            for suffix in _SHADOW_SUFFIXES
+        }
+    finally:
+        conn.close()
+
+
+def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
+    """Put ``table``'s shadow tables back to the state of a new, empty index.
+
+    FTS5 reads an index's structure record whenever it opens the table, so once that record
+    is damaged nothing that goes through the table works, 'delete-all' and even DROP TABLE
+    included. The shadow tables are ordinary tables and can still be rewritten directly.
+    """
+    for name, rows in _fresh_shadow_rows().items():
+        if not name.startswith(table + "_") or name[len(table):] not in _SHADOW_SUFFIXES:
+            continue
+        conn.execute(f"DELETE FROM {quote_identifier(name)}")
+        for row in rows:
+            marks = ", ".join("?" * len(row))
+            conn.execute(f"INSERT INTO {quote_identifier(name)} VALUES ({marks})", row)
+
+
+def _empty_index(conn: sqlite3.Connection, table: str) -> None:
+    delete_all = f"INSERT INTO {table}({table}) VALUES ('delete-all')"
+    try:
+        conn.execute(delete_all)
+    except sqlite3.Error as exc:
+        if is_sqlite_lock_error(exc):
+            raise
+        _reset_shadow_tables(conn, table)
+        conn.execute(delete_all)
+
+
 def start_rebuild(conn: sqlite3.Connection) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
-    transaction). Returns the high water: the rows the chunks must index (0: nothing to do)."""
+    transaction). Returns the high water: the rows the chunks must index (0: nothing to do).
+
+    An index too damaged for FTS5 to open is reset from its shadow tables first."""
     for table in FTS_TABLES:
-        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+        _empty_index(conn, table)
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)
@@ -232,7 +283,9 @@ def start_rebuild(conn: sqlite3.Connection) -> int:
     return int(high_water)
 
 
-REBUILD_ROWS_SQL = "SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?"
+REBUILD_ROWS_SQL = """
+SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
+"""
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
     SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :lo AND id <= :hi;
