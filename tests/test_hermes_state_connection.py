@@ -305,6 +305,26 @@ def test_passive_checkpoint_runs_after_50_writes(db: SessionDB) -> None:
     assert busy == 0 and 0 <= checkpointed <= log_frames
 
 
+@pytest.mark.parametrize(
+    ("version", "exposed"),
+    [
+        ((3, 40, 1), True), ((3, 44, 5), True), ((3, 44, 6), False), ((3, 45, 0), True),
+        ((3, 50, 6), True), ((3, 50, 7), False), ((3, 51, 2), True), ((3, 51, 3), False),
+        ((3, 52, 0), False), ((4, 0, 0), False),
+    ],
+)
+def test_wal_reset_bug_range(version: tuple[int, int, int], exposed: bool) -> None:
+    from hermes_state_common import wal_reset_exposed
+
+    assert wal_reset_exposed(version) is exposed
+
+
+def test_the_handle_reports_this_sqlites_exposure(db: SessionDB) -> None:
+    from hermes_state_common import wal_reset_exposed
+
+    assert db.wal_reset_exposed is wal_reset_exposed(sqlite3.sqlite_version_info)
+
+
 # --- classifying real errors -----------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def test_hermes_home_env_beats_the_platform_default(
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
     assert get_hermes_home() == hermes_home
+
+
+@posix_only
+def test_hermes_home_env_expands_the_tilde(
+    fake_user_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HERMES_HOME", "~/custom-home")
+    assert get_hermes_home() == fake_user_home / "custom-home"
+
+
+def test_empty_hermes_home_env_means_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HERMES_HOME", "")
+    assert get_hermes_home() == tmp_path / ".hermes"
 
 
 def test_override_beats_hermes_home_env(hermes_home: Path, tmp_path: Path) -> None:
@@ -350,10 +365,24 @@ def test_marker_lets_a_test_open_the_default_database(fake_user_home: Path) -> N
     assert (fake_user_home / ".hermes" / "state.db").is_file()
 
 
+@pytest.fixture
+def default_db_at_setup(fake_user_home: Path) -> Iterator[SessionDB]:
+    with SessionDB() as db:
+        yield db
+
+
+@posix_only
+@pytest.mark.live_system_guard_bypass
+def test_marker_covers_fixture_setup_and_teardown(default_db_at_setup: SessionDB) -> None:
+    assert default_db_at_setup.session_count() == 0
+
+
 @posix_only
 def test_without_the_marker_the_default_database_is_refused(fake_user_home: Path) -> None:
     with pytest.raises(RuntimeError, match="production"):
         SessionDB()
     with pytest.raises(RuntimeError):
         SessionDB(fake_user_home / ".hermes" / "profiles" / "coder" / "state.db")
+    with pytest.raises(RuntimeError):
+        SessionDB("~/.hermes/state.db", read_only=True)
     assert _files_under(fake_user_home) == []

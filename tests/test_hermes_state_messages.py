@@ -3,6 +3,7 @@ and typed errors for bad input."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import sqlite3
 import uuid
@@ -59,6 +60,48 @@ def call(call_id: str, name: str = "terminal", arguments: str = "{}") -> dict[st
 @pytest.fixture
 def s(db: SessionDB) -> str:
     return db.create_session("s", "cli")
+
+
+# --- the public signature ---
+
+APPEND_MESSAGE_PARAMETERS = [
+    ("session_id", inspect.Parameter.empty), ("role", inspect.Parameter.empty),
+    ("content", None), ("tool_name", None), ("tool_calls", None), ("tool_call_id", None),
+    ("token_count", None), ("finish_reason", None), ("reasoning", None),
+    ("reasoning_content", None), ("reasoning_details", None), ("codex_reasoning_items", None),
+    ("codex_message_items", None), ("platform_message_id", None), ("observed", False),
+    ("effect_disposition", None), ("api_content", None), ("display_kind", None),
+    ("display_metadata", None), ("message_uid", None), ("timestamp", None),
+]
+
+
+def test_append_message_keeps_the_documented_signature() -> None:
+    params = list(inspect.signature(SessionDB.append_message).parameters.values())
+    assert params[0].name == "self"
+    documented = [(p.name, p.default) for p in params[1 : 1 + len(APPEND_MESSAGE_PARAMETERS)]]
+    assert documented == APPEND_MESSAGE_PARAMETERS
+    assert SessionDB.append_message.__name__ == "append_message"
+
+
+def test_reading_methods_keep_their_documented_keywords() -> None:
+    def defaults(method: Any) -> dict[str, Any]:
+        params = inspect.signature(method).parameters.values()
+        return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    assert defaults(SessionDB.get_messages) == {
+        "include_inactive": False, "limit": None, "offset": 0
+    }
+    assert defaults(SessionDB.get_messages_as_conversation) == {
+        "include_ancestors": False, "include_row_ids": False
+    }
+
+
+def test_positional_arguments_follow_the_documented_order(db: SessionDB, s: str) -> None:
+    db.append_message(s, "tool", "out", "terminal", None, "call-1", 7)
+    m = db.get_messages(s)[0]
+    assert (m["content"], m["tool_name"], m["tool_call_id"], m["token_count"]) == (
+        "out", "terminal", "call-1", 7
+    )
 
 
 # --- counters --------------------------------------------------------------------------------

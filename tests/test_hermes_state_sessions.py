@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import time
 from pathlib import Path
@@ -19,6 +20,60 @@ def raw(db: SessionDB) -> sqlite3.Connection:
 
 def ids(rows: list[dict]) -> list[str]:
     return [r["id"] for r in rows]
+
+
+# --- the public signatures ---
+
+
+def _parameters(method) -> list[tuple[str, object]]:
+    params = list(inspect.signature(method).parameters.values())[1:]
+    return [(p.name, p.default) for p in params]
+
+
+def test_create_session_keeps_the_documented_signature() -> None:
+    empty = inspect.Parameter.empty
+    assert _parameters(SessionDB.create_session) == [
+        ("session_id", empty), ("source", empty), ("model", None), ("model_config", None),
+        ("system_prompt", None), ("user_id", None), ("parent_session_id", None),
+        ("columns", empty),
+    ]
+    assert _parameters(SessionDB.ensure_session) == [
+        ("session_id", empty), ("source", "unknown"), ("model", None)
+    ]
+
+
+def test_update_token_counts_keeps_the_documented_signature() -> None:
+    documented = [
+        ("session_id", inspect.Parameter.empty), ("input_tokens", 0), ("output_tokens", 0),
+        ("model", None), ("cache_read_tokens", 0), ("cache_write_tokens", 0),
+        ("reasoning_tokens", 0), ("estimated_cost_usd", None), ("actual_cost_usd", None),
+        ("cost_status", None), ("cost_source", None), ("pricing_version", None),
+        ("billing_provider", None), ("billing_base_url", None), ("billing_mode", None),
+        ("api_call_count", 0), ("absolute", False),
+    ]
+    assert _parameters(SessionDB.update_token_counts)[: len(documented)] == documented
+
+
+def test_listing_and_pruning_keep_their_documented_defaults() -> None:
+    assert _parameters(SessionDB.list_sessions_rich)[:4] == [
+        ("source", None), ("exclude_sources", None), ("limit", 20), ("offset", 0)
+    ]
+    assert _parameters(SessionDB.search_sessions) == [
+        ("source", None), ("limit", 20), ("offset", 0)
+    ]
+    assert _parameters(SessionDB.prune_sessions) == [("older_than_days", 90), ("source", None)]
+    assert _parameters(SessionDB.maybe_auto_prune_and_vacuum) == [
+        ("retention_days", 90), ("min_interval_hours", 24), ("vacuum", True)
+    ]
+
+
+def test_positional_token_counts_follow_the_documented_order(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.update_token_counts("s", 10, 20, "model-x", 3, 4, 5)
+    row = db.get_session("s")
+    assert [row[k] for k in ("input_tokens", "output_tokens", "model", "cache_read_tokens",
+                             "cache_write_tokens", "reasoning_tokens")] == [10, 20, "model-x", 3,
+                                                                            4, 5]
 
 
 # --- creating --------------------------------------------------------------------------------
