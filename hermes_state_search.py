@@ -553,6 +553,22 @@ def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dic
     ]
 
 
+# A hit's other indexed text: the CJK and LIKE routes also find matches in tool calls and names.
+HIT_TOOL_TEXT_SQL = "SELECT tool_calls, tool_name FROM messages WHERE id = ?"
+
+
+def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[str]) -> str:
+    """The snippet of a hit whose ``snippet`` column holds its content: made from the content,
+    or from the tool calls or tool name when the match is there and not in the content."""
+    content = hit["snippet"] or ""
+    pattern = _needles_re(needles)
+    if pattern is not None and pattern.search(content) is None:
+        for text in conn.execute(HIT_TOOL_TEXT_SQL, (hit["id"],)).fetchone() or ():
+            if text and pattern.search(text):
+                return make_snippet(text, needles)
+    return make_snippet(content, needles)
+
+
 def _index_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
 ) -> list[dict[str, Any]]:
@@ -565,7 +581,7 @@ def _index_hits(
     if cjk_match:
         sql = CJK_SEARCH_SQL.format(filters=filters)
         for hit in _hits(conn, sql, (cjk_match, *params, wanted)):
-            hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+            hit["snippet"] = _snippet(conn, hit, plan.needles)
             hits.append(hit)
     hits.sort(key=lambda h: h["rank"])
     best: dict[int, dict[str, Any]] = {}
@@ -581,7 +597,7 @@ def _index_hits(
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters)
         for hit in _hits(conn, sql, (index_pattern, *exact_params, *params, wanted)):
             if hit["id"] not in found:
-                hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+                hit["snippet"] = _snippet(conn, hit, plan.needles)
                 hits.append(hit)
     return hits
 
@@ -594,7 +610,7 @@ def _like_hits(
     sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters)
     hits = _hits(conn, sql, (*exact_params, *params, limit, offset))
     for hit in hits:
-        hit["snippet"] = make_snippet(hit["snippet"] or "", plan.needles)
+        hit["snippet"] = _snippet(conn, hit, plan.needles)
     return hits
 
 

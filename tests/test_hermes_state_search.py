@@ -213,6 +213,24 @@ def test_a_message_with_the_term_many_times_ranks_first(db: SessionDB) -> None:
     assert found(db.search_messages("kiwi")) == [many, once]
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
+def test_a_match_in_tool_calls_or_tool_name_is_marked_in_the_snippet(
+    db: SessionDB, stale: bool
+) -> None:
+    db.create_session("s1", "cli")
+    call = add(db, "s1", "", role="assistant", tool_calls=[{
+        "id": "c1", "type": "function",
+        "function": {"name": "web_search", "arguments": '{"query": "東京 天気 kiwi"}'}}])
+    result = add(db, "s1", "plain result text", role="tool", tool_name="kiwitool",
+                 tool_call_id="c1")
+    if stale:
+        mark_stale(db)
+    for query, row, marked in (("kiwi", call, "kiwi"), ("天気", call, "天気"),
+                               ("kiwitool", result, "kiwitool")):
+        hits = {hit["id"]: hit["snippet"] for hit in db.search_messages(query)}
+        assert f">>>{marked}<<<" in hits[row], (query, hits)
+
+
 def _archive(db_path: Path, ids: list[int]) -> None:
     """Turn rows into an archived generation, as in-place compression leaves them."""
     with sqlite3.connect(db_path, isolation_level=None) as raw:
@@ -276,6 +294,7 @@ def test_filters_apply_on_every_route(route: tuple[SessionDB, str]) -> None:
     db, query = route
     everything = db.search_messages(query, limit=100)
     assert len(everything) == 24
+    assert all(search.MATCH_START in hit["snippet"] for hit in everything)
     assert sources_and_roles(db.search_messages(query, source_filter=["cli"], limit=100)) == {
         ("cli", "user"), ("cli", "assistant")}
     excluded = db.search_messages(query, exclude_sources=["telegram", "discord"], limit=100)
