@@ -40,7 +40,7 @@ from hermes_state_common import (
     split_sql,
     table_exists,
 )
-from hermes_state_errors import StateDbUnavailableError
+from hermes_state_errors import StateDbUnavailableError, is_corruption_error
 
 __all__ = [
     "MIGRATIONS", "read_version", "refuse_newer", "ensure_schema", "expected_columns"
@@ -199,12 +199,26 @@ def _drop_fts_triggers(conn: sqlite3.Connection) -> None:
         conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
 
 
+def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
+    """Drop an old FTS table. FTS5 must open a table to drop it, which it cannot once the
+    table's structure record is damaged; such an index is reset to an empty one first (its
+    contents are about to be rebuilt from the rows anyway)."""
+    drop = f"DROP TABLE IF EXISTS {quote_identifier(name)}"
+    try:
+        conn.execute(drop)
+    except sqlite3.Error as exc:
+        if not is_corruption_error(exc):
+            raise
+        fts._empty_index(conn, name)
+        conn.execute(drop)
+
+
 def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
     indexes are filled by the chunked rebuild (see hermes_state_fts)."""
     _drop_fts_triggers(conn)
     for name in _FTS_OBJECTS:
-        conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(name)}")
+        _drop_fts_table(conn, name)
     for name in _FTS_VIEWS:
         conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
     for statement in split_sql(FTS_SQL + FTS_TRIGGERS_SQL):

@@ -356,14 +356,7 @@ def test_rebuild_fts_on_an_upgraded_file_is_clean(v1_path: Path) -> None:
     "damage",
     [
         "DROP TABLE messages_fts",  # its triggers stay behind, pointing at nothing
-        pytest.param(
-            "UPDATE messages_fts_data SET block = randomblob(length(block)) WHERE id > 1",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a legacy FTS5 table whose structure record is damaged cannot be "
-                "dropped (SQLITE_CORRUPT_VTAB from its constructor); the upgrade quarantines",
-            ),
-        ),
+        "UPDATE messages_fts_data SET block = randomblob(length(block)) WHERE id > 1",
     ],
     ids=["legacy-index-gone", "legacy-index-damaged"],
 )
