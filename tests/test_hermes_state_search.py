@@ -68,10 +68,7 @@ PROPERTY = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDB, Path]]:
-    """A small real store searched by the property tests (one per module: it is only read)."""
-    path = tmp_path_factory.mktemp("search") / "state.db"
+def _small_store(path: Path, *, stale: bool = False) -> SessionDB:
     db = SessionDB(path)
     db.create_session("s-cli", "cli", model="m")
     db.create_session("s-tg", "telegram")
@@ -80,7 +77,21 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDB
                  "我们在北京学习中文", 'a "quoted" NEAR(a b) col:term'):
         add(db, "s-cli", text)
         add(db, "s-tg", text, role="assistant")
+    if stale:
+        mark_stale(db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDB, Path]]:
+    """A small real store searched by the property tests (one per module), and the same store
+    with its index detached, searched through the LIKE fallback."""
+    path = tmp_path_factory.mktemp("search") / "state.db"
+    db = _small_store(path)
+    stale = _small_store(tmp_path_factory.mktemp("stale") / "state.db", stale=True)
+    db.stale_twin = stale  # type: ignore[attr-defined]
     yield db, path
+    stale.close()
     db.close()
 
 
@@ -103,6 +114,28 @@ def test_any_text_becomes_a_query_fts5_accepts_and_search_never_raises(
         assert results == []
     found(db.search_messages(query, source_filter=["cli"], role_filter=["user"], limit=3))
     found(db.search_messages(query, exclude_sources=["telegram"], offset=1))
+    stale: SessionDB = db.stale_twin  # type: ignore[attr-defined]
+    assert found(stale.search_messages(query, role_filter="user")) == [] or sanitized
+
+
+def test_the_trigram_index_is_only_ever_sent_one_like(shared: tuple[SessionDB, Path]) -> None:
+    """SQLite 3.40 can crash on a trigram query with several LIKE constraints."""
+    _, path = shared
+    statements: list[str] = []
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
+        conn.set_trace_callback(statements.append)
+        for query in ("ployment", "ployment OR gateway", "ploy ment", "ate/run.py TODO",
+                      "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail"):
+            search.search_messages(conn, query, limit=50)
+    conn.close()
+    trigram = [sql for sql in statements if "FROM messages_fts_trigram t" in sql]
+    assert trigram
+    for sql in trigram:
+        assert len(re.findall(r"\bt\.content LIKE", sql)) == 1, sql
+        like = re.search(r"\bt\.content LIKE '((?:[^']|'')*)' (?!ESCAPE)", sql)
+        assert like is not None, sql  # the trace shows the bound pattern
+        literal = like.group(1).removeprefix("%").removesuffix("%")
+        assert len(literal) >= 3 and not set(literal) & set("%_"), sql
 
 
 _word_sources = itertools.count()
