@@ -106,13 +106,13 @@ def _check_uid(value: Any, field: str) -> str:
 
 def tool_call_count_of(role: str, tool_calls: Any) -> int:
     """Tool calls an assistant row makes (tool-result rows make none)."""
-    if role != "assistant" or not isinstance(tool_calls, list):
+    if role != "assistant" or not isinstance(tool_calls, (list, tuple)):
         return 0
     return len(tool_calls)
 
 
 def _tool_call_ids(tool_calls: Any) -> list[str]:
-    if not isinstance(tool_calls, list):
+    if not isinstance(tool_calls, (list, tuple)):
         return []
     ids = []
     for call in tool_calls:

@@ -400,6 +400,8 @@ def source_filters(
     if source is not None:
         sql += f" AND {alias}.source = ?"
         params.append(source)
+    if isinstance(exclude_sources, str):  # one source, not its characters
+        exclude_sources = [exclude_sources]
     excluded = [str(s) for s in exclude_sources or ()]
     if excluded:
         sql += f" AND {alias}.source NOT IN (SELECT value FROM json_each(?))"

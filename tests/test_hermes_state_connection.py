@@ -161,6 +161,18 @@ def test_a_write_waits_out_another_process_holding_the_lock(
     assert db.get_session("s")["message_count"] == 1
 
 
+def test_reads_go_on_while_another_process_holds_the_write_lock(
+    db: SessionDB, hold_write_lock
+) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "readable")
+    with hold_write_lock(db.path):
+        start = time.monotonic()
+        assert [m["content"] for m in db.get_messages("s")] == ["readable"]
+        assert db.list_sessions_rich()[0]["id"] == "s"
+        assert time.monotonic() - start < 0.5
+
+
 @pytest.mark.parametrize(
     ("patience_attr", "write"),
     [

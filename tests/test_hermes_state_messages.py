@@ -125,6 +125,14 @@ def test_tool_calls_are_counted_per_call_on_assistant_rows_only(db: SessionDB, s
     assert (row["message_count"], row["tool_call_count"]) == (7, 4)
 
 
+def test_tool_calls_given_as_a_tuple_count_and_get_uids(db: SessionDB, s: str) -> None:
+    db.append_message(s, "assistant", None, tool_calls=(call("a"), call("b")))
+    (m,) = db.get_messages(s)
+    assert m["tool_calls"] == [call("a"), call("b")]
+    assert set(m["tool_call_uids"]) == {"a", "b"}
+    assert db.get_session(s)["tool_call_count"] == 2
+
+
 # --- JSON fields -----------------------------------------------------------------------------
 
 JSON_VALUES = {

@@ -381,6 +381,8 @@ def test_source_filter_and_ten_thousand_excluded_sources(db: SessionDB) -> None:
     assert ids(db.list_sessions_rich(source="telegram")) == ["b"]
     assert ids(db.search_sessions(source="discord")) == ["c"]
     assert db.session_count(source="cli") == 1
+    assert ids(db.list_sessions_rich(exclude_sources="telegram")) == ["c", "a"]
+    assert ids(db.list_sessions_rich(exclude_sources=(s for s in ["cli"]))) == ["c", "b"]
 
 
 def test_session_and_message_counts(db: SessionDB) -> None:
