@@ -176,7 +176,9 @@ def refuse_symlinks(db_path: Path) -> None:
     or not): whoever planted it could redirect the store's writes."""
     for path in (db_path, *sidecar_paths(db_path)):
         if path.is_symlink():
-            raise UnsafePathError(f"refusing to open a symlink as a database file: {path}", path=path)
+            raise UnsafePathError(
+                f"refusing to open a symlink as a database file: {path}", path=path
+            )
 
 
 def prepare_db_file(db_path: Path) -> bool:

@@ -81,7 +81,9 @@ def run_python() -> RunPython:
     return _run_python
 
 
-def _spawn_python(code: str, *args: str, env: Mapping[str, str | None] = {}) -> subprocess.Popen[str]:
+def _spawn_python(
+    code: str, *args: str, env: Mapping[str, str | None] = {}
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
         env=subprocess_env(env),

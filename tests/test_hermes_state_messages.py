@@ -422,7 +422,8 @@ def test_replay_with_ancestors_starts_at_the_lineage_root(db: SessionDB) -> None
     db.create_session("tip", "cli", parent_session_id="mid")
     db.append_message("tip", "user", "t1")
     db.append_message("tip", "assistant", "t2")
-    contents = [t["content"] for t in db.get_messages_as_conversation("tip", include_ancestors=True)]
+    replay = db.get_messages_as_conversation("tip", include_ancestors=True)
+    contents = [t["content"] for t in replay]
     assert contents == ["r1", "m1", "t1", "t2"]
     assert [t["content"] for t in db.get_messages_as_conversation("tip")] == ["t1", "t2"]
 
@@ -498,7 +499,9 @@ def test_surrogates_elsewhere_are_accepted_too(db: SessionDB) -> None:
     db.create_session("s", "cli" + LONE, model="m" + LONE, system_prompt="p" + LONE,
                       model_config={"k": "v" + LONE}, cwd="/w" + LONE)
     row = db.get_session("s")
-    assert (row["source"], row["model"], row["system_prompt"], row["cwd"]) == ("cli", "m", "p", "/w")
+    assert (row["source"], row["model"], row["system_prompt"], row["cwd"]) == (
+        "cli", "m", "p", "/w"
+    )
     assert LONE not in row["model_config"]
     db.update_system_prompt("s", "q" + LONE)
     db.update_token_counts("s", input_tokens=1, model="x" + LONE, billing_provider="b" + LONE)
@@ -513,12 +516,15 @@ def test_surrogate_pair_spelled_in_halves_becomes_its_character(db: SessionDB, s
     assert db.get_messages(s)[0]["content"] == "smile 😀 and lone !"
 
 
+# The db fixture is shared by every example on purpose: each example appends and reads back
+# its own row.
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 TEXT_WITH_SURROGATES = st.text(
     st.one_of(st.characters(), st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff", "\x00"]))
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(content=TEXT_WITH_SURROGATES, api_content=st.none() | TEXT_WITH_SURROGATES)
 def test_any_text_round_trips_minus_lone_surrogates(
     db: SessionDB, content: str, api_content: str | None
@@ -545,7 +551,7 @@ JSON_VALUES_ST = st.recursive(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(value=JSON_VALUES_ST)
 def test_any_json_value_round_trips(db: SessionDB, value: Any) -> None:
     sid = db.ensure_session("json")

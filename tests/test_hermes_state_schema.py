@@ -378,7 +378,10 @@ def test_a_broken_legacy_index_does_not_block_the_upgrade(v1_path: Path, damage:
 V10_SQL = V1_SQL.replace(
     "    output_tokens INTEGER DEFAULT 0,\n    FOREIGN KEY",
     "    output_tokens INTEGER DEFAULT 0,\n    title TEXT,\n    FOREIGN KEY",
-) + "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (10);"
+) + (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+    "INSERT INTO schema_version VALUES (10);"
+)
 
 V10_TITLES = [
     ("a", 1.0, "Fix bug"),
