@@ -304,6 +304,41 @@ def test_processes_appending_to_one_session_lose_nothing(db: SessionDB, spawn_py
     assert (row["message_count"], row["input_tokens"]) == (180, 120)
 
 
+# Appends to session "s" of argv[1] forever, printing each row id once append_message returned.
+APPEND_FOREVER_SCRIPT = """
+import sys
+from hermes_state import SessionDB
+db = SessionDB(sys.argv[1])
+i = 0
+while True:
+    row_id = db.append_message("s", "assistant", f"row {i}", tool_calls=[{"id": str(i)}])
+    print(row_id, flush=True)
+    i += 1
+"""
+
+
+def test_kill_9_loses_no_committed_row(db: SessionDB, spawn_python) -> None:
+    import signal
+
+    db.create_session("s", "cli")
+    proc = spawn_python(APPEND_FOREVER_SCRIPT, str(db.path))
+    assert proc.stdout is not None
+    committed = [int(proc.stdout.readline()) for _ in range(150)]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    stored = {m["id"] for m in db.get_messages("s")}
+    assert set(committed) <= stored
+    row = db.get_session("s")
+    # Counters move in the row's own transaction: never one without the other.
+    assert row["message_count"] == row["tool_call_count"] == len(stored)
+    check = sqlite3.connect(db.path)
+    try:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        check.close()
+    db.append_message("s", "user", "the store carries on")
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 
 
