@@ -391,6 +391,31 @@ def test_busy_error_from_a_locked_database_is_a_lock_error(tmp_path: Path) -> No
     assert not is_corruption_error(info.value)
 
 
+def test_busy_fts5_constructor_error_is_a_lock_error(tmp_path: Path) -> None:
+    """In rollback-journal mode a connection that opens an FTS5 table while another holds the
+    exclusive lock gets SQLITE_BUSY worded "vtable constructor failed: messages_fts"."""
+    path = tmp_path / "journal.db"
+    owner = sqlite3.connect(path, isolation_level=None)
+    reader = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        owner.execute("PRAGMA journal_mode = DELETE")
+        owner.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, content TEXT)")
+        owner.execute(
+            "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages',"
+            " content_rowid='id')"
+        )
+        reader.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()  # schema loaded
+        owner.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(sqlite3.OperationalError) as info:
+            reader.execute("SELECT * FROM messages_fts WHERE messages_fts MATCH 'x'").fetchall()
+    finally:
+        owner.close()
+        reader.close()
+    assert "vtable constructor failed" in str(info.value)
+    assert is_sqlite_lock_error(info.value)
+    assert not is_corruption_error(info.value)
+
+
 def test_locked_table_error_is_a_lock_error(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
     try:
