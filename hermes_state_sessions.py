@@ -167,12 +167,12 @@ PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p
 def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
     """The session id equal to, or uniquely starting with, the argument (compared exactly:
     case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
-    prefix = session_id_or_prefix
-    if not isinstance(prefix, str) or not prefix:
+    if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
         return None
+    prefix = clean_optional(session_id_or_prefix)
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
         return prefix
-    rows = conn.execute(PREFIX_MATCH_SQL, {"p": clean_optional(prefix)}).fetchall()
+    rows = conn.execute(PREFIX_MATCH_SQL, {"p": prefix}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
