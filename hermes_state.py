@@ -522,7 +522,7 @@ class SessionDB:
     def check_fts_integrity(self) -> dict[str, str | None]:
         """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs
         it as a write, so it needs a writable handle and takes the write lock briefly."""
-        return self._write(fts.integrity_report)
+        return self._write(fts.integrity_report, transactional=False)
 
     # --- sessions -----------------------------------------------------------------------------
 

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
-from hermes_state_common import escape_like, quote_identifier, set_meta, split_sql, table_exists
-from hermes_state_errors import is_corruption_error, is_fts_corruption_code, is_sqlite_lock_error
+from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
+from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
+from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_lockowners import lock_holders
 
 PROC_LOCKS = "/proc/locks"
@@ -105,6 +106,8 @@ def iter_cjk_runs(text: str) -> Iterator[re.Match[str]]:
 # --- markers ---------------------------------------------------------------------------------
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+# The shadow tables FTS5 keeps for each of them (external content: no %_content).
+_SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
 STALE_KEY = "fts_stale"
 HIGH_WATER_KEY = "fts_rebuild_high_water"
 PROGRESS_KEY = "fts_rebuild_progress"
@@ -164,40 +167,44 @@ def missing_triggers(conn: sqlite3.Connection) -> list[str]:
 # --- damage ----------------------------------------------------------------------------------
 
 
-def _quick_check_ok(conn: sqlite3.Connection, table: str) -> bool:
-    rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
+def _table_ok(conn: sqlite3.Connection, table: str) -> bool:
+    """``quick_check`` of one table's b-trees; a table too damaged to be checked is not ok."""
+    try:
+        rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
+    except sqlite3.Error as exc:
+        if is_corruption_error(exc):
+            return False
+        raise
     return [r[0] for r in rows] == ["ok"]
 
 
 def _fts_shadow_tables(conn: sqlite3.Connection) -> list[str]:
-    return [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND ("
-            + " OR ".join("name LIKE ?" for _ in FTS_TABLES)
-            + ")",
-            [escape_like(t) + "\\_%" for t in FTS_TABLES],
-        )
-        if not r[0].endswith("_source")
-    ]
+    names = [table + suffix for table in FTS_TABLES for suffix in _SHADOW_SUFFIXES]
+    return [name for name in names if table_exists(conn, name)]
+
+
+def damaged_shadow_tables(conn: sqlite3.Connection) -> list[str]:
+    """The FTS shadow tables whose b-trees fail ``quick_check``."""
+    return [name for name in _fts_shadow_tables(conn) if not _table_ok(conn, name)]
 
 
 def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
     """True when corruption reported by ``exc`` provably lies in the FTS indexes only.
 
-    Either the result code says so (``SQLITE_CORRUPT_VTAB``: FTS5 found its own structures
-    inconsistent), or a plain ``SQLITE_CORRUPT`` came from a b-tree that belongs to an FTS
-    shadow table: every canonical table passes ``quick_check`` and some shadow table does not.
-    Anything else — including a check that cannot even run — is not provably FTS-only.
+    Every canonical table must pass ``quick_check``: FTS5 reads ``messages`` (its external
+    content), so damage there can surface as an FTS5 error too, even as
+    ``SQLITE_CORRUPT_VTAB`` (an indexed row that the damaged table no longer yields). Then
+    either the result code says FTS5 found its own structures inconsistent
+    (``SQLITE_CORRUPT_VTAB``), or a plain ``SQLITE_CORRUPT`` came from a b-tree of an FTS
+    shadow table, which fails ``quick_check``. Anything else — including a check that cannot
+    even run — is not provably FTS-only.
     """
-    if is_fts_corruption_code(exc):
-        return True
     if not is_corruption_error(exc):
         return False
     try:
-        if not all(_quick_check_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
+        if not all(_table_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
             return False
-        return not all(_quick_check_ok(conn, t) for t in _fts_shadow_tables(conn))
+        return is_fts_corruption_code(exc) or bool(damaged_shadow_tables(conn))
     except sqlite3.Error:
         return False
 
@@ -215,10 +222,6 @@ def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
 
 
 # --- rebuild ---------------------------------------------------------------------------------
-
-
-# The shadow tables FTS5 keeps for an external-content index.
-_SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
 
 
 @functools.cache
@@ -254,14 +257,25 @@ def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
 
 
 def _empty_index(conn: sqlite3.Connection, table: str) -> None:
+    """Empty ``table`` for a rebuild; raises :class:`FtsCorruptError` when its shadow tables
+    are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend."""
     delete_all = f"INSERT INTO {table}({table}) VALUES ('delete-all')"
     try:
-        conn.execute(delete_all)
-    except sqlite3.Error as exc:
-        if is_sqlite_lock_error(exc):
-            raise
+        try:
+            conn.execute(delete_all)
+            return
+        except sqlite3.Error as exc:
+            # SQLite may have rolled the whole transaction back; then nothing more can be done.
+            if is_sqlite_lock_error(exc) or not conn.in_transaction:
+                raise
         _reset_shadow_tables(conn, table)
         conn.execute(delete_all)
+    except sqlite3.Error as exc:
+        if is_corruption_error(exc):
+            raise FtsCorruptError(
+                f"{table} cannot be rebuilt in place, its tables are damaged: {exc}"
+            ) from exc
+        raise
 
 
 def start_rebuild(conn: sqlite3.Connection) -> int:
@@ -327,7 +341,10 @@ def integrity_report(conn: sqlite3.Connection) -> dict[str, str | None]:
     """FTS5 'integrity-check' of each index against its content (None: clean, else the error).
 
     ``PRAGMA integrity_check`` does not look inside FTS5 structures on this SQLite, so this is
-    the only check that sees a damaged index. SQLite treats the command as a write.
+    the only check that sees a damaged index. SQLite treats the command as a write; run it
+    outside a transaction, each check in its own: once a check has met a damaged b-tree,
+    SQLite fails every later statement of the same transaction, its COMMIT included.
+    Lock errors are raised, for the caller to retry.
     """
     report: dict[str, str | None] = {}
     for table in FTS_TABLES:
@@ -335,6 +352,8 @@ def integrity_report(conn: sqlite3.Connection) -> dict[str, str | None]:
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
             report[table] = None
         except sqlite3.Error as exc:
+            if is_sqlite_lock_error(exc):
+                raise
             report[table] = f"{type(exc).__name__}: {exc}"
     return report
 

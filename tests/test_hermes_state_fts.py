@@ -19,7 +19,7 @@ import pytest
 
 import hermes_state_common as common
 import hermes_state_fts as fts
-from hermes_state import SessionDB
+from hermes_state import FtsCorruptError, SessionDB, StateDbCorruptError
 
 
 CLEAN = {"messages_fts": None, "messages_fts_trigram": None, "messages_fts_cjk": None}
@@ -444,6 +444,79 @@ def test_a_new_open_alone_on_the_file_rebuilds_a_detached_index(
         later = reopened.append_message("s1", "user", "indexed again: zebra")
         assert fts_match(db_path, "messages_fts", "zebra") == [new, later]
         assert reopened.check_fts_integrity() == CLEAN
+
+
+@pytest.fixture
+def closed_store(db_path: Path) -> Path:
+    """A store big enough for interior b-tree pages in its index, closed (to damage its file)."""
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        db.replace_messages("s1", [
+            {"role": "user", "content": f"docker deployment {n} word{n} " + "filler " * 30}
+            for n in range(3000)])
+    conn = raw(db_path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return db_path
+
+
+def damage_page(path: Path, table: str, page_type: str) -> None:
+    """Overwrite part of a b-tree page of ``table`` in the file itself (no connection open)."""
+    conn = raw(path)
+    pages = [row[0] for row in conn.execute(
+        "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = ? ORDER BY pageno",
+        (table, page_type))]
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    page, offset = (pages[0], 0) if page_type == "internal" else (pages[len(pages) // 3], 8)
+    with open(path, "r+b") as fh:
+        fh.seek((page - 1) * page_size + offset)
+        fh.write(b"\xff" * 64)
+
+
+def test_an_index_btree_damaged_below_fts5_is_detached_and_never_quarantines(
+    closed_store: Path,
+) -> None:
+    damage_page(closed_store, "messages_fts_data", "internal")
+    with SessionDB(closed_store, rebuild_fts=False) as db:
+        new = db.append_message("s1", "user", "zebra after the damage")
+        assert_detached(db, closed_store)
+        assert len(ids(db.search_messages("docker", limit=5000))) == 3000
+
+    with SessionDB(closed_store) as reopened:  # alone on the file: it tries to rebuild
+        wait_for_maintenance(reopened)
+        assert not reopened.quarantined
+        assert_detached(reopened, closed_store)
+        with pytest.raises(FtsCorruptError):
+            reopened.rebuild_fts()  # only a repair of the file can mend a damaged b-tree
+        assert not reopened.quarantined
+        report = reopened.check_fts_integrity()
+        assert report["messages_fts"] is not None and report["messages_fts_cjk"] is None
+        later = reopened.append_message("s1", "user", "and another zebra")
+        assert ids(reopened.search_messages("zebra")) == [later, new]
+        assert not reopened.quarantined
+
+
+def test_a_damaged_index_leaf_is_detached_and_rebuilt_by_the_next_open(
+    closed_store: Path,
+) -> None:
+    damage_page(closed_store, "messages_fts_data", "leaf")
+    with SessionDB(closed_store, rebuild_fts=False) as db:
+        assert len(ids(db.search_messages("docker", limit=5000))) == 3000
+        assert_detached(db, closed_store)
+    with SessionDB(closed_store) as reopened:
+        wait_until_usable(reopened)
+        assert reopened.check_fts_integrity() == CLEAN
+        assert fts_match(closed_store, "messages_fts", "word2999") == [3000]
+
+
+def test_damage_to_the_messages_table_is_not_taken_for_index_damage(closed_store: Path) -> None:
+    damage_page(closed_store, "messages", "leaf")
+    with SessionDB(closed_store, rebuild_fts=False) as db:
+        with pytest.raises(StateDbCorruptError):
+            db.search_messages("docker", limit=5000)
+        assert db.fts_status()["stale"] is None  # nothing was written to the damaged file
+        assert triggers(closed_store) == TRIGGERS
 
 
 # Opens the database, reads it (so its connection holds SQLite's shared locks), says "ready",
