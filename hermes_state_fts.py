@@ -19,7 +19,9 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   water are kept in sync by the triggers: nothing is indexed twice or missed, even with other
   writers running meanwhile. Only a writable open that holds the cross-process admission lock
   and sees no other process on the database starts one. An index so damaged that FTS5 cannot
-  open it any more (its structure record lost) is first reset through its shadow tables.
+  open it any more (its structure record lost) is first reset through its shadow tables; one
+  damaged below FTS5, in the b-trees of those tables, cannot be rebuilt in place and stays
+  detached until the file itself is repaired.
 """
 
 from __future__ import annotations
@@ -247,13 +249,11 @@ def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
     is damaged nothing that goes through the table works, 'delete-all' and even DROP TABLE
     included. The shadow tables are ordinary tables and can still be rewritten directly.
     """
-    for name, rows in _fresh_shadow_rows().items():
-        if not name.startswith(table + "_") or name[len(table):] not in _SHADOW_SUFFIXES:
-            continue
-        conn.execute(f"DELETE FROM {quote_identifier(name)}")
-        for row in rows:
-            marks = ", ".join("?" * len(row))
-            conn.execute(f"INSERT INTO {quote_identifier(name)} VALUES ({marks})", row)
+    for suffix in _SHADOW_SUFFIXES:
+        name = quote_identifier(table + suffix)
+        conn.execute(f"DELETE FROM {name}")
+        for row in _fresh_shadow_rows()[table + suffix]:
+            conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
 
 
 def _empty_index(conn: sqlite3.Connection, table: str) -> None:
