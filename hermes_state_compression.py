@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_sessions import chain_from, family_of, row_to_dict
+from hermes_state_sessions import chain_from, family_of, row_to_dict, session_ancestors
 
 __all__ = [
     "get_session_ancestors",
@@ -19,20 +19,7 @@ __all__ = [
     "get_compression_lineage",
 ]
 
-# The seed's lineage queries: the session first, then each parent in turn.
-ANCESTORS_SQL = """
-WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
-    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
-    UNION
-    SELECT s.id, s.parent_session_id, l.depth + 1
-    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
-    WHERE l.depth < 10000
-)
-SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
-FROM lineage l JOIN sessions s ON s.id = l.id
-ORDER BY l.depth
-"""
-
+# The seed's descendants query: the session first, then everything below it.
 DESCENDANTS_SQL = """
 WITH RECURSIVE descendants(id, depth) AS (
     SELECT id, 0 FROM sessions WHERE id = ?
@@ -53,7 +40,7 @@ def _rows(conn: sqlite3.Connection, sql: str, session_id: str) -> list[dict[str,
 
 def get_session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """The session and its ancestors, nearest first (empty when the session is unknown)."""
-    return _rows(conn, ANCESTORS_SQL, session_id)
+    return session_ancestors(conn, session_id)
 
 
 def get_session_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
