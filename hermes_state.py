@@ -142,15 +142,22 @@ def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Callable[...,
 
 
 def _writes(
-    fn: Callable[Concatenate[sqlite3.Connection, P], T], kind: str = "write", *, spool: bool = False
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    kind: str = "write",
+    *,
+    spool: bool | tuple[str, str] = False,
 ) -> Callable[..., T]:
     """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
 
-    With ``spool=True`` (transcript writes) the message(s) of a write refused because the
-    file is corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
-    :class:`StateDbCorruptError` names that file in ``spooled_to``.
+    With ``spool`` (transcript writes) the message(s) of a write refused because the file is
+    corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
+    :class:`StateDbCorruptError` names that file in ``spooled_to``. ``spool=True`` reads the
+    ``session_id`` and ``messages`` parameters; a pair names them instead. Without a messages
+    argument the call's own arguments (``**`` keywords flattened) are the one record.
     """
     signature = inspect.signature(fn)
+    params = ("session_id", "messages") if spool is True else spool or ("", "")
+    session_param, messages_param = params
 
     @functools.wraps(fn)
     def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -162,10 +169,8 @@ def _writes(
         except StateDbCorruptError as exc:
             if spool:
                 bound = signature.bind(None, *args, **kwargs).arguments
-                session_id = str(bound["session_id"])
-                records = bound.get("messages") or [
-                    {k: v for k, v in bound.items() if k != "conn"}
-                ]
+                session_id = str(bound[session_param])
+                records = bound.get(messages_param) or [_call_record(signature, bound)]
                 exc.spooled_to = common.spool_transcript(
                     session_id, [{"session_id": session_id, **r} for r in records]
                 )
@@ -173,6 +178,16 @@ def _writes(
 
     method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
     return method
+
+
+def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for name, value in bound.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            record.update(value)
+        elif name != "conn":
+            record[name] = value
+    return record
 
 
 class SessionDB:
@@ -583,6 +598,19 @@ class SessionDB:
     get_session_descendants = _reads(compression.get_session_descendants)
     get_compression_tip = _reads(compression.get_compression_tip)
     get_compression_lineage = _reads(compression.get_compression_lineage)
+
+    # --- compression --------------------------------------------------------------------------
+
+    archive_and_compact = _writes(
+        compression.archive_and_compact, "transcript", spool=("session_id", "compacted_messages")
+    )
+    publish_compression_child = _writes(
+        compression.publish_compression_child, "transcript", spool=("child_session_id", "messages")
+    )
+    try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
+    refresh_compression_lock = _writes(compression.refresh_compression_lock)
+    release_compression_lock = _writes(compression.release_compression_lock)
+    get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
