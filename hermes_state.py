@@ -42,6 +42,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
+import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
@@ -56,9 +57,14 @@ from hermes_state_common import (
     resolve_profile_home,
 )
 from hermes_state_errors import (
+    CompressionConflictError,
     FtsCorruptError,
     HermesStateError,
     LedgerBusyError,
+    LedgerConflictError,
+    OwnerLookupError,
+    ReceiptRejectedError,
+    StaleEpochError,
     SessionNotFoundError,
     StateDbClosedError,
     StateDbCorruptError,
@@ -88,6 +94,11 @@ __all__ = [
     "FtsCorruptError",
     "StateDbUnavailableError",
     "LedgerBusyError",
+    "LedgerConflictError",
+    "StaleEpochError",
+    "ReceiptRejectedError",
+    "OwnerLookupError",
+    "CompressionConflictError",
     "SessionNotFoundError",
     "TitleConflictError",
     "UnsafePathError",
@@ -611,6 +622,24 @@ class SessionDB:
     refresh_compression_lock = _writes(compression.refresh_compression_lock)
     release_compression_lock = _writes(compression.release_compression_lock)
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
+
+    # --- gateway: runtime epoch, admissions, workers ------------------------------------------
+
+    begin_runtime_epoch = _writes(gateway.begin_runtime_epoch)
+    get_runtime_epoch = _reads(gateway.get_runtime_epoch)
+    admit_input = _writes(gateway.admit_input)
+    claim_next_input = _writes(gateway.claim_next_input)
+    settle_input = _writes(gateway.settle_input)
+    resolve_unknown_input = _writes(gateway.resolve_unknown_input)
+    get_admission = _reads(gateway.get_admission)
+    list_admissions = _reads(gateway.list_admissions)
+    receipt_digest = staticmethod(gateway.receipt_digest)
+    register_worker_execution = _writes(gateway.register_worker_execution)
+    record_worker_receipt = _writes(gateway.record_worker_receipt)
+    finish_worker_execution = _writes(gateway.finish_worker_execution)
+    resolve_unknown_execution = _writes(gateway.resolve_unknown_execution)
+    list_worker_executions = _reads(gateway.list_worker_executions)
+    list_worker_receipts = _reads(gateway.list_worker_receipts)
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

@@ -1,0 +1,473 @@
+"""The gateway's runtime ledgers: the owner epoch, input admissions, worker executions.
+
+Every function takes the connection first and runs inside the caller's transaction (writes)
+or as a plain read; a refused ledger operation raises before it writes anything.
+
+**Runtime epoch.** ``runtime_epoch`` holds one row: the epoch of the session authority's
+current owner and that owner's instance id. An owner starting up calls
+:func:`begin_runtime_epoch`, which bumps the epoch. Every call that acts as the owner passes
+its epoch; any other value means another owner has taken over, and the call raises
+:class:`StaleEpochError` and writes nothing.
+
+**Admissions** (``session_admissions``) are a durable input FIFO per session::
+
+    queued ──claim──▶ started ──settle──▶ settled
+      │                  │ a newer epoch begins
+      │                  ▼
+      │               unknown ──resolve_unknown──▶ resolved
+      └──settle(outcome="cancelled")──▶ settled
+
+``queued``, ``started`` and ``unknown`` are live (they pin the session against deletion);
+``settled`` and ``resolved`` are terminal. An admission still ``started`` when its owner's
+epoch ends may have run wholly, partly or not at all, so it becomes ``unknown`` and is never
+replayed; the admissions queued behind it wait until someone decides what happened
+(:func:`resolve_unknown_input`, the ``prompt.resolve_unknown`` operation). Admission is
+idempotent per (principal, session, request id): the request id identifies the request, so
+admitting it again returns the first admission, first payload included, with
+``duplicate=True``. Inputs without a request id are never merged.
+
+**Worker executions** (``worker_executions``) bind a managed worker (cron, child, kanban…) to a
+session and to the epoch of the owner that started it::
+
+    registered ──first receipt──▶ running ──finish──▶ finished
+    registered / running ──a newer epoch begins──▶ unknown ──resolve──▶ resolved
+
+A worker's results arrive as receipts numbered 1, 2, 3…: each must be exactly the next
+number, and its ``digest`` must be the SHA-256 (lowercase or uppercase hex) of the payload's
+canonical JSON, which is defined as the UTF-8 bytes of::
+
+    json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+               allow_nan=False)
+
+(keys sorted by code point, no whitespace, non-ASCII characters as themselves, no NaN or
+infinity; Python's float repr; not RFC 8785). The stored ``payload_json`` is exactly that
+text, so a stored receipt can be verified again later. A gap, a repeated or earlier number, a
+digest mismatch or a receipt for an execution that is not live is refused with
+:class:`ReceiptRejectedError` (``reason`` says which) and nothing is written.
+
+Outcomes of admissions and executions are ``completed``, ``failed`` or ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from typing import Any
+
+from hermes_state_common import clean_text, decode_json, encode_json, now
+from hermes_state_errors import LedgerConflictError, ReceiptRejectedError, StaleEpochError
+from hermes_state_sessions import require_session
+
+__all__ = [
+    "OUTCOMES",
+    "begin_runtime_epoch",
+    "get_runtime_epoch",
+    "admit_input",
+    "claim_next_input",
+    "settle_input",
+    "resolve_unknown_input",
+    "get_admission",
+    "list_admissions",
+    "canonical_json",
+    "receipt_digest",
+    "register_worker_execution",
+    "record_worker_receipt",
+    "finish_worker_execution",
+    "resolve_unknown_execution",
+    "list_worker_executions",
+    "list_worker_receipts",
+]
+
+OUTCOMES = frozenset({"completed", "failed", "cancelled"})
+
+
+def _check_text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return clean_text(value)
+
+
+def _check_outcome(outcome: Any) -> str:
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
+    return str(outcome)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime epoch
+# ---------------------------------------------------------------------------------------------
+
+BEGIN_EPOCH_SQL = """
+INSERT INTO runtime_epoch (id, epoch, instance_id, started_at) VALUES (1, 1, ?, ?)
+ON CONFLICT(id) DO UPDATE SET
+    epoch = epoch + 1, instance_id = excluded.instance_id, started_at = excluded.started_at
+"""
+# What the previous owners had in hand when they stopped: its fate is unknown, never replayed.
+ORPHAN_ADMISSIONS_SQL = """
+UPDATE session_admissions SET status = 'unknown' WHERE status = 'started' AND epoch < ?
+"""
+ORPHAN_EXECUTIONS_SQL = """
+UPDATE worker_executions SET status = 'unknown'
+WHERE status IN ('registered', 'running') AND epoch < ?
+"""
+SELECT_EPOCH_SQL = "SELECT epoch, instance_id, started_at FROM runtime_epoch WHERE id = 1"
+
+
+def begin_runtime_epoch(conn: sqlite3.Connection, instance_id: str) -> int:
+    """Make ``instance_id`` the owner under a new epoch and return it (1 for the first owner).
+
+    Admissions still ``started`` and worker executions still ``registered``/``running`` under
+    older epochs become ``unknown``.
+    """
+    conn.execute(BEGIN_EPOCH_SQL, (_check_text("instance_id", instance_id), now()))
+    epoch = int(conn.execute(SELECT_EPOCH_SQL).fetchone()[0])
+    conn.execute(ORPHAN_ADMISSIONS_SQL, (epoch,))
+    conn.execute(ORPHAN_EXECUTIONS_SQL, (epoch,))
+    return epoch
+
+
+def get_runtime_epoch(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """``{"epoch", "instance_id", "started_at"}`` of the current owner; None before the first."""
+    row = conn.execute(SELECT_EPOCH_SQL).fetchone()
+    return None if row is None else dict(zip(("epoch", "instance_id", "started_at"), row))
+
+
+def _require_epoch(conn: sqlite3.Connection, epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int):
+        raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
+    row = conn.execute(SELECT_EPOCH_SQL).fetchone()
+    current = 0 if row is None else int(row[0])
+    if epoch != current:
+        raise StaleEpochError(
+            f"epoch {epoch} is not the current runtime epoch ({current})",
+            epoch=epoch,
+            current_epoch=current,
+        )
+    return epoch
+
+
+# ---------------------------------------------------------------------------------------------
+# Admissions
+# ---------------------------------------------------------------------------------------------
+
+_ADMISSION_COLUMNS = (
+    "id", "session_id", "principal_id", "request_id", "intent", "payload_json", "status",
+    "epoch", "outcome", "result_json", "created_at", "started_at", "finished_at",
+)
+SELECT_ADMISSION_SQL = f"SELECT {', '.join(_ADMISSION_COLUMNS)} FROM session_admissions"
+INSERT_ADMISSION_SQL = """
+INSERT INTO session_admissions
+    (session_id, principal_id, request_id, intent, payload_json, created_at)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (principal_id, session_id, request_id) DO NOTHING
+"""
+# The oldest live admission of a session: the head of its FIFO.
+HEAD_ADMISSION_SQL = (
+    SELECT_ADMISSION_SQL
+    + " WHERE session_id = ? AND status IN ('queued', 'started', 'unknown') ORDER BY id LIMIT 1"
+)
+CLAIM_ADMISSION_SQL = """
+UPDATE session_admissions SET status = 'started', epoch = ?, started_at = ?
+WHERE id = ? AND status = 'queued'
+"""
+FINISH_ADMISSION_SQL = """
+UPDATE session_admissions
+SET status = ?, epoch = ?, outcome = ?, result_json = ?, finished_at = ?
+WHERE id = ?
+"""
+
+
+def _admission(row: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    admission = dict(zip(_ADMISSION_COLUMNS, row, strict=True))
+    admission["principal_id"] = admission["principal_id"] or None
+    admission["payload"] = decode_json(admission.pop("payload_json"))
+    admission["result"] = decode_json(admission.pop("result_json"))
+    return admission
+
+
+def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
+    row = conn.execute(SELECT_ADMISSION_SQL + " WHERE id = ?", (admission_id,)).fetchone()
+    return _admission(row)
+
+
+def _existing_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any]:
+    admission = get_admission(conn, admission_id)
+    if admission is None:
+        raise LedgerConflictError(f"no admission {admission_id}")
+    return admission
+
+
+def admit_input(
+    conn: sqlite3.Connection,
+    session_id: str,
+    payload: Any,
+    *,
+    request_id: str | None = None,
+    principal_id: str | None = None,
+    intent: str = "queue",
+) -> dict[str, Any]:
+    """Queue an input for the session; the admission row with ``duplicate`` (True when this
+    request was admitted before: that first admission is returned unchanged)."""
+    require_session(conn, session_id)
+    principal = "" if principal_id is None else clean_text(str(principal_id))
+    request = None if request_id is None else _check_text("request_id", request_id)
+    cursor = conn.execute(
+        INSERT_ADMISSION_SQL,
+        (session_id, principal, request, _check_text("intent", intent), encode_json(payload),
+         now()),
+    )
+    if cursor.rowcount:
+        admission = get_admission(conn, int(cursor.lastrowid or 0))
+    else:
+        admission = _admission(conn.execute(
+            SELECT_ADMISSION_SQL + " WHERE principal_id = ? AND session_id = ? AND request_id = ?",
+            (principal, session_id, request),
+        ).fetchone())
+    assert admission is not None
+    admission["duplicate"] = not cursor.rowcount
+    return admission
+
+
+def claim_next_input(
+    conn: sqlite3.Connection, session_id: str, *, epoch: int
+) -> dict[str, Any] | None:
+    """Start the session's oldest queued admission under ``epoch`` and return it; None when
+    nothing is queued, or while an earlier admission is ``started`` or ``unknown``."""
+    _require_epoch(conn, epoch)
+    head = _admission(conn.execute(HEAD_ADMISSION_SQL, (session_id,)).fetchone())
+    if head is None or head["status"] != "queued":
+        return None
+    conn.execute(CLAIM_ADMISSION_SQL, (epoch, now(), head["id"]))
+    return get_admission(conn, head["id"])
+
+
+def settle_input(
+    conn: sqlite3.Connection,
+    admission_id: int,
+    *,
+    epoch: int,
+    outcome: str,
+    result: Any = None,
+) -> dict[str, Any]:
+    """Finish an admission this owner started (``settled``), or cancel one still queued
+    (``outcome="cancelled"`` only). Anything else raises :class:`LedgerConflictError`."""
+    _require_epoch(conn, epoch)
+    _check_outcome(outcome)
+    admission = _existing_admission(conn, admission_id)
+    status = admission["status"]
+    started_here = status == "started" and admission["epoch"] == epoch
+    if not (started_here or (status == "queued" and outcome == "cancelled")):
+        raise LedgerConflictError(
+            f"admission {admission_id} is {status} (epoch {admission['epoch']});"
+            f" epoch {epoch} cannot settle it as {outcome}"
+        )
+    conn.execute(
+        FINISH_ADMISSION_SQL,
+        ("settled", epoch, outcome, encode_json(result), now(), admission_id),
+    )
+    return _existing_admission(conn, admission_id)
+
+
+def resolve_unknown_input(
+    conn: sqlite3.Connection, admission_id: int, *, epoch: int, outcome: str
+) -> dict[str, Any]:
+    """Decide what happened to an ``unknown`` admission (``prompt.resolve_unknown``): it becomes
+    ``resolved`` with ``outcome`` and is never run again; the admissions behind it proceed.
+    Its ``epoch`` stays the one it started under."""
+    _require_epoch(conn, epoch)
+    _check_outcome(outcome)
+    admission = _existing_admission(conn, admission_id)
+    if admission["status"] != "unknown":
+        raise LedgerConflictError(f"admission {admission_id} is {admission['status']}, not unknown")
+    conn.execute(
+        FINISH_ADMISSION_SQL,
+        ("resolved", admission["epoch"], outcome, None, now(), admission_id),
+    )
+    return _existing_admission(conn, admission_id)
+
+
+def list_admissions(
+    conn: sqlite3.Connection, session_id: str, pending_only: bool = True
+) -> list[dict[str, Any]]:
+    """The session's admissions in FIFO order; only the live ones unless asked."""
+    sql = SELECT_ADMISSION_SQL + " WHERE session_id = ?"
+    if pending_only:
+        sql += " AND status IN ('queued', 'started', 'unknown')"
+    rows = conn.execute(sql + " ORDER BY id", (session_id,)).fetchall()
+    return [a for a in map(_admission, rows) if a is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker executions and receipts
+# ---------------------------------------------------------------------------------------------
+
+
+def canonical_json(payload: Any) -> str:
+    """The canonical JSON text of a receipt payload (see the module docstring)."""
+    return json.dumps(
+        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def receipt_digest(payload: Any) -> str:
+    """SHA-256 hex of the payload's canonical JSON, UTF-8 encoded."""
+    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+
+
+_EXECUTION_COLUMNS = (
+    "execution_id", "session_id", "epoch", "kind", "status", "outcome", "last_sequence",
+    "registered_at", "finished_at",
+)
+SELECT_EXECUTION_SQL = f"SELECT {', '.join(_EXECUTION_COLUMNS)} FROM worker_executions"
+INSERT_EXECUTION_SQL = """
+INSERT INTO worker_executions (execution_id, session_id, epoch, kind, registered_at)
+VALUES (?, ?, ?, ?, ?)
+"""
+INSERT_RECEIPT_SQL = """
+INSERT INTO worker_receipts (execution_id, session_id, sequence, payload_json, digest,
+                             recorded_at)
+VALUES (?, ?, ?, ?, ?, ?)
+"""
+ADVANCE_EXECUTION_SQL = """
+UPDATE worker_executions SET last_sequence = ?, status = 'running' WHERE execution_id = ?
+"""
+FINISH_EXECUTION_SQL = """
+UPDATE worker_executions SET status = ?, outcome = ?, finished_at = ? WHERE execution_id = ?
+"""
+SELECT_RECEIPTS_SQL = """
+SELECT execution_id, session_id, sequence, payload_json, digest, recorded_at
+FROM worker_receipts WHERE execution_id = ? ORDER BY sequence
+"""
+
+
+def _execution(conn: sqlite3.Connection, execution_id: str) -> dict[str, Any] | None:
+    row = conn.execute(SELECT_EXECUTION_SQL + " WHERE execution_id = ?", (execution_id,))
+    found = row.fetchone()
+    return None if found is None else dict(zip(_EXECUTION_COLUMNS, found, strict=True))
+
+
+def _existing_execution(conn: sqlite3.Connection, execution_id: str) -> dict[str, Any]:
+    execution = _execution(conn, execution_id)
+    if execution is None:
+        raise LedgerConflictError(f"no worker execution {execution_id!r}")
+    return execution
+
+
+def register_worker_execution(
+    conn: sqlite3.Connection, execution_id: str, session_id: str, *, epoch: int, kind: str
+) -> dict[str, Any]:
+    """Bind a managed worker to a session under the owner's ``epoch`` (status
+    ``registered``). An execution id is registered once; again raises
+    :class:`LedgerConflictError`."""
+    _require_epoch(conn, epoch)
+    _check_text("execution_id", execution_id)
+    require_session(conn, session_id)
+    if _execution(conn, execution_id) is not None:
+        raise LedgerConflictError(f"worker execution {execution_id!r} is already registered")
+    conn.execute(
+        INSERT_EXECUTION_SQL, (execution_id, session_id, epoch, _check_text("kind", kind), now())
+    )
+    return _existing_execution(conn, execution_id)
+
+
+def record_worker_receipt(
+    conn: sqlite3.Connection, execution_id: str, sequence: int, payload: Any, *, digest: str
+) -> dict[str, Any]:
+    """Record the next result of a live execution (see the module docstring for the checks).
+
+    Returns the receipt: ``execution_id, session_id, sequence, payload, digest, recorded_at``.
+    """
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise TypeError(f"sequence must be an int, got {type(sequence).__name__}")
+    execution = _execution(conn, execution_id)
+
+    def refuse(reason: str, message: str, expected: int | None = None) -> ReceiptRejectedError:
+        return ReceiptRejectedError(
+            f"receipt {sequence} of {execution_id!r} refused: {message}",
+            reason=reason, execution_id=execution_id, sequence=sequence,
+            expected_sequence=expected,
+        )
+
+    if execution is None:
+        raise refuse("unknown_execution", "no such execution")
+    if execution["status"] not in ("registered", "running"):
+        raise refuse("not_live", f"the execution is {execution['status']}")
+    expected = int(execution["last_sequence"]) + 1
+    if sequence > expected:
+        raise refuse("gap", f"expected {expected}", expected)
+    if sequence < expected:
+        raise refuse("out_of_order", f"already have up to {expected - 1}", expected)
+    text = canonical_json(payload)
+    actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if not isinstance(digest, str) or digest.lower() != actual:
+        raise refuse("digest_mismatch", "the digest does not match the payload", expected)
+    stamp = now()
+    conn.execute(
+        INSERT_RECEIPT_SQL,
+        (execution_id, execution["session_id"], sequence, text, actual, stamp),
+    )
+    conn.execute(ADVANCE_EXECUTION_SQL, (sequence, execution_id))
+    return {
+        "execution_id": execution_id, "session_id": execution["session_id"],
+        "sequence": sequence, "payload": json.loads(text), "digest": actual,
+        "recorded_at": stamp,
+    }
+
+
+def finish_worker_execution(
+    conn: sqlite3.Connection, execution_id: str, *, epoch: int, outcome: str
+) -> dict[str, Any]:
+    """Finish a live execution of this owner's epoch (``finished``). One that became
+    ``unknown`` needs :func:`resolve_unknown_execution` instead."""
+    _require_epoch(conn, epoch)
+    _check_outcome(outcome)
+    execution = _existing_execution(conn, execution_id)
+    if execution["status"] not in ("registered", "running") or execution["epoch"] != epoch:
+        raise LedgerConflictError(
+            f"worker execution {execution_id!r} is {execution['status']} under epoch"
+            f" {execution['epoch']}; epoch {epoch} cannot finish it"
+        )
+    conn.execute(FINISH_EXECUTION_SQL, ("finished", outcome, now(), execution_id))
+    return _existing_execution(conn, execution_id)
+
+
+def resolve_unknown_execution(
+    conn: sqlite3.Connection, execution_id: str, *, epoch: int, outcome: str
+) -> dict[str, Any]:
+    """Decide what happened to an ``unknown`` execution: it becomes ``resolved``."""
+    _require_epoch(conn, epoch)
+    _check_outcome(outcome)
+    execution = _existing_execution(conn, execution_id)
+    if execution["status"] != "unknown":
+        raise LedgerConflictError(
+            f"worker execution {execution_id!r} is {execution['status']}, not unknown"
+        )
+    conn.execute(FINISH_EXECUTION_SQL, ("resolved", outcome, now(), execution_id))
+    return _existing_execution(conn, execution_id)
+
+
+def list_worker_executions(
+    conn: sqlite3.Connection, session_id: str, live_only: bool = True
+) -> list[dict[str, Any]]:
+    """The session's worker executions, oldest first; only the live ones unless asked."""
+    sql = SELECT_EXECUTION_SQL + " WHERE session_id = ?"
+    if live_only:
+        sql += " AND status IN ('registered', 'running', 'unknown')"
+    rows = conn.execute(sql + " ORDER BY registered_at, execution_id", (session_id,))
+    return [dict(zip(_EXECUTION_COLUMNS, r, strict=True)) for r in rows.fetchall()]
+
+
+def list_worker_receipts(conn: sqlite3.Connection, execution_id: str) -> list[dict[str, Any]]:
+    """An execution's receipts in sequence order, payloads decoded."""
+    out = []
+    for execution, session_id, sequence, payload, digest, recorded_at in conn.execute(
+        SELECT_RECEIPTS_SQL, (execution_id,)
+    ):
+        out.append({
+            "execution_id": execution, "session_id": session_id, "sequence": sequence,
+            "payload": json.loads(payload), "digest": digest, "recorded_at": recorded_at,
+        })
+    return out

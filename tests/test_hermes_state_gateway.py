@@ -1,0 +1,367 @@
+"""Runtime epoch, admissions, worker executions and receipts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hermes_state import SessionDB
+from hermes_state_errors import (
+    LedgerBusyError,
+    LedgerConflictError,
+    ReceiptRejectedError,
+    SessionNotFoundError,
+    StaleEpochError,
+)
+from hermes_state_gateway import canonical_json, receipt_digest
+
+
+def ledger_rows(db_path: Path, table: str, session_id: str) -> int:
+    with sqlite3.connect(db_path) as raw:
+        sql = f"SELECT COUNT(*) FROM {table} WHERE session_id = ?"
+        return int(raw.execute(sql, (session_id,)).fetchone()[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime epoch and admissions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_each_new_owner_gets_the_next_epoch(db: SessionDB) -> None:
+    assert db.get_runtime_epoch() is None
+    assert db.begin_runtime_epoch("gateway-a") == 1
+    assert db.begin_runtime_epoch("gateway-b") == 2
+    current = db.get_runtime_epoch()
+    assert (current["epoch"], current["instance_id"]) == (2, "gateway-b")
+
+
+def test_admitting_the_same_request_twice_returns_the_first_admission(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    first = db.admit_input("s1", {"text": "hi"}, request_id="m-1", principal_id="u1")
+    again = db.admit_input("s1", {"text": "hi, edited"}, request_id="m-1", principal_id="u1")
+    assert (first["duplicate"], again["duplicate"]) == (False, True)
+    assert again["id"] == first["id"]
+    assert again["payload"] == {"text": "hi"}
+
+    other_principal = db.admit_input("s1", {"text": "hi"}, request_id="m-1", principal_id="u2")
+    keyless = [db.admit_input("s1", {"text": "hi"}) for _ in range(2)]
+    ids = {first["id"], other_principal["id"], *(a["id"] for a in keyless)}
+    assert len(ids) == 4
+    assert [a["id"] for a in db.list_admissions("s1")] == sorted(ids)
+
+
+def test_an_input_for_an_unknown_session_is_refused(db: SessionDB) -> None:
+    with pytest.raises(SessionNotFoundError):
+        db.admit_input("nope", {"text": "hi"})
+
+
+def test_admissions_are_claimed_one_at_a_time_in_order(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    db.create_session("s2", "cli")
+    epoch = db.begin_runtime_epoch("gw")
+    a = db.admit_input("s1", "first")
+    b = db.admit_input("s1", "second")
+    other = db.admit_input("s2", "elsewhere")
+
+    claimed = db.claim_next_input("s1", epoch=epoch)
+    assert (claimed["id"], claimed["status"], claimed["epoch"]) == (a["id"], "started", epoch)
+    assert db.claim_next_input("s1", epoch=epoch) is None, "the turn in progress blocks"
+    assert db.claim_next_input("s2", epoch=epoch)["id"] == other["id"], "per session"
+
+    settled = db.settle_input(a["id"], epoch=epoch, outcome="completed", result={"reply": 1})
+    assert (settled["status"], settled["outcome"], settled["result"]) == (
+        "settled", "completed", {"reply": 1}
+    )
+    assert db.claim_next_input("s1", epoch=epoch)["id"] == b["id"]
+    db.settle_input(b["id"], epoch=epoch, outcome="failed")
+    assert db.claim_next_input("s1", epoch=epoch) is None
+    assert db.list_admissions("s1") == []
+    assert [a["status"] for a in db.list_admissions("s1", pending_only=False)] == [
+        "settled", "settled",
+    ]
+
+
+def test_settling_is_for_the_owner_that_claimed(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    epoch = db.begin_runtime_epoch("gw")
+    a = db.admit_input("s1", "first")
+    b = db.admit_input("s1", "second")
+    with pytest.raises(LedgerConflictError):
+        db.settle_input(a["id"], epoch=epoch, outcome="completed")  # never claimed
+    cancelled = db.settle_input(b["id"], epoch=epoch, outcome="cancelled")
+    assert cancelled["status"] == "settled"
+    db.claim_next_input("s1", epoch=epoch)
+    db.settle_input(a["id"], epoch=epoch, outcome="completed")
+    with pytest.raises(LedgerConflictError):
+        db.settle_input(a["id"], epoch=epoch, outcome="completed")
+    with pytest.raises(LedgerConflictError):
+        db.resolve_unknown_input(a["id"], epoch=epoch, outcome="failed")
+    with pytest.raises(ValueError):
+        db.settle_input(a["id"], epoch=epoch, outcome="finished-ish")
+    with pytest.raises(LedgerConflictError):
+        db.settle_input(10_000, epoch=epoch, outcome="cancelled")
+
+
+def test_a_stale_epoch_is_refused_and_writes_nothing(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    old = db.begin_runtime_epoch("gw-old")
+    a = db.admit_input("s1", "first")
+    db.claim_next_input("s1", epoch=old)
+    new = db.begin_runtime_epoch("gw-new")
+    db.admit_input("s1", "second")
+
+    for call in (
+        lambda: db.claim_next_input("s1", epoch=old),
+        lambda: db.settle_input(a["id"], epoch=old, outcome="completed"),
+        lambda: db.resolve_unknown_input(a["id"], epoch=old, outcome="failed"),
+        lambda: db.register_worker_execution("w1", "s1", epoch=old, kind="cron"),
+        lambda: db.claim_next_input("s1", epoch=new + 1),
+    ):
+        with pytest.raises(StaleEpochError) as caught:
+            call()
+        assert caught.value.current_epoch == new
+    assert [x["status"] for x in db.list_admissions("s1")] == ["unknown", "queued"]
+    assert db.list_worker_executions("s1") == []
+
+
+OWNER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from hermes_state import SessionDB
+
+    db = SessionDB(sys.argv[1])
+    epoch = db.begin_runtime_epoch("owner-that-crashes")
+    claimed = db.claim_next_input("s1", epoch=epoch)
+    db.register_worker_execution("w1", "s1", epoch=epoch, kind="child")
+    print(epoch, claimed["id"], flush=True)
+    time.sleep(60)  # mid-turn: the parent kills this process
+    """
+)
+
+
+def test_an_owner_crash_leaves_its_turn_unknown_and_the_queue_waits(
+    db: SessionDB, db_path: Path
+) -> None:
+    db.create_session("s1", "telegram")
+    first = db.admit_input("s1", {"text": "one"}, request_id="1")
+    second = db.admit_input("s1", {"text": "two"}, request_id="2")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT, str(db_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        old_epoch, claimed_id = map(int, owner.stdout.readline().split())
+        assert claimed_id == first["id"]
+        assert db.get_admission(first["id"])["status"] == "started"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+    assert owner.returncode == -signal.SIGKILL
+
+    epoch = db.begin_runtime_epoch("owner-after-restart")
+    assert epoch == old_epoch + 1
+    assert [(a["id"], a["status"]) for a in db.list_admissions("s1")] == [
+        (first["id"], "unknown"), (second["id"], "queued"),
+    ]
+    assert db.list_worker_executions("s1")[0]["status"] == "unknown"
+    assert db.claim_next_input("s1", epoch=epoch) is None, "never replayed, never skipped"
+    again = db.admit_input("s1", {"text": "one"}, request_id="1")
+    assert (again["id"], again["status"], again["duplicate"]) == (first["id"], "unknown", True)
+
+    resolved = db.resolve_unknown_input(first["id"], epoch=epoch, outcome="failed")
+    assert (resolved["status"], resolved["outcome"], resolved["epoch"]) == (
+        "resolved", "failed", old_epoch
+    )
+    assert db.claim_next_input("s1", epoch=epoch)["id"] == second["id"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker executions and receipts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def execution(db: SessionDB) -> tuple[SessionDB, int]:
+    db.create_session("s1", "cron")
+    epoch = db.begin_runtime_epoch("gw")
+    registered = db.register_worker_execution("w1", "s1", epoch=epoch, kind="cron")
+    assert (registered["status"], registered["last_sequence"]) == ("registered", 0)
+    return db, epoch
+
+
+def receipt(db: SessionDB, sequence: int, payload: Any, digest: str | None = None) -> Any:
+    return db.record_worker_receipt(
+        "w1", sequence, payload, digest=receipt_digest(payload) if digest is None else digest
+    )
+
+
+def test_the_digest_is_sha256_of_canonical_json() -> None:
+    payload = {"b": [1, 2.5, None], "a": "é", "c": {"z": True, "y": "x"}}
+    text = '{"a":"é","b":[1,2.5,null],"c":{"y":"x","z":true}}'
+    assert canonical_json(payload) == text
+    assert receipt_digest(payload) == hashlib.sha256(text.encode("utf-8")).hexdigest()
+    with pytest.raises(ValueError):
+        receipt_digest({"x": float("nan")})
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.text(), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=10,
+)))
+def test_the_digest_ignores_key_order(payload: dict[str, Any]) -> None:
+    reordered = dict(reversed(list(payload.items())))
+    assert receipt_digest(reordered) == receipt_digest(payload)
+    assert json.loads(canonical_json(payload)) == payload
+
+
+def test_receipts_are_recorded_in_sequence(execution: tuple[SessionDB, int]) -> None:
+    db, _ = execution
+    first = receipt(db, 1, {"step": "fetched"})
+    second = db.record_worker_receipt(
+        "w1", 2, {"step": "done"}, digest=receipt_digest({"step": "done"}).upper()
+    )
+    assert (first["sequence"], second["sequence"]) == (1, 2)
+    assert [r["payload"] for r in db.list_worker_receipts("w1")] == [
+        {"step": "fetched"}, {"step": "done"},
+    ]
+    assert db.list_worker_executions("s1")[0]["status"] == "running"
+
+
+@pytest.mark.parametrize(
+    ("sequence", "digest", "reason"),
+    [
+        (4, None, "gap"),
+        (5, None, "gap"),
+        (2, None, "out_of_order"),  # a duplicate of the last one
+        (1, None, "out_of_order"),  # a reordering
+        (0, None, "out_of_order"),
+        (4, "0" * 64, "gap"),  # the sequence is checked first
+    ],
+)
+def test_a_receipt_out_of_sequence_is_refused_and_nothing_written(
+    execution: tuple[SessionDB, int], db_path: Path, sequence: int, digest: str | None,
+    reason: str,
+) -> None:
+    db, _ = execution
+    receipt(db, 1, {"n": 1})
+    receipt(db, 2, {"n": 2})
+    with pytest.raises(ReceiptRejectedError) as caught:
+        receipt(db, sequence, {"n": sequence}, digest)
+    assert caught.value.reason == reason
+    assert caught.value.expected_sequence == 3
+    assert [r["sequence"] for r in db.list_worker_receipts("w1")] == [1, 2]
+    assert db.list_worker_executions("s1")[0]["last_sequence"] == 2
+
+
+@pytest.mark.parametrize(
+    "digest",
+    ["0" * 64, receipt_digest({"n": 2}), receipt_digest({"n": 1}) + " ", "", "é"],
+)
+def test_a_receipt_with_the_wrong_digest_is_refused(
+    execution: tuple[SessionDB, int], digest: str
+) -> None:
+    db, _ = execution
+    with pytest.raises(ReceiptRejectedError) as caught:
+        receipt(db, 1, {"n": 1}, digest)
+    assert caught.value.reason == "digest_mismatch"
+    assert db.list_worker_receipts("w1") == []
+    assert db.list_worker_executions("s1")[0]["status"] == "registered"
+
+
+def test_receipts_stop_when_the_execution_is_not_live(execution: tuple[SessionDB, int]) -> None:
+    db, epoch = execution
+    receipt(db, 1, "partial")
+    with pytest.raises(ReceiptRejectedError) as caught:
+        db.record_worker_receipt("nope", 1, "x", digest=receipt_digest("x"))
+    assert caught.value.reason == "unknown_execution"
+
+    new_epoch = db.begin_runtime_epoch("gw-restarted")
+    assert db.list_worker_executions("s1")[0]["status"] == "unknown"
+    with pytest.raises(ReceiptRejectedError) as caught:
+        receipt(db, 2, "late")
+    assert caught.value.reason == "not_live"
+    with pytest.raises(LedgerConflictError):
+        db.finish_worker_execution("w1", epoch=new_epoch, outcome="completed")
+    resolved = db.resolve_unknown_execution("w1", epoch=new_epoch, outcome="failed")
+    assert (resolved["status"], resolved["outcome"]) == ("resolved", "failed")
+    assert db.list_worker_executions("s1") == []
+
+
+def test_an_execution_is_finished_once_by_its_owner(execution: tuple[SessionDB, int]) -> None:
+    db, epoch = execution
+    with pytest.raises(LedgerConflictError):
+        db.register_worker_execution("w1", "s1", epoch=epoch, kind="cron")
+    finished = db.finish_worker_execution("w1", epoch=epoch, outcome="completed")
+    assert (finished["status"], finished["outcome"]) == ("finished", "completed")
+    with pytest.raises(LedgerConflictError):
+        db.finish_worker_execution("w1", epoch=epoch, outcome="completed")
+    with pytest.raises(ReceiptRejectedError):
+        receipt(db, 1, "after the end")
+
+
+# ---------------------------------------------------------------------------------------------
+# Deleting and pruning with live work
+# ---------------------------------------------------------------------------------------------
+
+
+def test_delete_is_refused_while_work_is_live_and_clears_the_ledgers_after(
+    db: SessionDB, db_path: Path
+) -> None:
+    db.create_session("s1", "cli")
+    db.append_message("s1", "user", "hello")
+    epoch = db.begin_runtime_epoch("gw")
+    admission = db.admit_input("s1", "hello")
+    with pytest.raises(LedgerBusyError):
+        db.delete_session("s1")  # queued
+    db.claim_next_input("s1", epoch=epoch)
+    with pytest.raises(LedgerBusyError):
+        db.delete_session("s1")  # started
+    epoch = db.begin_runtime_epoch("gw-2")
+    with pytest.raises(LedgerBusyError):
+        db.delete_session("s1")  # unknown
+    db.resolve_unknown_input(admission["id"], epoch=epoch, outcome="failed")
+
+    db.register_worker_execution("w1", "s1", epoch=epoch, kind="kanban")
+    with pytest.raises(LedgerBusyError):
+        db.delete_session("s1")  # registered
+    receipt(db, 1, "done")
+    with pytest.raises(LedgerBusyError):
+        db.delete_session("s1")  # running
+    assert db.get_session("s1") is not None
+    assert len(db.get_messages("s1")) == 1, "a refused delete deletes nothing"
+
+    db.finish_worker_execution("w1", epoch=epoch, outcome="completed")
+    assert db.delete_session("s1") is True
+    for table in ("session_admissions", "worker_executions", "worker_receipts"):
+        assert ledger_rows(db_path, table, "s1") == 0, table
+
+
+def test_prune_skips_a_session_with_live_work_until_it_is_resolved(db: SessionDB) -> None:
+    long_ago = time.time() - 200 * 86400
+    db.create_session("old", "cli", started_at=long_ago)
+    db.end_session("old", "user_exit")
+    epoch = db.begin_runtime_epoch("gw")
+    admission = db.admit_input("old", "late input")
+    db.claim_next_input("old", epoch=epoch)
+    epoch = db.begin_runtime_epoch("gw-2")
+
+    assert db.prune_sessions(older_than_days=90) == 0
+    assert db.get_session("old") is not None
+    db.resolve_unknown_input(admission["id"], epoch=epoch, outcome="cancelled")
+    assert db.prune_sessions(older_than_days=90) == 1
+    assert db.get_session("old") is None
