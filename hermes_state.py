@@ -641,5 +641,21 @@ class SessionDB:
     list_worker_executions = _reads(gateway.list_worker_executions)
     list_worker_receipts = _reads(gateway.list_worker_receipts)
 
+    # --- gateway: outbox, routing, delegations ------------------------------------------------
+
+    record_delivery_obligation = _writes(gateway.record_delivery_obligation)
+    record_delivery_failure = _writes(gateway.record_delivery_failure)
+    settle_delivery_obligation = _writes(gateway.settle_delivery_obligation)
+    get_delivery_obligation = _reads(gateway.get_delivery_obligation)
+    list_owed_deliveries = _reads(gateway.list_owed_deliveries)
+    save_gateway_routing_entry = _writes(gateway.save_gateway_routing_entry)
+    load_gateway_routing_entries = _reads(gateway.load_gateway_routing_entries)
+    replace_gateway_routing_entries = _writes(gateway.replace_gateway_routing_entries)
+    delete_gateway_routing_entries = _writes(gateway.delete_gateway_routing_entries)
+    record_async_delegation = _writes(gateway.record_async_delegation)
+    update_async_delegation = _writes(gateway.update_async_delegation)
+    get_async_delegation = _reads(gateway.get_async_delegation)
+    list_async_delegations = _reads(gateway.list_async_delegations)
+
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

@@ -1,4 +1,4 @@
-"""The gateway's runtime ledgers: the owner epoch, input admissions, worker executions.
+"""The gateway's runtime ledgers and its tables: outbox, routing, async delegations.
 
 Every function takes the connection first and runs inside the caller's transaction (writes)
 or as a plain read; a refused ledger operation raises before it writes anything.
@@ -46,6 +46,13 @@ digest mismatch or a receipt for an execution that is not live is refused with
 :class:`ReceiptRejectedError` (``reason`` says which) and nothing is written.
 
 Outcomes of admissions and executions are ``completed``, ``failed`` or ``cancelled``.
+
+**Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the first
+obligation recorded (reads of a store without it see nothing owed; nothing else creates it):
+``owed`` until settled as ``delivered`` or ``abandoned``, failed attempts counted on the way.
+``gateway_routing`` maps session keys to routing entries (JSON) within a scope.
+``async_delegations`` tracks asynchronous delegations: ``pending`` → ``running`` →
+``completed`` / ``failed`` / ``cancelled``; a finished delegation is final.
 """
 
 from __future__ import annotations
@@ -53,11 +60,21 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hermes_state_common import clean_text, decode_json, encode_json, now
+from hermes_state_common import (
+    DELIVERY_OBLIGATIONS_SQL,
+    clean_optional,
+    clean_text,
+    decode_json,
+    encode_json,
+    now,
+    split_sql,
+    table_exists,
+)
 from hermes_state_errors import LedgerConflictError, ReceiptRejectedError, StaleEpochError
-from hermes_state_sessions import require_session
+from hermes_state_sessions import require_session, row_to_dict
 
 __all__ = [
     "OUTCOMES",
@@ -77,6 +94,19 @@ __all__ = [
     "resolve_unknown_execution",
     "list_worker_executions",
     "list_worker_receipts",
+    "record_delivery_obligation",
+    "record_delivery_failure",
+    "settle_delivery_obligation",
+    "get_delivery_obligation",
+    "list_owed_deliveries",
+    "save_gateway_routing_entry",
+    "load_gateway_routing_entries",
+    "replace_gateway_routing_entries",
+    "delete_gateway_routing_entries",
+    "record_async_delegation",
+    "update_async_delegation",
+    "get_async_delegation",
+    "list_async_delegations",
 ]
 
 OUTCOMES = frozenset({"completed", "failed", "cancelled"})
@@ -471,3 +501,317 @@ def list_worker_receipts(conn: sqlite3.Connection, execution_id: str) -> list[di
             "payload": json.loads(payload), "digest": digest, "recorded_at": recorded_at,
         })
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery obligations (the outbox of owed replies; the table is created on first use)
+# ---------------------------------------------------------------------------------------------
+
+DELIVERY_OUTCOMES = frozenset({"delivered", "abandoned"})
+INSERT_OBLIGATION_SQL = """
+INSERT INTO delivery_obligations (session_id, platform, chat_id, thread_id, obligation_key,
+                                  payload_json, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (obligation_key) DO NOTHING
+"""
+OBLIGATION_FAILED_SQL = """
+UPDATE delivery_obligations SET attempts = attempts + 1, last_error = ?, updated_at = ?
+WHERE obligation_key = ? AND status = 'owed'
+"""
+SETTLE_OBLIGATION_SQL = """
+UPDATE delivery_obligations SET status = ?, updated_at = ?, settled_at = ?
+WHERE obligation_key = ? AND status = 'owed'
+"""
+
+
+def _obligation(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+    obligation = row_to_dict(cursor, row)
+    obligation["payload"] = decode_json(obligation.pop("payload_json"))
+    return obligation
+
+
+def get_delivery_obligation(
+    conn: sqlite3.Connection, obligation_key: str
+) -> dict[str, Any] | None:
+    if not table_exists(conn, "delivery_obligations"):
+        return None
+    cursor = conn.execute(
+        "SELECT * FROM delivery_obligations WHERE obligation_key = ?", (obligation_key,)
+    )
+    row = cursor.fetchone()
+    return None if row is None else _obligation(cursor, row)
+
+
+def _existing_obligation(conn: sqlite3.Connection, obligation_key: str) -> dict[str, Any]:
+    obligation = get_delivery_obligation(conn, obligation_key)
+    if obligation is None:
+        raise LedgerConflictError(f"no delivery obligation {obligation_key!r}")
+    return obligation
+
+
+def _chat_part(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise ValueError(f"{name} must be a non-empty string or an int, got {value!r}")
+    return clean_text(str(value))
+
+
+def record_delivery_obligation(
+    conn: sqlite3.Connection,
+    obligation_key: str,
+    *,
+    platform: str,
+    chat_id: str | int,
+    payload: Any,
+    session_id: str | None = None,
+    thread_id: str | int | None = None,
+) -> dict[str, Any]:
+    """Record a reply owed to a chat (``owed``), creating the outbox on first use. The key is
+    the caller's idempotency key: recording it again returns the first obligation with
+    ``duplicate=True``."""
+    _check_text("obligation_key", obligation_key)
+    if not table_exists(conn, "delivery_obligations"):
+        for statement in split_sql(DELIVERY_OBLIGATIONS_SQL):
+            conn.execute(statement)
+    stamp = now()
+    thread = None if thread_id is None else _chat_part("thread_id", thread_id)
+    cursor = conn.execute(
+        INSERT_OBLIGATION_SQL,
+        (clean_optional(session_id), _check_text("platform", platform),
+         _chat_part("chat_id", chat_id), thread, obligation_key, encode_json(payload),
+         stamp, stamp),
+    )
+    obligation = _existing_obligation(conn, obligation_key)
+    obligation["duplicate"] = not cursor.rowcount
+    return obligation
+
+
+def record_delivery_failure(
+    conn: sqlite3.Connection, obligation_key: str, error: str
+) -> dict[str, Any]:
+    """Count a failed delivery attempt; the obligation stays ``owed``."""
+    if not conn.execute(
+        OBLIGATION_FAILED_SQL, (clean_text(str(error)), now(), obligation_key)
+    ).rowcount:
+        raise LedgerConflictError(f"no owed delivery obligation {obligation_key!r}")
+    return _existing_obligation(conn, obligation_key)
+
+
+def settle_delivery_obligation(
+    conn: sqlite3.Connection, obligation_key: str, *, outcome: str = "delivered"
+) -> dict[str, Any]:
+    """Settle an owed obligation as ``delivered`` or ``abandoned``; settling one that is not
+    owed (unknown or already settled) raises :class:`LedgerConflictError`."""
+    if outcome not in DELIVERY_OUTCOMES:
+        raise ValueError(f"outcome must be one of {sorted(DELIVERY_OUTCOMES)}, got {outcome!r}")
+    current = _existing_obligation(conn, obligation_key)
+    stamp = now()
+    if not conn.execute(SETTLE_OBLIGATION_SQL, (outcome, stamp, stamp, obligation_key)).rowcount:
+        raise LedgerConflictError(
+            f"delivery obligation {obligation_key!r} is already {current['status']}"
+        )
+    return _existing_obligation(conn, obligation_key)
+
+
+def list_owed_deliveries(
+    conn: sqlite3.Connection,
+    *,
+    platform: str | None = None,
+    session_id: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Owed obligations, oldest first (empty while the outbox was never used)."""
+    if not table_exists(conn, "delivery_obligations"):
+        return []
+    sql = "SELECT * FROM delivery_obligations WHERE status = 'owed'"
+    params: list[Any] = []
+    if platform is not None:
+        sql += " AND platform = ?"
+        params.append(platform)
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        params.append(session_id)
+    cursor = conn.execute(sql + " ORDER BY created_at, id LIMIT ?",
+                          (*params, -1 if limit is None else limit))
+    return [_obligation(cursor, r) for r in cursor.fetchall()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gateway routing
+# ---------------------------------------------------------------------------------------------
+
+UPSERT_ROUTING_SQL = """
+INSERT INTO gateway_routing (scope, session_key, entry_json, updated_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (scope, session_key) DO UPDATE SET
+    entry_json = excluded.entry_json, updated_at = excluded.updated_at
+"""
+# The keys travel as one JSON parameter: any number of them, no bound-parameter limit.
+DELETE_ROUTING_SQL = """
+DELETE FROM gateway_routing
+WHERE scope = ? AND session_key IN (SELECT value FROM json_each(?))
+"""
+
+
+def _routing_json(entry_json: Any) -> str:
+    """JSON text for an entry: a string is taken as JSON text (and must parse), anything else
+    is encoded."""
+    if isinstance(entry_json, str):
+        json.loads(entry_json)
+        return clean_text(entry_json)
+    text = encode_json(entry_json)
+    if text is None:
+        raise ValueError("a routing entry cannot be None")
+    return text
+
+
+def save_gateway_routing_entry(
+    conn: sqlite3.Connection, session_key: str, entry_json: Any, *, scope: str = ""
+) -> None:
+    """Insert or replace one routing entry (JSON text or a JSON value) within ``scope``."""
+    conn.execute(
+        UPSERT_ROUTING_SQL,
+        (scope, _check_text("session_key", session_key), _routing_json(entry_json), now()),
+    )
+
+
+def load_gateway_routing_entries(
+    conn: sqlite3.Connection, *, scope: str = ""
+) -> dict[str, Any]:
+    """``{session_key: entry}`` of one scope, entries decoded from JSON."""
+    rows = conn.execute(
+        "SELECT session_key, entry_json FROM gateway_routing WHERE scope = ? ORDER BY session_key",
+        (scope,),
+    )
+    return {key: decode_json(text) for key, text in rows}
+
+
+def replace_gateway_routing_entries(
+    conn: sqlite3.Connection, entries: Mapping[str, Any], *, scope: str = ""
+) -> int:
+    """Make ``entries`` the whole content of ``scope`` (other scopes untouched); returns how
+    many entries the scope now holds."""
+    conn.execute("DELETE FROM gateway_routing WHERE scope = ?", (scope,))
+    stamp = now()
+    conn.executemany(
+        UPSERT_ROUTING_SQL,
+        [(scope, _check_text("session_key", k), _routing_json(v), stamp)
+         for k, v in entries.items()],
+    )
+    return len(entries)
+
+
+def delete_gateway_routing_entries(
+    conn: sqlite3.Connection, session_keys: Iterable[str], *, scope: str = ""
+) -> int:
+    """Delete the entries of ``session_keys`` (any number) within ``scope``; returns how many
+    existed."""
+    if isinstance(session_keys, str):
+        raise TypeError("session_keys must be a collection of keys, not one string")
+    keys = [str(k) for k in session_keys]
+    if not keys:
+        return 0
+    return conn.execute(DELETE_ROUTING_SQL, (scope, json.dumps(keys))).rowcount
+
+
+# ---------------------------------------------------------------------------------------------
+# Async delegations
+# ---------------------------------------------------------------------------------------------
+
+DELEGATION_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+DELEGATION_FINAL = frozenset({"completed", "failed", "cancelled"})
+INSERT_DELEGATION_SQL = """
+INSERT INTO async_delegations (delegation_id, parent_session_id, child_session_id, task,
+                               created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (delegation_id) DO NOTHING
+"""
+
+
+def _delegation(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+    delegation = row_to_dict(cursor, row)
+    delegation["result"] = decode_json(delegation.pop("result_json"))
+    return delegation
+
+
+def get_async_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[str, Any] | None:
+    cursor = conn.execute(
+        "SELECT * FROM async_delegations WHERE delegation_id = ?", (delegation_id,)
+    )
+    row = cursor.fetchone()
+    return None if row is None else _delegation(cursor, row)
+
+
+def record_async_delegation(
+    conn: sqlite3.Connection,
+    delegation_id: str,
+    parent_session_id: str,
+    *,
+    task: str | None = None,
+    child_session_id: str | None = None,
+) -> dict[str, Any]:
+    """Record a delegation (``pending``); recording the same id again for the same parent
+    returns the first record with ``duplicate=True``, for another parent it raises
+    :class:`LedgerConflictError`."""
+    stamp = now()
+    cursor = conn.execute(
+        INSERT_DELEGATION_SQL,
+        (_check_text("delegation_id", delegation_id),
+         _check_text("parent_session_id", parent_session_id),
+         clean_optional(child_session_id), clean_optional(task), stamp, stamp),
+    )
+    delegation = get_async_delegation(conn, delegation_id)
+    assert delegation is not None
+    if delegation["parent_session_id"] != parent_session_id:
+        raise LedgerConflictError(
+            f"delegation {delegation_id!r} belongs to {delegation['parent_session_id']}"
+        )
+    delegation["duplicate"] = not cursor.rowcount
+    return delegation
+
+
+def update_async_delegation(
+    conn: sqlite3.Connection,
+    delegation_id: str,
+    *,
+    status: str | None = None,
+    child_session_id: str | None = None,
+    result: Any = None,
+) -> dict[str, Any]:
+    """Move a delegation forward (``pending`` → ``running`` → a final status) and/or set its
+    child session and result. A final delegation, an unknown id or a step backwards raises
+    :class:`LedgerConflictError`."""
+    current = get_async_delegation(conn, delegation_id)
+    if current is None:
+        raise LedgerConflictError(f"no delegation {delegation_id!r}")
+    if current["status"] in DELEGATION_FINAL:
+        raise LedgerConflictError(f"delegation {delegation_id!r} is already {current['status']}")
+    if status is not None:
+        if status not in DELEGATION_STATUSES:
+            raise ValueError(f"status must be one of {DELEGATION_STATUSES}, got {status!r}")
+        if DELEGATION_STATUSES.index(status) < DELEGATION_STATUSES.index(current["status"]):
+            raise LedgerConflictError(
+                f"delegation {delegation_id!r} cannot go from {current['status']} to {status}"
+            )
+    conn.execute(
+        "UPDATE async_delegations SET status = COALESCE(?, status),"
+        " child_session_id = COALESCE(?, child_session_id),"
+        " result_json = COALESCE(?, result_json), updated_at = ? WHERE delegation_id = ?",
+        (status, clean_optional(child_session_id), encode_json(result), now(), delegation_id),
+    )
+    updated = get_async_delegation(conn, delegation_id)
+    assert updated is not None
+    return updated
+
+
+def list_async_delegations(
+    conn: sqlite3.Connection, parent_session_id: str | None = None, *, pending_only: bool = False
+) -> list[dict[str, Any]]:
+    """Delegations oldest first, of one parent session or all; ``pending_only`` keeps those
+    not final yet."""
+    sql, params = "SELECT * FROM async_delegations WHERE 1 = 1", []
+    if parent_session_id is not None:
+        sql += " AND parent_session_id = ?"
+        params.append(parent_session_id)
+    if pending_only:
+        sql += " AND status IN ('pending', 'running')"
+    cursor = conn.execute(sql + " ORDER BY created_at, delegation_id", params)
+    return [_delegation(cursor, r) for r in cursor.fetchall()]

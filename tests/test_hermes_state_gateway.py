@@ -1,4 +1,4 @@
-"""Runtime epoch, admissions, worker executions and receipts."""
+"""Runtime epoch, admissions, worker ledgers and the gateway tables."""
 
 from __future__ import annotations
 
@@ -365,3 +365,104 @@ def test_prune_skips_a_session_with_live_work_until_it_is_resolved(db: SessionDB
     db.resolve_unknown_input(admission["id"], epoch=epoch, outcome="cancelled")
     assert db.prune_sessions(older_than_days=90) == 1
     assert db.get_session("old") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing, delivery obligations, async delegations
+# ---------------------------------------------------------------------------------------------
+
+
+def test_routing_entries_are_kept_per_scope(db: SessionDB) -> None:
+    db.save_gateway_routing_entry("k1", {"chat": 1})
+    db.save_gateway_routing_entry("k2", '{"chat": 2}')
+    db.save_gateway_routing_entry("k1", {"chat": "other bot"}, scope="bot-b")
+    db.save_gateway_routing_entry("k1", {"chat": 11})
+    assert db.load_gateway_routing_entries() == {"k1": {"chat": 11}, "k2": {"chat": 2}}
+    assert db.load_gateway_routing_entries(scope="bot-b") == {"k1": {"chat": "other bot"}}
+
+    assert db.replace_gateway_routing_entries({"k3": [3]}, scope="bot-b") == 1
+    assert db.load_gateway_routing_entries(scope="bot-b") == {"k3": [3]}
+    assert db.delete_gateway_routing_entries(["k1", "missing"]) == 1
+    assert db.load_gateway_routing_entries() == {"k2": {"chat": 2}}
+    assert db.load_gateway_routing_entries(scope="bot-b") == {"k3": [3]}
+    with pytest.raises(ValueError):
+        db.save_gateway_routing_entry("k4", "{not json")
+
+
+def test_any_number_of_routing_keys_can_be_deleted_at_once(db: SessionDB) -> None:
+    entries = {f"key-{i}": {"i": i} for i in range(10_050)}
+    assert db.replace_gateway_routing_entries(entries) == 10_050
+    doomed = (f"key-{i}" for i in range(10_000))
+    assert db.delete_gateway_routing_entries(doomed) == 10_000
+    assert sorted(db.load_gateway_routing_entries()) == sorted(f"key-{i}" for i in
+                                                               range(10_000, 10_050))
+
+
+def delivery_table_exists(db_path: Path) -> bool:
+    with sqlite3.connect(db_path) as raw:
+        return raw.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'delivery_obligations'"
+        ).fetchone() is not None
+
+
+def test_the_delivery_outbox_exists_only_after_first_use(db: SessionDB, db_path: Path) -> None:
+    assert not delivery_table_exists(db_path)
+    assert db.list_owed_deliveries() == []
+    assert db.get_delivery_obligation("k") is None
+    with pytest.raises(LedgerConflictError):
+        db.settle_delivery_obligation("k")
+    assert not delivery_table_exists(db_path), "reads and refusals create nothing"
+
+    db.record_delivery_obligation("k", platform="telegram", chat_id=42, payload={"text": "hi"})
+    assert delivery_table_exists(db_path)
+
+
+def test_owed_deliveries_are_listed_until_settled(db: SessionDB) -> None:
+    first = db.record_delivery_obligation(
+        "reply-1", platform="telegram", chat_id=42, payload={"text": "a"}, session_id="s1"
+    )
+    db.record_delivery_obligation("reply-2", platform="discord", chat_id="c", thread_id=7,
+                                  payload={"text": "b"})
+    again = db.record_delivery_obligation("reply-1", platform="telegram", chat_id=42,
+                                          payload={"text": "changed"})
+    assert (first["duplicate"], again["duplicate"], again["payload"]) == (
+        False, True, {"text": "a"}
+    )
+    assert [o["obligation_key"] for o in db.list_owed_deliveries()] == ["reply-1", "reply-2"]
+    assert [o["obligation_key"] for o in db.list_owed_deliveries(platform="discord")] == [
+        "reply-2"
+    ]
+    assert [o["chat_id"] for o in db.list_owed_deliveries(session_id="s1")] == ["42"]
+
+    failed = db.record_delivery_failure("reply-1", "HTTP 502")
+    assert (failed["status"], failed["attempts"], failed["last_error"]) == ("owed", 1, "HTTP 502")
+    settled = db.settle_delivery_obligation("reply-1")
+    assert (settled["status"], settled["settled_at"] is not None) == ("delivered", True)
+    db.settle_delivery_obligation("reply-2", outcome="abandoned")
+    assert db.list_owed_deliveries() == []
+    with pytest.raises(LedgerConflictError):
+        db.settle_delivery_obligation("reply-1")
+    with pytest.raises(LedgerConflictError):
+        db.record_delivery_failure("reply-1", "too late")
+
+
+def test_async_delegations_only_move_forward(db: SessionDB) -> None:
+    created = db.record_async_delegation("d1", "parent", task="summarise the repo")
+    assert (created["status"], created["duplicate"]) == ("pending", False)
+    assert db.record_async_delegation("d1", "parent")["duplicate"] is True
+    with pytest.raises(LedgerConflictError):
+        db.record_async_delegation("d1", "another parent")
+    db.record_async_delegation("d2", "parent")
+
+    running = db.update_async_delegation("d1", status="running", child_session_id="child")
+    assert (running["status"], running["child_session_id"]) == ("running", "child")
+    with pytest.raises(LedgerConflictError):
+        db.update_async_delegation("d1", status="pending")
+    done = db.update_async_delegation("d1", status="completed", result={"summary": "ok"})
+    assert (done["status"], done["result"], done["task"]) == (
+        "completed", {"summary": "ok"}, "summarise the repo"
+    )
+    with pytest.raises(LedgerConflictError):
+        db.update_async_delegation("d1", status="failed")
+    assert [d["delegation_id"] for d in db.list_async_delegations("parent")] == ["d1", "d2"]
+    assert [d["delegation_id"] for d in db.list_async_delegations(pending_only=True)] == ["d2"]
