@@ -657,5 +657,11 @@ class SessionDB:
     get_async_delegation = _reads(gateway.get_async_delegation)
     list_async_delegations = _reads(gateway.list_async_delegations)
 
+    # --- gateway: exception-path ownership ----------------------------------------------------
+
+    ingress_owner_marker = staticmethod(gateway.ingress_owner_marker)
+    find_owned_input = _reads(gateway.find_owned_input)
+    persist_exception_input = _writes(gateway.persist_exception_input, "transcript", spool=True)
+
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

@@ -1,4 +1,4 @@
-"""The gateway's runtime ledgers and its tables: outbox, routing, async delegations.
+"""The gateway's runtime ledgers and tables, and the ownership of inputs on its exception path.
 
 Every function takes the connection first and runs inside the caller's transaction (writes)
 or as a plain read; a refused ledger operation raises before it writes anything.
@@ -53,6 +53,25 @@ obligation recorded (reads of a store without it see nothing owed; nothing else 
 ``gateway_routing`` maps session keys to routing entries (JSON) within a scope.
 ``async_delegations`` tracks asynchronous delegations: ``pending`` → ``running`` →
 ``completed`` / ``failed`` / ``cancelled``; a finished delegation is final.
+
+**Exception-path ownership.** The gateway marks each accepted input with an owner marker
+(:func:`ingress_owner_marker`), carried in the message's ``display_metadata`` under
+``"owner_marker"`` (display metadata never reaches a provider). With a platform message id the
+marker is ``ingress:v1:msg:<sha256 hex>`` over platform, profile, scope, chat, thread and
+message id, so a redelivered platform event maps to the same marker while
+``platform_message_id`` itself stays as the platform sent it; without one it is
+``ingress:v1:turn:<uuid4 hex>``, fresh for every turn even when text and time are identical.
+
+When the gateway fails after accepting an input, :func:`persist_exception_input` writes it only
+if no row already owns the marker. It looks for the marker and nothing else — never at bodies,
+never at unmarked rows — in the sessions :func:`owner_search_order` lists: the published
+forwarding target (``successor_session_id``, followed to its end), the canonical current
+compression successor (the tip), then the compression ancestors. Active rows and compression
+archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) and observed
+inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
+read, :class:`OwnerLookupError` is raised and nothing is appended on a guess. Past rows are
+never rewritten and nothing is de-duplicated by content. When the agent reports that it owns
+persistence, the gateway writes nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +79,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -73,11 +93,21 @@ from hermes_state_common import (
     split_sql,
     table_exists,
 )
-from hermes_state_errors import LedgerConflictError, ReceiptRejectedError, StaleEpochError
+from hermes_state_compression import compression_ancestors, get_compression_tip
+from hermes_state_errors import (
+    LedgerConflictError,
+    OwnerLookupError,
+    ReceiptRejectedError,
+    StaleEpochError,
+    is_sqlite_lock_error,
+)
+from hermes_state_messages import insert_message
+from hermes_state_runtime import gateway_should_persist
 from hermes_state_sessions import require_session, row_to_dict
 
 __all__ = [
     "OUTCOMES",
+    "OWNER_MARKER_KEY",
     "begin_runtime_epoch",
     "get_runtime_epoch",
     "admit_input",
@@ -107,9 +137,15 @@ __all__ = [
     "update_async_delegation",
     "get_async_delegation",
     "list_async_delegations",
+    "ingress_owner_marker",
+    "with_owner_marker",
+    "owner_search_order",
+    "find_owned_input",
+    "persist_exception_input",
 ]
 
 OUTCOMES = frozenset({"completed", "failed", "cancelled"})
+OWNER_MARKER_KEY = "owner_marker"
 
 
 def _check_text(name: str, value: Any) -> str:
@@ -815,3 +851,190 @@ def list_async_delegations(
         sql += " AND status IN ('pending', 'running')"
     cursor = conn.execute(sql + " ORDER BY created_at, delegation_id", params)
     return [_delegation(cursor, r) for r in cursor.fetchall()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exception-path ownership
+# ---------------------------------------------------------------------------------------------
+
+_MARKER_PARTS = ("platform", "profile", "scope", "chat_id", "thread_id", "platform_message_id")
+
+
+def _marker_part(name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"{name} must be a string, an int or None, got {type(value).__name__}")
+    return clean_text(str(value))
+
+
+def ingress_owner_marker(
+    platform: str,
+    profile: str | None,
+    scope: str | None,
+    chat_id: str | int | None,
+    thread_id: str | int | None,
+    platform_message_id: str | int | None,
+) -> str:
+    """The owner marker of an accepted input (see the module docstring for the format).
+
+    Deterministic for a platform message id (None and ``""`` count as the same empty part,
+    an int as its decimal string); a fresh random marker for a keyless turn.
+    """
+    _check_text("platform", platform)
+    if platform_message_id is None or platform_message_id == "":
+        return f"ingress:v1:turn:{uuid.uuid4().hex}"
+    parts = [
+        _marker_part(name, value)
+        for name, value in zip(
+            _MARKER_PARTS,
+            (platform, profile, scope, chat_id, thread_id, platform_message_id),
+            strict=True,
+        )
+    ]
+    # A JSON array keeps the parts apart: no separator inside a part can shift a boundary.
+    text = json.dumps(["hermes-ingress", *parts], ensure_ascii=False, separators=(",", ":"))
+    return f"ingress:v1:msg:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+
+
+def with_owner_marker(display_metadata: Mapping[str, Any] | None, marker: str) -> dict[str, Any]:
+    """A copy of ``display_metadata`` carrying ``marker``: what the gateway hands the agent's
+    normal persistence with an accepted input."""
+    _check_text("marker", marker)
+    if display_metadata is None:
+        display_metadata = {}
+    if not isinstance(display_metadata, Mapping):
+        raise TypeError("display_metadata must be a mapping to carry an owner marker")
+    present = display_metadata.get(OWNER_MARKER_KEY)
+    if present is not None and present != marker:
+        raise ValueError(f"display_metadata already carries owner marker {present!r}")
+    return {**display_metadata, OWNER_MARKER_KEY: marker}
+
+
+# Published forwarding: the successor of a session, when that session exists.
+FORWARD_SQL = """
+SELECT s.successor_session_id FROM sessions s JOIN sessions t ON t.id = s.successor_session_id
+WHERE s.id = ?
+"""
+# The marker only: bodies are never read or compared; rows whose metadata is not JSON are
+# simply not owners. Revoked rows and observed inputs do not own anything.
+OWNED_INPUT_SQL = """
+SELECT id, session_id, role, message_uid, timestamp, active, observed, effect_disposition,
+       platform_message_id, display_metadata
+FROM messages
+WHERE session_id = ? AND display_metadata IS NOT NULL
+  AND CASE WHEN json_valid(display_metadata)
+           THEN json_extract(display_metadata, '$.owner_marker') END = ?
+  AND COALESCE(observed, 0) = 0
+  AND (effect_disposition IS NULL OR effect_disposition <> 'revoked')
+ORDER BY active DESC, id
+LIMIT 1
+"""
+_OWNED_COLUMNS = (
+    "id", "session_id", "role", "message_uid", "timestamp", "active", "observed",
+    "effect_disposition", "platform_message_id", "display_metadata",
+)
+
+
+def _forwarding_chain(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """The published successors of ``session_id``, followed in order (cycles stop)."""
+    chain: list[str] = []
+    seen = {session_id}
+    current = session_id
+    while (row := conn.execute(FORWARD_SQL, (current,)).fetchone()) is not None:
+        current = row[0]
+        if current in seen:
+            break
+        seen.add(current)
+        chain.append(current)
+    return chain
+
+
+def owner_search_order(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Where an input accepted for ``session_id`` may be stored, in search order; the first
+    entry is where the exception path appends (the live session). Empty for an unknown
+    session.
+
+    1. the published forwarding target (the end of the ``successor_session_id`` chain);
+    2. the canonical current compression successor (the compression tip);
+    3. the compression ancestors: the forwarding chain back towards the session, then the
+       compression ancestors of the target, of the tip and of the session itself.
+    """
+    forwarded = _forwarding_chain(conn, session_id)
+    tip = get_compression_tip(conn, session_id)
+    order: list[str] = []
+
+    def add(candidates: Iterable[str | None]) -> None:
+        order.extend(c for c in candidates if c is not None and c not in order)
+
+    add(forwarded[-1:])
+    add([tip])
+    add(reversed(forwarded))
+    for start in (*forwarded[-1:], tip, session_id):
+        if start is not None:
+            add(compression_ancestors(conn, start))
+    return order
+
+
+def _find_owned(
+    conn: sqlite3.Connection, order: Iterable[str], marker: str
+) -> dict[str, Any] | None:
+    for session_id in order:
+        row = conn.execute(OWNED_INPUT_SQL, (session_id, marker)).fetchone()
+        if row is not None:
+            owned = dict(zip(_OWNED_COLUMNS, row, strict=True))
+            owned["active"], owned["observed"] = bool(owned["active"]), bool(owned["observed"])
+            owned["display_metadata"] = decode_json(owned["display_metadata"])
+            return owned
+    return None
+
+
+def find_owned_input(
+    conn: sqlite3.Connection, session_id: str, marker: str
+) -> dict[str, Any] | None:
+    """The row that owns ``marker`` for ``session_id`` (searched as :func:`owner_search_order`
+    lists), or None. The row comes without its bodies: ``id, session_id, role, message_uid,
+    timestamp, active, observed, effect_disposition, platform_message_id,
+    display_metadata``."""
+    return _find_owned(conn, owner_search_order(conn, session_id), _check_text("marker", marker))
+
+
+def persist_exception_input(
+    conn: sqlite3.Connection,
+    session_id: str,
+    content: str | None,
+    *,
+    marker: str,
+    role: str = "user",
+    agent_owns_persistence: bool = False,
+    **fields: Any,
+) -> tuple[str, int | None]:
+    """Write an accepted input on the gateway's exception path, unless a row already owns it.
+
+    Returns ``("existing", row_id)`` when the marker is found (nothing written),
+    ``("appended", row_id)`` after appending it, with the marker in ``display_metadata``, to
+    the live session of :func:`owner_search_order`, or ``("agent_owned", None)`` when the
+    agent owns persistence (nothing read or written). ``fields`` are further
+    ``append_message`` fields. Raises :class:`OwnerLookupError`, appending nothing, when the
+    owner lookup cannot be read; a lock error is left to the write wrapper, which retries
+    lookup and append together.
+    """
+    if not gateway_should_persist(agent_owns_persistence):
+        return ("agent_owned", None)
+    _check_text("marker", marker)
+    try:
+        order = owner_search_order(conn, session_id)
+        owned = _find_owned(conn, order, marker)
+    except sqlite3.Error as exc:
+        if is_sqlite_lock_error(exc):
+            raise
+        raise OwnerLookupError(
+            f"could not read the owner of input {marker} for session {session_id}: {exc}"
+        ) from exc
+    if owned is not None:
+        return ("existing", int(owned["id"]))
+    fields["display_metadata"] = with_owner_marker(fields.get("display_metadata"), marker)
+    target = order[0] if order else session_id
+    row_id = insert_message(conn, target, {**fields, "role": role, "content": content})
+    return ("appended", row_id)
+

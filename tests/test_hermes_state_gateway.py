@@ -1,4 +1,4 @@
-"""Runtime epoch, admissions, worker ledgers and the gateway tables."""
+"""Runtime epoch, admissions, worker ledgers, gateway tables and exception-path ownership."""
 
 from __future__ import annotations
 
@@ -14,18 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hermes_state import SessionDB
 from hermes_state_errors import (
     LedgerBusyError,
     LedgerConflictError,
+    OwnerLookupError,
     ReceiptRejectedError,
     SessionNotFoundError,
     StaleEpochError,
 )
-from hermes_state_gateway import canonical_json, receipt_digest
+from hermes_state_gateway import canonical_json, receipt_digest, with_owner_marker
 
 
 def ledger_rows(db_path: Path, table: str, session_id: str) -> int:
@@ -466,3 +467,181 @@ def test_async_delegations_only_move_forward(db: SessionDB) -> None:
         db.update_async_delegation("d1", status="failed")
     assert [d["delegation_id"] for d in db.list_async_delegations("parent")] == ["d1", "d2"]
     assert [d["delegation_id"] for d in db.list_async_delegations(pending_only=True)] == ["d2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exception-path ownership
+# ---------------------------------------------------------------------------------------------
+
+PARTS = ("telegram", "coder", "dm", 1001, None, 555)
+
+
+def test_a_platform_message_maps_to_one_marker_per_all_six_parts() -> None:
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    assert marker == SessionDB.ingress_owner_marker("telegram", "coder", "dm", "1001", "", "555")
+    assert marker.startswith("ingress:v1:msg:") and len(marker) == len("ingress:v1:msg:") + 64
+    variants = {
+        SessionDB.ingress_owner_marker(*PARTS[:i], "other", *PARTS[i + 1:]) for i in range(6)
+    }
+    assert len(variants) == 6 and marker not in variants
+    # Parts are kept apart: moving text across a boundary changes the marker.
+    assert SessionDB.ingress_owner_marker("a", "b:c", "", "", "", "1") != (
+        SessionDB.ingress_owner_marker("a", "b", "c", "", "", "1")
+    )
+
+
+def test_identical_keyless_turns_get_distinct_markers() -> None:
+    markers = {SessionDB.ingress_owner_marker("api", "default", "", "c", None, None)
+               for _ in range(100)}
+    assert len(markers) == 100
+    assert all(m.startswith("ingress:v1:turn:") for m in markers)
+
+
+def accept(db: SessionDB, session_id: str, marker: str, text: str = "hello", **fields: Any) -> int:
+    """The agent's normal persistence of an input the gateway marked."""
+    return db.append_message(
+        session_id, "user", text, platform_message_id="555",
+        display_metadata=with_owner_marker({"sender": "alice"}, marker), **fields,
+    )
+
+
+def test_the_marker_never_reaches_the_provider(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    accept(db, "s1", marker)
+    stored = db.get_messages("s1")[0]
+    assert stored["display_metadata"] == {"sender": "alice", "owner_marker": marker}
+    assert stored["platform_message_id"] == "555"
+    replay = db.get_messages_as_conversation("s1")
+    assert marker not in json.dumps(replay)
+
+
+def test_an_input_found_in_the_published_successor_is_not_appended(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    db.append_message("s1", "user", "earlier")
+    db.publish_compression_child("s1", "s2", "telegram", db.get_messages("s1"))
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    row_id = accept(db, "s2", marker)  # the agent wrote it to the live session
+
+    owned = db.find_owned_input("s1", marker)
+    assert (owned["id"], owned["session_id"], owned["active"]) == (row_id, "s2", True)
+    assert "content" not in owned, "bodies are not read"
+    assert db.persist_exception_input("s1", "hello", marker=marker) == ("existing", row_id)
+    assert len(db.get_messages("s2")) == 2
+
+
+def test_an_input_found_in_a_compression_ancestor_is_not_appended(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    row_id = accept(db, "s1", marker)
+    db.publish_compression_child("s1", "s2", "telegram", [{"role": "user", "content": "sum"}])
+
+    assert db.find_owned_input("s2", marker)["session_id"] == "s1"
+    assert db.persist_exception_input("s2", "hello", marker=marker) == ("existing", row_id)
+    assert [m["content"] for m in db.get_messages("s2")] == ["sum"]
+
+
+def test_an_input_found_in_an_archived_generation_is_not_appended(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    row_id = accept(db, "s1", marker)
+    db.archive_and_compact("s1", [{"role": "user", "content": "summary"}])
+
+    owned = db.find_owned_input("s1", marker)
+    assert (owned["id"], owned["active"]) == (row_id, False)
+    assert db.persist_exception_input("s1", "hello", marker=marker) == ("existing", row_id)
+    assert [m["content"] for m in db.get_messages("s1")] == ["summary"]
+
+
+@pytest.mark.parametrize(
+    "not_an_owner",
+    [{"effect_disposition": "revoked"}, {"observed": True}],
+    ids=["revoked", "observed"],
+)
+def test_revoked_and_observed_rows_do_not_own_an_input(
+    db: SessionDB, not_an_owner: dict[str, Any]
+) -> None:
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    accept(db, "s1", marker, **not_an_owner)
+    assert db.find_owned_input("s1", marker) is None
+    outcome, row_id = db.persist_exception_input("s1", "hello", marker=marker)
+    assert outcome == "appended"
+    assert db.find_owned_input("s1", marker)["id"] == row_id
+
+
+def test_identical_text_without_the_marker_does_not_own_an_input(
+    db: SessionDB, db_path: Path
+) -> None:
+    db.create_session("s1", "telegram")
+    db.append_message("s1", "user", "hello", platform_message_id="555", timestamp=5.0)
+    accept(db, "s1", SessionDB.ingress_owner_marker("telegram", "coder", "dm", 1001, None, 556))
+    with sqlite3.connect(db_path) as raw:  # a foreign writer's metadata that is not JSON
+        raw.execute("UPDATE messages SET display_metadata = '{oops' WHERE id = 1")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+
+    outcome, row_id = db.persist_exception_input(
+        "s1", "hello", marker=marker, platform_message_id="555", timestamp=5.0
+    )
+    assert outcome == "appended"
+    appended = db.get_messages("s1")[-1]
+    assert (appended["id"], appended["content"], appended["platform_message_id"]) == (
+        row_id, "hello", "555"
+    )
+    assert appended["display_metadata"] == {"owner_marker": marker}
+    assert db.persist_exception_input("s1", "hello", marker=marker) == ("existing", row_id)
+    assert len(db.get_messages("s1")) == 3
+
+
+def test_an_exception_input_is_appended_to_the_live_session(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    db.publish_compression_child("s1", "s2", "telegram", [])
+    db.publish_compression_child("s2", "s3", "telegram", [])
+    marker = SessionDB.ingress_owner_marker("api", "default", "", "c", None, None)
+
+    outcome, row_id = db.persist_exception_input("s1", "hello", marker=marker)
+    assert outcome == "appended"
+    assert [m["id"] for m in db.get_messages("s3")] == [row_id]
+    assert db.get_session("s3")["message_count"] == 1
+    with pytest.raises(SessionNotFoundError):
+        db.persist_exception_input("missing", "hello", marker=marker)
+
+
+def test_nothing_is_appended_when_the_owner_read_fails(db: SessionDB, db_path: Path) -> None:
+    """The owner lookup follows ``successor_session_id``; a separate connection drops that
+    column, so the lookup fails for real while the append path (messages and the session
+    counters) stays intact — a plain append still works afterwards."""
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("ALTER TABLE sessions DROP COLUMN successor_session_id")
+
+    with pytest.raises(OwnerLookupError) as caught:
+        db.persist_exception_input("s1", "hello", marker=marker)
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    assert db.get_messages("s1") == []
+    assert db.get_session("s1")["message_count"] == 0
+    db.append_message("s1", "user", "the append path itself works")
+    assert len(db.get_messages("s1")) == 1
+
+
+def test_the_gateway_writes_nothing_when_the_agent_owns_persistence(db: SessionDB) -> None:
+    db.create_session("s1", "telegram")
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+    assert db.persist_exception_input(
+        "s1", "hello", marker=marker, agent_owns_persistence=True
+    ) == ("agent_owned", None)
+    assert db.get_messages("s1") == []
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(), st.text())
+def test_the_exception_path_never_appends_twice(db: SessionDB, text: str, chat: str) -> None:
+    session_id = f"p{time.monotonic_ns()}"
+    db.create_session(session_id, "telegram")
+    marker = SessionDB.ingress_owner_marker("telegram", "p", "", chat, None, text or "k")
+    first = db.persist_exception_input(session_id, text, marker=marker)
+    second = db.persist_exception_input(session_id, text + "!", marker=marker)
+    assert (first[0], second) == ("appended", ("existing", first[1]))
+    assert len(db.get_messages(session_id)) == 1
