@@ -69,8 +69,9 @@ forwarding target (``successor_session_id``, followed to its end), the canonical
 compression successor (the tip), then the compression ancestors. Active rows and compression
 archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) and observed
 inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
-read, :class:`OwnerLookupError` is raised and nothing is appended on a guess. Past rows are
-never rewritten and nothing is de-duplicated by content. When the agent reports that it owns
+read, :class:`OwnerLookupError` is raised and nothing is appended on a guess (a corrupt file
+quarantines the handle instead, as any write that meets corruption does). Past rows are never
+rewritten and nothing is de-duplicated by content. When the agent reports that it owns
 persistence, the gateway writes nothing.
 """
 
@@ -99,6 +100,7 @@ from hermes_state_errors import (
     OwnerLookupError,
     ReceiptRejectedError,
     StaleEpochError,
+    is_corruption_error,
     is_sqlite_lock_error,
 )
 from hermes_state_messages import insert_message
@@ -1015,9 +1017,13 @@ def persist_exception_input(
     ``("appended", row_id)`` after appending it, with the marker in ``display_metadata``, to
     the live session of :func:`owner_search_order`, or ``("agent_owned", None)`` when the
     agent owns persistence (nothing read or written). ``fields`` are further
-    ``append_message`` fields. Raises :class:`OwnerLookupError`, appending nothing, when the
-    owner lookup cannot be read; a lock error is left to the write wrapper, which retries
-    lookup and append together.
+    ``append_message`` fields.
+
+    Raises :class:`OwnerLookupError`, appending nothing, when the owner lookup cannot be read.
+    Two read failures are the write wrapper's instead: a lock error (it retries lookup and
+    append together) and file corruption (it quarantines the handle and raises
+    :class:`StateDbCorruptError`; the call's arguments are spooled to
+    ``<home>/sessions/<id>.jsonl`` to be replayed through this function, never appended).
     """
     if not gateway_should_persist(agent_owns_persistence):
         return ("agent_owned", None)
@@ -1026,8 +1032,8 @@ def persist_exception_input(
         order = owner_search_order(conn, session_id)
         owned = _find_owned(conn, order, marker)
     except sqlite3.Error as exc:
-        if is_sqlite_lock_error(exc):
-            raise
+        if is_sqlite_lock_error(exc) or is_corruption_error(exc):
+            raise  # the write wrapper retries, or quarantines the handle
         raise OwnerLookupError(
             f"could not read the owner of input {marker} for session {session_id}: {exc}"
         ) from exc

@@ -3,7 +3,8 @@ so nothing here can reach a real home even by accident."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,24 @@ def db(db_path: Path) -> Iterator[SessionDB]:
         yield handle
     finally:
         handle.close()
+
+
+def _damage_messages_table(db_path: Path) -> None:
+    """Overwrite the root page of a closed store's ``messages`` b-tree: real corruption of a
+    canonical table (not of a search index), met by the next write that touches messages."""
+    raw = sqlite3.connect(db_path)
+    try:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'")
+        root = page.fetchone()[0]
+        size = raw.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        raw.close()
+    with open(db_path, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xff" * size)
+
+
+@pytest.fixture
+def damage_messages_table() -> Callable[[Path], None]:
+    return _damage_messages_table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,11 @@ from hypothesis import strategies as st
 
 from hermes_state import SessionDB
 from hermes_state_compression import holder_is_gone, lock_holder_name
-from hermes_state_errors import CompressionConflictError, SessionNotFoundError
+from hermes_state_errors import (
+    CompressionConflictError,
+    SessionNotFoundError,
+    StateDbCorruptError,
+)
 
 
 def seed_conversation(db: SessionDB, session_id: str = "s1") -> list[dict[str, Any]]:
@@ -231,6 +237,32 @@ def test_compression_lifts_an_automatic_archive_but_not_a_deliberate_one(
     db.publish_compression_child("kept", "kept2", "cli", [{"role": "user", "content": "s"}])
     assert db.get_session("auto")["archived"] == 0
     assert db.get_session("kept")["archived"] == 1
+
+
+def test_a_compression_refused_by_a_corrupt_file_is_spooled(
+    db_path: Path, hermes_home: Path, damage_messages_table: Callable[[Path], None]
+) -> None:
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        rows = seed_conversation(db)
+    damage_messages_table(db_path)
+    summary = {"role": "user", "content": "summary worth keeping", "timestamp": 9.0}
+
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        with pytest.raises(StateDbCorruptError) as split:
+            db.publish_compression_child("s1", "s2", "cli", [summary])
+        assert db.quarantined
+    assert split.value.spooled_to == hermes_home / "sessions" / "s2.jsonl"
+    assert [json.loads(line) for line in split.value.spooled_to.read_text().splitlines()] == [
+        {"session_id": "s2", **summary}
+    ]
+
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        with pytest.raises(StateDbCorruptError) as in_place:
+            db.archive_and_compact("s1", [rows[0], summary])
+    spooled = [json.loads(line) for line in in_place.value.spooled_to.read_text().splitlines()]
+    assert in_place.value.spooled_to.name == "s1.jsonl"
+    assert [r["content"] for r in spooled] == ["You are helpful.", "summary worth keeping"]
+    assert spooled[0]["message_uid"] == rows[0]["message_uid"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from hermes_state_errors import (
     ReceiptRejectedError,
     SessionNotFoundError,
     StaleEpochError,
+    StateDbCorruptError,
 )
 from hermes_state_gateway import canonical_json, receipt_digest, with_owner_marker
 
@@ -623,6 +625,35 @@ def test_nothing_is_appended_when_the_owner_read_fails(db: SessionDB, db_path: P
     assert db.get_session("s1")["message_count"] == 0
     db.append_message("s1", "user", "the append path itself works")
     assert len(db.get_messages("s1")) == 1
+
+
+def test_a_corrupt_file_quarantines_the_exception_path_and_spools_a_replayable_call(
+    db_path: Path, hermes_home: Path, damage_messages_table: Callable[[Path], None]
+) -> None:
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        db.create_session("s1", "telegram")
+        db.append_message("s1", "user", "earlier")
+    intact = db_path.with_name("intact.db")
+    with sqlite3.connect(db_path) as raw, sqlite3.connect(intact) as copy:
+        raw.backup(copy)
+    raw.close()
+    copy.close()
+    damage_messages_table(db_path)
+    marker = SessionDB.ingress_owner_marker(*PARTS)
+
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        with pytest.raises(StateDbCorruptError) as caught:
+            db.persist_exception_input("s1", "hello", marker=marker, platform_message_id="555")
+        assert db.quarantined, "corruption met by the owner read quarantines like any write"
+    assert caught.value.spooled_to == hermes_home / "sessions" / "s1.jsonl"
+    (record,) = [json.loads(line) for line in caught.value.spooled_to.read_text().splitlines()]
+    assert record == {"session_id": "s1", "content": "hello", "marker": marker,
+                      "platform_message_id": "555"}
+
+    with SessionDB(intact, rebuild_fts=False) as db:  # replayed where the store is whole
+        outcome, row_id = db.persist_exception_input(**record)
+        assert outcome == "appended"
+        assert db.persist_exception_input(**record) == ("existing", row_id)
 
 
 def test_the_gateway_writes_nothing_when_the_agent_owns_persistence(db: SessionDB) -> None:
