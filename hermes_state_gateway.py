@@ -156,6 +156,11 @@ def _check_text(name: str, value: Any) -> str:
     return clean_text(value)
 
 
+def _payload_json(payload: Any) -> str:
+    """JSON text of a payload column (NOT NULL): None is stored as JSON ``null``."""
+    return encode_json(payload) or "null"
+
+
 def _check_outcome(outcome: Any) -> str:
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
@@ -284,7 +289,7 @@ def admit_input(
     request = None if request_id is None else _check_text("request_id", request_id)
     cursor = conn.execute(
         INSERT_ADMISSION_SQL,
-        (session_id, principal, request, _check_text("intent", intent), encode_json(payload),
+        (session_id, principal, request, _check_text("intent", intent), _payload_json(payload),
          now()),
     )
     if cursor.rowcount:
@@ -615,7 +620,7 @@ def record_delivery_obligation(
     cursor = conn.execute(
         INSERT_OBLIGATION_SQL,
         (clean_optional(session_id), _check_text("platform", platform),
-         _chat_part("chat_id", chat_id), thread, obligation_key, encode_json(payload),
+         _chat_part("chat_id", chat_id), thread, obligation_key, _payload_json(payload),
          stamp, stamp),
     )
     obligation = _existing_obligation(conn, obligation_key)
@@ -925,13 +930,13 @@ SELECT id, session_id, role, message_uid, timestamp, active, observed, effect_di
        platform_message_id, display_metadata
 FROM messages
 WHERE session_id = ? AND display_metadata IS NOT NULL
-  AND CASE WHEN json_valid(display_metadata)
-           THEN json_extract(display_metadata, '$.owner_marker') END = ?
+  AND CASE WHEN json_valid(display_metadata) THEN json_extract(display_metadata, ?) END = ?
   AND COALESCE(observed, 0) = 0
   AND (effect_disposition IS NULL OR effect_disposition <> 'revoked')
 ORDER BY active DESC, id
 LIMIT 1
 """
+_MARKER_PATH = f"$.{OWNER_MARKER_KEY}"
 _OWNED_COLUMNS = (
     "id", "session_id", "role", "message_uid", "timestamp", "active", "observed",
     "effect_disposition", "platform_message_id", "display_metadata",
@@ -982,7 +987,7 @@ def _find_owned(
     conn: sqlite3.Connection, order: Iterable[str], marker: str
 ) -> dict[str, Any] | None:
     for session_id in order:
-        row = conn.execute(OWNED_INPUT_SQL, (session_id, marker)).fetchone()
+        row = conn.execute(OWNED_INPUT_SQL, (session_id, _MARKER_PATH, marker)).fetchone()
         if row is not None:
             owned = dict(zip(_OWNED_COLUMNS, row, strict=True))
             owned["active"], owned["observed"] = bool(owned["active"]), bool(owned["observed"])

@@ -65,6 +65,13 @@ def test_admitting_the_same_request_twice_returns_the_first_admission(db: Sessio
     assert [a["id"] for a in db.list_admissions("s1")] == sorted(ids)
 
 
+def test_an_input_without_a_payload_is_admitted_as_null(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    assert db.admit_input("s1", None)["payload"] is None
+    obligation = db.record_delivery_obligation("k", platform="p", chat_id=1, payload=None)
+    assert obligation["payload"] is None
+
+
 def test_an_input_for_an_unknown_session_is_refused(db: SessionDB) -> None:
     with pytest.raises(SessionNotFoundError):
         db.admit_input("nope", {"text": "hi"})
