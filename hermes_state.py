@@ -42,6 +42,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
+import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
@@ -57,9 +58,14 @@ from hermes_state_common import (
     resolve_profile_home,
 )
 from hermes_state_errors import (
+    CompressionConflictError,
     FtsCorruptError,
     HermesStateError,
     LedgerBusyError,
+    LedgerConflictError,
+    OwnerLookupError,
+    ReceiptRejectedError,
+    StaleEpochError,
     SessionNotFoundError,
     StateDbClosedError,
     StateDbCorruptError,
@@ -89,6 +95,11 @@ __all__ = [
     "FtsCorruptError",
     "StateDbUnavailableError",
     "LedgerBusyError",
+    "LedgerConflictError",
+    "StaleEpochError",
+    "ReceiptRejectedError",
+    "OwnerLookupError",
+    "CompressionConflictError",
     "SessionNotFoundError",
     "TitleConflictError",
     "UnsafePathError",
@@ -143,15 +154,22 @@ def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Callable[...,
 
 
 def _writes(
-    fn: Callable[Concatenate[sqlite3.Connection, P], T], kind: str = "write", *, spool: bool = False
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    kind: str = "write",
+    *,
+    spool: bool | tuple[str, str] = False,
 ) -> Callable[..., T]:
     """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
 
-    With ``spool=True`` (transcript writes) the message(s) of a write refused because the
-    file is corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
-    :class:`StateDbCorruptError` names that file in ``spooled_to``.
+    With ``spool`` (transcript writes) the message(s) of a write refused because the file is
+    corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
+    :class:`StateDbCorruptError` names that file in ``spooled_to``. ``spool=True`` reads the
+    ``session_id`` and ``messages`` parameters; a pair names them instead. Without a messages
+    argument the call's own arguments (``**`` keywords flattened) are the one record.
     """
     signature = inspect.signature(fn)
+    params = ("session_id", "messages") if spool is True else spool or ("", "")
+    session_param, messages_param = params
 
     @functools.wraps(fn)
     def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -163,10 +181,8 @@ def _writes(
         except StateDbCorruptError as exc:
             if spool:
                 bound = signature.bind(None, *args, **kwargs).arguments
-                session_id = str(bound["session_id"])
-                records = bound.get("messages") or [
-                    {k: v for k, v in bound.items() if k != "conn"}
-                ]
+                session_id = str(bound[session_param])
+                records = bound.get(messages_param) or [_call_record(signature, bound)]
                 exc.spooled_to = common.spool_transcript(
                     session_id, [{"session_id": session_id, **r} for r in records]
                 )
@@ -174,6 +190,16 @@ def _writes(
 
     method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
     return method
+
+
+def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for name, value in bound.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            record.update(value)
+        elif name != "conn":
+            record[name] = value
+    return record
 
 
 class SessionDB:
@@ -619,6 +645,59 @@ class SessionDB:
             if not self.read_only and self._quarantined is None:
                 self._write(fts.detach_index)
             return self._read(lambda c: search.search_messages(c, *args, use_index=False))
+
+    # --- compression --------------------------------------------------------------------------
+
+    archive_and_compact = _writes(
+        compression.archive_and_compact, "transcript", spool=("session_id", "compacted_messages")
+    )
+    publish_compression_child = _writes(
+        compression.publish_compression_child, "transcript", spool=("child_session_id", "messages")
+    )
+    try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
+    refresh_compression_lock = _writes(compression.refresh_compression_lock)
+    release_compression_lock = _writes(compression.release_compression_lock)
+    get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
+
+    # --- gateway: runtime epoch, admissions, workers ------------------------------------------
+
+    begin_runtime_epoch = _writes(gateway.begin_runtime_epoch)
+    get_runtime_epoch = _reads(gateway.get_runtime_epoch)
+    admit_input = _writes(gateway.admit_input)
+    claim_next_input = _writes(gateway.claim_next_input)
+    settle_input = _writes(gateway.settle_input)
+    resolve_unknown_input = _writes(gateway.resolve_unknown_input)
+    get_admission = _reads(gateway.get_admission)
+    list_admissions = _reads(gateway.list_admissions)
+    receipt_digest = staticmethod(gateway.receipt_digest)
+    register_worker_execution = _writes(gateway.register_worker_execution)
+    record_worker_receipt = _writes(gateway.record_worker_receipt)
+    finish_worker_execution = _writes(gateway.finish_worker_execution)
+    resolve_unknown_execution = _writes(gateway.resolve_unknown_execution)
+    list_worker_executions = _reads(gateway.list_worker_executions)
+    list_worker_receipts = _reads(gateway.list_worker_receipts)
+
+    # --- gateway: outbox, routing, delegations ------------------------------------------------
+
+    record_delivery_obligation = _writes(gateway.record_delivery_obligation)
+    record_delivery_failure = _writes(gateway.record_delivery_failure)
+    settle_delivery_obligation = _writes(gateway.settle_delivery_obligation)
+    get_delivery_obligation = _reads(gateway.get_delivery_obligation)
+    list_owed_deliveries = _reads(gateway.list_owed_deliveries)
+    save_gateway_routing_entry = _writes(gateway.save_gateway_routing_entry)
+    load_gateway_routing_entries = _reads(gateway.load_gateway_routing_entries)
+    replace_gateway_routing_entries = _writes(gateway.replace_gateway_routing_entries)
+    delete_gateway_routing_entries = _writes(gateway.delete_gateway_routing_entries)
+    record_async_delegation = _writes(gateway.record_async_delegation)
+    update_async_delegation = _writes(gateway.update_async_delegation)
+    get_async_delegation = _reads(gateway.get_async_delegation)
+    list_async_delegations = _reads(gateway.list_async_delegations)
+
+    # --- gateway: exception-path ownership ----------------------------------------------------
+
+    ingress_owner_marker = staticmethod(gateway.ingress_owner_marker)
+    find_owned_input = _reads(gateway.find_owned_input)
+    persist_exception_input = _writes(gateway.persist_exception_input, "transcript", spool=True)
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"

@@ -655,6 +655,12 @@ CREATE INDEX IF NOT EXISTS idx_admissions_session
     ON session_admissions(session_id, status, id);
 CREATE INDEX IF NOT EXISTS idx_worker_executions_session
     ON worker_executions(session_id, status);
+CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(status, epoch)
+    WHERE status IN ('queued', 'started', 'unknown');
+CREATE INDEX IF NOT EXISTS idx_worker_executions_live ON worker_executions(status, epoch)
+    WHERE status IN ('registered', 'running', 'unknown');
+CREATE INDEX IF NOT EXISTS idx_async_delegations_parent
+    ON async_delegations(parent_session_id, status);
 """
 
 # The three full-text indexes are external-content FTS5 tables over `messages` (rowid = message

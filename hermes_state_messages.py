@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
-from hermes_state_compression import get_session_ancestors
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import SessionNotFoundError
+from hermes_state_sessions import session_ancestors
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -327,7 +327,7 @@ def get_messages_as_conversation(
     ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
     ids = [session_id]
     if include_ancestors:
-        ids = [r["id"] for r in reversed(get_session_ancestors(conn, session_id))]
+        ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
     return conversation(conn, ids, include_row_ids=include_row_ids)
 
 

@@ -716,6 +716,27 @@ def prune_sessions(
     return pruned
 
 
+# The seed's ancestors query: the session first, then each parent in turn.
+ANCESTORS_SQL = """
+WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
+    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
+    UNION
+    SELECT s.id, s.parent_session_id, l.depth + 1
+    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
+    WHERE l.depth < 10000
+)
+SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
+FROM lineage l JOIN sessions s ON s.id = l.id
+ORDER BY l.depth
+"""
+
+
+def session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """The session and its ancestors, nearest first (empty when the session is unknown)."""
+    cursor = conn.execute(ANCESTORS_SQL, (session_id,))
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+
 COMPRESSION_CHAIN_SQL = """
 WITH RECURSIVE
 up(id, parent, reason) AS (

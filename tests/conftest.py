@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -153,3 +154,23 @@ def hold_write_lock() -> HoldWriteLock:
     """``with hold_write_lock(path, seconds=None) as proc:`` — another process holds the write
     lock of ``path`` (for ``seconds``, or until the block ends)."""
     return _holding_write_lock
+
+def _damage_messages_table(db_path: Path) -> None:
+    """Overwrite the root page of a closed store's ``messages`` b-tree: real corruption of a
+    canonical table (not of a search index), met by the next write that touches messages."""
+    raw = sqlite3.connect(db_path)
+    try:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'")
+        root = page.fetchone()[0]
+        size = raw.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        raw.close()
+    with open(db_path, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xff" * size)
+
+
+@pytest.fixture
+def damage_messages_table() -> Callable[[Path], None]:
+    return _damage_messages_table
