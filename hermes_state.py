@@ -556,6 +556,8 @@ class SessionDB:
     list_sessions_rich = _reads(sessions.list_sessions_rich)
     search_sessions = _reads(sessions.search_sessions)
     session_count = _reads(sessions.session_count)
+    set_session_archived = _writes(sessions.set_session_archived)
+    auto_archive_idle_sessions = _writes(sessions.auto_archive_idle_sessions)
     message_count = _reads(sessions.message_count)
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
