@@ -183,7 +183,9 @@ def _writes(
                 session_id = str(bound[session_param])
                 records = bound.get(messages_param) or [_call_record(signature, bound)]
                 exc.spooled_to = common.spool_transcript(
-                    session_id, [{"session_id": session_id, **r} for r in records]
+                    session_id,
+                    [{"session_id": session_id, **r} for r in records],
+                    home=self.profile_home,
                 )
             raise
 
@@ -207,6 +209,11 @@ class SessionDB:
     Thread-safe; usable as a context manager; ``close()`` is idempotent. With
     ``read_only=True`` the file is opened ``mode=ro`` and nothing is ever created, migrated,
     checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses).
+
+    ``profile_home`` is fixed at open: the directory of a ``state.db`` (a home's own store),
+    else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
+    corruption and the lock log go there, so one profile's failures never land in another's
+    home, whichever ``hermes_home_override`` the failing call runs under.
     """
 
     def __init__(
@@ -219,7 +226,9 @@ class SessionDB:
         path = common.default_db_path() if db_path is None else Path(db_path).expanduser()
         common.check_test_isolation(path)
         self.path = path.absolute()
-        self.profile_home = self.path.parent
+        # A home's own store is its state.db; a scratch file belongs to the context's home.
+        in_home = self.path.name == common.DB_FILENAME
+        self.profile_home = self.path.parent if in_home else common.get_hermes_home().absolute()
         self.read_only = read_only
         self.wal_reset_exposed = common.wal_reset_exposed()
         self.last_checkpoint: tuple[int, int, int] | None = None
@@ -447,7 +456,7 @@ class SessionDB:
         holders = lockowners.describe_lock_holders(self.path)
         line = "; ".join(holders) if holders else "no lock holder could be named"
         logger.warning("write to %s gave up after %.1f s: %s", self.path, waited, line)
-        common.append_error_log(f"database is locked: {self.path}: {line}")
+        common.append_error_log(f"database is locked: {self.path}: {line}", self.profile_home)
         return StateDbLockedError(
             f"{self.path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
             path=self.path,

@@ -317,10 +317,11 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def append_error_log(line: str) -> None:
-    """Append one timestamped line to ``<home>/logs/errors.log`` (private file); never raises."""
+def append_error_log(line: str, home: Path | None = None) -> None:
+    """Append one timestamped line to ``<home>/logs/errors.log`` (private file; ``home``
+    defaults to this context's); never raises."""
     try:
-        logs = get_hermes_home() / "logs"
+        logs = (get_hermes_home() if home is None else home) / "logs"
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -332,14 +333,17 @@ def append_error_log(line: str) -> None:
         pass
 
 
-def spool_transcript(session_id: str, records: Iterable[Mapping[str, Any]]) -> Path:
-    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync).
+def spool_transcript(
+    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
+) -> Path:
+    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync;
+    ``home`` defaults to this context's).
 
     Where a transcript goes when the database cannot take it (a quarantined file): the
     caller's turn is kept on disk instead of in a retry queue.
     """
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", session_id) or "_"
-    directory = get_hermes_home() / "sessions"
+    directory = (get_hermes_home() if home is None else home) / "sessions"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{safe.lstrip('.') or '_'}.jsonl"
     data = "".join(
