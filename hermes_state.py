@@ -54,6 +54,7 @@ from hermes_state_common import (
     display_hermes_home,
     get_hermes_home,
     hermes_home_override,
+    profile_config_path,
     resolve_profile_home,
 )
 from hermes_state_errors import (
@@ -63,6 +64,7 @@ from hermes_state_errors import (
     LedgerBusyError,
     LedgerConflictError,
     OwnerLookupError,
+    ProfileNotFoundError,
     ReceiptRejectedError,
     StaleEpochError,
     SessionNotFoundError,
@@ -71,12 +73,14 @@ from hermes_state_errors import (
     StateDbFullError,
     StateDbLockedError,
     StateDbUnavailableError,
+    StoreNotHeldError,
     TitleConflictError,
     UnsafePathError,
     is_corruption_error,
     is_disk_full_error,
     is_sqlite_lock_error,
 )
+from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
 
 __all__ = [
     "SessionDB",
@@ -85,7 +89,11 @@ __all__ = [
     "hermes_home_override",
     "display_hermes_home",
     "resolve_profile_home",
+    "resolve_store_home",
+    "profile_config_path",
     "child_process_env",
+    "ProfileStoreRegistry",
+    "profile_stores",
     "HermesStateError",
     "StateDbLockedError",
     "StateDbCorruptError",
@@ -102,6 +110,8 @@ __all__ = [
     "SessionNotFoundError",
     "TitleConflictError",
     "UnsafePathError",
+    "ProfileNotFoundError",
+    "StoreNotHeldError",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -676,3 +686,7 @@ class SessionDB:
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
+
+#: This process's shared stores, one SessionDB per profile home, held by explicit owners
+#: (see :class:`ProfileStoreRegistry`).
+profile_stores: ProfileStoreRegistry[SessionDB] = ProfileStoreRegistry(SessionDB)

@@ -44,6 +44,7 @@ __all__ = [
     "display_hermes_home",
     "validate_profile_name",
     "resolve_profile_home",
+    "profile_config_path",
     "child_process_env",
     "check_test_isolation",
     "transaction",
@@ -51,6 +52,7 @@ __all__ = [
 
 SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
+CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
 GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
 
@@ -138,6 +140,11 @@ def resolve_profile_home(name: str, root: Path | None = None) -> Path:
     if not home.resolve().is_relative_to(resolved_profiles):
         raise UnsafePathError(f"profile {name!r} escapes {profiles}", path=home)
     return home
+
+
+def profile_config_path(profile_home: str | os.PathLike[str]) -> Path:
+    """The configuration file of the profile whose home is ``profile_home``."""
+    return Path(profile_home) / CONFIG_FILENAME
 
 
 def display_hermes_home(home: Path | None = None) -> str:
