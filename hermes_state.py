@@ -55,6 +55,7 @@ from hermes_state_common import (
     display_hermes_home,
     get_hermes_home,
     hermes_home_override,
+    profile_config_path,
     resolve_profile_home,
 )
 from hermes_state_errors import (
@@ -64,6 +65,7 @@ from hermes_state_errors import (
     LedgerBusyError,
     LedgerConflictError,
     OwnerLookupError,
+    ProfileNotFoundError,
     ReceiptRejectedError,
     StaleEpochError,
     SessionNotFoundError,
@@ -72,12 +74,14 @@ from hermes_state_errors import (
     StateDbFullError,
     StateDbLockedError,
     StateDbUnavailableError,
+    StoreNotHeldError,
     TitleConflictError,
     UnsafePathError,
     is_corruption_error,
     is_disk_full_error,
     is_sqlite_lock_error,
 )
+from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
 
 __all__ = [
     "SessionDB",
@@ -86,7 +90,11 @@ __all__ = [
     "hermes_home_override",
     "display_hermes_home",
     "resolve_profile_home",
+    "resolve_store_home",
+    "profile_config_path",
     "child_process_env",
+    "ProfileStoreRegistry",
+    "profile_stores",
     "HermesStateError",
     "StateDbLockedError",
     "StateDbCorruptError",
@@ -103,6 +111,8 @@ __all__ = [
     "SessionNotFoundError",
     "TitleConflictError",
     "UnsafePathError",
+    "ProfileNotFoundError",
+    "StoreNotHeldError",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -184,7 +194,9 @@ def _writes(
                 session_id = str(bound[session_param])
                 records = bound.get(messages_param) or [_call_record(signature, bound)]
                 exc.spooled_to = common.spool_transcript(
-                    session_id, [{"session_id": session_id, **r} for r in records]
+                    session_id,
+                    [{"session_id": session_id, **r} for r in records],
+                    home=self.profile_home,
                 )
             raise
 
@@ -208,6 +220,11 @@ class SessionDB:
     Thread-safe; usable as a context manager; ``close()`` is idempotent. With
     ``read_only=True`` the file is opened ``mode=ro`` and nothing is ever created, migrated,
     checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses).
+
+    ``profile_home`` is fixed at open: the directory of a ``state.db`` (a home's own store),
+    else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
+    corruption and the lock log go there, so one profile's failures never land in another's
+    home, whichever ``hermes_home_override`` the failing call runs under.
     """
 
     def __init__(
@@ -220,7 +237,9 @@ class SessionDB:
         path = common.default_db_path() if db_path is None else Path(db_path).expanduser()
         common.check_test_isolation(path)
         self.path = path.absolute()
-        self.profile_home = self.path.parent
+        # A home's own store is its state.db; a scratch file belongs to the context's home.
+        in_home = self.path.name == common.DB_FILENAME
+        self.profile_home = self.path.parent if in_home else common.get_hermes_home().absolute()
         self.read_only = read_only
         self.wal_reset_exposed = common.wal_reset_exposed()
         self.last_checkpoint: tuple[int, int, int] | None = None
@@ -452,7 +471,7 @@ class SessionDB:
         holders = lockowners.describe_lock_holders(self.path)
         line = "; ".join(holders) if holders else "no lock holder could be named"
         logger.warning("write to %s gave up after %.1f s: %s", self.path, waited, line)
-        common.append_error_log(f"database is locked: {self.path}: {line}")
+        common.append_error_log(f"database is locked: {self.path}: {line}", self.profile_home)
         return StateDbLockedError(
             f"{self.path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
             path=self.path,
@@ -564,6 +583,8 @@ class SessionDB:
     list_sessions_rich = _reads(sessions.list_sessions_rich)
     search_sessions = _reads(sessions.search_sessions)
     session_count = _reads(sessions.session_count)
+    set_session_archived = _writes(sessions.set_session_archived)
+    auto_archive_idle_sessions = _writes(sessions.auto_archive_idle_sessions)
     message_count = _reads(sessions.message_count)
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
@@ -701,3 +722,7 @@ class SessionDB:
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
+
+#: This process's shared stores, one SessionDB per profile home, held by explicit owners
+#: (see :class:`ProfileStoreRegistry`).
+profile_stores: ProfileStoreRegistry[SessionDB] = ProfileStoreRegistry(SessionDB)

@@ -44,6 +44,7 @@ __all__ = [
     "display_hermes_home",
     "validate_profile_name",
     "resolve_profile_home",
+    "profile_config_path",
     "child_process_env",
     "check_test_isolation",
     "transaction",
@@ -51,6 +52,7 @@ __all__ = [
 
 SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
+CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
 GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
 
@@ -138,6 +140,11 @@ def resolve_profile_home(name: str, root: Path | None = None) -> Path:
     if not home.resolve().is_relative_to(resolved_profiles):
         raise UnsafePathError(f"profile {name!r} escapes {profiles}", path=home)
     return home
+
+
+def profile_config_path(profile_home: str | os.PathLike[str]) -> Path:
+    """The configuration file of the profile whose home is ``profile_home``."""
+    return Path(profile_home) / CONFIG_FILENAME
 
 
 def display_hermes_home(home: Path | None = None) -> str:
@@ -327,10 +334,11 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def append_error_log(line: str) -> None:
-    """Append one timestamped line to ``<home>/logs/errors.log`` (private file); never raises."""
+def append_error_log(line: str, home: Path | None = None) -> None:
+    """Append one timestamped line to ``<home>/logs/errors.log`` (private file; ``home``
+    defaults to this context's); never raises."""
     try:
-        logs = get_hermes_home() / "logs"
+        logs = (get_hermes_home() if home is None else home) / "logs"
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -342,14 +350,17 @@ def append_error_log(line: str) -> None:
         pass
 
 
-def spool_transcript(session_id: str, records: Iterable[Mapping[str, Any]]) -> Path:
-    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync).
+def spool_transcript(
+    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
+) -> Path:
+    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync;
+    ``home`` defaults to this context's).
 
     Where a transcript goes when the database cannot take it (a quarantined file): the
     caller's turn is kept on disk instead of in a retry queue.
     """
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", session_id) or "_"
-    directory = get_hermes_home() / "sessions"
+    directory = (get_hermes_home() if home is None else home) / "sessions"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{safe.lstrip('.') or '_'}.jsonl"
     data = "".join(

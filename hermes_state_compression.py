@@ -18,8 +18,9 @@ There are two ways to compress, each one transaction:
   ``successor_session_id``, the forwarding target for anyone still holding the parent's id.
 
 Compression continues a conversation, so both lift an archive that the idle clean-up set
-(``auto_archived=1``) on every session of the compression chain; a deliberate archive
-(``archived=1``, ``auto_archived=0``) stays.
+(``auto_archived=1``) from every session of the conversation; a deliberate archive
+(``archived=1``, ``auto_archived=0``) stays, and a child published from a deliberately
+archived parent is born archived the same way, so the conversation stays archived whole.
 
 **Compression locks** keep two processes from compressing one session at once. A lock is a
 row of ``compression_locks``: a holder string and an expiry (wall-clock time, since holders
@@ -34,7 +35,6 @@ whoever compresses holds it around the work.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -54,10 +54,10 @@ from hermes_state_messages import (
 )
 from hermes_state_sessions import (
     chain_from,
-    compression_chain,
     create_session,
     family_of,
     get_session,
+    lift_auto_archive,
     require_session,
     row_to_dict,
     session_ancestors,
@@ -171,12 +171,6 @@ def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[s
 
 ARCHIVE_GENERATION_SQL = "UPDATE messages SET active = 0 WHERE session_id = ? AND active = 1"
 
-# Compression continues the conversation: an archive only the idle clean-up set is lifted.
-LIFT_AUTO_ARCHIVE_SQL = """
-UPDATE sessions SET archived = 0, auto_archived = 0
-WHERE auto_archived = 1 AND id IN (SELECT value FROM json_each(?))
-"""
-
 # Split compression: the parent ends by compression and forwards to its child.
 PUBLISH_SUCCESSOR_SQL = """
 UPDATE sessions SET ended_at = COALESCE(ended_at, ?), end_reason = 'compression',
@@ -184,10 +178,13 @@ UPDATE sessions SET ended_at = COALESCE(ended_at, ?), end_reason = 'compression'
 WHERE id = ?
 """
 
-
-def _lift_auto_archive(conn: sqlite3.Connection, session_id: str) -> None:
-    chain = sorted(compression_chain(conn, session_id))
-    conn.execute(LIFT_AUTO_ARCHIVE_SQL, (json.dumps(chain),))
+# A deliberately archived parent hands its archive to the child it publishes.
+INHERIT_DELIBERATE_ARCHIVE_SQL = """
+UPDATE sessions SET archived = 1, auto_archived = 0
+WHERE id = :child AND EXISTS (
+    SELECT 1 FROM sessions WHERE id = :parent AND archived = 1 AND COALESCE(auto_archived, 0) = 0
+)
+"""
 
 
 def _insert_generation(
@@ -220,7 +217,7 @@ def archive_and_compact(
     conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
     rows, calls = _insert_generation(conn, session_id, compacted_messages, count=False)
     conn.execute(RECOUNT_SQL, (rows, calls, session_id))
-    _lift_auto_archive(conn, session_id)
+    lift_auto_archive(conn, session_id)
     return rows
 
 
@@ -236,10 +233,10 @@ def publish_compression_child(
 
     Creates the child with ``parent_session_id`` (``session_columns`` may set any other column
     of ``sessions``: ``model``, ``user_id``, ``session_key``…; nothing is copied from the
-    parent implicitly), writes ``messages`` into it (uids kept), ends the parent with
-    ``end_reason='compression'`` (a parent ended earlier for another reason is re-labelled:
-    it now has a compression successor) and publishes the child as its
-    ``successor_session_id``.
+    parent implicitly but a deliberate archive), writes ``messages`` into it (uids kept), ends
+    the parent with ``end_reason='compression'`` (a parent ended earlier for another reason
+    is re-labelled: it now has a compression successor) and publishes the child as its
+    ``successor_session_id``. An archive the idle clean-up set on the conversation is lifted.
 
     Raises :class:`CompressionConflictError` when the parent already has a published
     successor or the child id is taken: one conversation never forks into two live tips.
@@ -258,7 +255,10 @@ def publish_compression_child(
     )
     _insert_generation(conn, child_session_id, messages, count=True)
     conn.execute(PUBLISH_SUCCESSOR_SQL, (now(), child_session_id, parent_session_id))
-    _lift_auto_archive(conn, child_session_id)
+    lift_auto_archive(conn, child_session_id)
+    conn.execute(
+        INHERIT_DELIBERATE_ARCHIVE_SQL, {"child": child_session_id, "parent": parent_session_id}
+    )
     return child_session_id
 
 

@@ -31,6 +31,8 @@ __all__ = [
     "TitleConflictError",
     "OwnerLookupError",
     "CompressionConflictError",
+    "ProfileNotFoundError",
+    "StoreNotHeldError",
     "is_sqlite_lock_error",
     "is_corruption_error",
     "is_fts_corruption_code",
@@ -214,6 +216,22 @@ class OwnerLookupError(HermesStateError):
 class CompressionConflictError(HermesStateError, ValueError):
     """A split compression would fork a conversation: the parent already forwards to a
     published successor, or the child's id is taken."""
+
+
+class ProfileNotFoundError(HermesStateError, LookupError):
+    """An explicitly named profile (or home) has no directory: it was never created or it was
+    removed. Raised before anything is opened or created for it."""
+
+    def __init__(
+        self, message: str, *, profile: str | None = None, path: Path | None = None
+    ) -> None:
+        super().__init__(message)
+        self.profile = profile
+        self.path = path
+
+
+class StoreNotHeldError(HermesStateError, LookupError):
+    """An owner released or transferred a profile store it does not hold."""
 
 
 def _error_code(exc: BaseException) -> int | None:

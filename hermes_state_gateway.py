@@ -71,8 +71,9 @@ archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) a
 inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
 read, :class:`OwnerLookupError` is raised and nothing is appended on a guess (a corrupt file
 quarantines the handle instead, as any write that meets corruption does). Past rows are never
-rewritten and nothing is de-duplicated by content. When the agent reports that it owns
-persistence, the gateway writes nothing.
+rewritten and nothing is de-duplicated by content. An appended user input resumes the
+conversation as any appended user turn does (an idle clean-up's archive is lifted). When the
+agent reports that it owns persistence, the gateway writes nothing.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ from hermes_state_errors import (
 )
 from hermes_state_messages import insert_message
 from hermes_state_runtime import gateway_should_persist
-from hermes_state_sessions import require_session, row_to_dict
+from hermes_state_sessions import lift_auto_archive, require_session, row_to_dict
 
 __all__ = [
     "OUTCOMES",
@@ -1047,5 +1048,7 @@ def persist_exception_input(
     fields["display_metadata"] = with_owner_marker(fields.get("display_metadata"), marker)
     target = order[0] if order else session_id
     row_id = insert_message(conn, target, {**fields, "role": role, "content": content})
+    if role == "user" and not fields.get("observed"):
+        lift_auto_archive(conn, target, check=True)
     return ("appended", row_id)
 

@@ -6,6 +6,9 @@
   tool calls) unless the row already has them, pairs a tool result with its call, and computes
   the CJK index text. A copy passes the uids it carries and they are kept as they are.
 * Lone surrogates are the only change ever made to text (SQLite cannot bind them).
+* Appending a user turn resumes its conversation, lifting an archive only the idle clean-up
+  set (see ``hermes_state_sessions``); copies made by compression, replacement or import
+  never count as a resume.
 * A reasoning-only successful reply keeps ``content`` empty; its text lives in
   ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
 * :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
@@ -25,7 +28,7 @@ from typing import Any
 import hermes_state_fts as fts
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import SessionNotFoundError
-from hermes_state_sessions import session_ancestors
+from hermes_state_sessions import lift_auto_archive, session_ancestors
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -272,9 +275,14 @@ def append_message(
 ) -> int:
     """Append one message and move the session's counters (the caller's transaction).
 
-    Returns the row id. JSON-typed fields take any JSON value and are decoded on read."""
+    Returns the row id. JSON-typed fields take any JSON value and are decoded on read. A new
+    user turn (not an ``observed`` one) resumes the conversation: an archive the idle clean-up
+    set is lifted, a deliberate one stays."""
     fields = {k: v for k, v in locals().items() if k not in ("conn", "session_id")}
-    return insert_message(conn, session_id, fields)
+    row_id = insert_message(conn, session_id, fields)
+    if role == "user" and not observed:
+        lift_auto_archive(conn, session_id, check=True)
+    return row_id
 
 
 # --- reading ---------------------------------------------------------------------------------
