@@ -475,15 +475,26 @@ FTS_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(
     snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
 FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-WHERE messages_fts MATCH ? {{filters}}
+WHERE messages_fts MATCH ? AND f.rowid > ? {{filters}}
 ORDER BY rank, m.id LIMIT ?
 """
 CJK_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
 FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-WHERE messages_fts_cjk MATCH ? {{filters}}
+WHERE messages_fts_cjk MATCH ? AND f.rowid > ? {{filters}}
 ORDER BY rank, m.id LIMIT ?
 """
+
+# Ranking costs time in proportion to the matches ranked, and a common word matches a large
+# share of the history. So the ranked queries look at the newest messages first: the window
+# starts at RANK_WINDOW_START message ids and grows fourfold until it holds RANK_CANDIDATES
+# matches (counting is cheap: FTS5 walks its doclist within the rowid range without ranking)
+# and enough hits after the filters — or until it is the whole history. A rare term is
+# therefore ranked over everything; a common one over its most recent few hundred matches.
+RANK_WINDOW_START = 4096
+RANK_CANDIDATES = 256
+COUNT_IN_WINDOW_SQL = "SELECT COUNT(*) FROM {table} WHERE {table} MATCH ? AND rowid > ?"
+NEWEST_MESSAGE_SQL = "SELECT COALESCE(MAX(id), 0) FROM messages"
 # One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
 # the exact, escaped conditions of the group then filter the canonical content.
 TRIGRAM_SEARCH_SQL = f"""
@@ -491,7 +502,7 @@ SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
 FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
 JOIN sessions s ON s.id = m.session_id
 WHERE t.content LIKE ? AND {{exact}} {{filters}}
-ORDER BY m.id DESC LIMIT ?
+ORDER BY t.rowid DESC LIMIT ?
 """
 # The canonical fallback: no index at all, newest first.
 LIKE_SEARCH_SQL = f"""
@@ -569,6 +580,23 @@ def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[st
     return make_snippet(content, needles)
 
 
+def _ranked_hits(
+    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
+) -> list[dict[str, Any]]:
+    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
+    newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
+    count_sql = COUNT_IN_WINDOW_SQL.format(table=table)
+    span = RANK_WINDOW_START
+    while True:
+        floor = max(newest - span, 0)
+        span *= 4
+        if floor and conn.execute(count_sql, (match, floor)).fetchone()[0] < RANK_CANDIDATES:
+            continue
+        hits = _hits(conn, sql, (match, floor, *params, wanted))
+        if len(hits) >= wanted or floor == 0:
+            return hits
+
+
 def _index_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
 ) -> list[dict[str, Any]]:
@@ -576,11 +604,11 @@ def _index_hits(
     hits: list[dict[str, Any]] = []
     if plan.fts_match:
         sql = FTS_SEARCH_SQL.format(filters=filters)
-        hits += _hits(conn, sql, (plan.fts_match, *params, wanted))
+        hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted)
     cjk_match = " OR ".join(m for m in (plan.cjk_match, plan.latin_cjk_match) if m)
     if cjk_match:
         sql = CJK_SEARCH_SQL.format(filters=filters)
-        for hit in _hits(conn, sql, (cjk_match, *params, wanted)):
+        for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted):
             hit["snippet"] = _snippet(conn, hit, plan.needles)
             hits.append(hit)
     hits.sort(key=lambda h: h["rank"])

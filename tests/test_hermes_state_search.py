@@ -480,9 +480,27 @@ def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
     filters, params = search.search_filters(["cli"], None, ["user"], False)
     sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters)
     with sqlite3.connect(db_path) as raw:
-        steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, *params, 20))]
+        steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, *params, 20))]
     raw.close()
     assert any(re.fullmatch(r"SCAN f VIRTUAL TABLE INDEX \d+:M\d+.*", s) for s in steps), steps
     assert not any(s.startswith("SCAN m") for s in steps), steps
     hits = db.search_messages("鯨", limit=100, source_filter=["cli"], role_filter=["user"])
     assert len(found(hits)) == 60
+
+
+def test_a_common_word_is_ranked_among_recent_matches_and_a_rare_one_over_everything(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "RANK_WINDOW_START", 16)
+    monkeypatch.setattr(search, "RANK_CANDIDATES", 8)
+    db.create_session("s1", "cli")
+    oldest = db.append_message("s1", "user", "alpha alpha alpha zeta")
+    for n in range(200):
+        db.append_message("s1", "user", f"alpha filler number {n} " + "padding " * (n % 7))
+    rare = db.search_messages("zeta")
+    assert [h["id"] for h in rare] == [oldest]
+    common = db.search_messages("alpha", limit=10)
+    assert len(common) == 10 and oldest not in [h["id"] for h in common]
+    assert min(h["id"] for h in common) > oldest + 100
+    everything = db.search_messages("alpha", limit=500)
+    assert len(everything) == 201 and oldest in [h["id"] for h in everything]
