@@ -487,11 +487,12 @@ ORDER BY rank, m.id LIMIT ?
 
 # Ranking costs time in proportion to the matches ranked, and a common word matches a large
 # share of the history. So the ranked queries look at the newest messages first: the window
-# starts at RANK_WINDOW_START message ids and grows fourfold until it holds RANK_CANDIDATES
+# starts at RANK_WINDOW_START message ids and grows (by what is missing, up to 16×) until it
+# holds RANK_CANDIDATES
 # matches (counting is cheap: FTS5 walks its doclist within the rowid range without ranking)
 # and enough hits after the filters — or until it is the whole history. A rare term is
 # therefore ranked over everything; a common one over its most recent few hundred matches.
-RANK_WINDOW_START = 4096
+RANK_WINDOW_START = 1024
 RANK_CANDIDATES = 256
 COUNT_IN_WINDOW_SQL = "SELECT COUNT(*) FROM {table} WHERE {table} MATCH ? AND rowid > ?"
 NEWEST_MESSAGE_SQL = "SELECT COALESCE(MAX(id), 0) FROM messages"
@@ -589,12 +590,16 @@ def _ranked_hits(
     span = RANK_WINDOW_START
     while True:
         floor = max(newest - span, 0)
-        span *= 4
-        if floor and conn.execute(count_sql, (match, floor)).fetchone()[0] < RANK_CANDIDATES:
-            continue
+        if floor:
+            found = conn.execute(count_sql, (match, floor)).fetchone()[0]
+            if found < RANK_CANDIDATES:
+                # Widen in proportion to what is missing (at least 2×, at most 16×).
+                span *= min(max(2 * RANK_CANDIDATES // max(found, 1), 2), 16)
+                continue
         hits = _hits(conn, sql, (match, floor, *params, wanted))
         if len(hits) >= wanted or floor == 0:
             return hits
+        span *= 4
 
 
 def _index_hits(
@@ -605,7 +610,10 @@ def _index_hits(
     if plan.fts_match:
         sql = FTS_SEARCH_SQL.format(filters=filters)
         hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted)
-    cjk_match = " OR ".join(m for m in (plan.cjk_match, plan.latin_cjk_match) if m)
+    # Latin words glued to CJK text are tokens of messages_fts_cjk only: asked for there when
+    # messages_fts did not already fill the page, so a plain Latin search costs one query.
+    latin_glued = plan.latin_cjk_match if len(hits) < wanted else None
+    cjk_match = " OR ".join(m for m in (plan.cjk_match, latin_glued) if m)
     if cjk_match:
         sql = CJK_SEARCH_SQL.format(filters=filters)
         for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted):
