@@ -297,6 +297,8 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 def clean_text(value: str) -> str:
     """Remove lone surrogates (SQLite cannot bind them); join valid pairs. Nothing else changes."""
+    if value.isascii():
+        return value
     try:
         value.encode("utf-8")
         return value

@@ -77,7 +77,7 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 
 def has_cjk(text: str | None) -> bool:
-    return bool(text and _CJK_RUN_RE.search(text))
+    return bool(text) and not text.isascii() and _CJK_RUN_RE.search(text) is not None
 
 
 def cjk_bigrams(run: str) -> list[str]:

@@ -126,14 +126,17 @@ def _tool_call_ids(tool_calls: Any) -> list[str]:
 
 
 # The latest assistant row of the session that issued uids for its tool calls.
+# The latest assistant row of the session that issued uids for its tool calls, and how many
+# results for this call id have been written after it.
 LAST_CALLER_SQL = """
-SELECT id, tool_call_uids FROM messages
-WHERE session_id = ? AND role = 'assistant' AND active = 1 AND tool_call_uids IS NOT NULL
-ORDER BY id DESC LIMIT 1
-"""
-EARLIER_RESULTS_SQL = """
-SELECT COUNT(*) FROM messages
-WHERE session_id = ? AND id > ? AND role = 'tool' AND tool_call_id = ? AND active = 1
+SELECT a.tool_call_uids,
+       (SELECT COUNT(*) FROM messages t
+        WHERE t.session_id = a.session_id AND t.id > a.id AND t.role = 'tool'
+          AND t.tool_call_id = :call_id AND t.active = 1)
+FROM messages a
+WHERE a.session_id = :session_id AND a.role = 'assistant' AND a.active = 1
+  AND a.tool_call_uids IS NOT NULL
+ORDER BY a.id DESC LIMIT 1
 """
 
 
@@ -147,14 +150,14 @@ def _pick_uid(value: Any, occurrence: int) -> str | None:
 
 
 def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: str) -> str | None:
-    row = conn.execute(LAST_CALLER_SQL, (session_id,)).fetchone()
+    params = {"session_id": session_id, "call_id": tool_call_id}
+    row = conn.execute(LAST_CALLER_SQL, params).fetchone()
     if row is None:
         return None
-    mapping = decode_json(row[1])
+    mapping = decode_json(row[0])
     if not isinstance(mapping, dict) or tool_call_id not in mapping:
         return None
-    earlier = conn.execute(EARLIER_RESULTS_SQL, (session_id, row[0], tool_call_id)).fetchone()[0]
-    return _pick_uid(mapping[tool_call_id], earlier)
+    return _pick_uid(mapping[tool_call_id], row[1])
 
 
 def _prepare(conn: sqlite3.Connection, session_id: str, fields: Mapping[str, Any]) -> tuple:
