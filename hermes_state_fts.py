@@ -38,13 +38,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import hermes_state_lockowners as lockowners
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
 from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
 from hermes_state_errors import is_sqlite_lock_error
-from hermes_state_lockowners import lock_holders
-
-PROC_LOCKS = "/proc/locks"
 
 __all__ = [
     "CJK_CHAR_CLASS",
@@ -394,6 +392,6 @@ def other_processes_hold(db_path: Path) -> bool:
     ``/proc/locks`` shows every other process using the file. Where ``/proc/locks`` cannot be
     read nothing is provable, and the answer is True.
     """
-    if not Path(PROC_LOCKS).exists():
+    if not Path(lockowners.PROC_LOCKS_PATH).exists():
         return True
-    return bool(lock_holders(db_path))
+    return bool(lockowners.lock_holders(db_path))

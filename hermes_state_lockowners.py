@@ -39,12 +39,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "PROC_LOCKS_PATH",
     "LockHolder",
     "ProcLock",
     "describe_lock_holders",
     "lock_holders",
     "parse_proc_locks",
 ]
+
+#: The kernel's lock table, read when a call does not name another file. A module attribute, read
+#: at call time, so that tests can point it at a missing file (a system without /proc/locks).
+PROC_LOCKS_PATH = "/proc/locks"
 
 # Offsets in the -shm file (sqlite3 os_unix.c: UNIX_SHM_BASE = 120, WAL_NREADER = 5).
 _SHM_WAL_WRITE = 120
@@ -292,20 +297,22 @@ def lock_holders(
     db_path: str | os.PathLike[str],
     *,
     exclude_pids: Iterable[int] | None = None,
-    proc_locks_path: str = "/proc/locks",
+    proc_locks_path: str | None = None,
 ) -> list[LockHolder]:
     """The processes holding byte-range locks on ``db_path``, its ``-wal`` and its ``-shm``.
 
     ``exclude_pids`` defaults to this process. Sorted most important first: WAL write,
     EXCLUSIVE, RESERVED, PENDING, checkpoint and recover before read marks, SHARED and DMS.
     Returns ``[]`` when the lock table cannot be read (no ``/proc/locks`` on this system).
+    ``proc_locks_path`` defaults to :data:`PROC_LOCKS_PATH`.
     """
     excluded = frozenset((os.getpid(),) if exclude_pids is None else exclude_pids)
     files = _file_ids(db_path)
     if not files:
         return []
     try:
-        with open(proc_locks_path, encoding="ascii", errors="replace") as fh:
+        table = PROC_LOCKS_PATH if proc_locks_path is None else proc_locks_path
+        with open(table, encoding="ascii", errors="replace") as fh:
             text = fh.read()
     except OSError:
         return []
@@ -340,7 +347,7 @@ def describe_lock_holders(
     db_path: str | os.PathLike[str],
     *,
     exclude_pids: Iterable[int] | None = None,
-    proc_locks_path: str = "/proc/locks",
+    proc_locks_path: str | None = None,
 ) -> list[str]:
     """:meth:`LockHolder.describe` lines for :func:`lock_holders`; never raises."""
     try:
