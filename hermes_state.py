@@ -193,11 +193,16 @@ def _writes(
                 bound = signature.bind(None, *args, **kwargs).arguments
                 session_id = str(bound[session_param])
                 records = bound.get(messages_param) or [_call_record(signature, bound)]
-                exc.spooled_to = common.spool_transcript(
-                    session_id,
-                    [{"session_id": session_id, **r} for r in records],
-                    home=self.profile_home,
-                )
+                try:
+                    exc.spooled_to = common.spool_transcript(
+                        session_id,
+                        [{"session_id": session_id, **r} for r in records],
+                        home=self.profile_home,
+                    )
+                except (OSError, UnsafePathError) as spool_error:  # the corrupt error stays
+                    logger.error("could not spool the transcript of %s: %s", session_id,
+                                 spool_error)
+                    exc.add_note(f"the transcript could not be spooled: {spool_error}")
             raise
 
     method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
