@@ -72,6 +72,7 @@ from hermes_state_errors import (
     StateDbClosedError,
     StateDbCorruptError,
     StateDbFullError,
+    StateDbIOError,
     StateDbLockedError,
     StateDbUnavailableError,
     StoreNotHeldError,
@@ -79,6 +80,7 @@ from hermes_state_errors import (
     UnsafePathError,
     is_corruption_error,
     is_disk_full_error,
+    is_io_error,
     is_sqlite_lock_error,
 )
 from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
@@ -99,6 +101,7 @@ __all__ = [
     "StateDbLockedError",
     "StateDbCorruptError",
     "StateDbFullError",
+    "StateDbIOError",
     "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
@@ -468,6 +471,8 @@ class SessionDB:
             return StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
         if is_disk_full_error(exc):
             return StateDbFullError(f"no space left for {self.path}: {exc}", path=self.path)
+        if is_io_error(exc):
+            return StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
         if is_sqlite_lock_error(exc):
             return StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
         return exc

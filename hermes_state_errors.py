@@ -18,6 +18,7 @@ __all__ = [
     "StateDbLockedError",
     "StateDbCorruptError",
     "StateDbFullError",
+    "StateDbIOError",
     "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
@@ -37,17 +38,20 @@ __all__ = [
     "is_corruption_error",
     "is_fts_corruption_code",
     "is_disk_full_error",
+    "is_io_error",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
     "SQLITE_NOTADB",
     "SQLITE_CORRUPT_VTAB",
     "SQLITE_FULL",
+    "SQLITE_IOERR",
 ]
 
 # Primary result codes; the extended code keeps the primary code in its low byte.
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
+SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 SQLITE_NOTADB = 26
@@ -101,6 +105,16 @@ class StateDbCorruptError(HermesStateError):
 
 class StateDbFullError(HermesStateError):
     """The disk (or the configured page limit) is full; the write was rolled back whole."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StateDbIOError(HermesStateError):
+    """The operating system failed a read or write of the database files (``SQLITE_IOERR``:
+    a file-size limit, a failing disk, a vanished network share); the write was rolled back
+    whole. SQLite reports a disk that is merely full as :class:`StateDbFullError`."""
 
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message)
@@ -258,6 +272,12 @@ def is_corruption_error(exc: BaseException) -> bool:
 def is_fts_corruption_code(exc: BaseException) -> bool:
     """True when the result code itself says the damage is inside a virtual table."""
     return _error_code(exc) == SQLITE_CORRUPT_VTAB
+
+
+def is_io_error(exc: BaseException) -> bool:
+    """True for SQLITE_IOERR and its extended codes (the OS failed a read, write or lock)."""
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) == SQLITE_IOERR
 
 
 def is_disk_full_error(exc: BaseException) -> bool:
