@@ -100,6 +100,8 @@ def _session_value(name: str, value: Any) -> Any:
 def _check_session_id(session_id: Any) -> str:
     if not isinstance(session_id, str) or not session_id.strip():
         raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+    if clean_optional(session_id) != session_id:  # SQLite cannot store a lone surrogate
+        raise ValueError(f"session id has a lone surrogate: {session_id!r}")
     return session_id
 
 
@@ -170,6 +172,8 @@ def _insert_session(
 
 
 def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    if isinstance(session_id, str) and clean_optional(session_id) != session_id:
+        return None  # no stored id has a lone surrogate
     cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
     row = cursor.fetchone()
     return None if row is None else row_to_dict(cursor, row)
