@@ -15,18 +15,42 @@ Write discipline (one place, :meth:`SessionDB._write`):
   Then :class:`StateDbLockedError` (reason ``session_persistence_failed:locked``) names the
   processes holding the lock, in a WARNING and in ``<home>/logs/errors.log``;
 * corruption proven to lie in the FTS indexes only detaches them (``fts_stale``) and the
-  canonical write is retried once without them; any other corruption quarantines the handle:
-  no retry, no further writes, no checkpoint on close, and a transcript that could not be
-  written is spooled to ``<home>/sessions/<id>.jsonl``;
+  canonical write is retried once without them; any other corruption quarantines the file;
 * after every 50 successful writes a PASSIVE checkpoint runs. With an SQLite inside the
-  WAL-reset bug range, automatic checkpoints are off and this checkpoint runs from a helper
-  connection while the handle holds the write lock, so no checkpoint ever overlaps a write.
+  WAL-reset bug range, automatic checkpoints are off on every connection a handle opens, and
+  every checkpoint a handle runs (after 50 writes, :meth:`SessionDB.checkpoint`, in
+  ``close()``) runs from a helper connection while the handle holds the write lock, so no
+  checkpoint overlaps a write of any hermes_state process.
+
+Quarantine. Plain ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` (not FTS-only), met by a write, a read
+or the open itself, raises :class:`StateDbCorruptError` at once (no retry) and quarantines the
+file for the rest of the process: that handle, every other handle of the process on the file
+and every handle opened on it later refuse writes without touching the file (transcript
+writes spool to ``<home>/sessions/<id>.jsonl`` instead); nothing rebuilds an FTS index of a
+file whose record fails ``quick_check``; ``close()`` skips its checkpoint. SQLite's own
+checkpoint, run by the last connection to close, is kept from copying the ``-wal`` into the
+damaged file by ``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`` on every connection of the handle (Python
+≥ 3.12) and, on every Python, by a read-only connection the process keeps open on the file
+until it exits (while it is open no other connection of the process closes last; a read-only
+connection cannot checkpoint; at exit, handles still open close before it). Not covered:
+
+* other processes — quarantine is per process: one that has not met the damage itself goes on
+  writing and checkpointing (a restart on a repaired or restored file is the cure);
+* connections this library did not open: an ``sqlite3`` connection the application left open
+  on the file may be the last to close at exit, and it checkpoints;
+* on Python 3.11, where that read-only connection is the only protection, a guard that could
+  not be opened (no file descriptor left, the file unreadable): the handle's own connection
+  may then close last and checkpoint, as SQLite does by default.
+
+A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
+SQLite would delete that ``-wal`` on the first read.
 
 The constants below are module attributes on purpose: tests shorten them.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import inspect
@@ -35,6 +59,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -222,6 +247,46 @@ def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[st
     return record
 
 
+# The files this process has quarantined, by (device, inode): the error that proved each one
+# corrupt and its close guard, a read-only connection kept open until the process exits (see
+# SessionDB._quarantine). Quarantine is per process: a later writable handle on the same file
+# starts out quarantined, without writing anything, until the process restarts (on a repaired
+# or restored file, which is a new inode; the guard keeps the old inode from being reused).
+# Guarded by _OPEN_LOCK.
+_QUARANTINED_FILES: dict[tuple[int, int], tuple[BaseException, sqlite3.Connection | None]] = {}
+# The open writable handles of this process (added under _OPEN_LOCK).
+_LIVE_HANDLES: weakref.WeakSet[SessionDB] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_quarantined_handles() -> None:
+    """At exit, close every handle still open on a quarantined file (without a checkpoint)
+    while the file's close guard is still open: left to the interpreter's teardown, a
+    connection could be closed after the guard, be the last one, and checkpoint."""
+    for handle in list(_LIVE_HANDLES):
+        if handle.quarantined:
+            handle.close()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` itself, from ``lstat`` (no descriptor is opened)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+# Switches off automatic checkpoints for one connection (no file is read or written).
+WAL_AUTOCHECKPOINT_OFF_SQL = "PRAGMA wal_autocheckpoint = 0"
+# The checkpoint that never waits for readers or writers; its result row is inspected.
+CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
+# SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, which the sqlite3 module exposes from Python 3.12 on.
+_NO_CKPT_ON_CLOSE: int | None = getattr(sqlite3, "SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE", None)
+# The first read of a close guard, which takes the database's shared lock.
+GUARD_READ_SQL = "SELECT COUNT(*) FROM sqlite_master"
+
+
 class SessionDB:
     """A handle on one session store (default: ``get_hermes_home() / "state.db"``).
 
@@ -251,10 +316,12 @@ class SessionDB:
         self.read_only = read_only
         self.wal_reset_exposed = common.wal_reset_exposed()
         self.last_checkpoint: tuple[int, int, int] | None = None
+        self.write_retries = 0
         self._lock = threading.RLock()
         self._writes = 0
         self._closed = False
         self._quarantined: BaseException | None = None
+        self._file_id: tuple[int, int] | None = None
         self._helper: sqlite3.Connection | None = None
         self._rebuild_thread: threading.Thread | None = None
         self._stop_rebuild = threading.Event()
@@ -262,28 +329,50 @@ class SessionDB:
             self._conn = self._open_read_only()
         else:
             self._conn = self._open_writable()
-            if rebuild_fts:
+            if rebuild_fts and self._quarantined is None:
                 self._start_fts_maintenance()
 
     # --- opening ------------------------------------------------------------------------------
 
     def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
+        """Every connection of the handle (its own, the checkpoint helper, the close guard).
+
+        Inside the WAL-reset bug range none of them ever checkpoints on its own: automatic
+        checkpoints are off from the first statement (the setting touches no file)."""
         uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
         conn = sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
         )
+        if self.wal_reset_exposed:
+            conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
 
     def _open_writable(self) -> sqlite3.Connection:
         with _OPEN_LOCK:
-            common.prepare_db_file(self.path)
+            common.refuse_symlinks(self.path)
+            if common.wal_without_database(self.path):
+                raise StateDbCorruptError(
+                    f"{self.path} is empty but its -wal is not: the file was truncated",
+                    path=self.path,
+                )
+            file_id = _file_identity(self.path)
+            earlier = None if file_id is None else _QUARANTINED_FILES.get(file_id)
+            if earlier is None:
+                common.prepare_db_file(self.path)
+            self._file_id = _file_identity(self.path)
             self._conn = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
+            _LIVE_HANDLES.add(self)
+        if earlier is not None:
+            # Born quarantined: it reads, spools what it cannot write, and never writes.
+            logger.warning("%s was quarantined earlier in this process; no writes", self.path)
+            self._quarantine(earlier[0])
+            return self._conn
         try:
             self._write(self._configure_writable, transactional=False)
             schema.ensure_schema(self._conn, self._write)
             common.tighten_modes(self.path)
         except BaseException:
-            self._conn.close()
+            self._close_connections()
             raise
         return self._conn
 
@@ -298,8 +387,6 @@ class SessionDB:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise HermesStateError(f"{self.path} refused WAL mode (journal_mode={mode})")
-        if self.wal_reset_exposed:
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
@@ -344,37 +431,16 @@ class SessionDB:
             if self._closed:
                 return
             self._closed = True
-            guard = None
-            if self._quarantined is not None:
-                guard = self._guard_against_close_checkpoint()
-            elif not self.read_only:
+            _LIVE_HANDLES.discard(self)
+            if not self.read_only and not self.quarantined:
                 with contextlib.suppress(sqlite3.Error):
                     self._checkpoint()
-            if self._helper is not None:
-                self._helper.close()
-            self._conn.close()
-            if guard is not None:
-                guard.close()
+            self._close_connections()
 
-    def _guard_against_close_checkpoint(self) -> sqlite3.Connection | None:
-        """Keep SQLite from checkpointing a corrupt file when this handle closes.
-
-        Python ≥ 3.12 sets SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE. Python 3.11 cannot, so a read-only
-        connection joins the WAL first: the writable connection is then not the last one and
-        does not checkpoint, and the read-only one, closing last, cannot checkpoint. Returns
-        that connection, to be closed after this handle's.
-        """
-        if hasattr(self._conn, "setconfig"):
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
-                return None
-        try:
-            guard = self._connect("ro", 0.0)
-            with contextlib.suppress(sqlite3.Error):
-                guard.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-            return guard
-        except sqlite3.Error:
-            return None
+    def _close_connections(self) -> None:
+        if self._helper is not None:
+            self._helper.close()
+        self._conn.close()
 
     def __enter__(self) -> SessionDB:
         return self
@@ -388,7 +454,14 @@ class SessionDB:
 
     @property
     def quarantined(self) -> bool:
-        return self._quarantined is not None
+        return self._quarantined is not None or self._quarantined_elsewhere()
+
+    def _quarantined_elsewhere(self) -> bool:
+        """Adopt a quarantine another handle of this process declared on the same file."""
+        earlier = None if self._file_id is None else _QUARANTINED_FILES.get(self._file_id)
+        if earlier is not None and self._quarantined is None and not self._closed:
+            self._quarantine(earlier[0])
+        return earlier is not None
 
     # --- the write wrapper --------------------------------------------------------------------
 
@@ -400,7 +473,7 @@ class SessionDB:
         self._check_open()
         if self.read_only:
             raise HermesStateError(f"SessionDB for {self.path} is read-only")
-        if self._quarantined is not None:
+        if self.quarantined:
             raise StateDbCorruptError(
                 f"{self.path} is quarantined after corruption; no further writes on this handle",
                 path=self.path,
@@ -438,23 +511,69 @@ class SessionDB:
                     elapsed = time.monotonic() - start
                     if elapsed >= patience:
                         raise self._locked_error(elapsed, attempts) from exc
-                    time.sleep(min(_retry_delay(elapsed), max(patience - elapsed, 0.001)))
+                    delay = min(_retry_delay(elapsed), max(patience - elapsed, 0.001))
+                    self.write_retries += 1
+                    logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
+                                 self.path, attempts, delay)
+                    time.sleep(delay)
                     continue
                 if is_corruption_error(exc) and not detach_fts and self._fts_only(exc):
                     logger.warning("FTS index damaged (%s); detaching it from %s", exc, self.path)
                     detach_fts = True
                     continue
                 if is_corruption_error(exc):
-                    self._quarantined = exc
-                    logger.error("quarantining %s after corruption: %s", self.path, exc)
+                    self._quarantine(exc)
                 raise self._translate(exc) from exc
 
     def _fts_only(self, exc: sqlite3.Error) -> bool:
         with self._lock:
             return fts.damage_is_fts_only(self._conn, exc)
 
+    def _quarantine(self, exc: BaseException) -> None:
+        """Never write to this file again from this process (see the module docstring).
+
+        The handle refuses writes and close() skips its checkpoint. So that SQLite's own
+        checkpoint, run when the last connection to a file closes, cannot copy the -wal into
+        the damaged file either — whether this handle is closed, dropped or outlived by
+        another handle of this process — every connection of the handle gets
+        SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE (Python ≥ 3.12), and the process keeps a read-only
+        connection on the file until it exits: while it is open no other connection of the
+        process is the last one, and a read-only connection cannot checkpoint when it closes.
+        """
+        with self._lock:
+            if self._quarantined is not None:
+                return
+            self._quarantined = exc
+            for conn in filter(None, (self._conn, self._helper)):
+                if _NO_CKPT_ON_CLOSE is not None and hasattr(conn, "setconfig"):
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.setconfig(_NO_CKPT_ON_CLOSE, True)
+            if self._file_id is not None:
+                with _OPEN_LOCK:
+                    if self._file_id not in _QUARANTINED_FILES:
+                        _QUARANTINED_FILES[self._file_id] = (exc, self._open_close_guard())
+                        logger.error("quarantining %s after corruption: %s", self.path, exc)
+                        common.append_error_log(
+                            f"database quarantined: {self.path}: {exc}", self.profile_home
+                        )
+
+    def _open_close_guard(self) -> sqlite3.Connection | None:
+        """A read-only connection that has read the file, so it holds SQLite's shared lock on
+        it (in WAL mode a connection keeps that lock while it is open, even after a read
+        that failed on a damaged page); None when not even that can be had."""
+        try:
+            guard = self._connect("ro", _SQLITE_BUSY_TIMEOUT_S)
+        except sqlite3.Error:
+            return None
+        with contextlib.suppress(sqlite3.Error):
+            guard.execute(GUARD_READ_SQL).fetchone()
+        return guard
+
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` under the handle's lock; SQLite errors become typed errors."""
+        """Run ``fn(conn)`` under the handle's lock; SQLite errors become typed errors.
+
+        Corruption a read meets in the record itself (not only in an index) quarantines a
+        writable handle as a write would: the file is proven damaged either way."""
         with self._lock:
             self._check_open()
             try:
@@ -464,6 +583,8 @@ class SessionDB:
                     raise StateDbUnavailableError(
                         f"session store {self.path} is busy", reason="busy", path=self.path
                     ) from exc
+                if is_corruption_error(exc) and not self.read_only and not self._fts_only(exc):
+                    self._quarantine(exc)
                 raise self._translate(exc) from exc
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
@@ -498,18 +619,30 @@ class SessionDB:
             except sqlite3.Error as exc:
                 logger.debug("checkpoint of %s skipped: %s", self.path, exc)
 
+    def checkpoint(self) -> tuple[int, int, int]:
+        """Run a PASSIVE WAL checkpoint now, through the write wrapper (retried while another
+        process holds the lock it needs). Returns SQLite's result row: (busy, frames in the
+        WAL, frames checkpointed)."""
+        self._write(lambda conn: self._checkpoint(), transactional=False)
+        assert self.last_checkpoint is not None
+        return self.last_checkpoint
+
     def _checkpoint(self) -> None:
-        """PASSIVE checkpoint; inside the WAL-reset bug range, only while holding the write
-        lock (a helper connection checkpoints, since a connection cannot inside its own
-        transaction)."""
+        """One PASSIVE checkpoint, not retried; every checkpoint of the handle runs here.
+
+        Inside the WAL-reset bug range it runs only while this handle holds the write lock,
+        so that no writer of any process can reset the WAL under it; a connection cannot
+        checkpoint inside its own transaction, so a helper connection does. (The checkpoint
+        SQLite runs when the last connection to the file closes is safe as it is: SQLite
+        runs it only after taking the database's EXCLUSIVE lock, which no other connection
+        holds while one exists.)"""
         if not self.wal_reset_exposed:
-            row = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            row = self._conn.execute(CHECKPOINT_SQL).fetchone()
         else:
             if self._helper is None:
                 self._helper = self._connect("rw", 0.0)
-                self._helper.execute("PRAGMA wal_autocheckpoint = 0")
             with common.transaction(self._conn):
-                row = self._helper.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                row = self._helper.execute(CHECKPOINT_SQL).fetchone()
         self.last_checkpoint = (row[0], row[1], row[2])
         busy, log_frames, checkpointed = self.last_checkpoint
         if busy or checkpointed < log_frames:
@@ -542,6 +675,7 @@ class SessionDB:
         with fts.admission_lock(self.path) as admitted:
             if not admitted:
                 return False
+            self._refuse_rebuild_on_damage()
             state = self._read(fts.index_state)
             if state.stale is not None or not state.rebuilding:
                 if require_exclusive and fts.other_processes_hold(self.path):
@@ -555,6 +689,20 @@ class SessionDB:
                 if not self._write(fts.rebuild_chunk):
                     return True
             return False
+
+    def _refuse_rebuild_on_damage(self) -> None:
+        """A rebuild reads every message and rewrites the indexes: on a file whose record is
+        damaged it would write on and on into a corrupt file, so that file is quarantined
+        instead (nothing is written) and the index stays detached."""
+        damaged = self._read(fts.damaged_canonical_tables)
+        if damaged:
+            error = StateDbCorruptError(
+                f"{self.path} is damaged ({', '.join(damaged)} failed quick_check); "
+                f"its full-text index is not rebuilt",
+                path=self.path,
+            )
+            self._quarantine(error)
+            raise error
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
@@ -673,7 +821,7 @@ class SessionDB:
             return self._read(lambda c: search.search_messages(c, *args))
         except FtsCorruptError:
             logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
-            if not self.read_only and self._quarantined is None:
+            if not self.read_only and not self.quarantined:
                 self._write(fts.detach_index)
             return self._read(lambda c: search.search_messages(c, *args, use_index=False))
 

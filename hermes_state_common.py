@@ -191,6 +191,19 @@ def refuse_symlinks(db_path: Path) -> None:
             )
 
 
+def wal_without_database(db_path: Path) -> bool:
+    """True when the database file is empty but its ``-wal`` is not.
+
+    SQLite never leaves that state (a file in WAL mode has its header written before the first
+    frame), so the main file was truncated or replaced. The first connection to read it would
+    delete the ``-wal`` (an empty database has nothing to replay it onto), and every page
+    committed there would be lost: such a file must not be opened. ``stat`` only."""
+    try:
+        return db_path.stat().st_size == 0 and sidecar_paths(db_path)[0].stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def prepare_db_file(db_path: Path) -> bool:
     """Make ``db_path`` ready for SQLite: private directory and file, no symlinks.
 

@@ -188,6 +188,11 @@ def damaged_shadow_tables(conn: sqlite3.Connection) -> list[str]:
     return [name for name in _fts_shadow_tables(conn) if not _table_ok(conn, name)]
 
 
+def damaged_canonical_tables(conn: sqlite3.Connection) -> list[str]:
+    """The canonical tables (the record, not an index) whose b-trees fail ``quick_check``."""
+    return [t for t in _CANONICAL_TABLES if table_exists(conn, t) and not _table_ok(conn, t)]
+
+
 def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
     """True when corruption reported by ``exc`` provably lies in the FTS indexes only.
 
@@ -202,7 +207,7 @@ def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
     if not is_corruption_error(exc):
         return False
     try:
-        if not all(_table_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
+        if damaged_canonical_tables(conn):
             return False
         return is_fts_corruption_code(exc) or bool(damaged_shadow_tables(conn))
     except sqlite3.Error:
