@@ -8,6 +8,7 @@ fresh interpreter, :func:`hold_write_lock` keeps SQLite's write lock in another 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sqlite3
 import subprocess
@@ -174,3 +175,59 @@ def _damage_messages_table(db_path: Path) -> None:
 @pytest.fixture
 def damage_messages_table() -> Callable[[Path], None]:
     return _damage_messages_table
+
+
+# --- damaged files ----------------------------------------------------------------------------
+
+
+def file_state(db_path: Path) -> dict[str, str | None]:
+    """SHA-256 of the database file and of its -wal (None where missing), read without any
+    SQLite connection. Call it from a process that holds no connection on the file: closing
+    a descriptor on a database file drops every POSIX lock the process has on it."""
+    state: dict[str, str | None] = {}
+    for name in (db_path.name, db_path.name + "-wal"):
+        path = db_path.with_name(name)
+        state[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+    return state
+
+
+# Commits argv[2] rows to state_meta of argv[1] with automatic checkpoints off, then dies
+# without closing, so the WAL keeps committed frames that were never copied into the file.
+_COMMITTED_WAL_SCRIPT = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")
+for i in range(int(sys.argv[2])):
+    conn.execute("INSERT INTO state_meta (key, value) VALUES (?, ?)", (f"wal-{i}", "v" * 100))
+os._exit(0)
+"""
+
+
+def leave_committed_wal(db_path: Path, rows: int = 20) -> None:
+    """Leave ``db_path`` closed with a -wal of committed frames not yet checkpointed (they
+    touch ``state_meta`` only, so the pages of ``messages`` are still read from the file)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _COMMITTED_WAL_SCRIPT, str(db_path), str(rows)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert db_path.with_name(db_path.name + "-wal").stat().st_size > 32
+
+
+def table_pages(db_path: Path, table: str, page_type: str) -> list[int]:
+    """The pages of ``table``'s b-tree of one type ("leaf", "internal"), in key order, read
+    through a read-only connection (it cannot checkpoint, and leaves the -wal alone)."""
+    conn = sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = ? ORDER BY path",
+            (table, page_type))]
+    finally:
+        conn.close()
+
+
+def overwrite(db_path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` into the closed file at ``offset``."""
+    with open(db_path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
