@@ -39,7 +39,7 @@ from hermes_state_common import (
     split_sql,
     table_exists,
 )
-from hermes_state_errors import StateDbUnavailableError
+from hermes_state_errors import StateDbUnavailableError, is_sqlite_lock_error
 
 __all__ = ["MIGRATIONS", "read_version", "ensure_schema", "expected_columns"]
 
@@ -54,8 +54,10 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     """The schema version of the database; None for an empty (uninitialised) database."""
     try:
         row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
-    except sqlite3.OperationalError:
-        if table_exists(conn, "schema_version"):
+    except sqlite3.OperationalError as exc:
+        # A lock error is not a missing table: asking again would wait out the busy timeout
+        # a second time.
+        if is_sqlite_lock_error(exc) or table_exists(conn, "schema_version"):
             raise
         row = None
     if row is not None and row[0] is not None:
