@@ -35,9 +35,9 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
@@ -402,11 +402,31 @@ class SessionDB:
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
-                if self.read_only and is_sqlite_lock_error(exc):
-                    raise StateDbUnavailableError(
-                        f"session store {self.path} is busy", reason="busy", path=self.path
-                    ) from exc
-                raise self._translate(exc) from exc
+                raise self._read_error(exc) from exc
+
+    def _read_error(self, exc: sqlite3.Error) -> Exception:
+        if self.read_only and is_sqlite_lock_error(exc):
+            return StateDbUnavailableError(
+                f"session store {self.path} is busy", reason="busy", path=self.path
+            )
+        return self._translate(exc)
+
+    @contextlib.contextmanager
+    def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
+        """A second, read-only connection inside one read transaction: a consistent snapshot
+        for long reads (a streaming export) that must not hold this handle's lock."""
+        self._check_open()
+        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        try:
+            conn.execute("BEGIN")
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._read_error(exc) from exc
+        finally:
+            conn.close()
+
+    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._write(fn, "transcript")
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
         if is_corruption_error(exc):
@@ -535,6 +555,31 @@ class SessionDB:
     set_meta = _writes(common.set_meta)
     export_session = _reads(portability.export_session)
     export_all = _reads(portability.export_all)
+    export_session_lineage = _reads(portability.export_session_lineage)
+
+    def iter_export_jsonl(
+        self,
+        session_ids: Iterable[str] | None = None,
+        *,
+        source: str | None = None,
+        lineage: bool = False,
+    ) -> Iterator[str]:
+        """Export as JSON Lines from one consistent snapshot, in constant memory (see
+        hermes_state_portability.iter_export_jsonl); works on read-only handles."""
+        with self._snapshot_reader() as conn:
+            yield from portability.iter_export_jsonl(
+                conn, session_ids, source=source, lineage=lineage
+            )
+
+    def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Import exported sessions, each in its own transaction, parents first; returns the
+        report (see hermes_state_portability.import_sessions)."""
+        return portability.import_sessions(self._transcript_write, sessions)
+
+    def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
+        """Import a JSON Lines export read from ``fp``; same rules and report."""
+        return portability.import_jsonl(self._transcript_write, fp)
+
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
     prune_sessions = _writes(sessions.prune_sessions)
