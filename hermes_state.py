@@ -63,6 +63,7 @@ from hermes_state_errors import (
     StateDbClosedError,
     StateDbCorruptError,
     StateDbFullError,
+    StateDbInUseError,
     StateDbLockedError,
     StateDbUnavailableError,
     TitleConflictError,
@@ -71,9 +72,17 @@ from hermes_state_errors import (
     is_disk_full_error,
     is_sqlite_lock_error,
 )
+from hermes_state_portability import (
+    backup_state_db,
+    repair_state_db,
+    restore_state_db,
+)
 
 __all__ = [
     "SessionDB",
+    "backup_state_db",
+    "restore_state_db",
+    "repair_state_db",
     "SCHEMA_VERSION",
     "get_hermes_home",
     "hermes_home_override",
@@ -87,6 +96,7 @@ __all__ = [
     "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
+    "StateDbInUseError",
     "LedgerBusyError",
     "SessionNotFoundError",
     "TitleConflictError",
