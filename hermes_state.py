@@ -74,6 +74,7 @@ from hermes_state_errors import (
 )
 from hermes_state_portability import (
     backup_state_db,
+    recover_state_db,
     repair_state_db,
     restore_state_db,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "backup_state_db",
     "restore_state_db",
     "repair_state_db",
+    "recover_state_db",
     "SCHEMA_VERSION",
     "get_hermes_home",
     "hermes_home_override",

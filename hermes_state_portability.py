@@ -1,4 +1,4 @@
-"""Portability: export and import, backup and restore, and repair.
+"""Portability: export and import, backup and restore, repair, and recovery of damaged files.
 
 *Export* is plain JSON data: the session row with every column, every message row of every
 generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
@@ -14,10 +14,25 @@ onto the live file all go through SQLite's backup API, which reads a consistent 
 through the WAL. Repair and restore need the database to themselves: they take the
 cross-process admission lock and refuse (:class:`StateDbInUseError`) while ``/proc/locks``
 shows any other process on the files.
+
+*Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
+so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads a private byte
+copy of the main file with the committed frames of its ``-wal`` folded in. (``immutable=1`` on
+the source would skip the WAL's committed transactions; a ``mode=ro`` open takes locks and may
+create the sidecars.) Each table is read by SQL first; when SQLite stops at a damaged page,
+the table's b-tree is walked page by page from the file format (``hermes_state_fileformat``),
+taking every cell that still parses, and finally the leaf pages no tree reaches any more (those
+under a destroyed interior page) are read and matched to the damaged tables by the shape of
+their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
+page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
+fresh file with the current schema; the FTS indexes, ``search_cjk`` and ``schema_version`` are
+rebuilt, never copied, and the four runtime ledgers are reported but not copied (a partial
+ledger could replay started work or adopt another owner's worker).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime
 import functools
@@ -26,16 +41,19 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 from hermes_state_common import (
+    DELIVERY_OBLIGATIONS_SQL,
     FTS_SQL,
     INDEXES_SQL,
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
+    TABLES_SQL,
     check_test_isolation,
     clean_optional,
     get_hermes_home,
@@ -57,7 +75,7 @@ from hermes_state_errors import (
     StateDbUnavailableError,
     is_corruption_error,
 )
-from hermes_state_lockowners import describe_lock_holders
+from hermes_state_lockowners import describe_lock_holders, lock_holders
 from hermes_state_messages import (
     MESSAGE_FIELDS,
     SELECT_MESSAGES_SQL,
@@ -66,7 +84,7 @@ from hermes_state_messages import (
     message_fields,
     row_to_message,
 )
-from hermes_state_schema import expected_columns, read_version
+from hermes_state_schema import expected_columns, read_version, restore_data_invariants
 from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
 
 __all__ = [
@@ -83,6 +101,7 @@ __all__ = [
     "restore_state_db",
     "repair_state_db",
     "health_report",
+    "recover_state_db",
     "snapshot_dir",
 ]
 
@@ -945,3 +964,753 @@ def _repair_copy(
     if changed:
         return conn, after, f"row counts changed on the working copy: {changed}"
     return conn, after, None
+
+
+# =============================================================================================
+# Recover
+# =============================================================================================
+
+# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the version row.
+_REBUILT = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk", "schema_version")
+# state_meta keys that describe the old file's FTS indexes, not the recovered one's.
+_FTS_MARKERS = (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY)
+_INSERT_BATCH = 500
+_COPY_ORDER = ("sessions", "messages", "session_model_usage")
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's column affinity rules (datatype3 §3.1)."""
+    decl = (declared or "").upper()
+    if "INT" in decl:
+        return "INTEGER"
+    if any(t in decl for t in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if not decl or "BLOB" in decl:
+        return "BLOB"
+    if any(t in decl for t in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+@dataclass
+class _TableShape:
+    """A table's columns as the records on disk store them."""
+
+    name: str
+    columns: list[str]
+    affinities: list[str]
+    required: list[bool]  # NOT NULL without a default, or the primary key
+    ipk: int | None  # the INTEGER PRIMARY KEY column (stored as NULL: the rowid is the value)
+    rowid: bool = True
+    root: int | None = None
+
+    @property
+    def min_values(self) -> int:
+        """Records never hold fewer values than the last required column (later columns are
+        added with ALTER TABLE ADD COLUMN and may be missing from older records)."""
+        last = [i for i, r in enumerate(self.required) if r and i != self.ipk]
+        return last[-1] + 1 if last else 1
+
+    def row(self, rowid: int, values: list[Any]) -> list[Any]:
+        """Record values as SQLite would return them: the rowid in the INTEGER PRIMARY KEY
+        column, REAL-affinity integers as floats."""
+        out = list(values)
+        if self.ipk is not None and self.ipk < len(out):
+            out[self.ipk] = rowid
+        for i, value in enumerate(out):
+            if self.affinities[i] == "REAL" and isinstance(value, int):
+                out[i] = float(value)
+        return out
+
+    def fits(self, values: list[Any]) -> bool:
+        """Could this record belong to this table? (Used for pages no tree reaches.)"""
+        if not self.min_values <= len(values) <= len(self.columns):
+            return False
+        for i, value in enumerate(values):
+            if i == self.ipk:
+                if value is not None:
+                    return False
+                continue
+            if value is None:
+                if self.required[i]:
+                    return False
+                continue
+            affinity = self.affinities[i]
+            if affinity == "TEXT" and not isinstance(value, str):
+                return False
+            if affinity == "INTEGER" and not isinstance(value, int):
+                return False
+            if affinity == "REAL" and not isinstance(value, (int, float)):
+                return False
+        return True
+
+
+def _shape_from_sql(name: str, sql: str | None) -> _TableShape | None:
+    """The shape of a table from its CREATE TABLE statement, parsed by SQLite in memory."""
+    if not sql or not sql.lstrip().upper().startswith("CREATE TABLE"):
+        return None
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.execute(sql)
+        info = mem.execute("SELECT * FROM pragma_table_info(?)", (name,)).fetchall()
+        listed = mem.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (name,)).fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        mem.close()
+    if not info:
+        return None
+    pks = [r for r in info if r[5]]
+    ipk = None
+    if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
+        ipk = pks[0][0]
+    return _TableShape(
+        name=name,
+        columns=[r[1] for r in info],
+        affinities=[_affinity(r[2]) for r in info],
+        required=[bool(r[3] and r[4] is None) or bool(r[5]) for r in info],
+        ipk=ipk,
+        rowid=not (listed and listed[0]),
+    )
+
+
+def _current_shapes() -> dict[str, _TableShape]:
+    """The shapes of the current schema's tables (and delivery_obligations)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES_SQL + DELIVERY_OBLIGATIONS_SQL)
+        rows = mem.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+    finally:
+        mem.close()
+    shapes = {n: _shape_from_sql(n, s) for n, s in rows if not n.startswith("sqlite_")}
+    return {n: s for n, s in shapes.items() if s is not None}
+
+
+@dataclass
+class _TableReport:
+    name: str
+    shape: _TableShape
+    found: int = 0
+    copied: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    source_count: int | None = None
+    method: str = "sql"
+    error: str | None = None
+    last_sql_rowid: int | None = None
+    bad_pages: list[ff.BadPage] = field(default_factory=list)
+    page_rowids: set[int] = field(default_factory=set)
+    orphan_pages: int = 0
+    rejections: list[str] = field(default_factory=list)
+    excluded: bool = False
+    unknown: bool = False
+    sql: str | None = None
+
+    @property
+    def damaged(self) -> bool:
+        return self.error is not None or bool(self.bad_pages)
+
+
+class _Source:
+    """The private image of the source: a byte copy with the WAL folded in."""
+
+    def __init__(self, source: Path, workdir: Path) -> None:
+        self.path = workdir / "image.db"
+        self.notes: list[str] = []
+        self.unreadable_bytes = _copy_bytes(source, self.path)
+        if self.unreadable_bytes:
+            self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
+        wal = sidecar_paths(source)[0]
+        self.wal = ff.fold_wal(wal, self.path)
+        self.notes += self.wal.notes
+        self.image = ff.DatabaseImage(self.path, page_size=self.wal.page_size)
+        self.sql: sqlite3.Connection | None = None
+        try:
+            self.sql = _connect(self.path, "ro", immutable=True)
+            self.sql.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            self.notes.append(f"SQLite cannot open the source: {exc}")
+            if self.sql is not None:
+                self.sql.close()
+            self.sql = None
+
+    def close(self) -> None:
+        if self.sql is not None:
+            self.sql.close()
+        self.image.close()
+
+
+def _copy_bytes(source: Path, dest: Path, chunk: int = 1 << 20) -> int:
+    """Copy ``source`` byte for byte into the new private file ``dest``; ranges the disk
+    cannot read (EIO) become zeros, page by page. Returns the number of unreadable bytes."""
+    lost = 0
+    src = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            size = os.fstat(src).st_size
+            for offset in range(0, size, chunk):
+                want = min(chunk, size - offset)
+                try:
+                    data = os.pread(src, want, offset)
+                except OSError:
+                    parts = []
+                    for sub in range(offset, offset + want, 4096):
+                        n = min(4096, offset + want - sub)
+                        try:
+                            parts.append(os.pread(src, n, sub))
+                        except OSError:
+                            parts.append(bytes(n))
+                            lost += n
+                    data = b"".join(parts)
+                os.pwrite(dst, data, offset)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return lost
+
+
+def _read_schema(src: _Source) -> tuple[list[tuple[str, str, str, int, str | None]], str]:
+    """sqlite_master's rows (type, name, tbl_name, rootpage, sql) and how they were read."""
+    if src.sql is not None:
+        try:
+            rows = src.sql.execute(
+                "SELECT type, name, tbl_name, rootpage, sql FROM sqlite_master"
+            ).fetchall()
+            return rows, "sql"
+        except sqlite3.Error as exc:
+            src.notes.append(f"the schema cannot be read by SQLite: {exc}")
+    rows = []
+    for cell in ff.walk_table(src.image, 1):
+        if isinstance(cell, ff.TableCell):
+            try:
+                values = ff.decode_record(cell.payload, src.image.encoding)
+            except ff.PageError:
+                continue
+            if len(values) == 5 and isinstance(values[1], str):
+                rows.append(tuple(values))
+    return rows, ("pages" if rows else "none")
+
+
+@dataclass
+class _Plan:
+    """What to do with each table of the source."""
+
+    copy: dict[str, _TableReport]
+    excluded: dict[str, _TableReport]
+    schema_method: str
+    index_roots: list[int]
+    table_roots: list[int]
+    source_seq: dict[str, int]
+
+
+def _plan(src: _Source) -> _Plan:
+    entries, method = _read_schema(src)
+    current = _current_shapes()
+    virtual = {n for t, n, _, _, sql in entries if t == "table" and sql
+               and sql.lstrip().upper().startswith("CREATE VIRTUAL")}
+    copy: dict[str, _TableReport] = {}
+    excluded: dict[str, _TableReport] = {}
+    index_roots, table_roots = [], []
+    for kind, name, _tbl, root, sql in entries:
+        if kind == "index" and isinstance(root, int) and root > 0:
+            index_roots.append(root)
+        if kind != "table" or not isinstance(root, int):
+            continue
+        if root > 0:
+            table_roots.append(root)
+        if (
+            name in virtual
+            or name.startswith("sqlite_")
+            or name in _REBUILT
+            or any(name.startswith(v + "_") for v in virtual)
+            or name.startswith("messages_fts")
+        ):
+            continue
+        shape = _shape_from_sql(name, sql) or current.get(name)
+        if shape is None:
+            continue
+        shape.root = root if root > 0 else None
+        report = _TableReport(name, shape, sql=sql)
+        if name in RUNTIME_LEDGER_TABLES:
+            report.excluded = True
+            excluded[name] = report
+        else:
+            report.unknown = name not in current
+            copy[name] = report
+    if method == "none":
+        # No schema at all: every current table is looked for, by shape, among all pages.
+        for name, shape in current.items():
+            if name in _REBUILT:
+                continue
+            report = _TableReport(name, shape, method="pages", error="schema unreadable")
+            (excluded if name in RUNTIME_LEDGER_TABLES else copy)[name] = report
+            report.excluded = name in RUNTIME_LEDGER_TABLES
+    seq: dict[str, int] = {}
+    if src.sql is not None and method == "sql":
+        with contextlib.suppress(sqlite3.Error):
+            seq = {n: int(s) for n, s in src.sql.execute("SELECT name, seq FROM sqlite_sequence")}
+    ordered = dict(sorted(copy.items(), key=lambda kv: (
+        _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
+    return _Plan(ordered, excluded, method, index_roots, table_roots, seq)
+
+
+def _sql_rows(src: _Source, report: _TableReport) -> Iterator[tuple[int | None, list[Any]]]:
+    """The table through SQLite, until the first error (then ``report.error`` says why)."""
+    if src.sql is None or report.error is not None:
+        report.error = report.error or "SQLite cannot open the source"
+        return
+    shape = report.shape
+    columns = ", ".join(quote_identifier(c) for c in shape.columns)
+    rowid = "rowid, " if shape.rowid else "NULL, "
+    try:
+        report.source_count = src.sql.execute(
+            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+        ).fetchone()[0]
+    except sqlite3.Error:
+        report.source_count = None
+    try:
+        for row in src.sql.execute(f"SELECT {rowid}{columns} FROM {quote_identifier(report.name)}"):
+            report.last_sql_rowid = row[0]
+            yield row[0], list(row[1:])
+    except sqlite3.Error as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        report.source_count = None
+
+
+def _page_rows(
+    src: _Source, report: _TableReport, claimed: set[int]
+) -> Iterator[tuple[int, list[Any]]]:
+    """The rest of a table SQLite stopped reading: its b-tree walked page by page."""
+    shape = report.shape
+    if shape.root is None or not shape.rowid:
+        return
+    report.method = "sql+pages" if report.last_sql_rowid is not None else "pages"
+    floor = report.last_sql_rowid
+    for item in ff.walk_table(src.image, shape.root, claimed):
+        if isinstance(item, ff.BadPage):
+            report.bad_pages.append(item)
+            continue
+        if floor is not None and item.rowid <= floor:
+            continue
+        try:
+            values = ff.decode_record(item.payload, src.image.encoding)
+        except ff.PageError as exc:
+            report.bad_pages.append(ff.BadPage(item.pgno, str(exc), item.rowid - 1, item.rowid, 1))
+            continue
+        if len(values) > len(shape.columns):
+            report.bad_pages.append(
+                ff.BadPage(item.pgno, "record wider than the table", item.rowid - 1, item.rowid, 1)
+            )
+            continue
+        report.page_rowids.add(item.rowid)
+        yield item.rowid, shape.row(item.rowid, values)
+
+
+def _orphan_rows(
+    src: _Source, plan: _Plan, claimed: set[int], damaged: list[_TableReport]
+) -> Iterator[tuple[_TableReport, int, list[Any]]]:
+    """Rows of leaf pages no b-tree reaches, attributed to the one damaged table whose
+    shape every record of the page fits; ambiguous pages are left alone."""
+    candidates = [r for r in damaged if r.shape.rowid]
+    if not candidates:
+        return
+    for root in plan.index_roots:
+        ff.walk_index(src.image, root, claimed)
+    for root in plan.table_roots:
+        for _ in ff.walk_table(src.image, root, claimed):
+            pass
+    freelist, _complete = ff.freelist_pages(src.image)
+    claimed |= freelist
+    for _pgno, cells, _bad in ff.iter_orphan_leaves(src.image, claimed):
+        try:
+            records = [(c.rowid, ff.decode_record(c.payload, src.image.encoding)) for c in cells]
+        except ff.PageError:
+            continue
+        owners = [r for r in candidates if all(r.shape.fits(v) for _, v in records)]
+        if len(owners) != 1:
+            continue
+        owner = owners[0]
+        owner.orphan_pages += 1
+        floor = owner.last_sql_rowid
+        for rowid, values in records:
+            if rowid in owner.page_rowids or (floor is not None and rowid <= floor):
+                continue
+            owner.page_rowids.add(rowid)
+            yield owner, rowid, owner.shape.row(rowid, values)
+
+
+def _loss(report: _TableReport, sequence: int | None) -> dict[str, Any]:
+    """Rows lost: exact where the file says so (the unreadable cells of a readable page),
+    else estimated from the rowids missing in the key ranges of the unreadable pages."""
+    if not report.damaged:
+        return {"lost": 0, "lost_exact": True, "lost_basis": None}
+    if report.method == "sql":
+        return {"lost": None, "lost_exact": False,
+                "lost_basis": "SQLite stopped reading and the table cannot be read page by page"}
+    if report.shape.root is None:
+        return {"lost": None, "lost_exact": False,
+                "lost_basis": "the schema is lost: rows were found by shape, losses are unknown"}
+    cells = sum(p.cells for p in report.bad_pages if p.cells is not None)
+    ranges = [p for p in report.bad_pages if p.cells is None]
+    if not ranges:
+        return {"lost": cells, "lost_exact": True, "lost_basis": "unreadable cells"}
+    rowids = sorted(report.page_rowids)
+    top = max(sequence or 0, rowids[-1] if rowids else 0, report.last_sql_rowid or 0)
+    gaps = 0
+    for page in ranges:
+        low = page.low if page.low is not None else 0
+        high = page.high if page.high is not None else top
+        if high > low:
+            held = bisect.bisect_right(rowids, high) - bisect.bisect_right(rowids, low)
+            gaps += max(0, (high - low) - held)
+    return {
+        "lost": gaps + cells,
+        "lost_exact": False,
+        "lost_basis": "rowids missing from the key ranges of unreadable pages "
+        "(an upper bound: rows deleted before the damage count too)",
+    }
+
+
+class _Writer:
+    """Inserts salvaged rows into the output in batches; a batch that violates a constraint
+    is retried row by row so one bad row costs only itself. A message's ``search_cjk`` is
+    left out: the index rebuild recomputes it (the source's is never trusted)."""
+
+    def __init__(self, out: sqlite3.Connection | None) -> None:
+        self.out = out
+        self._statements: dict[tuple[str, int], tuple[str, list[int]]] = {}
+
+    def _statement(self, report: _TableReport, width: int) -> tuple[str, list[int]]:
+        """The INSERT for records of ``width`` values, and which values it takes: the output
+        table's columns, by name (older records are shorter; unknown columns are dropped)."""
+        key = (report.name, width)
+        if key not in self._statements:
+            assert self.out is not None
+            known = {
+                r[0]
+                for r in self.out.execute("SELECT name FROM pragma_table_info(?)", (report.name,))
+            }
+            keep = [
+                i
+                for i, c in enumerate(report.shape.columns[:width])
+                if c in known and c != "search_cjk"
+            ]
+            names = ", ".join(quote_identifier(report.shape.columns[i]) for i in keep)
+            sql = (
+                f"INSERT INTO {quote_identifier(report.name)} ({names})"
+                f" VALUES ({', '.join('?' * len(keep))})"
+            )
+            self._statements[key] = (sql, keep)
+        return self._statements[key]
+
+    def write(self, report: _TableReport, rows: list[list[Any]]) -> None:
+        if self.out is None or not rows:
+            return
+        groups: dict[str, list[list[Any]]] = {}
+        for values in rows:
+            sql, keep = self._statement(report, len(values))
+            groups.setdefault(sql, []).append([values[i] for i in keep])
+        for sql, params in groups.items():
+            try:
+                with transaction(self.out):
+                    self.out.executemany(sql, params)
+                report.copied += len(params)
+                continue
+            except sqlite3.IntegrityError:
+                pass
+            for one in params:
+                try:
+                    with transaction(self.out):
+                        self.out.execute(sql, one)
+                    report.copied += 1
+                except sqlite3.IntegrityError as exc:
+                    report.rejected += 1
+                    if len(report.rejections) < 5:
+                        report.rejections.append(str(exc))
+
+
+def _copy_table(
+    report: _TableReport, rows: Iterable[list[Any]], writer: _Writer, say: Progress
+) -> None:
+    batch: list[list[Any]] = []
+    for values in rows:
+        report.found += 1
+        if report.name == "state_meta" and values and values[0] in _FTS_MARKERS:
+            report.skipped += 1
+            continue
+        batch.append(values)
+        if len(batch) >= _INSERT_BATCH:
+            writer.write(report, batch)
+            batch = []
+        if report.found % 10000 == 0:
+            say(f"reading {report.name}", report.found, report.source_count)
+    writer.write(report, batch)
+
+
+# Sessions referenced by recovered rows whose own row was lost get a placeholder row.
+ORPHAN_SESSIONS_SQL = """
+SELECT session_id, MIN(t0), MAX(t1), SUM(active) FROM (
+    SELECT session_id, timestamp AS t0, timestamp AS t1, active FROM messages
+    UNION ALL
+    SELECT session_id, first_used_at, last_used_at, 0 FROM session_model_usage
+)
+WHERE session_id IS NOT NULL AND session_id NOT IN (SELECT id FROM sessions)
+GROUP BY session_id
+"""
+PLACEHOLDER_SESSION_SQL = """
+INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count)
+VALUES (?, 'recovered', ?, ?, 'recovered', ?)
+"""
+
+
+def _finish_output(
+    out: sqlite3.Connection, plan: _Plan, say: Progress
+) -> tuple[list[str], dict[str, Any]]:
+    """Placeholders, sequences, data invariants, indexes, FTS rebuild, version, checks."""
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    with transaction(out):
+        orphans = out.execute(ORPHAN_SESSIONS_SQL).fetchall()
+        out.executemany(
+            PLACEHOLDER_SESSION_SQL,
+            [(sid, t0 if t0 is not None else now, t1, n or 0) for sid, t0, t1, n in orphans],
+        )
+        for name, seq in plan.source_seq.items():
+            if name not in plan.copy or not table_exists(out, name):
+                continue
+            row = out.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                out.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
+            elif row[0] < seq:
+                out.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = ?", (seq, name))
+        restore_data_invariants(out)
+        outbox = plan.copy.get("delivery_obligations")
+        if plan.schema_method == "none" and outbox is not None and not outbox.copied:
+            out.execute("DROP TABLE delivery_obligations")  # created lazily: only with rows
+    _rebuild_indexes(out, say)
+    with transaction(out):
+        out.execute("DELETE FROM schema_version")
+        out.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+    mode = out.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    checks = {"journal_mode": mode, "quick_check": _quick_check(out)}
+    out.execute("BEGIN IMMEDIATE")
+    try:
+        checks["fts_integrity"] = fts.integrity_report(out)
+    finally:
+        out.execute("ROLLBACK")
+    return [r[0] for r in orphans], checks
+
+
+def recover_state_db(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    inspect_only: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Salvage what the session store at ``source`` still holds into a fresh database.
+
+    ``output`` (default ``get_hermes_home()/state-recovered-<UTC timestamp>.db``) must not
+    exist; it appears only when complete. With ``inspect_only`` nothing is written anywhere
+    but a private temporary directory, and the report says what a recover would copy.
+    The source is never written to and never opened by SQLite; nothing is created beside it
+    but the output, when asked for there (its working directory is the output's).
+
+    The report: ``tables`` — per copied table ``found`` (rows read), ``copied``, ``rejected``
+    (constraint violations), ``lost`` with ``lost_exact``/``lost_basis`` (an estimate unless
+    exact), ``method`` (``sql`` or ``sql+pages``/``pages`` when the file format had to be
+    read), ``verified`` (counts match); ``excluded`` — the runtime ledgers, found but not
+    copied; ``rebuilt``; ``placeholder_sessions`` (sessions whose row was lost but whose
+    messages were not); ``readable`` (False only when nothing at all could be read).
+    """
+    src_path = Path(source).expanduser().absolute()
+    check_test_isolation(src_path)
+    if not src_path.is_file():
+        raise StateDbUnavailableError(
+            f"no database file at {src_path}", reason="uninitialized", path=src_path
+        )
+    own = [h for h in lock_holders(src_path, exclude_pids=()) if h.pid == os.getpid()]
+    if own:
+        raise StateDbInUseError(
+            f"this process has {src_path} open; recover must run where it is closed "
+            "(closing a descriptor would drop this process's locks on it)",
+            path=src_path,
+        )
+    say = progress or _no_progress
+    out_path: Path | None = None
+    if not inspect_only:
+        out_path = Path(output).expanduser().absolute() if output is not None else (
+            get_hermes_home() / f"state-recovered-{_utc_stamp()}.db"
+        )
+        if out_path.resolve() in {p.resolve() for p in (src_path, *sidecar_paths(src_path))}:
+            raise HermesStateError(f"the output {out_path} would overwrite the source")
+        if out_path.exists() or out_path.is_symlink():
+            raise HermesStateError(f"the output {out_path} already exists")
+        out_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workdir = out_path.parent if out_path is not None else None
+    with tempfile.TemporaryDirectory(prefix=".hermes-recover-", dir=workdir) as tmp:
+        say("copying the source", 0, None)
+        src = _Source(src_path, Path(tmp))
+        try:
+            return _recover(src, src_path, out_path, Path(tmp), say)
+        finally:
+            src.close()
+
+
+def _recover(
+    src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress
+) -> dict[str, Any]:
+    plan = _plan(src)
+    partial = tmp / "output.db"
+    out: sqlite3.Connection | None = None
+    if out_path is not None:
+        prepare_db_file(partial)
+        out = sqlite3.connect(partial, isolation_level=None)
+        out.execute("PRAGMA journal_mode = MEMORY")
+        out.execute("PRAGMA synchronous = OFF")
+        ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
+        for statement in split_sql(ddl):
+            out.execute(statement)
+        for report in [r for r in plan.copy.values() if r.unknown]:
+            try:  # a table this schema does not know is copied with its own definition
+                out.execute(report.sql or "")
+            except sqlite3.Error as exc:
+                del plan.copy[report.name]
+                src.notes.append(f"table {report.name} was not copied: {exc}")
+    writer, counter = _Writer(out), _Writer(None)
+
+    def sink_for(report: _TableReport) -> _Writer:
+        return counter if report.excluded else writer  # ledgers are counted, never copied
+
+    claimed: set[int] = set()
+    try:
+        for report in [*plan.copy.values(), *plan.excluded.values()]:
+            rows = (values for _, values in _sql_rows(src, report))
+            _copy_table(report, rows, sink_for(report), say)
+            if report.error is not None:
+                say(f"reading {report.name} page by page", report.found, None)
+                pages = (v for _, v in _page_rows(src, report, claimed))
+                _copy_table(report, pages, sink_for(report), say)
+        damaged = [r for r in [*plan.copy.values(), *plan.excluded.values()] if r.damaged]
+        if damaged:
+            say("searching unreferenced pages", 0, None)
+            pending: dict[str, tuple[_TableReport, list[list[Any]]]] = {}
+            for owner, _rowid, values in _orphan_rows(src, plan, claimed, damaged):
+                batch = pending.setdefault(owner.name, (owner, []))[1]
+                batch.append(values)
+                if len(batch) >= _INSERT_BATCH:
+                    _copy_table(owner, pending.pop(owner.name)[1], sink_for(owner), say)
+            for owner, rows_left in pending.values():
+                _copy_table(owner, rows_left, sink_for(owner), say)
+        placeholders: list[str] = []
+        checks: dict[str, Any] = {}
+        if out is not None:
+            placeholders, checks = _finish_output(out, plan, say)
+        result = _assemble(src, src_path, out_path, plan, out, placeholders, checks)
+        if out is not None and out_path is not None:
+            out.close()
+            out = None
+            _publish(partial, out_path)
+        return result
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _publish(partial: Path, output: Path) -> None:
+    """Make the finished output durable, then give it its name (never over an existing file)."""
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.link(partial, output)
+    partial.unlink()
+    dir_fd = os.open(output.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _table_entry(
+    report: _TableReport, out: sqlite3.Connection | None, plan: _Plan, placeholders: int
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"found": report.found}
+    if not report.excluded:
+        entry["copied"] = report.copied if out is not None else None
+        entry["rejected"] = report.rejected
+        if report.skipped:
+            entry["skipped"] = report.skipped
+    entry.update(_loss(report, plan.source_seq.get(report.name)))
+    entry["method"] = report.method
+    entry["source_count"] = report.source_count
+    if report.error is not None:
+        entry["error"] = report.error
+    if report.bad_pages:
+        entry["unreadable_pages"] = sorted({p.pgno for p in report.bad_pages})[:100]
+    if report.orphan_pages:
+        entry["unreferenced_pages_read"] = report.orphan_pages
+    if report.rejections:
+        entry["rejections"] = report.rejections
+    if report.unknown:
+        entry["unknown_table"] = True
+    if out is not None and not report.excluded:
+        entry["output_count"] = out.execute(
+            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+        ).fetchone()[0] if table_exists(out, report.name) else 0
+        expected = report.copied + (placeholders if report.name == "sessions" else 0)
+        entry["verified"] = entry["output_count"] == expected and (
+            report.source_count is None or report.source_count == report.found
+        )
+    elif report.source_count is not None:
+        entry["verified"] = report.source_count == report.found
+    return entry
+
+
+def _assemble(
+    src: _Source,
+    src_path: Path,
+    out_path: Path | None,
+    plan: _Plan,
+    out: sqlite3.Connection | None,
+    placeholders: list[str],
+    checks: dict[str, Any],
+) -> dict[str, Any]:
+    tables = {
+        name: _table_entry(r, out, plan, len(placeholders)) for name, r in plan.copy.items()
+    }
+    excluded = {name: _table_entry(r, None, plan, 0) for name, r in plan.excluded.items()}
+    for name in RUNTIME_LEDGER_TABLES:
+        excluded.setdefault(name, {"found": 0, "present": False})
+    version = None
+    if src.sql is not None:
+        with contextlib.suppress(sqlite3.Error):
+            version = read_version(src.sql)
+    found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
+    lost_values = [t.get("lost") for t in tables.values()]
+    holders = describe_lock_holders(src_path)
+    return {
+        "source": str(src_path),
+        "output": str(out_path) if out_path is not None else None,
+        "inspect_only": out_path is None,
+        "source_in_use": holders,
+        "schema_version": version,
+        "schema_read_by": plan.schema_method,
+        "page_size": src.image.page_size,
+        "pages": src.image.page_count,
+        "wal_frames_applied": src.wal.frames,
+        "notes": src.notes,
+        "tables": tables,
+        "excluded": excluded,
+        "rebuilt": list(_REBUILT),
+        "placeholder_sessions": placeholders,
+        "rows_found": found,
+        "rows_lost": None if None in lost_values else sum(v or 0 for v in lost_values),
+        "complete": all(t.get("lost") == 0 for t in tables.values()),
+        "readable": found > 0 or not any(
+            r.damaged for r in [*plan.copy.values(), *plan.excluded.values()]
+        ),
+        "checks": checks,
+    }

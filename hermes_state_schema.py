@@ -41,7 +41,13 @@ from hermes_state_common import (
 )
 from hermes_state_errors import StateDbUnavailableError, is_sqlite_lock_error
 
-__all__ = ["MIGRATIONS", "read_version", "ensure_schema", "expected_columns"]
+__all__ = [
+    "MIGRATIONS",
+    "read_version",
+    "ensure_schema",
+    "expected_columns",
+    "restore_data_invariants",
+]
 
 T = TypeVar("T")
 WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
@@ -187,6 +193,14 @@ def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     for statement in split_sql(FTS_SQL + FTS_TRIGGERS_SQL):
         conn.execute(statement)
     fts.start_rebuild(conn)
+
+
+def restore_data_invariants(conn: sqlite3.Connection) -> None:
+    """Make the data rules older files may break true again: unique titles (the unique index
+    is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
+    of any version into the current schema (recover)."""
+    _migrate_unique_titles(conn)
+    _migrate_message_uids(conn)
 
 
 def _finish(conn: sqlite3.Connection) -> None:
