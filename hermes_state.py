@@ -81,6 +81,7 @@ from hermes_state_portability import (
 
 __all__ = [
     "SessionDB",
+    "collect_profile_stats",
     "backup_state_db",
     "restore_state_db",
     "repair_state_db",
@@ -565,6 +566,7 @@ class SessionDB:
     message_count = _reads(sessions.message_count)
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
+    stats = _reads(sessions.stats)
     export_session = _reads(portability.export_session)
     export_all = _reads(portability.export_all)
     export_session_lineage = _reads(portability.export_session_lineage)
@@ -643,3 +645,32 @@ class SessionDB:
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
+
+
+def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
+    """:meth:`SessionDB.stats` of every profile under ``root`` (default: the Hermes root):
+    ``default`` (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each
+    opened read-only. A profile that fails goes to ``errors`` (``profile``, ``error`` and the
+    unavailable ``reason`` when there is one); the others are still returned."""
+    base = common.hermes_root() if root is None else Path(root).expanduser()
+    names = ["default"]
+    profiles = base / "profiles"
+    if profiles.is_dir():
+        names += sorted(
+            p.name
+            for p in profiles.iterdir()
+            if (p / common.DB_FILENAME).exists() or (p / common.DB_FILENAME).is_symlink()
+        )
+    result: dict[str, Any] = {"profiles": {}, "errors": []}
+    for name in names:
+        try:
+            home = common.resolve_profile_home(name, base)
+            with SessionDB(home / common.DB_FILENAME, read_only=True) as db:
+                result["profiles"][name] = db.stats()
+        except (HermesStateError, sqlite3.Error, OSError) as exc:
+            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
+            reason = getattr(exc, "reason", None)
+            if reason:
+                entry["reason"] = reason
+            result["errors"].append(entry)
+    return result
