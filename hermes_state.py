@@ -42,10 +42,12 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
+import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
 import hermes_state_schema as schema
+import hermes_state_search as search
 import hermes_state_sessions as sessions
 from hermes_state_common import (
     SCHEMA_VERSION,
@@ -53,12 +55,19 @@ from hermes_state_common import (
     display_hermes_home,
     get_hermes_home,
     hermes_home_override,
+    profile_config_path,
     resolve_profile_home,
 )
 from hermes_state_errors import (
+    CompressionConflictError,
     FtsCorruptError,
     HermesStateError,
     LedgerBusyError,
+    LedgerConflictError,
+    OwnerLookupError,
+    ProfileNotFoundError,
+    ReceiptRejectedError,
+    StaleEpochError,
     SessionNotFoundError,
     StateDbClosedError,
     StateDbCorruptError,
@@ -66,6 +75,7 @@ from hermes_state_errors import (
     StateDbInUseError,
     StateDbLockedError,
     StateDbUnavailableError,
+    StoreNotHeldError,
     TitleConflictError,
     UnsafePathError,
     is_corruption_error,
@@ -78,6 +88,7 @@ from hermes_state_portability import (
     repair_state_db,
     restore_state_db,
 )
+from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
 
 __all__ = [
     "SessionDB",
@@ -91,7 +102,11 @@ __all__ = [
     "hermes_home_override",
     "display_hermes_home",
     "resolve_profile_home",
+    "resolve_store_home",
+    "profile_config_path",
     "child_process_env",
+    "ProfileStoreRegistry",
+    "profile_stores",
     "HermesStateError",
     "StateDbLockedError",
     "StateDbCorruptError",
@@ -101,9 +116,16 @@ __all__ = [
     "StateDbUnavailableError",
     "StateDbInUseError",
     "LedgerBusyError",
+    "LedgerConflictError",
+    "StaleEpochError",
+    "ReceiptRejectedError",
+    "OwnerLookupError",
+    "CompressionConflictError",
     "SessionNotFoundError",
     "TitleConflictError",
     "UnsafePathError",
+    "ProfileNotFoundError",
+    "StoreNotHeldError",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -155,15 +177,22 @@ def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Callable[...,
 
 
 def _writes(
-    fn: Callable[Concatenate[sqlite3.Connection, P], T], kind: str = "write", *, spool: bool = False
+    fn: Callable[Concatenate[sqlite3.Connection, P], T],
+    kind: str = "write",
+    *,
+    spool: bool | tuple[str, str] = False,
 ) -> Callable[..., T]:
     """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
 
-    With ``spool=True`` (transcript writes) the message(s) of a write refused because the
-    file is corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
-    :class:`StateDbCorruptError` names that file in ``spooled_to``.
+    With ``spool`` (transcript writes) the message(s) of a write refused because the file is
+    corrupt are appended to ``<home>/sessions/<session_id>.jsonl`` and the raised
+    :class:`StateDbCorruptError` names that file in ``spooled_to``. ``spool=True`` reads the
+    ``session_id`` and ``messages`` parameters; a pair names them instead. Without a messages
+    argument the call's own arguments (``**`` keywords flattened) are the one record.
     """
     signature = inspect.signature(fn)
+    params = ("session_id", "messages") if spool is True else spool or ("", "")
+    session_param, messages_param = params
 
     @functools.wraps(fn)
     def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -175,17 +204,27 @@ def _writes(
         except StateDbCorruptError as exc:
             if spool:
                 bound = signature.bind(None, *args, **kwargs).arguments
-                session_id = str(bound["session_id"])
-                records = bound.get("messages") or [
-                    {k: v for k, v in bound.items() if k != "conn"}
-                ]
+                session_id = str(bound[session_param])
+                records = bound.get(messages_param) or [_call_record(signature, bound)]
                 exc.spooled_to = common.spool_transcript(
-                    session_id, [{"session_id": session_id, **r} for r in records]
+                    session_id,
+                    [{"session_id": session_id, **r} for r in records],
+                    home=self.profile_home,
                 )
             raise
 
     method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
     return method
+
+
+def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for name, value in bound.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            record.update(value)
+        elif name != "conn":
+            record[name] = value
+    return record
 
 
 class SessionDB:
@@ -194,6 +233,11 @@ class SessionDB:
     Thread-safe; usable as a context manager; ``close()`` is idempotent. With
     ``read_only=True`` the file is opened ``mode=ro`` and nothing is ever created, migrated,
     checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses).
+
+    ``profile_home`` is fixed at open: the directory of a ``state.db`` (a home's own store),
+    else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
+    corruption and the lock log go there, so one profile's failures never land in another's
+    home, whichever ``hermes_home_override`` the failing call runs under.
     """
 
     def __init__(
@@ -206,7 +250,9 @@ class SessionDB:
         path = common.default_db_path() if db_path is None else Path(db_path).expanduser()
         common.check_test_isolation(path)
         self.path = path.absolute()
-        self.profile_home = self.path.parent
+        # A home's own store is its state.db; a scratch file belongs to the context's home.
+        in_home = self.path.name == common.DB_FILENAME
+        self.profile_home = self.path.parent if in_home else common.get_hermes_home().absolute()
         self.read_only = read_only
         self.wal_reset_exposed = common.wal_reset_exposed()
         self.last_checkpoint: tuple[int, int, int] | None = None
@@ -248,7 +294,11 @@ class SessionDB:
 
     def _configure_writable(self, conn: sqlite3.Connection) -> None:
         """Connection settings, outside any transaction (both pragmas are no-ops inside one)
-        but through the retry wrapper: switching a new file to WAL needs its lock."""
+        but through the retry wrapper: switching a new file to WAL needs its lock.
+
+        A file from a newer library is refused first: switching its journal mode would
+        already rewrite its header."""
+        schema.refuse_newer(conn, self.path)
         conn.execute("PRAGMA foreign_keys = ON")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -454,7 +504,7 @@ class SessionDB:
         holders = lockowners.describe_lock_holders(self.path)
         line = "; ".join(holders) if holders else "no lock holder could be named"
         logger.warning("write to %s gave up after %.1f s: %s", self.path, waited, line)
-        common.append_error_log(f"database is locked: {self.path}: {line}")
+        common.append_error_log(f"database is locked: {self.path}: {line}", self.profile_home)
         return StateDbLockedError(
             f"{self.path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
             path=self.path,
@@ -508,7 +558,7 @@ class SessionDB:
     def _rebuild_in_background(self) -> None:
         try:
             self._rebuild(require_exclusive=True)
-        except HermesStateError as exc:
+        except (HermesStateError, sqlite3.Error) as exc:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:
@@ -530,7 +580,10 @@ class SessionDB:
             return False
 
     def rebuild_fts(self) -> None:
-        """Rebuild the three FTS indexes now, in chunks, under the admission lock."""
+        """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
+        handle's own background rebuild, if one is running, has finished)."""
+        if self._rebuild_thread is not None:
+            self._rebuild_thread.join()
         if not self._rebuild(require_exclusive=False):
             raise HermesStateError(f"another process is rebuilding the FTS index of {self.path}")
 
@@ -547,7 +600,7 @@ class SessionDB:
     def check_fts_integrity(self) -> dict[str, str | None]:
         """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs
         it as a write, so it needs a writable handle and takes the write lock briefly."""
-        return self._write(fts.integrity_report)
+        return self._write(fts.integrity_report, transactional=False)
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -563,6 +616,8 @@ class SessionDB:
     list_sessions_rich = _reads(sessions.list_sessions_rich)
     search_sessions = _reads(sessions.search_sessions)
     session_count = _reads(sessions.session_count)
+    set_session_archived = _writes(sessions.set_session_archived)
+    auto_archive_idle_sessions = _writes(sessions.auto_archive_idle_sessions)
     message_count = _reads(sessions.message_count)
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
@@ -643,6 +698,87 @@ class SessionDB:
     get_compression_tip = _reads(compression.get_compression_tip)
     get_compression_lineage = _reads(compression.get_compression_lineage)
 
+    # --- search -------------------------------------------------------------------------------
+
+    _sanitize_fts5_query = staticmethod(search.sanitize_fts5_query)
+
+    def search_messages(
+        self,
+        query: str,
+        source_filter: Iterable[str] | None = None,
+        exclude_sources: Iterable[str] | None = None,
+        role_filter: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_inactive: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Full-text search over every session (see hermes_state_search.search_messages).
+
+        Never raises for any query text. An index found damaged is detached (``fts_stale``)
+        and the search answers from canonical rows instead."""
+        args = (query, source_filter, exclude_sources, role_filter, limit, offset,
+                include_inactive)
+        try:
+            return self._read(lambda c: search.search_messages(c, *args))
+        except FtsCorruptError:
+            logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
+            if not self.read_only and self._quarantined is None:
+                self._write(fts.detach_index)
+            return self._read(lambda c: search.search_messages(c, *args, use_index=False))
+
+    # --- compression --------------------------------------------------------------------------
+
+    archive_and_compact = _writes(
+        compression.archive_and_compact, "transcript", spool=("session_id", "compacted_messages")
+    )
+    publish_compression_child = _writes(
+        compression.publish_compression_child, "transcript", spool=("child_session_id", "messages")
+    )
+    try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
+    refresh_compression_lock = _writes(compression.refresh_compression_lock)
+    release_compression_lock = _writes(compression.release_compression_lock)
+    get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
+
+    # --- gateway: runtime epoch, admissions, workers ------------------------------------------
+
+    begin_runtime_epoch = _writes(gateway.begin_runtime_epoch)
+    get_runtime_epoch = _reads(gateway.get_runtime_epoch)
+    admit_input = _writes(gateway.admit_input)
+    claim_next_input = _writes(gateway.claim_next_input)
+    settle_input = _writes(gateway.settle_input)
+    resolve_unknown_input = _writes(gateway.resolve_unknown_input)
+    get_admission = _reads(gateway.get_admission)
+    list_admissions = _reads(gateway.list_admissions)
+    receipt_digest = staticmethod(gateway.receipt_digest)
+    register_worker_execution = _writes(gateway.register_worker_execution)
+    record_worker_receipt = _writes(gateway.record_worker_receipt)
+    finish_worker_execution = _writes(gateway.finish_worker_execution)
+    resolve_unknown_execution = _writes(gateway.resolve_unknown_execution)
+    list_worker_executions = _reads(gateway.list_worker_executions)
+    list_worker_receipts = _reads(gateway.list_worker_receipts)
+
+    # --- gateway: outbox, routing, delegations ------------------------------------------------
+
+    record_delivery_obligation = _writes(gateway.record_delivery_obligation)
+    record_delivery_failure = _writes(gateway.record_delivery_failure)
+    settle_delivery_obligation = _writes(gateway.settle_delivery_obligation)
+    get_delivery_obligation = _reads(gateway.get_delivery_obligation)
+    list_owed_deliveries = _reads(gateway.list_owed_deliveries)
+    save_gateway_routing_entry = _writes(gateway.save_gateway_routing_entry)
+    load_gateway_routing_entries = _reads(gateway.load_gateway_routing_entries)
+    replace_gateway_routing_entries = _writes(gateway.replace_gateway_routing_entries)
+    delete_gateway_routing_entries = _writes(gateway.delete_gateway_routing_entries)
+    record_async_delegation = _writes(gateway.record_async_delegation)
+    update_async_delegation = _writes(gateway.update_async_delegation)
+    get_async_delegation = _reads(gateway.get_async_delegation)
+    list_async_delegations = _reads(gateway.list_async_delegations)
+
+    # --- gateway: exception-path ownership ----------------------------------------------------
+
+    ingress_owner_marker = staticmethod(gateway.ingress_owner_marker)
+    find_owned_input = _reads(gateway.find_owned_input)
+    persist_exception_input = _writes(gateway.persist_exception_input, "transcript", spool=True)
+
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
 
@@ -674,3 +810,8 @@ def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
                 entry["reason"] = reason
             result["errors"].append(entry)
     return result
+
+
+#: This process's shared stores, one SessionDB per profile home, held by explicit owners
+#: (see :class:`ProfileStoreRegistry`).
+profile_stores: ProfileStoreRegistry[SessionDB] = ProfileStoreRegistry(SessionDB)

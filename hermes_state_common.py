@@ -44,6 +44,7 @@ __all__ = [
     "display_hermes_home",
     "validate_profile_name",
     "resolve_profile_home",
+    "profile_config_path",
     "child_process_env",
     "check_test_isolation",
     "transaction",
@@ -51,6 +52,7 @@ __all__ = [
 
 SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
+CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
 GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
 
@@ -140,6 +142,11 @@ def resolve_profile_home(name: str, root: Path | None = None) -> Path:
     return home
 
 
+def profile_config_path(profile_home: str | os.PathLike[str]) -> Path:
+    """The configuration file of the profile whose home is ``profile_home``."""
+    return Path(profile_home) / CONFIG_FILENAME
+
+
 def display_hermes_home(home: Path | None = None) -> str:
     """Format a home for people to read (``~/.hermes/profiles/coder``); display only."""
     home = get_hermes_home() if home is None else Path(home)
@@ -176,7 +183,9 @@ def refuse_symlinks(db_path: Path) -> None:
     or not): whoever planted it could redirect the store's writes."""
     for path in (db_path, *sidecar_paths(db_path)):
         if path.is_symlink():
-            raise UnsafePathError(f"refusing to open a symlink as a database file: {path}", path=path)
+            raise UnsafePathError(
+                f"refusing to open a symlink as a database file: {path}", path=path
+            )
 
 
 def prepare_db_file(db_path: Path) -> bool:
@@ -246,11 +255,19 @@ def _running_under_pytest() -> bool:
 
 
 def is_production_db_path(db_path: Path) -> bool:
-    """True when ``db_path`` is the real default root's database or a real profile's."""
-    root = platform_default_home()
+    """True when ``db_path`` is the real default root's database or a real profile's.
+
+    Both sides are resolved first, so neither ``..`` components nor a symlinked directory can
+    spell a production path in a way the comparison misses.
+    """
     try:
-        target = db_path.expanduser().absolute()
-        rel = target.parent.relative_to(root.absolute())
+        target = db_path.expanduser().resolve()
+        root = platform_default_home().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the normalised spelling
+        target = Path(os.path.abspath(db_path.expanduser()))
+        root = Path(os.path.abspath(platform_default_home()))
+    try:
+        rel = target.parent.relative_to(root)
     except ValueError:
         return False
     parts = rel.parts
@@ -280,6 +297,8 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 def clean_text(value: str) -> str:
     """Remove lone surrogates (SQLite cannot bind them); join valid pairs. Nothing else changes."""
+    if value.isascii():
+        return value
     try:
         value.encode("utf-8")
         return value
@@ -317,10 +336,11 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def append_error_log(line: str) -> None:
-    """Append one timestamped line to ``<home>/logs/errors.log`` (private file); never raises."""
+def append_error_log(line: str, home: Path | None = None) -> None:
+    """Append one timestamped line to ``<home>/logs/errors.log`` (private file; ``home``
+    defaults to this context's); never raises."""
     try:
-        logs = get_hermes_home() / "logs"
+        logs = (get_hermes_home() if home is None else home) / "logs"
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -332,14 +352,17 @@ def append_error_log(line: str) -> None:
         pass
 
 
-def spool_transcript(session_id: str, records: Iterable[Mapping[str, Any]]) -> Path:
-    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync).
+def spool_transcript(
+    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
+) -> Path:
+    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (one JSON object per line, fsync;
+    ``home`` defaults to this context's).
 
     Where a transcript goes when the database cannot take it (a quarantined file): the
     caller's turn is kept on disk instead of in a retry queue.
     """
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", session_id) or "_"
-    directory = get_hermes_home() / "sessions"
+    directory = (get_hermes_home() if home is None else home) / "sessions"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{safe.lstrip('.') or '_'}.jsonl"
     data = "".join(
@@ -645,6 +668,12 @@ CREATE INDEX IF NOT EXISTS idx_admissions_session
     ON session_admissions(session_id, status, id);
 CREATE INDEX IF NOT EXISTS idx_worker_executions_session
     ON worker_executions(session_id, status);
+CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(status, epoch)
+    WHERE status IN ('queued', 'started', 'unknown');
+CREATE INDEX IF NOT EXISTS idx_worker_executions_live ON worker_executions(status, epoch)
+    WHERE status IN ('registered', 'running', 'unknown');
+CREATE INDEX IF NOT EXISTS idx_async_delegations_parent
+    ON async_delegations(parent_session_id, status);
 """
 
 # The three full-text indexes are external-content FTS5 tables over `messages` (rowid = message

@@ -3,36 +3,83 @@
 Lineage is the ``parent_session_id`` chain. A compression that splits a conversation ends the
 parent with ``end_reason='compression'`` and publishes the child as its successor
 (``successor_session_id``); the *tip* of a conversation is where that chain of successors ends.
+
+There are two ways to compress, each one transaction:
+
+* **In place** (:func:`archive_and_compact`): every active row of the session becomes the
+  archive (``active=0``) and the retained context is inserted again as the new active
+  generation, each row keeping the ``message_uid`` it carries. A protected message therefore
+  exists twice, archived and live, with the same content and timestamp. That is correct and
+  nothing may de-duplicate it: live reads and live duplicate checks look at ``active=1`` only,
+  the archive stays for export, audit and the exception-path owner lookup.
+* **Split** (:func:`publish_compression_child`): the child is created with
+  ``parent_session_id`` set, its messages are written, the parent is ended with
+  ``end_reason='compression'`` and the child is published as the parent's
+  ``successor_session_id``, the forwarding target for anyone still holding the parent's id.
+
+Compression continues a conversation, so both lift an archive that the idle clean-up set
+(``auto_archived=1``) from every session of the conversation; a deliberate archive
+(``archived=1``, ``auto_archived=0``) stays, and a child published from a deliberately
+archived parent is born archived the same way, so the conversation stays archived whole.
+
+**Compression locks** keep two processes from compressing one session at once. A lock is a
+row of ``compression_locks``: a holder string and an expiry (wall-clock time, since holders
+live in different processes). Another holder may take the lock over only when it has expired,
+or when its holder string names a process that provably no longer exists: it contains
+``pid=<n>``, names this host or no host (``host=<name>``), and ``os.kill(n, 0)`` raises
+``ProcessLookupError``. A live pid, a pid of another host, a pid we may not signal, or no pid
+at all proves nothing, and the lock is honoured until it expires. :func:`lock_holder_name`
+builds a holder string in that format. The functions here do not take the lock themselves:
+whoever compresses holds it around the work.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import socket
 import sqlite3
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hermes_state_sessions import chain_from, family_of, row_to_dict
+from hermes_state_common import now
+from hermes_state_errors import CompressionConflictError, SessionNotFoundError
+from hermes_state_messages import (
+    RECOUNT_SQL,
+    insert_message,
+    message_fields,
+    tool_call_count_of,
+)
+from hermes_state_sessions import (
+    chain_from,
+    create_session,
+    family_of,
+    get_session,
+    lift_auto_archive,
+    require_session,
+    row_to_dict,
+    session_ancestors,
+)
 
 __all__ = [
     "get_session_ancestors",
     "get_session_descendants",
     "get_compression_tip",
     "get_compression_lineage",
+    "compression_ancestors",
+    "archive_and_compact",
+    "publish_compression_child",
+    "lock_holder_name",
+    "holder_is_gone",
+    "try_acquire_compression_lock",
+    "refresh_compression_lock",
+    "release_compression_lock",
+    "get_compression_lock_holder",
 ]
 
-# The seed's lineage queries: the session first, then each parent in turn.
-ANCESTORS_SQL = """
-WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
-    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
-    UNION
-    SELECT s.id, s.parent_session_id, l.depth + 1
-    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
-    WHERE l.depth < 10000
-)
-SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
-FROM lineage l JOIN sessions s ON s.id = l.id
-ORDER BY l.depth
-"""
-
+# The seed's descendants query: the session first, then everything below it.
 DESCENDANTS_SQL = """
 WITH RECURSIVE descendants(id, depth) AS (
     SELECT id, 0 FROM sessions WHERE id = ?
@@ -53,7 +100,7 @@ def _rows(conn: sqlite3.Connection, sql: str, session_id: str) -> list[dict[str,
 
 def get_session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """The session and its ancestors, nearest first (empty when the session is unknown)."""
-    return _rows(conn, ANCESTORS_SQL, session_id)
+    return session_ancestors(conn, session_id)
 
 
 def get_session_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
@@ -69,18 +116,46 @@ def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None
     return chain_from(family, children, session_id)[-1]
 
 
-def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """The first session of the compression chain through ``session_id``: walk up while the
-    parent ended by compression."""
-    rows = get_session_ancestors(conn, session_id)
-    if not rows:
-        return None
-    root = rows[0]["id"]
+# One step of the rule of hermes_state_sessions.next_in_chain, for walking up a chain.
+SUCCESSOR_LINK_SQL = "SELECT successor_session_id, end_reason FROM sessions WHERE id = ?"
+NEWEST_CHILD_SQL = """
+SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY started_at DESC, id DESC LIMIT 1
+"""
+
+
+def _is_successor(conn: sqlite3.Connection, parent: str, child: str) -> bool:
+    """True when ``child`` (a child of ``parent``) is ``parent``'s compression successor: the
+    published one, else — with no published successor among its descendants — the newest
+    child of a parent that ended by compression."""
+    successor, end_reason = conn.execute(SUCCESSOR_LINK_SQL, (parent,)).fetchone()
+    if successor is not None:
+        if successor == child:
+            return True
+        if any(r["id"] == parent for r in session_ancestors(conn, successor)[1:]):
+            return False
+    if end_reason != "compression":
+        return False
+    newest = conn.execute(NEWEST_CHILD_SQL, (parent,)).fetchone()
+    return newest is not None and newest[0] == child
+
+
+def compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """The session, then each parent in turn while the session below it is that parent's
+    compression successor (empty when the session is unknown). A delegate child, or an older
+    branch the parent has moved past, starts a chain of its own."""
+    rows = session_ancestors(conn, session_id)
+    chain = [row["id"] for row in rows[:1]]
     for parent in rows[1:]:
-        if parent["end_reason"] != "compression":
+        if not _is_successor(conn, parent["id"], chain[-1]):
             break
-        root = parent["id"]
-    return root
+        chain.append(parent["id"])
+    return chain
+
+
+def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """The first session of the compression chain through ``session_id``."""
+    chain = compression_ancestors(conn, session_id)
+    return chain[-1] if chain else None
 
 
 def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[str]:
@@ -90,3 +165,210 @@ def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[s
         return []
     family, children = family_of(conn, root)
     return chain_from(family, children, root)
+
+
+# --- compression generations -----------------------------------------------------------------
+
+ARCHIVE_GENERATION_SQL = "UPDATE messages SET active = 0 WHERE session_id = ? AND active = 1"
+
+# Split compression: the parent ends by compression and forwards to its child.
+PUBLISH_SUCCESSOR_SQL = """
+UPDATE sessions SET ended_at = COALESCE(ended_at, ?), end_reason = 'compression',
+                    successor_session_id = ?
+WHERE id = ?
+"""
+
+# A deliberately archived parent hands its archive to the child it publishes.
+INHERIT_DELIBERATE_ARCHIVE_SQL = """
+UPDATE sessions SET archived = 1, auto_archived = 0
+WHERE id = :child AND EXISTS (
+    SELECT 1 FROM sessions WHERE id = :parent AND archived = 1 AND COALESCE(auto_archived, 0) = 0
+)
+"""
+
+
+def _insert_generation(
+    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]], count: bool
+) -> tuple[int, int]:
+    """Insert ``messages`` as active rows keeping the uids they carry; (rows, tool calls)."""
+    rows = calls = 0
+    for message in messages:
+        fields = message_fields(message)
+        fields["active"] = True
+        insert_message(conn, session_id, fields, count=count)
+        rows += 1
+        calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+    return rows, calls
+
+
+def archive_and_compact(
+    conn: sqlite3.Connection, session_id: str, compacted_messages: Iterable[Mapping[str, Any]]
+) -> int:
+    """Compress a session in place (the caller's transaction); returns the number of rows
+    inserted as the new active generation, i.e. ``len(compacted_messages)``.
+
+    Every active row becomes ``active=0``; each of ``compacted_messages`` (append, export or
+    replay format) is inserted as an ``active=1`` row keeping the ``message_uid``,
+    ``tool_call_uids`` and timestamp it carries, so protected messages legitimately appear in
+    both generations. Earlier archives are left alone. The session's counters describe the
+    new active generation, as after :func:`~hermes_state_messages.replace_messages`.
+    """
+    require_session(conn, session_id)
+    conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
+    rows, calls = _insert_generation(conn, session_id, compacted_messages, count=False)
+    conn.execute(RECOUNT_SQL, (rows, calls, session_id))
+    lift_auto_archive(conn, session_id)
+    return rows
+
+
+def publish_compression_child(
+    conn: sqlite3.Connection,
+    parent_session_id: str,
+    child_session_id: str,
+    source: str,
+    messages: Iterable[Mapping[str, Any]],
+    **session_columns: Any,
+) -> str:
+    """Split a session (the caller's transaction); returns the child's id.
+
+    Creates the child with ``parent_session_id`` (``session_columns`` may set any other column
+    of ``sessions``: ``model``, ``user_id``, ``session_key``…; nothing is copied from the
+    parent implicitly but a deliberate archive), writes ``messages`` into it (uids kept), ends
+    the parent with ``end_reason='compression'`` (a parent ended earlier for another reason
+    is re-labelled: it now has a compression successor) and publishes the child as its
+    ``successor_session_id``. An archive the idle clean-up set on the conversation is lifted.
+
+    Raises :class:`CompressionConflictError` when the parent already has a published
+    successor or the child id is taken: one conversation never forks into two live tips.
+    """
+    parent = get_session(conn, parent_session_id)
+    if parent is None:
+        raise SessionNotFoundError(parent_session_id)
+    if parent["successor_session_id"] is not None:
+        raise CompressionConflictError(
+            f"session {parent_session_id} already forwards to {parent['successor_session_id']}"
+        )
+    if get_session(conn, child_session_id) is not None:
+        raise CompressionConflictError(f"session {child_session_id} already exists")
+    create_session(
+        conn, child_session_id, source, parent_session_id=parent_session_id, **session_columns
+    )
+    _insert_generation(conn, child_session_id, messages, count=True)
+    conn.execute(PUBLISH_SUCCESSOR_SQL, (now(), child_session_id, parent_session_id))
+    lift_auto_archive(conn, child_session_id)
+    conn.execute(
+        INHERIT_DELIBERATE_ARCHIVE_SQL, {"child": child_session_id, "parent": parent_session_id}
+    )
+    return child_session_id
+
+
+# --- compression locks -----------------------------------------------------------------------
+
+_PID_RE = re.compile(r"(?<![\w-])pid=(\d+)(?!\w)")
+_HOST_RE = re.compile(r"(?<![\w-])host=(\S+)")
+
+
+def lock_holder_name(label: str = "") -> str:
+    """A holder string for this process: ``host=<hostname> pid=<pid>`` and the label."""
+    name = f"host={socket.gethostname()} pid={os.getpid()}"
+    return f"{name} {label}" if label else name
+
+
+def holder_is_gone(holder: str) -> bool:
+    """True only when ``holder`` names a process of this host that no longer exists.
+
+    Never signals anything on Windows, where ``os.kill`` terminates the process.
+    """
+    match = _PID_RE.search(holder)
+    if match is None or sys.platform == "win32":
+        return False
+    host = _HOST_RE.search(holder)
+    if host is not None and host.group(1) != socket.gethostname():
+        return False
+    pid = int(match.group(1))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OverflowError, OSError):
+        return False  # alive but not ours to signal, or not a pid at all
+    return False
+
+
+def _check_ttl(ttl_seconds: float) -> float:
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float)):
+        raise TypeError(f"ttl_seconds must be a number, got {type(ttl_seconds).__name__}")
+    if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
+        raise ValueError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
+    return float(ttl_seconds)
+
+
+def _check_holder(holder: str) -> str:
+    if not isinstance(holder, str) or not holder:
+        raise ValueError(f"holder must be a non-empty string, got {holder!r}")
+    return holder
+
+
+def _reclaimable(holder: str, expires_at: float, at: float) -> bool:
+    return expires_at <= at or holder_is_gone(holder)
+
+
+SELECT_LOCK_SQL = "SELECT holder, expires_at FROM compression_locks WHERE session_id = ?"
+TAKE_LOCK_SQL = """
+INSERT INTO compression_locks (session_id, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?)
+ON CONFLICT(session_id) DO UPDATE SET
+    holder = excluded.holder, acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+"""
+REFRESH_LOCK_SQL = """
+UPDATE compression_locks SET expires_at = ? WHERE session_id = ? AND holder = ?
+"""
+
+
+def try_acquire_compression_lock(
+    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+) -> bool:
+    """Take the session's compression lock for ``ttl_seconds`` (the caller's transaction).
+
+    True when ``holder`` now holds it: it was free, expired, held by a provably gone process,
+    or already ``holder``'s (then its expiry is extended). False while someone else holds it.
+    """
+    _check_holder(holder)
+    ttl = _check_ttl(ttl_seconds)
+    at = now()
+    row = conn.execute(SELECT_LOCK_SQL, (session_id,)).fetchone()
+    if row is not None and row[0] == holder:
+        conn.execute(REFRESH_LOCK_SQL, (at + ttl, session_id, holder))
+        return True
+    if row is not None and not _reclaimable(row[0], row[1], at):
+        return False
+    conn.execute(TAKE_LOCK_SQL, (session_id, holder, at, at + ttl))
+    return True
+
+
+def refresh_compression_lock(
+    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+) -> bool:
+    """Extend ``holder``'s lock to ``ttl_seconds`` from now; False when ``holder`` does not
+    hold it (any more). A lapsed lock nobody took over yet is still the holder's."""
+    ttl = _check_ttl(ttl_seconds)
+    cursor = conn.execute(REFRESH_LOCK_SQL, (now() + ttl, session_id, _check_holder(holder)))
+    return cursor.rowcount > 0
+
+
+def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str) -> bool:
+    """Release ``holder``'s lock; False when ``holder`` did not hold it."""
+    cursor = conn.execute(
+        "DELETE FROM compression_locks WHERE session_id = ? AND holder = ?", (session_id, holder)
+    )
+    return cursor.rowcount > 0
+
+
+def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """The holder of the session's lock while it binds; None when there is no lock or it could
+    be reclaimed (expired, or its holder is provably gone)."""
+    row = conn.execute(SELECT_LOCK_SQL, (session_id,)).fetchone()
+    if row is None or _reclaimable(row[0], row[1], now()):
+        return None
+    return str(row[0])

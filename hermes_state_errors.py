@@ -31,6 +31,9 @@ __all__ = [
     "SessionNotFoundError",
     "TitleConflictError",
     "OwnerLookupError",
+    "CompressionConflictError",
+    "ProfileNotFoundError",
+    "StoreNotHeldError",
     "is_sqlite_lock_error",
     "is_corruption_error",
     "is_fts_corruption_code",
@@ -185,7 +188,24 @@ class StaleEpochError(LedgerConflictError):
 
 
 class ReceiptRejectedError(LedgerConflictError):
-    """A worker receipt was out of sequence or did not match its digest; nothing was written."""
+    """A worker receipt was refused and nothing was written. ``reason`` is one of "gap",
+    "out_of_order" (a duplicate or earlier sequence), "digest_mismatch", "not_live" (the
+    execution is finished or unknown) or "unknown_execution"."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        execution_id: str | None = None,
+        sequence: int | None = None,
+        expected_sequence: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.execution_id = execution_id
+        self.sequence = sequence
+        self.expected_sequence = expected_sequence
 
 
 class SessionNotFoundError(HermesStateError, KeyError):
@@ -205,6 +225,27 @@ class TitleConflictError(HermesStateError, ValueError):
 
 class OwnerLookupError(HermesStateError):
     """The owner of an input could not be determined, so nothing was written on a guess."""
+
+
+class CompressionConflictError(HermesStateError, ValueError):
+    """A split compression would fork a conversation: the parent already forwards to a
+    published successor, or the child's id is taken."""
+
+
+class ProfileNotFoundError(HermesStateError, LookupError):
+    """An explicitly named profile (or home) has no directory: it was never created or it was
+    removed. Raised before anything is opened or created for it."""
+
+    def __init__(
+        self, message: str, *, profile: str | None = None, path: Path | None = None
+    ) -> None:
+        super().__init__(message)
+        self.profile = profile
+        self.path = path
+
+
+class StoreNotHeldError(HermesStateError, LookupError):
+    """An owner released or transferred a profile store it does not hold."""
 
 
 def _error_code(exc: BaseException) -> int | None:

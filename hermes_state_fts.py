@@ -18,13 +18,17 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   rebuild has not reached yet are left to it, rows it has passed and rows newer than the high
   water are kept in sync by the triggers: nothing is indexed twice or missed, even with other
   writers running meanwhile. Only a writable open that holds the cross-process admission lock
-  and sees no other process on the database starts one.
+  and sees no other process on the database starts one. An index so damaged that FTS5 cannot
+  open it any more (its structure record lost) is first reset through its shadow tables; one
+  damaged below FTS5, in the b-trees of those tables, cannot be rebuilt in place and stays
+  detached until the file itself is repaired.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -34,9 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermes_state_common import FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, escape_like, quote_identifier
-from hermes_state_common import set_meta, split_sql, table_exists
-from hermes_state_errors import is_corruption_error, is_fts_corruption_code
+from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
+from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
+from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
+from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_lockowners import lock_holders
 
 PROC_LOCKS = "/proc/locks"
@@ -72,7 +77,7 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 
 def has_cjk(text: str | None) -> bool:
-    return bool(text) and _CJK_RUN_RE.search(text) is not None
+    return bool(text) and not text.isascii() and _CJK_RUN_RE.search(text) is not None
 
 
 def cjk_bigrams(run: str) -> list[str]:
@@ -103,6 +108,8 @@ def iter_cjk_runs(text: str) -> Iterator[re.Match[str]]:
 # --- markers ---------------------------------------------------------------------------------
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
+# The shadow tables FTS5 keeps for each of them (external content: no %_content).
+_SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
 STALE_KEY = "fts_stale"
 HIGH_WATER_KEY = "fts_rebuild_high_water"
 PROGRESS_KEY = "fts_rebuild_progress"
@@ -162,40 +169,44 @@ def missing_triggers(conn: sqlite3.Connection) -> list[str]:
 # --- damage ----------------------------------------------------------------------------------
 
 
-def _quick_check_ok(conn: sqlite3.Connection, table: str) -> bool:
-    rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
+def _table_ok(conn: sqlite3.Connection, table: str) -> bool:
+    """``quick_check`` of one table's b-trees; a table too damaged to be checked is not ok."""
+    try:
+        rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
+    except sqlite3.Error as exc:
+        if is_corruption_error(exc):
+            return False
+        raise
     return [r[0] for r in rows] == ["ok"]
 
 
 def _fts_shadow_tables(conn: sqlite3.Connection) -> list[str]:
-    return [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND ("
-            + " OR ".join("name LIKE ?" for _ in FTS_TABLES)
-            + ")",
-            [escape_like(t) + "\\_%" for t in FTS_TABLES],
-        )
-        if not r[0].endswith("_source")
-    ]
+    names = [table + suffix for table in FTS_TABLES for suffix in _SHADOW_SUFFIXES]
+    return [name for name in names if table_exists(conn, name)]
+
+
+def damaged_shadow_tables(conn: sqlite3.Connection) -> list[str]:
+    """The FTS shadow tables whose b-trees fail ``quick_check``."""
+    return [name for name in _fts_shadow_tables(conn) if not _table_ok(conn, name)]
 
 
 def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
     """True when corruption reported by ``exc`` provably lies in the FTS indexes only.
 
-    Either the result code says so (``SQLITE_CORRUPT_VTAB``: FTS5 found its own structures
-    inconsistent), or a plain ``SQLITE_CORRUPT`` came from a b-tree that belongs to an FTS
-    shadow table: every canonical table passes ``quick_check`` and some shadow table does not.
-    Anything else — including a check that cannot even run — is not provably FTS-only.
+    Every canonical table must pass ``quick_check``: FTS5 reads ``messages`` (its external
+    content), so damage there can surface as an FTS5 error too, even as
+    ``SQLITE_CORRUPT_VTAB`` (an indexed row that the damaged table no longer yields). Then
+    either the result code says FTS5 found its own structures inconsistent
+    (``SQLITE_CORRUPT_VTAB``), or a plain ``SQLITE_CORRUPT`` came from a b-tree of an FTS
+    shadow table, which fails ``quick_check``. Anything else — including a check that cannot
+    even run — is not provably FTS-only.
     """
-    if is_fts_corruption_code(exc):
-        return True
     if not is_corruption_error(exc):
         return False
     try:
-        if not all(_quick_check_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
+        if not all(_table_ok(conn, t) for t in _CANONICAL_TABLES if table_exists(conn, t)):
             return False
-        return not all(_quick_check_ok(conn, t) for t in _fts_shadow_tables(conn))
+        return is_fts_corruption_code(exc) or bool(damaged_shadow_tables(conn))
     except sqlite3.Error:
         return False
 
@@ -215,11 +226,65 @@ def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
 # --- rebuild ---------------------------------------------------------------------------------
 
 
+@functools.cache
+def _fresh_shadow_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
+    """What each shadow table of a just-created, empty index holds, as this SQLite writes it
+    (made once, in memory, from the same DDL)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(TABLES_SQL + FTS_SQL)
+        return {
+            table + suffix: tuple(conn.execute(f"SELECT * FROM {table}{suffix}").fetchall())
+            for table in FTS_TABLES
+            for suffix in _SHADOW_SUFFIXES
+        }
+    finally:
+        conn.close()
+
+
+def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
+    """Put ``table``'s shadow tables back to the state of a new, empty index.
+
+    FTS5 reads an index's structure record whenever it opens the table, so once that record
+    is damaged nothing that goes through the table works, 'delete-all' and even DROP TABLE
+    included. The shadow tables are ordinary tables and can still be rewritten directly.
+    """
+    for suffix in _SHADOW_SUFFIXES:
+        name = quote_identifier(table + suffix)
+        conn.execute(f"DELETE FROM {name}")
+        for row in _fresh_shadow_rows()[table + suffix]:
+            conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+
+
+def _empty_index(conn: sqlite3.Connection, table: str) -> None:
+    """Empty ``table`` for a rebuild; raises :class:`FtsCorruptError` when its shadow tables
+    are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend."""
+    delete_all = f"INSERT INTO {table}({table}) VALUES ('delete-all')"
+    try:
+        try:
+            conn.execute(delete_all)
+            return
+        except sqlite3.Error as exc:
+            # SQLite may have rolled the whole transaction back; then nothing more can be done.
+            if is_sqlite_lock_error(exc) or not conn.in_transaction:
+                raise
+        _reset_shadow_tables(conn, table)
+        conn.execute(delete_all)
+    except sqlite3.Error as exc:
+        if is_corruption_error(exc):
+            raise FtsCorruptError(
+                f"{table} cannot be rebuilt in place, its tables are damaged: {exc}"
+            ) from exc
+        raise
+
+
 def start_rebuild(conn: sqlite3.Connection) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
-    transaction). Returns the high water: the rows the chunks must index (0: nothing to do)."""
+    transaction). Returns the high water: the rows the chunks must index (0: nothing to do).
+
+    An index too damaged for FTS5 to open is reset from its shadow tables first."""
     for table in FTS_TABLES:
-        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+        _empty_index(conn, table)
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)
@@ -232,7 +297,9 @@ def start_rebuild(conn: sqlite3.Connection) -> int:
     return int(high_water)
 
 
-REBUILD_ROWS_SQL = "SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?"
+REBUILD_ROWS_SQL = """
+SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
+"""
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
     SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :lo AND id <= :hi;
@@ -274,7 +341,10 @@ def integrity_report(conn: sqlite3.Connection) -> dict[str, str | None]:
     """FTS5 'integrity-check' of each index against its content (None: clean, else the error).
 
     ``PRAGMA integrity_check`` does not look inside FTS5 structures on this SQLite, so this is
-    the only check that sees a damaged index. SQLite treats the command as a write.
+    the only check that sees a damaged index. SQLite treats the command as a write; run it
+    outside a transaction, each check in its own: once a check has met a damaged b-tree,
+    SQLite fails every later statement of the same transaction, its COMMIT included.
+    Lock errors are raised, for the caller to retry.
     """
     report: dict[str, str | None] = {}
     for table in FTS_TABLES:
@@ -282,6 +352,8 @@ def integrity_report(conn: sqlite3.Connection) -> dict[str, str | None]:
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
             report[table] = None
         except sqlite3.Error as exc:
+            if is_sqlite_lock_error(exc):
+                raise
             report[table] = f"{type(exc).__name__}: {exc}"
     return report
 

@@ -6,6 +6,9 @@
   tool calls) unless the row already has them, pairs a tool result with its call, and computes
   the CJK index text. A copy passes the uids it carries and they are kept as they are.
 * Lone surrogates are the only change ever made to text (SQLite cannot bind them).
+* Appending a user turn resumes its conversation, lifting an archive only the idle clean-up
+  set (see ``hermes_state_sessions``); copies made by compression, replacement or import
+  never count as a resume.
 * A reasoning-only successful reply keeps ``content`` empty; its text lives in
   ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
 * :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
@@ -23,9 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
-from hermes_state_compression import get_session_ancestors
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import SessionNotFoundError
+from hermes_state_sessions import lift_auto_archive, session_ancestors
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -106,13 +109,13 @@ def _check_uid(value: Any, field: str) -> str:
 
 def tool_call_count_of(role: str, tool_calls: Any) -> int:
     """Tool calls an assistant row makes (tool-result rows make none)."""
-    if role != "assistant" or not isinstance(tool_calls, list):
+    if role != "assistant" or not isinstance(tool_calls, (list, tuple)):
         return 0
     return len(tool_calls)
 
 
 def _tool_call_ids(tool_calls: Any) -> list[str]:
-    if not isinstance(tool_calls, list):
+    if not isinstance(tool_calls, (list, tuple)):
         return []
     ids = []
     for call in tool_calls:
@@ -123,14 +126,17 @@ def _tool_call_ids(tool_calls: Any) -> list[str]:
 
 
 # The latest assistant row of the session that issued uids for its tool calls.
+# The latest assistant row of the session that issued uids for its tool calls, and how many
+# results for this call id have been written after it.
 LAST_CALLER_SQL = """
-SELECT id, tool_call_uids FROM messages
-WHERE session_id = ? AND role = 'assistant' AND active = 1 AND tool_call_uids IS NOT NULL
-ORDER BY id DESC LIMIT 1
-"""
-EARLIER_RESULTS_SQL = """
-SELECT COUNT(*) FROM messages
-WHERE session_id = ? AND id > ? AND role = 'tool' AND tool_call_id = ? AND active = 1
+SELECT a.tool_call_uids,
+       (SELECT COUNT(*) FROM messages t
+        WHERE t.session_id = a.session_id AND t.id > a.id AND t.role = 'tool'
+          AND t.tool_call_id = :call_id AND t.active = 1)
+FROM messages a
+WHERE a.session_id = :session_id AND a.role = 'assistant' AND a.active = 1
+  AND a.tool_call_uids IS NOT NULL
+ORDER BY a.id DESC LIMIT 1
 """
 
 
@@ -144,14 +150,14 @@ def _pick_uid(value: Any, occurrence: int) -> str | None:
 
 
 def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: str) -> str | None:
-    row = conn.execute(LAST_CALLER_SQL, (session_id,)).fetchone()
+    params = {"session_id": session_id, "call_id": tool_call_id}
+    row = conn.execute(LAST_CALLER_SQL, params).fetchone()
     if row is None:
         return None
-    mapping = decode_json(row[1])
+    mapping = decode_json(row[0])
     if not isinstance(mapping, dict) or tool_call_id not in mapping:
         return None
-    earlier = conn.execute(EARLIER_RESULTS_SQL, (session_id, row[0], tool_call_id)).fetchone()[0]
-    return _pick_uid(mapping[tool_call_id], earlier)
+    return _pick_uid(mapping[tool_call_id], row[1])
 
 
 def _prepare(conn: sqlite3.Connection, session_id: str, fields: Mapping[str, Any]) -> tuple:
@@ -272,9 +278,14 @@ def append_message(
 ) -> int:
     """Append one message and move the session's counters (the caller's transaction).
 
-    Returns the row id. JSON-typed fields take any JSON value and are decoded on read."""
+    Returns the row id. JSON-typed fields take any JSON value and are decoded on read. A new
+    user turn (not an ``observed`` one) resumes the conversation: an archive the idle clean-up
+    set is lifted, a deliberate one stays."""
     fields = {k: v for k, v in locals().items() if k not in ("conn", "session_id")}
-    return insert_message(conn, session_id, fields)
+    row_id = insert_message(conn, session_id, fields)
+    if role == "user" and not observed:
+        lift_auto_archive(conn, session_id, check=True)
+    return row_id
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -327,7 +338,7 @@ def get_messages_as_conversation(
     ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
     ids = [session_id]
     if include_ancestors:
-        ids = [r["id"] for r in reversed(get_session_ancestors(conn, session_id))]
+        ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
     return conversation(conn, ids, include_row_ids=include_row_ids)
 
 
@@ -422,15 +433,19 @@ def replace_messages(
     """Replace the active generation of a session (the caller's transaction).
 
     Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
-    given); archived generations are left alone. The counters are recomputed from the rows.
+    given); archived generations are left alone. The counters are recomputed from the active
+    rows, as appending would have left them; rows given with ``active=False`` join the archive
+    and count for nothing.
     """
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
     conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
-    ids, calls = [], 0
+    ids, active, calls = [], 0, 0
     for message in messages:
         fields = message_fields(message)
         ids.append(insert_message(conn, session_id, fields, count=False))
-        calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
-    conn.execute(RECOUNT_SQL, (len(ids), calls, session_id))
+        if fields.get("active") is None or fields.get("active"):
+            active += 1
+            calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+    conn.execute(RECOUNT_SQL, (active, calls, session_id))
     return ids

@@ -135,8 +135,9 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
 
 
 def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict[str, Any]]:
-    """Every session (optionally of one source), oldest first, exported as above."""
-    sessions = search_sessions(conn, source=source, limit=-1)
+    """Every session (optionally of one source, archived ones included), oldest first,
+    exported as above."""
+    sessions = search_sessions(conn, source=source, limit=-1, include_archived=True)
     exported = (export_session(conn, s["id"]) for s in reversed(sessions))
     return [e for e in exported if e is not None]
 

@@ -24,6 +24,7 @@ import sqlite3
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import hermes_state_fts as fts
@@ -39,11 +40,16 @@ from hermes_state_common import (
     split_sql,
     table_exists,
 )
-from hermes_state_errors import StateDbUnavailableError, is_sqlite_lock_error
+from hermes_state_errors import (
+    StateDbUnavailableError,
+    is_corruption_error,
+    is_sqlite_lock_error,
+)
 
 __all__ = [
     "MIGRATIONS",
     "read_version",
+    "refuse_newer",
     "ensure_schema",
     "expected_columns",
     "restore_data_invariants",
@@ -71,6 +77,20 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     if table_exists(conn, "sessions"):
         return _UNTRACKED_VERSION
     return None
+
+
+def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | None:
+    """The schema version (see :func:`read_version`); a database written by a newer library
+    raises :class:`StateDbUnavailableError` (reason "incompatible") and is left untouched."""
+    found = read_version(conn)
+    if found is not None and found > SCHEMA_VERSION:
+        raise StateDbUnavailableError(
+            f"database schema version {found} is newer than this library's {SCHEMA_VERSION}",
+            reason="incompatible",
+            path=path,
+            schema_version=found,
+        )
+    return found
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
@@ -177,17 +197,39 @@ _FTS_OBJECTS = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
 _FTS_VIEWS = ("messages_fts_trigram_source", "messages_fts_cjk_source")
 
 
+# Triggers on `messages` that feed an FTS table, whatever their generation named them.
+FTS_FEEDING_TRIGGERS_SQL = """
+SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
+  AND sql LIKE '%messages\\_fts%' ESCAPE '\\'
+"""
+
+
+def _drop_fts_triggers(conn: sqlite3.Connection) -> None:
+    legacy = [r[0] for r in conn.execute(FTS_FEEDING_TRIGGERS_SQL)]
+    for name in {*FTS_TRIGGER_NAMES, *legacy}:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+
+
+def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
+    """Drop an old FTS table. FTS5 must open a table to drop it, which it cannot once the
+    table's structure record is damaged; such an index is reset to an empty one first (its
+    contents are about to be rebuilt from the rows anyway)."""
+    drop = f"DROP TABLE IF EXISTS {quote_identifier(name)}"
+    try:
+        conn.execute(drop)
+    except sqlite3.Error as exc:
+        if not is_corruption_error(exc):
+            raise
+        fts._empty_index(conn, name)
+        conn.execute(drop)
+
+
 def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
     indexes are filled by the chunked rebuild (see hermes_state_fts)."""
-    legacy_triggers = conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
-        " AND sql LIKE '%messages\\_fts%' ESCAPE '\\'"
-    ).fetchall()
-    for name in {*FTS_TRIGGER_NAMES, *(r[0] for r in legacy_triggers)}:
-        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+    _drop_fts_triggers(conn)
     for name in _FTS_OBJECTS:
-        conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(name)}")
+        _drop_fts_table(conn, name)
     for name in _FTS_VIEWS:
         conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
     for statement in split_sql(FTS_SQL + FTS_TRIGGERS_SQL):
@@ -233,8 +275,12 @@ def _create_fresh(conn: sqlite3.Connection) -> bool:
 
 
 def _bootstrap(conn: sqlite3.Connection) -> None:
+    """Tables and columns first. An old generation's FTS triggers go too: the data migrations
+    below rewrite rows, and a legacy index that is damaged or already gone would make every
+    such rewrite fail, while the FTS migration rebuilds the indexes from the rows anyway."""
     if (read_version(conn) or 0) >= SCHEMA_VERSION:
         return
+    _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
     _reconcile_columns(conn)
@@ -263,15 +309,9 @@ def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
 
     ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.
     """
-    found = read_version(conn)
+    found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
         return found
-    if found is not None and found > SCHEMA_VERSION:
-        raise StateDbUnavailableError(
-            f"database schema version {found} is newer than this library's {SCHEMA_VERSION}",
-            reason="incompatible",
-            schema_version=found,
-        )
     if found is None and write(_create_fresh):
         return None
     write(_bootstrap)

@@ -17,11 +17,12 @@ language that is always valid FTS5 and that keeps the meaning of the plain queri
   ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
 * At most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS` characters are kept. Whole
   terms are dropped from the end; a single term longer than the cap is cut and searched as a
-  prefix (``"...cut text" *``), so the text it was cut from still matches.
+  prefix (``"...cut text" *``), so the text it was cut from still matches. Only the first
+  :data:`MAX_INPUT_CHARS` characters of the input are read, which bounds the work per query.
 
 :func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
 for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
-precedence); each alternative goes to exactly one index:
+precedence); each alternative goes to one index (a Latin one to a second one as well):
 
 * ``messages_fts`` (``fts_match``): alternatives whose positive terms hold no CJK text. This is
   the sanitized query itself when the query has no CJK at all.
@@ -31,21 +32,28 @@ precedence); each alternative goes to exactly one index:
   runs the phrase of their bigrams ``"AB BC CD"``. A run followed, inside the same term, by more
   text ends there in any matching row, so it is spelled with its trailing character as well
   (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
-  are. Only rows holding CJK text are in this index, which is why alternatives without CJK stay
-  on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges them by rowid).
+  are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
+  ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
+  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges
+  them by rowid).
   A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
   expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
+* The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
+  reads a CJK run and the Latin letters touching it as one token, so in ``日本語のUI設計`` or
+  ``Python入門`` the word is not a token of ``messages_fts``, but it is one of ``search_cjk``.
 * LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
-  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal) and of negated
-  conjunctions, with exactly the boolean meaning above but substring semantics (``cat`` also
-  finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row fallback while
-  the indexes are stale, and substring search through ``messages_fts_trigram``. SQLite hands a
-  LIKE to the trigram index only without an ESCAPE clause and only usefully for a literal of at
-  least 3 characters (shorter literals find nothing or crash some SQLite versions when several
-  are combined), so each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
-  for the pieces of ≥ 3 characters between ``%``/``_``, which drive the index while the escaped
-  patterns filter exactly. A group without one cannot use the trigram index and is served by
-  the canonical LIKE scan instead.
+  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal, and a word
+  keeps the ``%`` and ``_`` at its edges there: ``50%`` finds ``50% off``, not ``500``) and
+  of negated conjunctions, with exactly the boolean meaning above but substring semantics
+  (``cat`` also finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row
+  fallback while the indexes are stale, and substring search through ``messages_fts_trigram``
+  (non-tool rows only). SQLite hands a LIKE to a virtual table only when it has no ESCAPE
+  clause, and the trigram index must only ever see literals of at least 3 characters: SQLite
+  3.40 counts bytes, so ``'%東京%'`` silently finds nothing, and a short pattern beside another
+  one can crash it. So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
+  for the pieces of ≥ 3 characters between ``%``/``_`` in its required terms. They drive the
+  index; the escaped patterns then filter exactly. A group without one cannot use the trigram
+  index and is served by the canonical LIKE scan instead.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
 search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
@@ -55,17 +63,22 @@ indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show 
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hermes_state_common import clean_text, escape_like
-from hermes_state_fts import cjk_bigrams, has_cjk, iter_cjk_runs
+from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
 
 __all__ = [
     "MAX_QUERY_TERMS",
     "MAX_QUERY_CHARS",
+    "MAX_INPUT_CHARS",
     "SNIPPET_WIDTH",
     "MATCH_START",
     "MATCH_END",
@@ -75,17 +88,19 @@ __all__ = [
     "sanitize_fts5_query",
     "plan_search",
     "make_snippet",
+    "search_messages",
 ]
 
 MAX_QUERY_TERMS = 32
 MAX_QUERY_CHARS = 256
+MAX_INPUT_CHARS = 64 * MAX_QUERY_CHARS
 SNIPPET_WIDTH = 120
 MATCH_START = ">>>"
 MATCH_END = "<<<"
 ELLIPSIS = "..."
 
 _OPERATORS = frozenset({"AND", "OR", "NOT"})
-# Barewords FTS5 would read as syntax: the operators, and NEAR in front of a parenthesis.
+# Words that are syntax as FTS5 barewords (NEAR only before "(", never emitted; quoted anyway).
 _KEYWORDS = _OPERATORS | {"NEAR"}
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +113,11 @@ class _Term:
     text: str  # the text searched: a word, or a phrase's content
     quoted: bool  # rendered as an FTS5 string rather than a bareword
     prefix: bool = False  # cut by the length cap: matched as a prefix
+    like: str | None = None  # the text for the LIKE routes, when it differs from ``text``
+
+    @property
+    def like_text(self) -> str:
+        return self.text if self.like is None else self.like
 
 
 _Item = _Term | str  # a str item is one of _OPERATORS
@@ -123,13 +143,18 @@ def _usable(text: str) -> bool:
     return any(_is_usable_char(ch) for ch in text)
 
 
-def _strip_edges(word: str) -> str:
+def _strip_edges(word: str, keep: str = "") -> str:
     start, end = 0, len(word)
-    while start < end and not _is_word_char(word[start]):
+    while start < end and not (_is_word_char(word[start]) or word[start] in keep):
         start += 1
-    while end > start and not _is_word_char(word[end - 1]):
+    while end > start and not (_is_word_char(word[end - 1]) or word[end - 1] in keep):
         end -= 1
     return word[start:end]
+
+
+# Kept at the edges of a word on the LIKE routes: dropping them would make them wildcards in
+# effect ("50%" would find "500"), and in a LIKE path they are literal.
+_LIKE_LITERALS = "%_"
 
 
 def _word_term(chunk: str) -> _Term | None:
@@ -137,7 +162,8 @@ def _word_term(chunk: str) -> _Term | None:
     if not _usable(word):
         return None
     bare = word not in _KEYWORDS and all(_is_word_char(ch) for ch in word)
-    return _Term(word, quoted=not bare)
+    like = _strip_edges(chunk, keep=_LIKE_LITERALS)
+    return _Term(word, quoted=not bare, like=None if like == word else like)
 
 
 def _phrase_term(content: str) -> _Term | None:
@@ -168,7 +194,7 @@ def _cut_term(term: _Term, limit: int) -> _Term | None:
 
 def _parse(query: object) -> list[_Item]:
     """Terms with operators only between two of them, within the caps (see module docstring)."""
-    text = _CONTROL_RE.sub(" ", clean_text(_as_text(query)))
+    text = _CONTROL_RE.sub(" ", clean_text(_as_text(query)[:MAX_INPUT_CHARS]))
     items: list[_Item] = []
     pending_op: str | None = None
     terms = length = 0
@@ -320,9 +346,9 @@ class LikeGroup:
 
 
 def _like_group(positive: list[_Term], negated: list[list[_Term]]) -> LikeGroup:
-    include = tuple(dict.fromkeys(_like_pattern(t.text) for t in positive))
-    exclude = tuple(tuple(_like_pattern(t.text) for t in conj) for conj in negated)
-    pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.text) if len(p) >= 3)
+    include = tuple(dict.fromkeys(_like_pattern(t.like_text) for t in positive))
+    exclude = tuple(tuple(_like_pattern(t.like_text) for t in conj) for conj in negated)
+    pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.like_text) if len(p) >= 3)
     index_patterns = tuple(dict.fromkeys("%" + p + "%" for p in pieces))
     return LikeGroup(include, exclude, index_patterns)
 
@@ -336,6 +362,7 @@ class SearchPlan:
     cjk_match: str | None  # MATCH on messages_fts_cjk, or None when no alternative goes there
     like_groups: tuple[LikeGroup, ...]  # the whole query for LIKE, OR of the groups
     needles: tuple[str, ...]  # the positive terms' texts, for make_snippet
+    latin_cjk_match: str | None = None  # fts_match's alternatives, spelled for messages_fts_cjk
 
     def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
         """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
@@ -365,6 +392,7 @@ def plan_search(query: object) -> SearchPlan | None:
         cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in cjk) or None,
         like_groups=tuple(groups),
         needles=tuple(needles),
+        latin_cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in latin) or None,
     )
 
 
@@ -431,3 +459,245 @@ def make_snippet(text: str, needles: Sequence[str], *, width: int = SNIPPET_WIDT
     if end < len(text):
         out.append(ELLIPSIS)
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a search
+# ---------------------------------------------------------------------------------------------
+
+CONTEXT_CHARS = 200
+
+# The columns of a hit; {snippet} and {rank} depend on the route.
+_HIT_COLUMNS = """m.id, m.session_id, m.role, m.timestamp, s.source, s.model,
+       s.started_at, {snippet} AS snippet, {rank} AS rank"""
+
+FTS_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(
+    snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
+FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
+WHERE messages_fts MATCH ? AND f.rowid > ? {{filters}}
+ORDER BY rank, m.id LIMIT ?
+"""
+CJK_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
+FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
+WHERE messages_fts_cjk MATCH ? AND f.rowid > ? {{filters}}
+ORDER BY rank, m.id LIMIT ?
+"""
+
+# Ranking costs time in proportion to the matches ranked, and a common word matches a large
+# share of the history. So the ranked queries look at the newest messages first: the window
+# starts at RANK_WINDOW_START message ids and grows (by what is missing, up to 16×) until it
+# holds RANK_CANDIDATES
+# matches (counting is cheap: FTS5 walks its doclist within the rowid range without ranking)
+# and enough hits after the filters — or until it is the whole history. A rare term is
+# therefore ranked over everything; a common one over its most recent few hundred matches.
+RANK_WINDOW_START = 1024
+RANK_CANDIDATES = 256
+COUNT_IN_WINDOW_SQL = "SELECT COUNT(*) FROM {table} WHERE {table} MATCH ? AND rowid > ?"
+NEWEST_MESSAGE_SQL = "SELECT COALESCE(MAX(id), 0) FROM messages"
+# One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
+# the exact, escaped conditions of the group then filter the canonical content.
+TRIGRAM_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
+FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE t.content LIKE ? AND {{exact}} {{filters}}
+ORDER BY t.rowid DESC LIMIT ?
+"""
+# The canonical fallback: no index at all, newest first.
+LIKE_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
+FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE {{exact}} {{filters}}
+ORDER BY m.timestamp DESC, m.id DESC LIMIT ? OFFSET ?
+"""
+_LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
+             " || char(10) || COALESCE(m.tool_calls, ''))"
+
+CONTEXT_BEFORE_SQL = """
+SELECT role, substr(content, 1, ?) FROM messages
+WHERE session_id = ? AND id < ? AND active = 1 ORDER BY id DESC LIMIT 1
+"""
+CONTEXT_AFTER_SQL = """
+SELECT role, substr(content, 1, ?) FROM messages
+WHERE session_id = ? AND id > ? AND active = 1 ORDER BY id LIMIT 1
+"""
+
+
+def _as_list(values: str | Iterable[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return [values]
+    return [str(v) for v in values]
+
+
+def search_filters(
+    source_filter: str | Iterable[str] | None,
+    exclude_sources: str | Iterable[str] | None,
+    role_filter: str | Iterable[str] | None,
+    include_inactive: bool,
+) -> tuple[str, list[str]]:
+    """SQL conditions on ``m`` (messages) and ``s`` (sessions). Each list travels as one JSON
+    parameter, so any length works and nothing is formatted into SQL text."""
+    sql, params = "", []
+    if not include_inactive:
+        sql += " AND m.active = 1"
+    for values, condition in (
+        (_as_list(source_filter), "s.source IN"),
+        (_as_list(exclude_sources), "s.source NOT IN"),
+        (_as_list(role_filter), "m.role IN"),
+    ):
+        if values is None or (condition.endswith("NOT IN") and not values):
+            continue
+        sql += f" AND {condition} (SELECT value FROM json_each(?))"
+        params.append(json.dumps(values))
+    return sql, params
+
+
+def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    cursor = conn.execute(sql, params)
+    return [
+        dict(zip(("id", "session_id", "role", "timestamp", "source", "model",
+                  "session_started", "snippet", "rank"), row, strict=True))
+        for row in cursor
+    ]
+
+
+# A hit's other indexed text: the CJK and LIKE routes also find matches in tool calls and names.
+HIT_TOOL_TEXT_SQL = "SELECT tool_calls, tool_name FROM messages WHERE id = ?"
+
+
+def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[str]) -> str:
+    """The snippet of a hit whose ``snippet`` column holds its content: made from the content,
+    or from the tool calls or tool name when the match is there and not in the content."""
+    content = hit["snippet"] or ""
+    pattern = _needles_re(needles)
+    if pattern is not None and pattern.search(content) is None:
+        for text in conn.execute(HIT_TOOL_TEXT_SQL, (hit["id"],)).fetchone() or ():
+            if text and pattern.search(text):
+                return make_snippet(text, needles)
+    return make_snippet(content, needles)
+
+
+def _ranked_hits(
+    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
+) -> list[dict[str, Any]]:
+    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
+    newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
+    count_sql = COUNT_IN_WINDOW_SQL.format(table=table)
+    span = RANK_WINDOW_START
+    while True:
+        floor = max(newest - span, 0)
+        if floor:
+            found = conn.execute(count_sql, (match, floor)).fetchone()[0]
+            if found < RANK_CANDIDATES:
+                # Widen in proportion to what is missing (at least 2×, at most 16×).
+                span *= min(max(2 * RANK_CANDIDATES // max(found, 1), 2), 16)
+                continue
+        hits = _hits(conn, sql, (match, floor, *params, wanted))
+        if len(hits) >= wanted or floor == 0:
+            return hits
+        span *= 4
+
+
+def _index_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
+) -> list[dict[str, Any]]:
+    """Hits from the FTS indexes, best first, then trigram substring hits, newest first."""
+    hits: list[dict[str, Any]] = []
+    if plan.fts_match:
+        sql = FTS_SEARCH_SQL.format(filters=filters)
+        hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted)
+    # Latin words glued to CJK text are tokens of messages_fts_cjk only: asked for there when
+    # messages_fts did not already fill the page, so a plain Latin search costs one query.
+    latin_glued = plan.latin_cjk_match if len(hits) < wanted else None
+    cjk_match = " OR ".join(m for m in (plan.cjk_match, latin_glued) if m)
+    if cjk_match:
+        sql = CJK_SEARCH_SQL.format(filters=filters)
+        for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted):
+            hit["snippet"] = _snippet(conn, hit, plan.needles)
+            hits.append(hit)
+    hits.sort(key=lambda h: h["rank"])
+    best: dict[int, dict[str, Any]] = {}
+    for hit in hits:
+        best.setdefault(hit["id"], hit)  # a row both indexes found keeps its better rank
+    hits = list(best.values())
+    for group in plan.like_groups:
+        if len(hits) >= wanted or not group.index_patterns:
+            continue
+        exact, exact_params = group.where("m.content")
+        index_pattern = max(group.index_patterns, key=len)
+        found = {h["id"] for h in hits}
+        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters)
+        for hit in _hits(conn, sql, (index_pattern, *exact_params, *params, wanted)):
+            if hit["id"] not in found:
+                hit["snippet"] = _snippet(conn, hit, plan.needles)
+                hits.append(hit)
+    return hits
+
+
+def _like_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
+    limit: int, offset: int,
+) -> list[dict[str, Any]]:
+    exact, exact_params = plan.like_where(_LIKE_TEXT)
+    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters)
+    hits = _hits(conn, sql, (*exact_params, *params, limit, offset))
+    for hit in hits:
+        hit["snippet"] = _snippet(conn, hit, plan.needles)
+    return hits
+
+
+def _add_context(conn: sqlite3.Connection, hit: dict[str, Any]) -> dict[str, Any]:
+    context = []
+    for sql in (CONTEXT_BEFORE_SQL, CONTEXT_AFTER_SQL):
+        row = conn.execute(sql, (CONTEXT_CHARS, hit["session_id"], hit["id"])).fetchone()
+        if row is not None:
+            context.append({"role": row[0], "content": row[1]})
+    hit["context"] = context
+    hit.pop("rank", None)
+    return hit
+
+
+def search_messages(
+    conn: sqlite3.Connection,
+    query: object,
+    source_filter: str | Iterable[str] | None = None,
+    exclude_sources: str | Iterable[str] | None = None,
+    role_filter: str | Iterable[str] | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_inactive: bool = False,
+    *,
+    use_index: bool = True,
+) -> list[dict[str, Any]]:
+    """Search every session's messages (see the module docstring for the routes).
+
+    Returns ``id, session_id, role, timestamp, snippet`` (matches marked ``>>>…<<<``),
+    ``context`` (the previous and next message of the same session, ``{role, content}`` with
+    content cut to 200 characters), ``source, model, session_started``; best matches first.
+    Archived generations are left out unless ``include_inactive``. Any text is a valid query;
+    one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an index
+    proves damaged (the caller detaches it and searches again with ``use_index=False``).
+    """
+    plan = plan_search(query)
+    limit, offset = max(int(limit), 0), max(int(offset), 0)
+    if plan is None or limit == 0:
+        return []
+    filters, params = search_filters(source_filter, exclude_sources, role_filter,
+                                     include_inactive)
+    hits = None
+    if use_index and index_state(conn).usable:
+        try:
+            hits = _index_hits(conn, plan, filters, params, offset + limit)[offset:]
+        except sqlite3.Error as exc:
+            if is_corruption_error(exc) and damage_is_fts_only(conn, exc):
+                raise FtsCorruptError(f"full-text index damaged: {exc}") from exc
+            if is_corruption_error(exc) or is_sqlite_lock_error(exc):
+                raise
+            hits = None  # a query the index refused: answer from canonical rows
+    if hits is None:
+        hits = _like_hits(conn, plan, filters, params, limit, offset)
+    return [_add_context(conn, hit) for hit in hits[:limit]]

@@ -10,6 +10,15 @@ or as a plain read. Rules that matter:
   the same transaction; the session's ``model`` is only filled while it is NULL;
 * a listed conversation is its lineage root: compression successors and delegate children are
   folded into it, and the row shows the live tip;
+* archiving has two kinds. ``set_session_archived`` is a deliberate archive (``archived=1``,
+  ``auto_archived=0``); ``auto_archive_idle_sessions`` is the idle clean-up, the only writer of
+  ``auto_archived=1``. Resuming a conversation lifts only the clean-up's archive: reopening a
+  session, appending a new user turn to it (an accepted input, not an ``observed`` one) and
+  continuing its compression all do, a deliberate archive stays until it is unarchived. The
+  unit of every archive change is the conversation (:func:`conversation_sessions`: the
+  compression root and everything compression continues from it), so the row a list shows and
+  the live tip never disagree. ``list_sessions_rich``, ``search_sessions`` and
+  ``session_count`` leave archived sessions out unless ``include_archived=True``;
 * deleting or pruning never cascades to other sessions (children are orphaned), and refuses
   while the runtime ledgers hold live work for the session.
 """
@@ -17,6 +26,7 @@ or as a plain read. Rules that matter:
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import unicodedata
@@ -41,6 +51,12 @@ __all__ = [
     "reopen_session",
     "update_token_counts",
     "list_sessions_rich",
+    "search_sessions",
+    "session_count",
+    "conversation_sessions",
+    "set_session_archived",
+    "auto_archive_idle_sessions",
+    "lift_auto_archive",
     "sanitize_title",
     "set_session_title",
     "delete_session",
@@ -74,7 +90,7 @@ def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
 
 def _session_value(name: str, value: Any) -> Any:
     if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+        return clean_optional(json.dumps(value, ensure_ascii=False, sort_keys=True))
     if isinstance(value, str):
         return clean_optional(value)
     if isinstance(value, bool):
@@ -137,9 +153,15 @@ def _insert_session(
         raise TypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
     values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
     values.setdefault("started_at", now())
+    if "title" in values:
+        values["title"] = sanitize_title(values["title"])
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        return False  # idempotent: the existing row is never touched
     parent = values.get("parent_session_id")
     if parent is not None:
         require_session(conn, parent)
+    if values.get("title") is not None:
+        _check_title_free(conn, session_id, values["title"])
     names = ["id", "source", *values]
     sql = (
         f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
@@ -154,18 +176,20 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
     return None if row is None else row_to_dict(cursor, row)
 
 
+# Ids are case-sensitive, which LIKE is not (for ASCII): the prefix is compared exactly, and
+# no character of it is a wildcard.
+PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
+
+
 def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
-    """The session id equal to, or uniquely starting with, the argument (``%``/``_`` are
-    literal); None when there is no match or more than one."""
-    prefix = session_id_or_prefix
-    if not isinstance(prefix, str) or not prefix:
+    """The session id equal to, or uniquely starting with, the argument (compared exactly:
+    case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
+    if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
         return None
+    prefix = clean_optional(session_id_or_prefix)
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
         return prefix
-    rows = conn.execute(
-        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 2",
-        (escape_like(prefix) + "%",),
-    ).fetchall()
+    rows = conn.execute(PREFIX_MATCH_SQL, {"p": prefix}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
@@ -180,19 +204,15 @@ def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | Non
     return cursor.rowcount > 0
 
 
-REOPEN_SQL = """
-UPDATE sessions SET ended_at = NULL, end_reason = NULL,
-    archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END,
-    auto_archived = 0
-WHERE id = ?
-"""
+REOPEN_SQL = "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?"
 
 
 def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
-    """Clear the end so a later end applies; resuming lifts an archive only when the idle
-    clean-up set it, never a deliberate one."""
+    """Clear the end so a later end applies; resuming lifts the conversation's archive only
+    when the idle clean-up set it, never a deliberate one."""
     if conn.execute(REOPEN_SQL, (session_id,)).rowcount == 0:
         raise SessionNotFoundError(session_id)
+    lift_auto_archive(conn, session_id)
 
 
 def update_system_prompt(conn: sqlite3.Connection, session_id: str, prompt: str | None) -> None:
@@ -393,6 +413,8 @@ def source_filters(
     if source is not None:
         sql += f" AND {alias}.source = ?"
         params.append(source)
+    if isinstance(exclude_sources, str):  # one source, not its characters
+        exclude_sources = [exclude_sources]
     excluded = [str(s) for s in exclude_sources or ()]
     if excluded:
         sql += f" AND {alias}.source NOT IN (SELECT value FROM json_each(?))"
@@ -437,6 +459,10 @@ def family_of(conn: sqlite3.Connection, root: str) -> tuple[dict, dict[str, list
     return family, children
 
 
+# Lists and counts leave archived sessions out unless asked.
+_NOT_ARCHIVED = " AND COALESCE(s.archived, 0) = 0"
+
+
 def list_sessions_rich(
     conn: sqlite3.Connection,
     source: str | None = None,
@@ -447,10 +473,11 @@ def list_sessions_rich(
 ) -> list[dict[str, Any]]:
     """Conversations newest first, one row per lineage root (compression successors and
     delegate children folded in), with ``preview``, ``last_active`` over the whole family and
-    the live tip (``tip_session_id`` and ``tip_*`` fields when the tip is another session)."""
+    the live tip (``tip_session_id`` and ``tip_*`` fields when the tip is another session).
+    An archived conversation is left out unless ``include_archived``."""
     filters, params = source_filters(source, exclude_sources)
     if not include_archived:
-        filters += " AND COALESCE(s.archived, 0) = 0"
+        filters += _NOT_ARCHIVED
     cursor = conn.execute(LIST_ROOTS_SQL.format(filters=filters), (*params, limit, offset))
     roots = [row_to_dict(cursor, r) for r in cursor.fetchall()]
     out = []
@@ -471,10 +498,16 @@ def list_sessions_rich(
 
 
 def search_sessions(
-    conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0
+    conn: sqlite3.Connection,
+    source: str | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_archived: bool = False,
 ) -> list[dict[str, Any]]:
-    """Session rows newest first, optionally of one source."""
+    """Session rows newest first, optionally of one source; archived ones only when asked."""
     filters, params = source_filters(source, None)
+    if not include_archived:
+        filters += _NOT_ARCHIVED
     cursor = conn.execute(
         f"SELECT * FROM sessions s WHERE 1 = 1 {filters}"
         " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
@@ -484,11 +517,12 @@ def search_sessions(
 
 
 def session_count(
-    conn: sqlite3.Connection, source: str | None = None, include_archived: bool = True
+    conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False
 ) -> int:
+    """Session rows, optionally of one source; archived ones only when asked."""
     filters, params = source_filters(source, None)
     if not include_archived:
-        filters += " AND COALESCE(s.archived, 0) = 0"
+        filters += _NOT_ARCHIVED
     sql = f"SELECT COUNT(*) FROM sessions s WHERE 1 = 1 {filters}"
     return int(conn.execute(sql, params).fetchone()[0])
 
@@ -613,14 +647,18 @@ def sanitize_title(title: str | None) -> str | None:
     return cleaned
 
 
+def _check_title_free(conn: sqlite3.Connection, session_id: str, title: str) -> None:
+    owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+    if owner is not None and owner[0] != session_id:
+        raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
+
+
 def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
     if cleaned is not None:
-        owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (cleaned,)).fetchone()
-        if owner is not None and owner[0] != session_id:
-            raise TitleConflictError(f"title {cleaned!r} is already used by session {owner[0]}")
+        _check_title_free(conn, session_id, cleaned)
     cursor = conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (cleaned, session_id))
     return cursor.rowcount > 0
 
@@ -682,13 +720,16 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
 
 # --- deletion --------------------------------------------------------------------------------
 
-# Work that is not finished (or whose fate is unknown) pins a session.
+# Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
+# to the same list of live states, so a status one of them borrows from the other still pins.
 LIVE_LEDGER_SQL = """
 SELECT
     (SELECT COUNT(*) FROM session_admissions
-     WHERE session_id = :id AND status IN ('queued', 'started', 'unknown')),
+     WHERE session_id = :id
+       AND status IN ('queued', 'started', 'registered', 'running', 'unknown')),
     (SELECT COUNT(*) FROM worker_executions
-     WHERE session_id = :id AND status IN ('registered', 'running', 'unknown'))
+     WHERE session_id = :id
+       AND status IN ('queued', 'started', 'registered', 'running', 'unknown'))
 """
 DELETE_SESSION_SQL = (
     "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = :id",
@@ -702,6 +743,12 @@ DELETE_SESSION_SQL = (
 )
 
 
+def _live_work(conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+    """(live admissions, live worker executions) of the session."""
+    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    return int(admissions), int(executions)
+
+
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """Delete a session, its messages, usage and terminal ledger rows; orphan its children
     (they are never deleted). False when there is no such session.
@@ -710,7 +757,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
         return False
-    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    admissions, executions = _live_work(conn, session_id)
     if admissions or executions:
         raise LedgerBusyError(
             f"session {session_id} has {admissions} live admission(s) and {executions} live "
@@ -757,17 +804,35 @@ def prune_sessions(
     candidates = {
         r[0] for r in conn.execute(PRUNE_CANDIDATES_SQL.format(filters=filters), (cutoff, *params))
     }
-    pruned = []
-    for session_id in sorted(candidates):
-        chain = compression_chain(conn, session_id)
-        if not chain <= candidates:
-            continue
-        try:
-            delete_session(conn, session_id)
-        except LedgerBusyError:
-            continue
-        pruned.append(session_id)
-    return len(pruned)
+    # Busy sessions are taken out first, so that a chain with a busy member is not a subset
+    # of what may go and stays whole.
+    deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
+    pruned = 0
+    for session_id in sorted(deletable):
+        if compression_chain(conn, session_id) <= deletable:
+            pruned += delete_session(conn, session_id)
+    return pruned
+
+
+# The seed's ancestors query: the session first, then each parent in turn.
+ANCESTORS_SQL = """
+WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
+    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
+    UNION
+    SELECT s.id, s.parent_session_id, l.depth + 1
+    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
+    WHERE l.depth < 10000
+)
+SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
+FROM lineage l JOIN sessions s ON s.id = l.id
+ORDER BY l.depth
+"""
+
+
+def session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """The session and its ancestors, nearest first (empty when the session is unknown)."""
+    cursor = conn.execute(ANCESTORS_SQL, (session_id,))
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
 
 COMPRESSION_CHAIN_SQL = """
@@ -792,3 +857,124 @@ SELECT id FROM up UNION SELECT id FROM down
 def compression_chain(conn: sqlite3.Connection, session_id: str) -> set[str]:
     """The session, its compression ancestors and its compression successors."""
     return {r[0] for r in conn.execute(COMPRESSION_CHAIN_SQL, {"id": session_id})}
+
+
+# --- archiving -------------------------------------------------------------------------------
+
+# The session and each parent in turn while that parent ended by compression.
+COMPRESSION_UP_SQL = """
+WITH RECURSIVE up(id, parent) AS (
+    SELECT id, parent_session_id FROM sessions WHERE id = ?
+    UNION
+    SELECT p.id, p.parent_session_id FROM sessions p JOIN up ON p.id = up.parent
+    WHERE p.end_reason = 'compression'
+)
+SELECT id, parent FROM up
+"""
+
+
+def conversation_sessions(conn: sqlite3.Connection, session_id: str) -> set[str]:
+    """Every session of the conversation ``session_id`` belongs to: its compression root and
+    everything compression continues from there (successors, and children of sessions that
+    ended by compression). Any member gives the same set; empty for an unknown session."""
+    rows = conn.execute(COMPRESSION_UP_SQL, (session_id,)).fetchall()
+    if not rows:
+        return set()
+    ids = {r[0] for r in rows}
+    roots = [r[0] for r in rows if r[1] not in ids]
+    return compression_chain(conn, roots[0] if roots else session_id)
+
+
+SET_ARCHIVED_SQL = """
+UPDATE sessions SET archived = ?, auto_archived = 0
+WHERE id IN (SELECT value FROM json_each(?))
+"""
+
+
+def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bool) -> None:
+    """Archive (deliberately) or unarchive the session's conversation.
+
+    Archiving sets ``archived=1`` and clears ``auto_archived``, so resuming or compressing
+    never lifts it; unarchiving clears both. Raises :class:`SessionNotFoundError`.
+    """
+    if not isinstance(archived, bool):
+        raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
+    members = conversation_sessions(conn, session_id)
+    if not members:
+        raise SessionNotFoundError(session_id)
+    conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members))))
+
+
+IS_AUTO_ARCHIVED_SQL = "SELECT 1 FROM sessions WHERE id = ? AND auto_archived = 1"
+LIFT_AUTO_ARCHIVE_SQL = """
+UPDATE sessions SET archived = 0, auto_archived = 0
+WHERE auto_archived = 1 AND id IN (SELECT value FROM json_each(?))
+"""
+
+
+def lift_auto_archive(conn: sqlite3.Connection, session_id: str, *, check: bool = False) -> int:
+    """Lift the idle clean-up's archive from the session's conversation (a deliberate archive
+    stays); returns how many sessions changed. ``check`` first looks at the session's own flag
+    and does nothing when it is clear (the cheap path for every appended user turn)."""
+    if check and conn.execute(IS_AUTO_ARCHIVED_SQL, (session_id,)).fetchone() is None:
+        return 0
+    members = conversation_sessions(conn, session_id)
+    return conn.execute(LIFT_AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
+
+
+# Sessions whose last activity (latest message, else start) is before the cutoff.
+IDLE_SESSIONS_SQL = """
+SELECT s.id, COALESCE(s.archived, 0), COALESCE(s.pinned, 0) FROM sessions s
+WHERE COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+               s.started_at) < ?
+  {filters}
+"""
+AUTO_ARCHIVE_SQL = """
+UPDATE sessions SET archived = 1, auto_archived = 1
+WHERE COALESCE(archived, 0) = 0 AND id IN (SELECT value FROM json_each(?))
+"""
+
+
+def _has_live_work(conn: sqlite3.Connection, session_id: str) -> bool:
+    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
+    return bool(admissions or executions)
+
+
+def auto_archive_idle_sessions(
+    conn: sqlite3.Connection, idle_days: float, *, source: str | None = None
+) -> int:
+    """The idle clean-up: archive (``archived=1``, ``auto_archived=1``) conversations idle for
+    more than ``idle_days``; returns how many sessions it archived.
+
+    A conversation (:func:`conversation_sessions`) is archived only as a whole, when every
+    session of it — all of ``source``, when given — is idle (latest message, else
+    ``started_at``, before the cutoff), none is pinned and none has live work in its ledgers
+    (queued, started or unknown admissions; registered, running or unknown executions).
+    Sessions already archived keep the archive they have, so a deliberate one stays
+    deliberate.
+    """
+    if isinstance(idle_days, bool) or not isinstance(idle_days, (int, float)):
+        raise TypeError(f"idle_days must be a number, got {type(idle_days).__name__}")
+    if not math.isfinite(idle_days) or idle_days < 0:
+        raise ValueError(f"idle_days must be finite and not negative, got {idle_days!r}")
+    cutoff = now() - idle_days * 86400.0
+    filters, params = source_filters(source, None)
+    idle = {
+        r[0]: (bool(r[1]), bool(r[2]))
+        for r in conn.execute(IDLE_SESSIONS_SQL.format(filters=filters), (cutoff, *params))
+    }
+    seen: set[str] = set()
+    archived = 0
+    for session_id in sorted(idle):
+        if session_id in seen:
+            continue
+        members = conversation_sessions(conn, session_id)
+        seen |= members
+        if not members <= idle.keys():
+            continue  # part of the conversation is still active
+        if all(idle[m][0] for m in members) or any(idle[m][1] for m in members):
+            continue  # already archived, or pinned
+        if any(_has_live_work(conn, m) for m in members):
+            continue
+        archived += conn.execute(AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
+    return archived

@@ -1,14 +1,25 @@
 """Shared fixtures: every test runs with HERMES_HOME pointing at its own temporary directory,
-so nothing here can reach a real home even by accident."""
+so nothing here can reach a real home even by accident.
+
+Multi-process behaviour is tested with real processes: :func:`run_python` runs a snippet in a
+fresh interpreter, :func:`hold_write_lock` keeps SQLite's write lock in another process.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from hermes_state import SessionDB
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +42,135 @@ def db(db_path: Path) -> Iterator[SessionDB]:
         yield handle
     finally:
         handle.close()
+
+
+def subprocess_env(
+    overrides: Mapping[str, str | None] = {}, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """This process's environment with ``overrides`` applied (None removes a variable) and the
+    repository importable."""
+    env = dict(os.environ if base is None else base)
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run_python(
+    code: str, *args: str, env: Mapping[str, str | None] = {}, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (argv[1:] = ``args``) and return what it did."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=subprocess_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
+
+
+RunPython = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_python() -> RunPython:
+    """``run_python(code, *args, env={...})``: run a snippet in a fresh interpreter."""
+    return _run_python
+
+
+def _spawn_python(
+    code: str, *args: str, env: Mapping[str, str | None] = {}
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=subprocess_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+
+
+@pytest.fixture
+def spawn_python() -> Callable[..., subprocess.Popen[str]]:
+    """``spawn_python(code, *args, env={...})``: start a snippet in a fresh interpreter, with
+    stdout and stderr piped; the caller waits for it."""
+    return _spawn_python
+
+
+# Takes SQLite's write lock on argv[1] with BEGIN IMMEDIATE, says "locked", and keeps it for
+# argv[2] seconds, or until its stdin is closed when argv[2] is "stdin".
+_HOLDER_SCRIPT = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+if sys.argv[2] == "stdin":
+    sys.stdin.read()
+else:
+    time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+conn.close()
+"""
+
+HoldWriteLock = Callable[..., contextlib.AbstractContextManager[subprocess.Popen[str]]]
+
+
+@contextlib.contextmanager
+def _holding_write_lock(
+    path: Path, seconds: float | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER_SCRIPT, str(path), "stdin" if seconds is None else
+         str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "locked"
+        yield proc
+    finally:
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.fixture
+def hold_write_lock() -> HoldWriteLock:
+    """``with hold_write_lock(path, seconds=None) as proc:`` — another process holds the write
+    lock of ``path`` (for ``seconds``, or until the block ends)."""
+    return _holding_write_lock
+
+def _damage_messages_table(db_path: Path) -> None:
+    """Overwrite the root page of a closed store's ``messages`` b-tree: real corruption of a
+    canonical table (not of a search index), met by the next write that touches messages."""
+    raw = sqlite3.connect(db_path)
+    try:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'")
+        root = page.fetchone()[0]
+        size = raw.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        raw.close()
+    with open(db_path, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"\xff" * size)
+
+
+@pytest.fixture
+def damage_messages_table() -> Callable[[Path], None]:
+    return _damage_messages_table

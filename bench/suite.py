@@ -1,0 +1,464 @@
+"""The benchmark suite: every figure is hermes_state against raw ``sqlite3`` doing the same SQL.
+
+Absolute times on a shared machine are noisy, so each figure is measured as a ratio against a
+baseline run in the same process, on the same schema, moments apart: raw ``sqlite3`` executing
+the statements hermes_state executes, with every parameter computed beforehand. The ratio is
+what the targets are about; absolute figures are printed beside it. Each figure is the median
+of several repeats, with the spread (min–max of the ratio) shown.
+
+Run ``python -m bench`` (``--help`` for options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hermes_state
+import hermes_state_messages as messages
+from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
+from hermes_state import SessionDB
+
+__all__ = ["main", "Figure"]
+
+
+@dataclass
+class Figure:
+    id: str
+    name: str
+    ours: float
+    raw: float | None
+    unit: str
+    ratio: float | None = None
+    spread: tuple[float, float] | None = None
+    target: str = ""
+    ok: bool | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def raw_connect(path: Path) -> sqlite3.Connection:
+    """A raw connection with the same settings SessionDB uses."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA journal_mode = WAL")
+    if hermes_state.common.wal_reset_exposed():
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+    return conn
+
+
+def fresh_store(path: Path, sessions: list[CorpusSession]) -> None:
+    with SessionDB(path) as db:
+        for s in sessions:
+            db.create_session(s.session_id, s.source, model=s.model, started_at=s.started_at)
+
+
+def paired(ours: Callable[[], float], raw: Callable[[], float], repeats: int) -> tuple:
+    """Alternate the two measurements ``repeats`` times; returns medians and ratio spread."""
+    ours_runs, raw_runs = [], []
+    for _ in range(repeats):
+        ours_runs.append(ours())
+        raw_runs.append(raw())
+    ratios = [o / r for o, r in zip(ours_runs, raw_runs)]
+    return statistics.median(ours_runs), statistics.median(raw_runs), ratios
+
+
+# --- B1: append_message, one process, one transaction per message ---------------------------
+
+
+def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> Figure:
+    """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw."""
+    batch = []
+    for s in corpus:
+        for m in s.messages:
+            batch.append((s.session_id, m.as_append_kwargs()))
+            if len(batch) >= n_messages:
+                break
+        if len(batch) >= n_messages:
+            break
+    used = {sid for sid, _ in batch}
+    sessions = [s for s in corpus if s.session_id in used]
+
+    def ours() -> float:
+        with scratch_dir() as d:
+            path = d / "state.db"
+            fresh_store(path, sessions)
+            with SessionDB(path) as db:
+                start = time.perf_counter()
+                for sid, kwargs in batch:
+                    db.append_message(sid, **kwargs)
+                elapsed = time.perf_counter() - start
+        return len(batch) / elapsed
+
+    def raw() -> float:
+        with scratch_dir() as d:
+            path = d / "state.db"
+            fresh_store(path, sessions)
+            prep = sqlite3.connect(path)
+            rows = [
+                (sid, messages._prepare(prep, sid, kwargs), messages.tool_call_count_of(
+                    kwargs["role"], kwargs.get("tool_calls")))
+                for sid, kwargs in batch
+            ]
+            prep.close()
+            conn = raw_connect(path)
+            start = time.perf_counter()
+            for sid, values, calls in rows:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(messages.COUNT_MESSAGE_SQL, (calls, sid))
+                conn.execute(messages.INSERT_MESSAGE_SQL, values)
+                conn.execute("COMMIT")
+            elapsed = time.perf_counter() - start
+            conn.close()
+        return len(batch) / elapsed
+
+    o, r, ratios = paired(ours, raw, repeats)
+    ratio = o / r
+    return Figure(
+        "B1", "append_message, one transaction each", o, r, "appends/s", ratio,
+        (min(ratios), max(ratios)), "≥ 0.80× raw", ratio >= 0.80,
+        {"messages": len(batch)},
+    )
+
+
+# --- B4: open + close of an up-to-date store -------------------------------------------------
+
+
+def bench_open_close(repeats: int, iterations: int = 200) -> Figure:
+    with scratch_dir() as d:
+        path = d / "state.db"
+        SessionDB(path).close()
+
+        def ours() -> float:
+            start = time.perf_counter()
+            for _ in range(iterations):
+                SessionDB(path, rebuild_fts=False).close()
+            return (time.perf_counter() - start) / iterations * 1e3
+
+        def raw() -> float:
+            start = time.perf_counter()
+            for _ in range(iterations):
+                conn = raw_connect(path)
+                conn.execute("SELECT version FROM schema_version").fetchone()
+                conn.close()
+            return (time.perf_counter() - start) / iterations * 1e3
+
+        o, r, ratios = paired(ours, raw, repeats)
+    ratio = o / r
+    return Figure(
+        "B4", "open + close of an up-to-date store", o, r, "ms", ratio,
+        (min(ratios), max(ratios)), "≤ 3× raw connect + same pragmas", ratio <= 3.0,
+    )
+
+
+# --- B6: get_messages_as_conversation of a long session --------------------------------------
+
+RAW_CONVERSATION_JSON = (4, 10, 11, 12, 14, 15)
+
+
+def bench_conversation(repeats: int, n_messages: int = 20_000) -> Figure:
+    corpus = list(generate_corpus(n_messages * 2, seed=6))
+    with scratch_dir() as d:
+        path = d / "state.db"
+        with SessionDB(path) as db:
+            db.create_session("long", "cli")
+            rows = [m for s in corpus for m in s.messages][:n_messages]
+            db._write(lambda c: [messages.insert_message(c, "long", m.as_append_kwargs())
+                                 for m in rows], "transcript")
+            db._write(lambda c: None)
+
+        def ours() -> float:
+            with SessionDB(path, rebuild_fts=False) as db:
+                start = time.perf_counter()
+                conv = db.get_messages_as_conversation("long")
+                elapsed = time.perf_counter() - start
+            assert len(conv) == n_messages
+            return elapsed * 1e3
+
+        def raw() -> float:
+            conn = raw_connect(path)
+            start = time.perf_counter()
+            out = []
+            for row in conn.execute(messages.CONVERSATION_SQL, ("long",)):
+                row = list(row)
+                for i in RAW_CONVERSATION_JSON:
+                    if row[i] is not None:
+                        row[i] = json.loads(row[i])
+                out.append(row)
+            elapsed = time.perf_counter() - start
+            conn.close()
+            return elapsed * 1e3
+
+        o, r, ratios = paired(ours, raw, repeats)
+    ratio = o / r
+    return Figure(
+        "B6", f"get_messages_as_conversation, {n_messages:,} messages", o, r, "ms", ratio,
+        (min(ratios), max(ratios)), "≤ 2× raw SELECT + JSON decode", ratio <= 2.0,
+    )
+
+
+# --- corpus stores ---------------------------------------------------------------------------
+
+
+class Stores:
+    """Stores filled with the seeded corpus, built once per run and shared by the figures."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[int, tuple[Path, int, float]] = {}
+
+    def get(self, size: int) -> tuple[Path, int, float]:
+        """(path, content bytes, seconds to load) of a store with ``size`` messages."""
+        if size not in self._built:
+            path = self.root / f"corpus-{size}.db"
+            corpus = generate_corpus(size, seed=1)
+            nbytes = 0
+            start = time.perf_counter()
+            with SessionDB(path) as db:
+                for session in corpus:
+                    nbytes += content_bytes([session])
+                    db._write(lambda c, s=session: load_session(c, s), "transcript")
+            self._built[size] = (path, nbytes, time.perf_counter() - start)
+        return self._built[size]
+
+
+def load_session(conn: sqlite3.Connection, session: CorpusSession) -> None:
+    conn.execute(
+        "INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+        (session.session_id, session.source, session.model, session.started_at),
+    )
+    for message in session.messages:
+        messages.insert_message(conn, session.session_id, message.as_append_kwargs())
+
+
+# --- B3: search latency ------------------------------------------------------------------------
+
+SEARCH_CLASSES = {
+    "en_1term": ("English 1-term", 20.0),
+    "en_2term": ("English 2-term", 20.0),
+    "en_phrase": ("English phrase", 20.0),
+    "cjk_1char": ("CJK 1-char", 40.0),
+    "cjk_2char": ("CJK 2-char", 40.0),
+    "cjk_4char": ("CJK 4-char", 40.0),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def search_latencies(path: Path, repeats: int) -> dict[str, list[float]]:
+    queries = query_terms(seed=1)
+    out: dict[str, list[float]] = {}
+    with SessionDB(path, read_only=True) as db:
+        for key in SEARCH_CLASSES:
+            qs = [f'"{q}"' if key == "en_phrase" else q for q in queries[key]]
+            out[key] = timed_searches(db, qs, repeats)
+        out["filtered"] = timed_searches(
+            db, queries["en_1term"] + queries["cjk_2char"], repeats, source_filter=["telegram"]
+        )
+    return out
+
+
+def timed_searches(db: SessionDB, queries: list[str], repeats: int, **kw: Any) -> list[float]:
+    times = []
+    for _ in range(max(1, repeats // 2)):
+        for q in queries:
+            start = time.perf_counter()
+            db.search_messages(q, **kw)
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
+    path, _, _ = stores.get(size)
+    lat = search_latencies(path, repeats)
+    figures = []
+    for key, values in lat.items():
+        name, target = SEARCH_CLASSES.get(key, ("English + CJK, source filter", 30.0))
+        p95 = percentile(values, 0.95)
+        figures.append(Figure(
+            "B3", f"search {name} @ {size:,} (p95)", p95, None, "ms", None, None,
+            f"p95 ≤ {target:g} ms", p95 <= target,
+            {"p50_ms": round(percentile(values, 0.5), 2), "queries": len(values)},
+        ))
+    return figures
+
+
+# --- B5: database bytes per byte of content ---------------------------------------------------
+
+
+def bench_size(stores: Stores, size: int) -> Figure:
+    path, nbytes, _ = stores.get(size)
+    with SessionDB(path) as db:
+        db._write(lambda c: None)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    per_table = dict(conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+    conn.close()
+    total = path.stat().st_size
+    ratio = total / nbytes
+    top = sorted(per_table.items(), key=lambda kv: -kv[1])[:6]
+    return Figure(
+        "B5", f"database bytes per content byte @ {size:,}", ratio, None, "bytes/byte", None,
+        None, "≤ 4.0", ratio <= 4.0,
+        {"db_bytes": total, "content_bytes": nbytes,
+         "largest": {k: round(v / nbytes, 3) for k, v in top}},
+    )
+
+
+# --- B2: several writer processes and a searcher -----------------------------------------------
+
+
+def _writer(path: str, session_id: str, payloads: list[dict[str, Any]], out: Any) -> None:
+    latencies, errors = [], 0
+    with SessionDB(path, rebuild_fts=False) as db:
+        db.create_session(session_id, "bench")
+        for kwargs in payloads:
+            start = time.perf_counter()
+            try:
+                db.append_message(session_id, **kwargs)
+            except hermes_state.HermesStateError:
+                errors += 1
+            latencies.append(time.perf_counter() - start)
+    out.put((session_id, latencies, errors))
+
+
+def _searcher(path: str, stop: Any, out: Any) -> None:
+    searches = errors = 0
+    with SessionDB(path, rebuild_fts=False) as db:
+        while not stop.is_set():
+            try:
+                db.search_messages("error")
+                db._checkpoint()
+                searches += 1
+            except (hermes_state.HermesStateError, sqlite3.Error):
+                errors += 1
+            time.sleep(0.05)
+    out.put(("searcher", searches, errors))
+
+
+def bench_contention(corpus: list[CorpusSession], b1_rate: float | None, writers: int = 4,
+                     per_writer: int = 250) -> Figure:
+    ctx = multiprocessing.get_context("spawn")
+    pool = [m.as_append_kwargs() for s in corpus for m in s.messages][: writers * per_writer]
+    with scratch_dir() as d:
+        path = str(d / "state.db")
+        SessionDB(path).close()
+        out, stop = ctx.Queue(), ctx.Event()
+        searcher = ctx.Process(target=_searcher, args=(path, stop, out))
+        procs = [
+            ctx.Process(target=_writer, args=(
+                path, f"writer-{i}", pool[i * per_writer:(i + 1) * per_writer], out))
+            for i in range(writers)
+        ]
+        searcher.start()
+        start = time.perf_counter()
+        for p in procs:
+            p.start()
+        results = [out.get() for _ in procs]
+        elapsed = time.perf_counter() - start
+        stop.set()
+        search_result = out.get()
+        for p in (*procs, searcher):
+            p.join()
+        with SessionDB(path) as db:
+            stored = db.message_count()
+    latencies = [x for _, lat, _ in results for x in lat]
+    errors = sum(e for _, _, e in results) + search_result[2]
+    rate = len(latencies) / elapsed
+    p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
+    lost = writers * per_writer - stored
+    ratio = rate / b1_rate if b1_rate else None
+    ok = (ratio is None or ratio >= 0.60) and p99 <= 250 and errors == 0 and lost == 0
+    return Figure(
+        "B2", f"{writers} writer processes + 1 searcher", rate, b1_rate, "appends/s", ratio,
+        None, "≥ 0.60× B1; p99 ≤ 250 ms; 0 errors, 0 lost", ok,
+        {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "errors": errors, "lost": lost,
+         "searches": search_result[1]},
+    )
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6")
+
+
+def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
+    figures: list[Figure] = []
+    corpus = list(generate_corpus(10_000, seed=1))
+    b1 = None
+    with scratch_dir() as root:
+        stores = Stores(root)
+        if "B1" in only:
+            b1 = bench_append(corpus, repeats, n_messages=1000)
+            figures.append(b1)
+        if "B2" in only:
+            figures.append(bench_contention(corpus, b1.ours if b1 else None))
+        if "B4" in only:
+            figures.append(bench_open_close(repeats))
+        if "B6" in only:
+            figures.append(bench_conversation(repeats))
+        for size in sizes:
+            if "B3" in only:
+                figures += bench_search(stores, size, repeats)
+            if "B5" in only:
+                figures.append(bench_size(stores, size))
+    return figures
+
+
+def render(figures: list[Figure]) -> str:
+    head = f"{'id':<4} {'figure':<52} {'ours':>12} {'raw':>12} {'unit':<10} {'ratio':>6} " \
+           f"{'spread':>13}  target"
+    lines = [head, "-" * len(head)]
+    for f in figures:
+        raw = f"{f.raw:,.2f}" if f.raw is not None else "-"
+        ratio = f"{f.ratio:.2f}" if f.ratio is not None else "-"
+        spread = f"{f.spread[0]:.2f}–{f.spread[1]:.2f}" if f.spread else "-"
+        mark = "" if f.ok is None else (" ok" if f.ok else " MISS")
+        lines.append(
+            f"{f.id:<4} {f.name:<52} {f.ours:>12,.2f} {raw:>12} {f.unit:<10} {ratio:>6} "
+            f"{spread:>13}  {f.target}{mark}"
+        )
+        if f.notes:
+            lines.append(" " * 5 + ", ".join(f"{k}={v}" for k, v in f.notes.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated ids")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default="200000", help="corpus sizes (messages) for B3/B5")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))
+    sizes = [int(x) for x in args.sizes.split(",")]
+    figures = run({x.strip() for x in args.only.split(",")}, args.repeats, sizes)
+    if args.json:
+        print(json.dumps([asdict(f) for f in figures], indent=2))
+    else:
+        print(f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} cores")
+        print(render(figures))
+    return 0

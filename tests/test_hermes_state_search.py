@@ -1,0 +1,506 @@
+"""search_messages through the SessionDB API, on real files: any text is a safe query, what is
+written is found, the result shape, ranking, filters and pagination on every route, CJK."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hermes_state_search as search
+from hermes_state import SessionDB
+
+RESULT_KEYS = {
+    "id", "session_id", "role", "timestamp", "snippet", "context", "source", "model",
+    "session_started",
+}
+OPERATORS = ("AND", "OR", "NOT")
+
+
+def add(db: SessionDB, session_id: str, content: str, role: str = "user", **fields: Any) -> int:
+    return db.append_message(session_id, role, content, **fields)
+
+
+def found(results: list[dict[str, Any]]) -> list[int]:
+    """The ids of a result list, checking that none appears twice."""
+    ids = [hit["id"] for hit in results]
+    assert len(ids) == len(set(ids)), f"duplicate ids in {ids}"
+    return ids
+
+
+def unmark(snippet: str) -> str:
+    return snippet.replace(search.MATCH_START, "").replace(search.MATCH_END, "")
+
+
+def mark_stale(db: SessionDB) -> None:
+    """Put the store on the canonical LIKE route, as a detached index does."""
+    db.set_meta("fts_stale", '{"reason": "test"}')
+
+
+def clear_stale(db_path: Path) -> None:
+    with sqlite3.connect(db_path, isolation_level=None) as raw:
+        raw.execute("DELETE FROM state_meta WHERE key = 'fts_stale'")
+    raw.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Any text is a safe query
+# ---------------------------------------------------------------------------------------------
+
+FTS5_SYNTAX = [*'"*^:(){}[]+-,.;~\'/\\%_@#!?&|<>=`$ \t\n', "\x00", "\ud800", "\udfff",
+               "AND", "OR", "NOT", "NEAR", "NEAR(", "and", "col:", "-col:", "{a b}:", "a", "b",
+               "docker", "東京", "京", "한국어", "学习", "😀", "é"]
+hostile_text = st.one_of(
+    st.text(),
+    st.text(alphabet=st.one_of(st.characters(), st.characters(categories=["Cs"]))),
+    st.lists(st.sampled_from(FTS5_SYNTAX), max_size=24).map("".join),
+    st.text(alphabet=st.characters(min_codepoint=0x3040, max_codepoint=0x9FFF), max_size=12),
+    st.text(alphabet=st.characters(min_codepoint=0xAC00, max_codepoint=0xD7A3), max_size=12),
+)
+PROPERTY = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _small_store(path: Path, *, stale: bool = False) -> SessionDB:
+    db = SessionDB(path)
+    db.create_session("s-cli", "cli", model="m")
+    db.create_session("s-tg", "telegram")
+    for text in ("docker deployment failed", "東京都に住んでいます", "한국어 텍스트 검색",
+                 "it's a chat-send test", "gateway/run.py: TODO fix 50% wrong-book",
+                 "我们在北京学习中文", 'a "quoted" NEAR(a b) col:term'):
+        add(db, "s-cli", text)
+        add(db, "s-tg", text, role="assistant")
+    if stale:
+        mark_stale(db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDB, Path]]:
+    """A small real store searched by the property tests (one per module), and the same store
+    with its index detached, searched through the LIKE fallback."""
+    path = tmp_path_factory.mktemp("search") / "state.db"
+    db = _small_store(path)
+    stale = _small_store(tmp_path_factory.mktemp("stale") / "state.db", stale=True)
+    db.stale_twin = stale  # type: ignore[attr-defined]
+    yield db, path
+    stale.close()
+    db.close()
+
+
+@PROPERTY
+@given(hostile_text)
+def test_any_text_becomes_a_query_fts5_accepts_and_search_never_raises(
+    shared: tuple[SessionDB, Path], query: str
+) -> None:
+    db, path = shared
+    sanitized = SessionDB._sanitize_fts5_query(query)
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as raw:
+        if sanitized:
+            raw.execute(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (sanitized,)
+            ).fetchone()
+    raw.close()
+    results = db.search_messages(query)
+    found(results)
+    if not sanitized:
+        assert results == []
+    found(db.search_messages(query, source_filter=["cli"], role_filter=["user"], limit=3))
+    found(db.search_messages(query, exclude_sources=["telegram"], offset=1))
+    stale: SessionDB = db.stale_twin  # type: ignore[attr-defined]
+    assert found(stale.search_messages(query, role_filter="user")) == [] or sanitized
+
+
+def test_the_trigram_index_is_only_ever_sent_one_like(shared: tuple[SessionDB, Path]) -> None:
+    """SQLite 3.40 can crash on a trigram query with several LIKE constraints."""
+    _, path = shared
+    statements: list[str] = []
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
+        conn.set_trace_callback(statements.append)
+        for query in ("ployment", "ployment OR gateway", "ploy ment", "ate/run.py TODO",
+                      "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail"):
+            search.search_messages(conn, query, limit=50)
+    conn.close()
+    trigram = [sql for sql in statements if "FROM messages_fts_trigram t" in sql]
+    assert trigram
+    for sql in trigram:
+        assert len(re.findall(r"\bt\.content LIKE", sql)) == 1, sql
+        like = re.search(r"\bt\.content LIKE '((?:[^']|'')*)' (?!ESCAPE)", sql)
+        assert like is not None, sql  # the trace shows the bound pattern
+        literal = like.group(1).removeprefix("%").removesuffix("%")
+        assert len(literal) >= 3 and not set(literal) & set("%_"), sql
+
+
+_word_sources = itertools.count()
+plain_word = st.text(
+    alphabet=st.characters(categories=("L", "N")), min_size=1, max_size=40
+).filter(lambda word: word not in OPERATORS)  # an operator alone is no term (documented)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(word=plain_word)
+def test_a_plain_word_written_into_a_message_is_found_by_searching_it(
+    shared: tuple[SessionDB, Path], word: str
+) -> None:
+    db, _ = shared
+    source = f"word-{next(_word_sources)}"
+    session = f"s-{source}"
+    db.create_session(session, source)
+    row = add(db, session, f"before {word} after")
+    add(db, session, "unrelated text")
+    assert found(db.search_messages(word, source_filter=[source])) == [row]
+
+
+# ---------------------------------------------------------------------------------------------
+# The hostile corpus
+# ---------------------------------------------------------------------------------------------
+
+TEN_THOUSAND = " ".join(f"w{i:04d}" for i in range(2000))[:10_000]
+HOSTILE = [
+    ("it's", "well, it's done"),
+    ("gateway/run.py", "crash in gateway/run.py at line 3"),
+    ("TODO: fix", "TODO: fix the retry loop"),
+    ("wrong-book", "the wrong-book entry again"),
+    ("50%", "a discount of 50% today"),
+    ('"unbalanced', 'an "unbalanced quote here'),
+    ("NEAR(a b)", "NEAR(a b) is fts syntax"),
+    ("col:term", "col:term appears literally"),
+    ("hello AND", "hello AND goodbye"),
+    (TEN_THOUSAND, TEN_THOUSAND),
+    ("z" * 10_000, "y " + "z" * 10_000 + " y"),
+    ("***", None),
+    ("OR", None),
+    ("\x00", None),
+    ("\ud800", None),
+    ("a\x00b\ud800", None),
+]
+
+
+@pytest.fixture
+def hostile_db(db: SessionDB) -> dict[str, int]:
+    db.create_session("s1", "cli")
+    add(db, "s1", "500 units in stock")
+    return {text: add(db, "s1", text) for _, text in HOSTILE if text is not None}
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
+@pytest.mark.parametrize(("query", "text"), HOSTILE, ids=lambda v: repr(v)[:20])
+def test_hostile_queries_never_raise_and_find_the_text_they_name(
+    db: SessionDB, hostile_db: dict[str, int], query: str, text: str | None, stale: bool
+) -> None:
+    if stale:
+        mark_stale(db)
+    ids = found(db.search_messages(query, limit=50))
+    if not SessionDB._sanitize_fts5_query(query):
+        assert ids == []
+    if text is not None:
+        assert hostile_db[text] in ids
+    if query == "50%":
+        assert ids == [hostile_db["a discount of 50% today"]]  # not "500 units", on any route
+
+
+# ---------------------------------------------------------------------------------------------
+# The result
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_result_carries_the_message_its_session_and_its_neighbours(db: SessionDB) -> None:
+    db.create_session("s1", "telegram", model="gpt-x")
+    db.create_session("other", "cli")
+    first = add(db, "s1", "P" * 300, role="system")
+    add(db, "other", "interleaved from another session mentions nothing")
+    hit = add(db, "s1", "we should fix the flaky kiwi test", role="assistant", timestamp=123.5)
+    add(db, "s1", "N" * 300, role="tool")
+    (result,) = db.search_messages("kiwi")
+    assert set(result) == RESULT_KEYS
+    session = db.get_session("s1")
+    assert session is not None
+    assert result["id"] == hit
+    assert (result["session_id"], result["role"], result["timestamp"]) == ("s1", "assistant", 123.5)
+    assert (result["source"], result["model"]) == ("telegram", "gpt-x")
+    assert result["session_started"] == session["started_at"]
+    assert ">>>kiwi<<<" in result["snippet"]
+    assert unmark(result["snippet"]) in "we should fix the flaky kiwi test"
+    assert result["context"] == [
+        {"role": "system", "content": "P" * 200},
+        {"role": "tool", "content": "N" * 200},
+    ]
+    (at_start,) = db.search_messages("P" * 300)
+    assert at_start["id"] == first
+    assert at_start["context"] == [
+        {"role": "assistant", "content": "we should fix the flaky kiwi test"}]
+
+
+def test_a_message_with_the_term_many_times_ranks_first(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    once = add(db, "s1", "kiwi alpha bravo charlie delta")
+    many = add(db, "s1", "kiwi kiwi kiwi kiwi delta")
+    assert found(db.search_messages("kiwi")) == [many, once]
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
+def test_a_match_in_tool_calls_or_tool_name_is_marked_in_the_snippet(
+    db: SessionDB, stale: bool
+) -> None:
+    db.create_session("s1", "cli")
+    call = add(db, "s1", "", role="assistant", tool_calls=[{
+        "id": "c1", "type": "function",
+        "function": {"name": "web_search", "arguments": '{"query": "東京 天気 kiwi"}'}}])
+    result = add(db, "s1", "plain result text", role="tool", tool_name="kiwitool",
+                 tool_call_id="c1")
+    if stale:
+        mark_stale(db)
+    for query, row, marked in (("kiwi", call, "kiwi"), ("天気", call, "天気"),
+                               ("kiwitool", result, "kiwitool")):
+        hits = {hit["id"]: hit["snippet"] for hit in db.search_messages(query)}
+        assert f">>>{marked}<<<" in hits[row], (query, hits)
+
+
+def _archive(db_path: Path, ids: list[int]) -> None:
+    """Turn rows into an archived generation, as in-place compression leaves them."""
+    with sqlite3.connect(db_path, isolation_level=None) as raw:
+        raw.executemany("UPDATE messages SET active = 0 WHERE id = ?", [(i,) for i in ids])
+    raw.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "stale"),
+    [("kiwi", "old kiwi turn", False), ("東京", "古い東京の話", False),
+     ("iwitur", "old kiwitur turn", False), ("kiwi", "old kiwi turn", True)],
+    ids=["fts", "cjk", "trigram", "stale"],
+)
+def test_archived_generations_are_hidden_unless_asked_for(
+    db: SessionDB, db_path: Path, query: str, text: str, stale: bool
+) -> None:
+    db.create_session("s1", "cli")
+    archived = add(db, "s1", text)
+    live = add(db, "s1", text)  # the same content re-inserted as the live generation
+    _archive(db_path, [archived])
+    if stale:
+        mark_stale(db)
+    assert found(db.search_messages(query)) == [live]
+    assert sorted(found(db.search_messages(query, include_inactive=True))) == [archived, live]
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters, wildcards and pages, on every route
+# ---------------------------------------------------------------------------------------------
+
+# One query per route: a word (messages_fts), CJK (messages_fts_cjk), a substring that is no
+# word (messages_fts_trigram), and the same word with the index detached (LIKE fallback).
+ROUTES = {
+    "fts": ("kiwi", "kiwi {n}", False),
+    "cjk": ("東京", "東京 {n}", False),
+    "trigram": ("iwifru", "kiwifruit {n}", False),
+    "stale": ("kiwi", "kiwi {n}", True),
+}
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request: pytest.FixtureRequest, db: SessionDB) -> tuple[SessionDB, str]:
+    query, template, stale = ROUTES[request.param]
+    for source in ("cli", "telegram", "discord"):
+        db.create_session(f"s-{source}", source)
+        for n in range(4):
+            add(db, f"s-{source}", template.format(n=n), role="user")
+            add(db, f"s-{source}", template.format(n=n), role="assistant")
+    add(db, "s-cli", "unrelated message")
+    if stale:
+        mark_stale(db)
+    return db, query
+
+
+def sources_and_roles(results: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    found(results)
+    return {(hit["source"], hit["role"]) for hit in results}
+
+
+def test_filters_apply_on_every_route(route: tuple[SessionDB, str]) -> None:
+    db, query = route
+    everything = db.search_messages(query, limit=100)
+    assert len(everything) == 24
+    assert all(search.MATCH_START in hit["snippet"] for hit in everything)
+    assert sources_and_roles(db.search_messages(query, source_filter=["cli"], limit=100)) == {
+        ("cli", "user"), ("cli", "assistant")}
+    excluded = db.search_messages(query, exclude_sources=["telegram", "discord"], limit=100)
+    assert {source for source, _ in sources_and_roles(excluded)} == {"cli"}
+    roles = db.search_messages(query, role_filter=["assistant"], limit=100)
+    assert len(roles) == 12 and {role for _, role in sources_and_roles(roles)} == {"assistant"}
+    both = db.search_messages(query, source_filter=["discord"], role_filter=["user"], limit=100)
+    assert sources_and_roles(both) == {("discord", "user")} and len(both) == 4
+    assert db.search_messages(query, source_filter=["nowhere"]) == []
+
+
+def test_filter_lists_of_ten_thousand_entries_are_accepted(route: tuple[SessionDB, str]) -> None:
+    db, query = route
+    many = [f"source-{i}" for i in range(9_999)]
+    only_cli = db.search_messages(query, source_filter=[*many, "cli"], limit=100)
+    assert len(only_cli) == 8 and {hit["source"] for hit in only_cli} == {"cli"}
+    not_tg = db.search_messages(query, exclude_sources=[*many, "telegram"], limit=100)
+    assert len(not_tg) == 16 and "telegram" not in {hit["source"] for hit in not_tg}
+    roles = db.search_messages(query, role_filter=[*many, "user"], limit=100)
+    assert len(roles) == 12
+
+
+def test_pages_are_consistent_on_every_route(route: tuple[SessionDB, str]) -> None:
+    db, query = route
+    everything = found(db.search_messages(query, limit=100))
+    for size in (1, 5, 7):
+        pages: list[int] = []
+        for offset in range(0, 30, size):
+            pages += found(db.search_messages(query, limit=size, offset=offset))
+        assert pages == everything, size
+    assert db.search_messages(query, limit=5, offset=1_000) == []
+    assert db.search_messages(query, limit=0) == []
+
+
+def test_pages_mix_word_hits_and_substring_hits_without_repeats(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    words = [add(db, "s1", "kiwi " * (1 + n % 3) + "end") for n in range(12)]
+    substrings = [add(db, "s1", f"kiwifruit number {n}") for n in range(9)]
+    everything = found(db.search_messages("kiwi", limit=100))
+    assert set(everything[:12]) == set(words) and set(everything[12:]) == set(substrings)
+    pages: list[int] = []
+    for offset in range(0, 21, 4):
+        pages += found(db.search_messages("kiwi", limit=4, offset=offset))
+    assert pages == everything
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
+def test_percent_and_underscore_are_literal_in_like_paths(db: SessionDB, stale: bool) -> None:
+    db.create_session("s1", "cli")
+    percent = add(db, "s1", "a discount of 50% today")
+    add(db, "s1", "500 units in stock")
+    rebate = add(db, "s1", "rebate50% applied")
+    add(db, "s1", "rebate500 applied")
+    underscore = add(db, "s1", "the key_name field")
+    add(db, "s1", "the keyXname field")
+    a_b = add(db, "s1", "a_b")
+    add(db, "s1", "axb")
+    if stale:
+        mark_stale(db)
+    # Indexed, "50%" is the word 50; on the LIKE route it is the text "50%", in "rebate50%" too.
+    assert set(found(db.search_messages("50%"))) == ({percent, rebate} if stale else {percent})
+    assert found(db.search_messages("bate50%")) == [rebate]  # the trigram route when indexed
+    assert found(db.search_messages("key_name")) == [underscore]
+    assert found(db.search_messages("a_b")) == [a_b]
+
+
+# ---------------------------------------------------------------------------------------------
+# CJK
+# ---------------------------------------------------------------------------------------------
+
+CJK_MESSAGES = {
+    "ja": ("東京都に住んでいます。猫!", "cli", "user"),
+    "zh": ("我们在北京学习中文", "telegram", "assistant"),
+    "ko": ("한국어 텍스트 데이터베이스 검색", "discord", "user"),
+    "mixed": ("日本語のUI設計とPython入門", "cli", "assistant"),
+    "latin": ("python and ui without cjk", "cli", "user"),
+}
+
+
+@pytest.fixture
+def cjk_db(db: SessionDB) -> tuple[SessionDB, dict[str, int]]:
+    ids = {}
+    for key, (text, source, role) in CJK_MESSAGES.items():
+        db.create_session(f"s-{key}", source)
+        add(db, f"s-{key}", "previous line", role="system")
+        ids[key] = add(db, f"s-{key}", text, role=role)
+    return db, ids
+
+
+@pytest.mark.parametrize(
+    ("query", "key"),
+    [
+        ("東", "ja"), ("す", "ja"), ("猫", "ja"), ("東京", "ja"), ("東京都", "ja"),
+        ("住んでいます", "ja"), ("北", "zh"), ("文", "zh"), ("北京", "zh"), ("学习中", "zh"),
+        ("我们在北京", "zh"), ("검", "ko"), ("색", "ko"), ("검색", "ko"), ("텍스트", "ko"),
+        ("데이터베이스", "ko"), ("入", "mixed"), ("Python入門", "mixed"), ("門", "mixed"),
+    ],
+)
+def test_cjk_queries_of_every_length_are_found_with_their_filters(
+    cjk_db: tuple[SessionDB, dict[str, int]], query: str, key: str
+) -> None:
+    db, ids = cjk_db
+    _, source, role = CJK_MESSAGES[key]
+    assert found(db.search_messages(query)) == [ids[key]]
+    assert found(db.search_messages(query, source_filter=[source], role_filter=[role])) == [
+        ids[key]]
+    other_role = "assistant" if role == "user" else "user"
+    assert db.search_messages(query, role_filter=[other_role]) == []
+    assert db.search_messages(query, exclude_sources=[source]) == []
+    (hit,) = db.search_messages(query)
+    assert f">>>{query}<<<" in hit["snippet"]
+
+
+def test_mixed_cjk_and_latin_queries(cjk_db: tuple[SessionDB, dict[str, int]]) -> None:
+    db, ids = cjk_db
+    assert found(db.search_messages("Python 入門")) == [ids["mixed"]]
+    assert sorted(found(db.search_messages("東京 OR 北京"))) == sorted([ids["ja"], ids["zh"]])
+    assert sorted(found(db.search_messages("猫 OR without"))) == sorted([ids["ja"], ids["latin"]])
+    assert found(db.search_messages("東京 NOT 猫")) == []
+
+
+def test_a_latin_word_inside_cjk_text_is_found(cjk_db: tuple[SessionDB, dict[str, int]]) -> None:
+    db, ids = cjk_db
+    assert sorted(found(db.search_messages("UI"))) == sorted([ids["mixed"], ids["latin"]])
+    assert sorted(found(db.search_messages("python"))) == sorted([ids["mixed"], ids["latin"]])
+
+
+def test_cjk_snippets_are_short_and_centred_on_the_match(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    text = "前置きの文章です。" * 40 + "東京タワーに行きました。" + "後書きの文章です。" * 40
+    add(db, "s1", text)
+    (hit,) = db.search_messages("東京タワー")
+    snippet = hit["snippet"]
+    assert ">>>東京タワー<<<" in snippet
+    window = unmark(snippet).removeprefix("...").removesuffix("...")
+    assert window in text and len(window) <= search.SNIPPET_WIDTH
+    before, _, after = window.partition("東京タワー")
+    assert abs(len(before) - len(after)) <= 2
+
+
+def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
+                                                              db_path: Path) -> None:
+    db.create_session("s1", "cli")
+    db.replace_messages("s1", [
+        {"role": "user", "content": f"第{n}回の会議で東京と大阪の話をした" if n % 50 else
+         f"鯨の話 {n}"} for n in range(3000)
+    ])
+    plan = search.plan_search("鯨")
+    assert plan is not None and plan.cjk_match is not None
+    filters, params = search.search_filters(["cli"], None, ["user"], False)
+    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters)
+    with sqlite3.connect(db_path) as raw:
+        steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, *params, 20))]
+    raw.close()
+    assert any(re.fullmatch(r"SCAN f VIRTUAL TABLE INDEX \d+:M\d+.*", s) for s in steps), steps
+    assert not any(s.startswith("SCAN m") for s in steps), steps
+    hits = db.search_messages("鯨", limit=100, source_filter=["cli"], role_filter=["user"])
+    assert len(found(hits)) == 60
+
+
+def test_a_common_word_is_ranked_among_recent_matches_and_a_rare_one_over_everything(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "RANK_WINDOW_START", 16)
+    monkeypatch.setattr(search, "RANK_CANDIDATES", 8)
+    db.create_session("s1", "cli")
+    oldest = db.append_message("s1", "user", "alpha alpha alpha zeta")
+    for n in range(200):
+        db.append_message("s1", "user", f"alpha filler number {n} " + "padding " * (n % 7))
+    rare = db.search_messages("zeta")
+    assert [h["id"] for h in rare] == [oldest]
+    common = db.search_messages("alpha", limit=10)
+    assert len(common) == 10 and oldest not in [h["id"] for h in common]
+    assert min(h["id"] for h in common) > oldest + 100
+    everything = db.search_messages("alpha", limit=500)
+    assert len(everything) == 201 and oldest in [h["id"] for h in everything]

@@ -1,0 +1,31 @@
+"""The README's Python examples run as written, and its set-up commands are the ones CI uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+CI_SCRIPT = README.parent / ".ci" / "run"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_example_runs(index: int, hermes_home: Path) -> None:
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(python_blocks()[index], f"README.md example {index + 1}", "exec"), namespace)
+    assert (hermes_home / "state.db").exists()
+
+
+def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> None:
+    text = README.read_text(encoding="utf-8")
+    setup = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+    assert commands == ["pip install -e . && hermes-state doctor", "pip install -e '.[test]' && pytest"]
+    ci = CI_SCRIPT.read_text(encoding="utf-8")
+    assert "pip install --quiet -e '.[test]'" in ci and ci.rstrip().endswith("pytest")
