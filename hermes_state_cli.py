@@ -183,6 +183,28 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    with _read_only(args) as db:
+        hits = db.search_messages(
+            args.query,
+            source_filter=args.source or None,
+            role_filter=args.role or None,
+            limit=args.limit,
+            offset=args.offset,
+        )
+    if args.json:
+        _print_json(hits)
+        return 0
+    for hit in hits:
+        print(
+            f"{hit['session_id']:<36}  {_when(hit.get('timestamp'))}  {hit.get('source', ''):<10}"
+            f"  {hit['role']:<9}  {_cut(hit['snippet'], 80)}"
+        )
+    if not hits:
+        print("no matches", file=sys.stderr)
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with _read_only(args) as db:
         session_id = _resolve_session(db, args.session)
@@ -588,7 +610,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-inactive", action="store_true",
                    help="also show archived compression generations")
 
-    # `sessions search` joins here once the library offers search_messages.
+    p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
+    p.add_argument("query", help="words, \"quoted phrases\", AND/OR/NOT; any text is safe")
+    p.add_argument("--source", action="append", help="only this source (repeatable)")
+    p.add_argument("--role", action="append", help="only this role (repeatable)")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--offset", type=int, default=0)
 
     p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
     p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")

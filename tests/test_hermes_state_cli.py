@@ -53,6 +53,24 @@ def test_list_show_and_stats_read_the_store(store: list[str], hermes_home: Path)
     assert stats["by_model"][0]["model"] == "model-a"
 
 
+def test_search_finds_messages_with_filters_and_never_fails_on_odd_text(
+    store: list[str], hermes_home: Path
+) -> None:
+    hits = as_json(cli(hermes_home, "sessions", "search", "docker", "--json"))
+    assert hits and all(">>>docker<<<" in h["snippet"] for h in hits)
+    assert {h["role"] for h in hits} == {"user"}
+    cjk = as_json(cli(hermes_home, "sessions", "search", "タワー", "--source", "telegram",
+                      "--json"))
+    assert cjk and {h["source"] for h in cjk} == {"telegram"}
+    assert as_json(cli(hermes_home, "sessions", "search", "output", "--role", "tool",
+                       "--limit", "2", "--json"))[0]["role"] == "tool"
+    for odd in ('"unbalanced', "NEAR(a b)", "col:term", "50%", "***"):
+        result = cli(hermes_home, "sessions", "search", odd)
+        assert result.returncode == 0, result.stderr
+    text = cli(hermes_home, "sessions", "search", "question")
+    assert text.returncode == 0 and "sess-" in text.stdout
+
+
 def test_reading_a_missing_store_fails_with_guidance_and_creates_nothing(
     hermes_home: Path,
 ) -> None:
