@@ -471,6 +471,11 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         db = SessionDB(path, read_only=True)
     except StateDbUnavailableError as exc:
         report["unavailable"] = exc.reason
+        if exc.reason == "uninitialized" and not path.exists():
+            # A fresh home: nothing is wrong, the first writer creates the store.
+            report["notes"].append(
+                "no store yet: the first writer (the gateway, or any SessionDB) creates it")
+            return
         problems.append(f"store unavailable ({exc.reason}): {exc}")
         nxt.append(_advice(exc, path) or "")
         return

@@ -71,6 +71,15 @@ def test_search_finds_messages_with_filters_and_never_fails_on_odd_text(
     assert text.returncode == 0 and "sess-" in text.stdout
 
 
+def test_doctor_on_a_fresh_home_reports_and_succeeds_without_creating_anything(
+    hermes_home: Path,
+) -> None:
+    result = cli(hermes_home, "doctor")
+    assert result.returncode == 0, result.stderr
+    assert "no store yet" in result.stdout and "sqlite_version" in result.stdout
+    assert list(hermes_home.iterdir()) == []
+
+
 def test_reading_a_missing_store_fails_with_guidance_and_creates_nothing(
     hermes_home: Path,
 ) -> None:
