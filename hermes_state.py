@@ -60,9 +60,9 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
@@ -98,6 +98,7 @@ from hermes_state_errors import (
     StateDbCorruptError,
     StateDbFullError,
     StateDbIOError,
+    StateDbInUseError,
     StateDbLockedError,
     StateDbUnavailableError,
     StoreNotHeldError,
@@ -108,10 +109,21 @@ from hermes_state_errors import (
     is_io_error,
     is_sqlite_lock_error,
 )
+from hermes_state_portability import (
+    backup_state_db,
+    recover_state_db,
+    repair_state_db,
+    restore_state_db,
+)
 from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
 
 __all__ = [
     "SessionDB",
+    "collect_profile_stats",
+    "backup_state_db",
+    "restore_state_db",
+    "repair_state_db",
+    "recover_state_db",
     "SCHEMA_VERSION",
     "get_hermes_home",
     "hermes_home_override",
@@ -130,6 +142,7 @@ __all__ = [
     "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
+    "StateDbInUseError",
     "LedgerBusyError",
     "LedgerConflictError",
     "StaleEpochError",
@@ -579,13 +592,33 @@ class SessionDB:
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
-                if self.read_only and is_sqlite_lock_error(exc):
-                    raise StateDbUnavailableError(
-                        f"session store {self.path} is busy", reason="busy", path=self.path
-                    ) from exc
                 if is_corruption_error(exc) and not self.read_only and not self._fts_only(exc):
                     self._quarantine(exc)
-                raise self._translate(exc) from exc
+                raise self._read_error(exc) from exc
+
+    def _read_error(self, exc: sqlite3.Error) -> Exception:
+        if self.read_only and is_sqlite_lock_error(exc):
+            return StateDbUnavailableError(
+                f"session store {self.path} is busy", reason="busy", path=self.path
+            )
+        return self._translate(exc)
+
+    @contextlib.contextmanager
+    def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
+        """A second, read-only connection inside one read transaction: a consistent snapshot
+        for long reads (a streaming export) that must not hold this handle's lock."""
+        self._check_open()
+        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        try:
+            conn.execute("BEGIN")
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._read_error(exc) from exc
+        finally:
+            conn.close()
+
+    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._write(fn, "transcript")
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
         if is_corruption_error(exc):
@@ -746,8 +779,34 @@ class SessionDB:
     message_count = _reads(sessions.message_count)
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
+    stats = _reads(sessions.stats)
     export_session = _reads(portability.export_session)
     export_all = _reads(portability.export_all)
+    export_session_lineage = _reads(portability.export_session_lineage)
+
+    def iter_export_jsonl(
+        self,
+        session_ids: Iterable[str] | None = None,
+        *,
+        source: str | None = None,
+        lineage: bool = False,
+    ) -> Iterator[str]:
+        """Export as JSON Lines from one consistent snapshot, in constant memory (see
+        hermes_state_portability.iter_export_jsonl); works on read-only handles."""
+        with self._snapshot_reader() as conn:
+            yield from portability.iter_export_jsonl(
+                conn, session_ids, source=source, lineage=lineage
+            )
+
+    def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Import exported sessions, each in its own transaction, parents first; returns the
+        report (see hermes_state_portability.import_sessions)."""
+        return portability.import_sessions(self._transcript_write, sessions)
+
+    def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
+        """Import a JSON Lines export read from ``fp``; same rules and report."""
+        return portability.import_jsonl(self._transcript_write, fp)
+
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
     prune_sessions = _writes(sessions.prune_sessions)
@@ -880,6 +939,36 @@ class SessionDB:
 
 
 _AUTO_PRUNE_KEY = "auto_prune_last_run_at"
+
+
+def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
+    """:meth:`SessionDB.stats` of every profile under ``root`` (default: the Hermes root):
+    ``default`` (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each
+    opened read-only. A profile that fails goes to ``errors`` (``profile``, ``error`` and the
+    unavailable ``reason`` when there is one); the others are still returned."""
+    base = common.hermes_root() if root is None else Path(root).expanduser()
+    names = ["default"]
+    profiles = base / "profiles"
+    if profiles.is_dir():
+        names += sorted(
+            p.name
+            for p in profiles.iterdir()
+            if (p / common.DB_FILENAME).exists() or (p / common.DB_FILENAME).is_symlink()
+        )
+    result: dict[str, Any] = {"profiles": {}, "errors": []}
+    for name in names:
+        try:
+            home = common.resolve_profile_home(name, base)
+            with SessionDB(home / common.DB_FILENAME, read_only=True) as db:
+                result["profiles"][name] = db.stats()
+        except (HermesStateError, sqlite3.Error, OSError) as exc:
+            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
+            reason = getattr(exc, "reason", None)
+            if reason:
+                entry["reason"] = reason
+            result["errors"].append(entry)
+    return result
+
 
 #: This process's shared stores, one SessionDB per profile home, held by explicit owners
 #: (see :class:`ProfileStoreRegistry`).

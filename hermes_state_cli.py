@@ -1,37 +1,511 @@
-"""The ``hermes-state`` command line."""
+"""The ``hermes-state`` command line: browse, export and import sessions; check, repair,
+recover, back up and restore the store.
+
+Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
+under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
+(``sessions list|show|export|stats``, ``doctor``) open the store read-only and never create,
+migrate or repair it. Long work reports progress on stderr; ``--json`` prints one JSON
+document on stdout for scripts. Exit status: 0 success, 1 failure (or, for checks, a
+problem found), 2 bad usage. Advice on what to do next lives here, not in the library's
+exception messages.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
+import os
 import sqlite3
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import hermes_state_common as common
-from hermes_state import SessionDB
-from hermes_state_errors import HermesStateError
+from hermes_state import (
+    SessionDB,
+    backup_state_db,
+    collect_profile_stats,
+    recover_state_db,
+    repair_state_db,
+    restore_state_db,
+)
+from hermes_state_errors import (
+    HermesStateError,
+    LedgerBusyError,
+    StateDbCorruptError,
+    StateDbInUseError,
+    StateDbLockedError,
+    StateDbUnavailableError,
+)
+from hermes_state_lockowners import describe_lock_holders
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
+
+PROG = "hermes-state"
+STOP_OWNER = "hermes gateway stop"
+
+
+# --- where --------------------------------------------------------------------------------
+
+
+def _home(args: argparse.Namespace) -> Path:
+    home = Path(args.home).expanduser() if args.home else common.get_hermes_home()
+    if args.profile:
+        home = common.resolve_profile_home(args.profile, common.hermes_root(home))
+    return home
 
 
 def _resolve_db(args: argparse.Namespace) -> Path:
     if args.db:
-        return Path(args.db).expanduser()
-    home = Path(args.home).expanduser() if args.home else common.get_hermes_home()
-    if args.profile:
-        home = common.resolve_profile_home(args.profile, common.hermes_root(home))
-    return home / common.DB_FILENAME
+        return Path(args.db).expanduser().absolute()
+    return (_home(args) / common.DB_FILENAME).absolute()
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+class _Progress:
+    """Progress lines on stderr, one per stage change or every few seconds."""
+
+    def __init__(self) -> None:
+        self.stage: str | None = None
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        of = f"/{total}" if total else ""
+        if stage != self.stage or done:
+            print(f"{PROG}: {stage}" + (f" {done}{of}" if done or total else ""), file=sys.stderr)
+        self.stage = stage
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _cut(text: Any, width: int) -> str:
+    flat = " ".join(str(text or "").split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+# --- advice -------------------------------------------------------------------------------
+
+
+def _recover_hint(db: Path) -> str:
+    return (
+        f"stop every process using it ({STOP_OWNER}), then inspect it with "
+        f"`{PROG} --db {db} sessions recover --inspect-only` and recover with "
+        f"`{PROG} --db {db} sessions recover --output <new file>`, or restore a snapshot "
+        f"with `{PROG} restore <snapshot>`"
+    )
+
+
+def _advice(exc: BaseException, db: Path) -> str | None:
+    """What to do next after ``exc``: the library states conditions, the CLI advises."""
+    if isinstance(exc, StateDbUnavailableError):
+        if exc.reason == "busy":
+            return "another process held a lock for the whole read budget; retry, or run " \
+                f"`{PROG} doctor` to see who holds it"
+        if exc.reason == "incompatible":
+            version = exc.schema_version
+            if version is not None and version > common.SCHEMA_VERSION:
+                return "the store was written by a newer hermes; upgrade hermes-state"
+            return "start the profile's owner (the gateway) once: it upgrades the store in " \
+                f"place; if it cannot, run `{PROG} sessions recover --inspect-only`"
+        return "start the profile's owner (the gateway), which creates and initialises the " \
+            f"store; if a store should be there, run `{PROG} sessions recover --inspect-only`"
+    if isinstance(exc, StateDbCorruptError):
+        return _recover_hint(db)
+    if isinstance(exc, StateDbInUseError):
+        return f"stop every process using the database ({STOP_OWNER}) and run this again"
+    if isinstance(exc, StateDbLockedError):
+        return f"another process holds the write lock; see `{PROG} doctor`"
+    if isinstance(exc, LedgerBusyError):
+        return "the session has live admissions or worker executions; let them finish first"
+    return None
+
+
+# --- sessions: browsing -------------------------------------------------------------------
+
+
+def _read_only(args: argparse.Namespace) -> SessionDB:
+    return SessionDB(_resolve_db(args), read_only=True)
+
+
+def _writable(args: argparse.Namespace, *, create: bool = False) -> SessionDB:
+    """A writable handle for an explicit change. Creating or upgrading a store is its owner's
+    job: an existing store must already be current (checked read-only first), and a missing
+    one is only created when ``create`` (importing into a new file)."""
+    path = _resolve_db(args)
+    if path.exists() or not create:
+        SessionDB(path, read_only=True).close()
+    return SessionDB(path, rebuild_fts=False)
+
+
+def _resolve_session(db: SessionDB, key: str) -> str:
+    session_id = db.resolve_session_id(key) or db.resolve_session_by_title(key)
+    if session_id is None:
+        raise HermesStateError(f"no session matches {key!r} (id, unique id prefix or title)")
+    return session_id
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _read_only(args) as db:
+        rows = db.list_sessions_rich(
+            source=args.source,
+            limit=args.limit,
+            offset=args.offset,
+            include_archived=args.include_archived,
+        )
+    if args.json:
+        _print_json(rows)
+        return 0
+    for row in rows:
+        title = row.get("tip_title") or row.get("title") or row.get("preview") or ""
+        print(
+            f"{row['id']:<36}  {_when(row.get('last_active'))}  {row.get('source', ''):<10}"
+            f"  {row.get('message_count') or 0:>6}  {_cut(title, 60)}"
+        )
+    if not rows:
+        print("no sessions", file=sys.stderr)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    with _read_only(args) as db:
+        hits = db.search_messages(
+            args.query,
+            source_filter=args.source or None,
+            role_filter=args.role or None,
+            limit=args.limit,
+            offset=args.offset,
+        )
+    if args.json:
+        _print_json(hits)
+        return 0
+    for hit in hits:
+        print(
+            f"{hit['session_id']:<36}  {_when(hit.get('timestamp'))}  {hit.get('source', ''):<10}"
+            f"  {hit['role']:<9}  {_cut(hit['snippet'], 80)}"
+        )
+    if not hits:
+        print("no matches", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _read_only(args) as db:
+        session_id = _resolve_session(db, args.session)
+        session = db.get_session(session_id)
+        messages = db.get_messages(session_id, include_inactive=args.include_inactive)
+    if args.json:
+        _print_json({**(session or {}), "messages": messages})
+        return 0
+    assert session is not None
+    for key in ("id", "title", "source", "model", "parent_session_id", "user_id"):
+        print(f"{key}: {session.get(key)}")
+    print(f"started: {_when(session.get('started_at'))}  ended: {_when(session.get('ended_at'))}"
+          f" ({session.get('end_reason') or '-'})")
+    print(f"tokens: in {session.get('input_tokens')} out {session.get('output_tokens')}"
+          f"  cost: {session.get('estimated_cost_usd')}")
+    print()
+    for m in messages:
+        mark = "" if m["active"] else " (archived)"
+        text = m.get("content") or m.get("reasoning") or (
+            json.dumps(m["tool_calls"], ensure_ascii=False) if m.get("tool_calls") else "")
+        print(f"[{m['id']}] {m['role']}{mark} {_when(m['timestamp'])}: {_cut(text, 200)}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    if args.all_profiles:
+        result = collect_profile_stats(common.hermes_root(_home(args)))
+        if args.json:
+            _print_json(result)
+        else:
+            for name, stats in result["profiles"].items():
+                print(f"{name}: {stats['sessions']} sessions, {stats['messages']} messages, "
+                      f"estimated cost {stats['estimated_cost_usd']}")
+            for error in result["errors"]:
+                print(f"{error['profile']}: unavailable: {error['error']}")
+        return 1 if result["errors"] else 0
+    with _read_only(args) as db:
+        stats = db.stats()
+    if args.json:
+        _print_json(stats)
+        return 0
+    print(f"sessions: {stats['sessions']}  messages: {stats['messages']}"
+          f" (+{stats['messages_including_archived'] - stats['messages']} archived)")
+    print(f"tokens: {stats['tokens']}")
+    print(f"estimated cost: {stats['estimated_cost_usd']}  actual: {stats['actual_cost_usd']}")
+    print("by source:")
+    for row in stats["by_source"]:
+        print(f"  {row['source']:<12} {row['sessions']:>6} sessions {row['messages']:>8} messages")
+    print("by model:")
+    for row in stats["by_model"]:
+        print(f"  {row['model']:<30} {row['session_count']:>6} sessions"
+              f"  in {row['total_input']}  out {row['total_output']}  cost {row['total_cost']}")
+    return 0
+
+
+# --- sessions: export and import ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _output_file(path: str | None) -> Iterator[IO[str]]:
+    """stdout, or a new private file (never an existing one)."""
+    if path is None or path == "-":
+        yield sys.stdout
+        return
+    target = Path(path).expanduser()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        yield fh
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    ids = None
+    progress = _Progress()
+    with _read_only(args) as db:
+        if args.sessions:
+            ids = [_resolve_session(db, key) for key in args.sessions]
+        with _output_file(args.output) as out:
+            if args.format == "json":
+                if ids is None:
+                    data = db.export_all(source=args.source)
+                elif args.lineage:
+                    data = [s for i in ids for s in db.export_session_lineage(i)]
+                else:
+                    data = [s for i in ids if (s := db.export_session(i)) is not None]
+                json.dump(data, out, ensure_ascii=False, indent=1)
+                out.write("\n")
+                return 0
+            messages = 0
+            for line in db.iter_export_jsonl(ids, source=args.source, lineage=args.lineage):
+                out.write(line)
+                if line.startswith('{"kind":"message"'):
+                    messages += 1
+                    if messages % 10000 == 0:
+                        progress("exporting messages", messages, None)
+    if messages >= 10000:
+        progress("exported messages", messages, None)
+    return 0
+
+
+def _detect_format(fh: IO[bytes], hint: str | None, name: str) -> str:
+    if hint:
+        return hint
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    head = fh.peek(4096)[:4096] if hasattr(fh, "peek") else b""
+    first = head.lstrip()[:1]
+    if first == b"[":
+        return "json"
+    line = head.lstrip().split(b"\n", 1)[0]
+    return "jsonl" if b'"kind"' in line else "json"
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    try:
+        fmt = _detect_format(source, args.format, args.file)
+        with _writable(args, create=True) as db:
+            if fmt == "jsonl":
+                report = db.import_jsonl(source)
+            else:
+                data = json.load(source)
+                report = db.import_sessions(data if isinstance(data, list) else [data])
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"imported {len(report['imported'])} session(s), {report['messages_imported']} "
+              f"message(s); skipped {len(report['skipped'])} identical")
+        for c in report["conflicts"]:
+            print(f"conflict: {c['session_id']}: {c['reason']} (nothing of it was written)")
+        for c in report["title_conflicts"]:
+            print(f"title kept by {c['held_by']}: {c['session_id']} imported without "
+                  f"title {c['title']!r}")
+        for c in report["parent_missing"]:
+            print(f"parent {c['parent_session_id']} missing: {c['session_id']} imported as a root")
+        for c in report["invalid"]:
+            print(f"invalid: {c['session_id']}: {c['error']}")
+    return 1 if report["conflicts"] or report["invalid"] else 0
+
+
+# --- sessions: maintenance ----------------------------------------------------------------
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    with _writable(args) as db:
+        pruned = db.prune_sessions(args.older_than_days, source=args.source)
+    if args.json:
+        _print_json({"pruned": pruned})
+    else:
+        print(f"pruned {pruned} session(s)")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with _writable(args) as db:
+        session_id = _resolve_session(db, args.session)
+        deleted = db.delete_session(session_id)
+    if args.json:
+        _print_json({"session_id": session_id, "deleted": deleted})
+    else:
+        print(f"deleted {session_id}" if deleted else f"no session {session_id}")
+    return 0 if deleted else 1
+
+
+def _recover_text(report: dict[str, Any]) -> None:
+    print(f"source: {report['source']} (schema version {report['schema_version']}, "
+          f"read by {report['schema_read_by']})")
+    print(f"{'table':<24}{'found':>9}{'copied':>9}{'lost':>9}  method")
+    for name, t in report["tables"].items():
+        lost = "?" if t["lost"] is None else f"{'' if t['lost_exact'] else '~'}{t['lost']}"
+        copied = "-" if t.get("copied") is None else t["copied"]
+        print(f"{name:<24}{t['found']:>9}{copied:>9}{lost:>9}  {t['method']}")
+    for name, t in report["excluded"].items():
+        print(f"{name:<24}{t['found']:>9}{'-':>9}{'':>9}  excluded (runtime ledger, not copied)")
+    if report["placeholder_sessions"]:
+        print(f"placeholder sessions (row lost, messages kept): "
+              f"{', '.join(report['placeholder_sessions'])}")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if report["output"]:
+        print(f"written: {report['output']} (FTS indexes and schema_version rebuilt)")
+    elif report["readable"]:
+        print(f"nothing written (--inspect-only); recover with `{PROG} sessions recover "
+              f"--source {report['source']} --output <new file>`")
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    source = Path(args.source).expanduser() if args.source else _resolve_db(args)
+    holders = describe_lock_holders(source)
+    if holders:
+        _warn(f"{source} is in use ({'; '.join(holders)}); stop them ({STOP_OWNER}) for a "
+              "consistent copy")
+    report = recover_state_db(
+        source, args.output, inspect_only=args.inspect_only, progress=_Progress()
+    )
+    if args.json:
+        _print_json(report)
+    else:
+        _recover_text(report)
+    if not report["readable"]:
+        _warn("nothing could be read from the source; restore a snapshot "
+              f"(`{PROG} restore <snapshot>`) if there is one")
+        return 1
+    return 0
+
+
+def _health_text(report: dict[str, Any]) -> None:
+    print(f"integrity: {'; '.join(report.get('integrity', []))}")
+    for table, error in (report.get("fts_integrity") or {}).items():
+        print(f"fts {table}: {error or 'ok'}")
+    print(f"fts_stale: {report.get('fts_stale')}")
+    missing = (report.get("triggers") or {}).get("missing")
+    print(f"triggers missing: {', '.join(missing) if missing else 'none'}")
+    print(f"row counts: {report.get('row_counts')}")
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    db = _resolve_db(args)
+    report = repair_state_db(
+        db, check_only=args.check_only, backup=not args.no_backup, progress=_Progress()
+    )
+    if args.json:
+        _print_json(report)
+    if args.check_only:
+        if not args.json:
+            _health_text(report)
+            for problem in report.get("problems", []):
+                print(f"! {problem}")
+            if not report.get("healthy"):
+                print(f"next: {STOP_OWNER}; then `{PROG} sessions repair`")
+            if report.get("in_use_by"):
+                print(f"in use by: {'; '.join(report['in_use_by'])}")
+        return 0 if report.get("healthy") else 1
+    healthy_already = bool(report.get("before", {}).get("healthy"))
+    ok = bool(report.get("promoted")) or healthy_already
+    if not args.json:
+        if healthy_already:
+            print("healthy: nothing to repair")
+        elif report.get("promoted"):
+            print(f"repaired and promoted; backup: {report.get('backup')}")
+            _health_text(report["after"])
+        else:
+            print(f"repair failed: {report.get('error') or report.get('problems')}")
+            print(f"kept unchanged: {', '.join(report.get('kept', []))}")
+            print(f"next: {_recover_hint(db)}")
+    return 0 if ok else 1
+
+
+# --- doctor, backup, restore --------------------------------------------------------------
 
 
 def _mode(path: Path) -> str:
     try:
-        return oct(stat.S_IMODE(path.lstat().st_mode))
+        st = path.lstat()
     except FileNotFoundError:
         return "absent"
+    return f"{oct(stat.S_IMODE(st.st_mode))} {st.st_size} bytes"
+
+
+def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
+    try:
+        db = SessionDB(path, read_only=True)
+    except StateDbUnavailableError as exc:
+        report["unavailable"] = exc.reason
+        if exc.reason == "uninitialized" and not path.exists():
+            # A fresh home: nothing is wrong, the first writer creates the store.
+            report["notes"].append(
+                "no store yet: the first writer (the gateway, or any SessionDB) creates it")
+            return
+        problems.append(f"store unavailable ({exc.reason}): {exc}")
+        nxt.append(_advice(exc, path) or "")
+        return
+    except StateDbCorruptError as exc:
+        problems.append(f"store damaged: {exc}")
+        nxt.append(_recover_hint(path))
+        return
+    with db:
+        report["schema_version"] = db._read(lambda c: c.execute(
+            "SELECT version FROM schema_version").fetchone()[0])
+        report["journal_mode"] = db._read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
+        report["quick_check"] = db._read(
+            lambda c: [r[0] for r in c.execute("PRAGMA quick_check").fetchall()])
+        report["fts"] = db.fts_status()
+    if report["quick_check"] != ["ok"]:
+        problems.append("quick_check: " + "; ".join(report["quick_check"][:3]))
+        nxt.append(_recover_hint(path))
+    fts = report["fts"]
+    if fts["stale"] or fts["missing_triggers"]:
+        problems.append(
+            "FTS index detached" + (f" (fts_stale: {fts['stale']})" if fts["stale"] else "")
+            + (f"; missing triggers: {', '.join(fts['missing_triggers'])}"
+               if fts["missing_triggers"] else "")
+        )
+        nxt.append(f"{STOP_OWNER}; `{PROG} sessions repair --check-only`; "
+                   f"`{PROG} sessions repair`")
+    elif fts["rebuild_high_water"] is not None:
+        report["notes"].append(
+            f"an FTS rebuild is under way ({fts['rebuild_progress']}/{fts['rebuild_high_water']});"
+            " the next writable open continues it")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -42,46 +516,153 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "sqlite_version": sqlite3.sqlite_version,
         "wal_reset_exposed": common.wal_reset_exposed(),
         "files": {p.name: _mode(p) for p in (path, *common.sidecar_paths(path))},
+        "in_use_by": describe_lock_holders(path),
+        "notes": [],
     }
     problems: list[str] = []
-    with SessionDB(path) as db:
-        report["schema_version"] = db._read(lambda c: c.execute(
-            "SELECT version FROM schema_version").fetchone()[0])
-        report["journal_mode"] = db._read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
-        report["fts"] = db.fts_status()
+    nxt: list[str] = []
     if report["wal_reset_exposed"]:
-        problems.append(
+        report["notes"].append(
             f"SQLite {sqlite3.sqlite_version} is inside the WAL-reset bug range (fixed in "
-            "3.51.3, 3.50.7, 3.44.6); hermes_state never lets its checkpoints overlap a write"
-        )
-    if report["fts"]["stale"]:
-        problems.append("FTS index detached (fts_stale); run: hermes-state sessions repair")
+            "3.51.3, 3.50.7, 3.44.6): automatic checkpoints are off and only a writer holding "
+            "the write lock checkpoints; upgrading SQLite removes the exposure")
+    _doctor_store(path, report, problems, nxt)
+    if args.full and "unavailable" not in report:
+        health = repair_state_db(path, check_only=True)
+        report["health"] = health
+        for problem in health.get("problems", []):
+            if problem not in problems:
+                problems.append(problem)
+        if not health.get("healthy") and not nxt:
+            nxt.append(f"{STOP_OWNER}; `{PROG} sessions repair`")
     report["problems"] = problems
-    _emit(args, report)
+    report["next"] = [n for n in dict.fromkeys(nxt) if n]
+    if args.json:
+        _print_json(report)
+    else:
+        for key in ("home", "database", "sqlite_version", "wal_reset_exposed", "files",
+                    "schema_version", "journal_mode", "quick_check", "fts", "in_use_by"):
+            if key in report:
+                print(f"{key}: {report[key]}")
+        for note in report["notes"]:
+            print(f"note: {note}")
+        for problem in problems:
+            print(f"! {problem}")
+        for step in report["next"]:
+            print(f"next: {step}")
+        if not problems:
+            print("ok")
+    return 1 if problems else 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    path = backup_state_db(_resolve_db(args), args.output)
+    if args.json:
+        _print_json({"snapshot": str(path)})
+    else:
+        print(path)
     return 0
 
 
-def _emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
+def cmd_restore(args: argparse.Namespace) -> int:
+    report = restore_state_db(args.snapshot, _resolve_db(args))
     if args.json:
-        print(json.dumps(report, indent=2, default=str))
-        return
-    for key, value in report.items():
-        if key == "problems":
-            continue
-        print(f"{key}: {value}")
-    for problem in report.get("problems", []):
-        print(f"! {problem}")
+        _print_json(report)
+    else:
+        print(f"restored {report['db_path']} from {report['restored_from']}")
+        if report["previous_snapshot"]:
+            print(f"the previous database was saved as {report['previous_snapshot']}")
+        print(f"row counts: {report['row_counts']}")
+    return 0
+
+
+# --- the parser ---------------------------------------------------------------------------
+
+
+def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--home", default=default,
+                        help="Hermes home (default: HERMES_HOME, else ~/.hermes)")
+    parser.add_argument("--profile", default=default, help="named profile under the home")
+    parser.add_argument("--db", default=default, help="database file (overrides --home/--profile)")
+    parser.add_argument("--json", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False,
+                        help="print one JSON document for scripts")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hermes-state", description=__doc__)
-    parser.add_argument("--home", help="Hermes home (default: HERMES_HOME or ~/.hermes)")
-    parser.add_argument("--profile", help="named profile under the home's profiles/")
-    parser.add_argument("--db", help="database file (overrides --home/--profile)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="report the store's health and configuration")
-    doctor.set_defaults(func=cmd_doctor)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    _common_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+        p = group.add_parser(name, help=help_text, description=help_text)
+        _common_options(p, suppress=True)
+        p.set_defaults(func=func)
+        return p
+
+    sessions = sub.add_parser("sessions", help="browse, export, import and maintain sessions")
+    ssub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    p = command(ssub, "list", cmd_list, "list conversations, newest first (read-only)")
+    p.add_argument("--source")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--include-archived", action="store_true")
+
+    p = command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
+    p.add_argument("session", help="id, unique id prefix or title")
+    p.add_argument("--include-inactive", action="store_true",
+                   help="also show archived compression generations")
+
+    p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
+    p.add_argument("query", help="words, \"quoted phrases\", AND/OR/NOT; any text is safe")
+    p.add_argument("--source", action="append", help="only this source (repeatable)")
+    p.add_argument("--role", action="append", help="only this role (repeatable)")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--offset", type=int, default=0)
+
+    p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
+    p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")
+    p.add_argument("--lineage", action="store_true", help="export the whole lineage of each")
+    p.add_argument("--source")
+    p.add_argument("--format", choices=("jsonl", "json"), default="jsonl")
+    p.add_argument("--output", "-o", help="new file to write (default: stdout)")
+
+    p = command(ssub, "import", cmd_import, "import an export; identical sessions are skipped")
+    p.add_argument("file", help="export file, or - for stdin")
+    p.add_argument("--format", choices=("jsonl", "json"))
+
+    p = command(ssub, "prune", cmd_prune, "delete ended sessions idle for N days")
+    p.add_argument("--older-than-days", type=float, default=90)
+    p.add_argument("--source")
+
+    p = command(ssub, "delete", cmd_delete, "delete one session (its children are kept)")
+    p.add_argument("session")
+
+    p = command(ssub, "stats", cmd_stats, "counts, tokens and cost (read-only)")
+    p.add_argument("--all-profiles", action="store_true",
+                   help="every profile under the home's root; failing ones are listed")
+
+    p = command(ssub, "recover", cmd_recover,
+                "copy what a damaged store still holds into a fresh file")
+    p.add_argument("--source", help="damaged database (default: the selected store)")
+    p.add_argument("--output", help="new database to write")
+    p.add_argument("--inspect-only", action="store_true", help="report only; write nothing")
+
+    p = command(ssub, "repair", cmd_repair,
+                "rebuild the FTS indexes on a checked snapshot and promote it")
+    p.add_argument("--check-only", action="store_true", help="report health; change nothing")
+    p.add_argument("--no-backup", action="store_true", help="skip the safety snapshot")
+
+    p = command(sub, "doctor", cmd_doctor, "health, WAL-reset exposure and what to run next")
+    p.add_argument("--full", action="store_true", help="also run the FTS integrity checks")
+
+    p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
+    p.add_argument("--output", "-o", help="snapshot file (default: <home>/state-snapshots/)")
+
+    p = command(sub, "restore", cmd_restore, "replace the store with a snapshot")
+    p.add_argument("snapshot")
     return parser
 
 
@@ -89,9 +670,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
-    except HermesStateError as exc:
-        print(f"hermes-state: {exc}", file=sys.stderr)
+        home = _home(args)
+        with common.hermes_home_override(home):
+            return int(args.func(args))
+    except BrokenPipeError:  # `hermes-state sessions export | head`
+        with contextlib.suppress(OSError):
+            sys.stdout.close()
+        return 0
+    except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
+        _warn(str(exc))
+        try:
+            advice = _advice(exc, _resolve_db(args))
+        except HermesStateError:
+            advice = None
+        if advice:
+            _warn(f"next: {advice}")
         return 1
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "FtsCorruptError",
     "StateDbUnavailableError",
     "StateDbReplacedError",
+    "StateDbInUseError",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -155,6 +156,19 @@ class StateDbReplacedError(HermesStateError):
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class StateDbInUseError(HermesStateError):
+    """Maintenance that needs the database to itself (repair, restore) was refused because
+    other processes have it open, or another maintenance run holds its admission lock.
+    ``holders`` names them where ``/proc/locks`` could tell."""
+
+    def __init__(
+        self, message: str, *, path: Path | None = None, holders: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holders = list(holders)
 
 
 class UnsafePathError(HermesStateError, ValueError):

@@ -1,19 +1,127 @@
-"""Portability: export and import of sessions, recovery, repair, backup and snapshots.
+"""Portability: export and import, backup and restore, repair, and recovery of damaged files.
 
-An export is plain JSON data: the session row with every column, every message row of every
+*Export* is plain JSON data: the session row with every column, every message row of every
 generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
-rows. Nothing in it is derived (no FTS text), so importing it back loses nothing.
+rows. Nothing derived travels (no FTS text, no ``search_cjk``), so an import loses nothing.
+:func:`iter_export_jsonl` streams one JSON object per line from database cursors, so a session
+of any size exports in constant memory. *Import* writes each session in its own transaction,
+parents before children, messages through ``insert_message`` (uids kept): an existing identical
+session is skipped, an existing different one is a conflict and nothing of it is written.
+
+The file-level operations never copy ``state.db``, ``-wal`` and ``-shm`` as separate files:
+those three are one live image. Backups, the working copy of a repair and its promotion back
+onto the live file all go through SQLite's backup API, which reads a consistent snapshot
+through the WAL. Repair and restore need the database to themselves: they take the
+cross-process admission lock and refuse (:class:`StateDbInUseError`) while ``/proc/locks``
+shows any other process on the files.
+
+*Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
+so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads a private byte
+copy of the main file with the committed frames of its ``-wal`` folded in. (``immutable=1`` on
+the source would skip the WAL's committed transactions; a ``mode=ro`` open takes locks and may
+create the sidecars.) Each table is read by SQL first; when SQLite stops at a damaged page,
+the table's b-tree is walked page by page from the file format (``hermes_state_fileformat``),
+taking every cell that still parses, and finally the leaf pages no tree reaches any more (those
+under a destroyed interior page) are read and matched to the damaged tables by the shape of
+their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
+page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
+fresh file with the current schema; the FTS indexes, ``search_cjk`` and ``schema_version`` are
+rebuilt, never copied, and the four runtime ledgers are reported but not copied (a partial
+ledger could replay started work or adopt another owner's worker).
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import datetime
+import functools
+import json
+import os
 import sqlite3
-from typing import Any
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
-from hermes_state_messages import get_messages
-from hermes_state_sessions import get_model_usage, get_session, search_sessions
+import hermes_state_fileformat as ff
+import hermes_state_fts as fts
+from hermes_state_common import (
+    DELIVERY_OBLIGATIONS_SQL,
+    FTS_SQL,
+    INDEXES_SQL,
+    RUNTIME_LEDGER_TABLES,
+    SCHEMA_VERSION,
+    TABLES_SQL,
+    check_test_isolation,
+    clean_optional,
+    get_hermes_home,
+    prepare_db_file,
+    quote_identifier,
+    refuse_symlinks,
+    sidecar_paths,
+    split_sql,
+    table_exists,
+    tighten_modes,
+    transaction,
+)
+from hermes_state_compression import get_session_ancestors, get_session_descendants
+from hermes_state_errors import (
+    HermesStateError,
+    SessionNotFoundError,
+    StateDbCorruptError,
+    StateDbInUseError,
+    StateDbUnavailableError,
+    is_corruption_error,
+)
+from hermes_state_lockowners import describe_lock_holders, lock_holders
+from hermes_state_messages import (
+    MESSAGE_FIELDS,
+    SELECT_MESSAGES_SQL,
+    get_messages,
+    insert_message,
+    message_fields,
+    row_to_message,
+)
+from hermes_state_schema import expected_columns, read_version, restore_data_invariants
+from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
 
-__all__ = ["export_session", "export_all"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_FORMAT_VERSION",
+    "export_session",
+    "export_all",
+    "export_session_lineage",
+    "lineage_ids",
+    "iter_export_jsonl",
+    "import_sessions",
+    "import_jsonl",
+    "backup_state_db",
+    "restore_state_db",
+    "repair_state_db",
+    "health_report",
+    "recover_state_db",
+    "snapshot_dir",
+]
+
+T = TypeVar("T")
+WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
+Progress = Callable[[str, int, "int | None"], None]
+
+EXPORT_FORMAT = "hermes-state-export"
+EXPORT_FORMAT_VERSION = 1
+SNAPSHOT_DIRNAME = "state-snapshots"
+_BUSY_TIMEOUT_S = 5.0
+
+
+def _no_progress(stage: str, done: int, total: int | None) -> None:
+    pass
+
+
+# =============================================================================================
+# Export
+# =============================================================================================
 
 
 def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
@@ -32,3 +140,1578 @@ def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict
     sessions = search_sessions(conn, source=source, limit=-1, include_archived=True)
     exported = (export_session(conn, s["id"]) for s in reversed(sessions))
     return [e for e in exported if e is not None]
+
+
+def lineage_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Every session of the lineage ``session_id`` belongs to: its root (the topmost ancestor)
+    and everything below it, parents before children. Empty when the session is unknown."""
+    ancestors = get_session_ancestors(conn, session_id)
+    if not ancestors:
+        return []
+    return [r["id"] for r in get_session_descendants(conn, ancestors[-1]["id"])]
+
+
+def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """The whole lineage of ``session_id`` (see :func:`lineage_ids`), each session exported
+    as by :func:`export_session`, parents first."""
+    exported = (export_session(conn, i) for i in lineage_ids(conn, session_id))
+    return [e for e in exported if e is not None]
+
+
+# Oldest first, so parents usually precede their children (import does not rely on it).
+EXPORT_IDS_SQL = "SELECT id FROM sessions ORDER BY started_at, id"
+EXPORT_IDS_BY_SOURCE_SQL = "SELECT id FROM sessions WHERE source = ? ORDER BY started_at, id"
+
+
+def _export_ids(
+    conn: sqlite3.Connection,
+    session_ids: Iterable[str] | None,
+    source: str | None,
+    lineage: bool,
+) -> list[str]:
+    if session_ids is None:
+        if source is None:
+            return [r[0] for r in conn.execute(EXPORT_IDS_SQL)]
+        return [r[0] for r in conn.execute(EXPORT_IDS_BY_SOURCE_SQL, (source,))]
+    ids: dict[str, None] = {}
+    for session_id in session_ids:
+        found = lineage_ids(conn, session_id) if lineage else (
+            [session_id] if get_session(conn, session_id) is not None else []
+        )
+        if not found:
+            raise SessionNotFoundError(session_id)
+        ids.update(dict.fromkeys(found))
+    return list(ids)
+
+
+SESSION_MESSAGES_SQL = SELECT_MESSAGES_SQL + " WHERE session_id = ? ORDER BY id"
+
+
+def _line(obj: Mapping[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def iter_export_jsonl(
+    conn: sqlite3.Connection,
+    session_ids: Iterable[str] | None = None,
+    *,
+    source: str | None = None,
+    lineage: bool = False,
+) -> Iterator[str]:
+    """Export as JSON Lines, one line at a time, in constant memory.
+
+    Lines: a header ``{"kind": "header", ...}``; per session a ``session`` line (the row),
+    its ``message`` lines (every generation, in id order) and ``usage`` lines; a final
+    ``end`` line with the totals. ``session_ids`` (default: every session, or those of
+    ``source``) are expanded to their whole lineage with ``lineage=True``. Run it inside one
+    read transaction for a consistent snapshot; an unknown id raises before any line."""
+    ids = _export_ids(conn, session_ids, source, lineage)
+    yield _line(
+        {
+            "kind": "header",
+            "format": EXPORT_FORMAT,
+            "format_version": EXPORT_FORMAT_VERSION,
+            "schema_version": SCHEMA_VERSION,
+            "exported_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        }
+    )
+    sessions = messages = 0
+    for session_id in ids:
+        session = get_session(conn, session_id)
+        if session is None:  # deleted since the ids were read (no snapshot held)
+            continue
+        sessions += 1
+        yield _line({"kind": "session", "session": session})
+        cursor = conn.execute(SESSION_MESSAGES_SQL, (session_id,))
+        for row in cursor:
+            messages += 1
+            message = row_to_message(row)
+            yield _line({"kind": "message", "session_id": session_id, "message": message})
+        for usage in get_model_usage(conn, session_id):
+            yield _line({"kind": "usage", "session_id": session_id, "usage": usage})
+    yield _line({"kind": "end", "sessions": sessions, "messages": messages})
+
+
+# =============================================================================================
+# Import
+# =============================================================================================
+
+_MESSAGE_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(MESSAGE_FIELDS),
+    "observed": False,
+    "active": True,
+    "compacted": False,
+}
+_FLAGS = ("observed", "active", "compacted")
+_USAGE_KEY = ("model", "billing_provider", "billing_base_url", "billing_mode", "task")
+
+
+@dataclass
+class _Incoming:
+    """One session to import: its row, a re-iterable source of its messages (a retried
+    transaction reads them again) and its usage rows."""
+
+    session: dict[str, Any]
+    messages: Callable[[], Iterable[Mapping[str, Any]]]
+    usage: list[dict[str, Any]]
+
+    @property
+    def id(self) -> Any:
+        return self.session.get("id")
+
+
+def _from_dict(record: Mapping[str, Any]) -> _Incoming:
+    if not isinstance(record, Mapping):
+        raise TypeError(f"a session to import must be a mapping, got {type(record).__name__}")
+    session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
+    messages = list(record.get("messages") or [])
+    return _Incoming(session, lambda: messages, list(record.get("model_usage") or []))
+
+
+def _comparable_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {**_MESSAGE_DEFAULTS, **{k: v for k, v in message_fields(message).items()
+                                      if k in _MESSAGE_DEFAULTS}}
+    for flag in _FLAGS:
+        fields[flag] = bool(fields[flag])
+    return fields
+
+
+def _comparable_usage(rows: Iterable[Mapping[str, Any]]) -> list[tuple]:
+    return sorted(
+        tuple(sorted((k, v) for k, v in row.items() if k != "session_id")) for row in rows
+    )
+
+
+def _same_session(conn: sqlite3.Connection, existing: Mapping[str, Any], rec: _Incoming) -> bool:
+    """True when the stored session equals the incoming one in every column the incoming
+    record carries, message for message (streamed) and in its usage rows."""
+    columns = set(session_columns())
+    if any(existing.get(k) != v for k, v in rec.session.items() if k in columns):
+        return False
+    stored = conn.execute(SESSION_MESSAGES_SQL, (existing["id"],))
+    incoming = iter(rec.messages())
+    for row in stored:
+        other = next(incoming, None)
+        if other is None or _comparable_message(row_to_message(row)) != _comparable_message(other):
+            return False
+    if next(incoming, None) is not None:
+        return False
+    return _comparable_usage(get_model_usage(conn, existing["id"])) == _comparable_usage(rec.usage)
+
+
+def _usage_columns() -> list[str]:
+    return [c[0] for c in expected_columns()["session_model_usage"]]
+
+
+def _import_one(conn: sqlite3.Connection, rec: _Incoming) -> dict[str, Any]:
+    """Import one session in the caller's transaction; returns what happened to it."""
+    session_id = rec.id
+    if not isinstance(session_id, str) or not session_id.strip():
+        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+    existing = get_session(conn, session_id)
+    if existing is not None:
+        if _same_session(conn, existing, rec):
+            return {"status": "skipped"}
+        return {"status": "conflict", "reason": "a different session with this id exists"}
+    outcome: dict[str, Any] = {"status": "imported"}
+    columns = session_columns()
+    row = {k: rec.session[k] for k in columns if k in rec.session}
+    unknown = sorted(set(rec.session) - set(columns))
+    if unknown:
+        outcome["ignored_fields"] = unknown
+    title = row.get("title")
+    if title is not None:
+        holder = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+        if holder is not None:
+            row["title"] = None
+            outcome["title_conflict"] = {"title": title, "held_by": holder[0]}
+    parent = row.get("parent_session_id")
+    if parent is not None and get_session(conn, parent) is None:
+        row["parent_session_id"] = None
+        outcome["parent_missing"] = parent
+    names = list(row)
+    conn.execute(
+        f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
+        f" VALUES ({', '.join('?' * len(names))})",
+        [clean_optional(v) if isinstance(v, str) else v for v in row.values()],
+    )
+    count = 0
+    dropped: set[str] = set()
+    for message in rec.messages():
+        fields = message_fields(message)
+        dropped.update(k for k in fields if k not in _MESSAGE_DEFAULTS)
+        insert_message(
+            conn,
+            session_id,
+            {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS},
+            count=False,
+        )
+        count += 1
+    if dropped:
+        outcome["ignored_message_fields"] = sorted(dropped)
+    usage_columns = _usage_columns()
+    for usage in rec.usage:
+        values = {k: usage[k] for k in usage_columns if k in usage}
+        values["session_id"] = session_id
+        conn.execute(
+            f"INSERT INTO session_model_usage ({', '.join(quote_identifier(n) for n in values)})"
+            f" VALUES ({', '.join('?' * len(values))})",
+            list(values.values()),
+        )
+    outcome["messages"] = count
+    return outcome
+
+
+def _parents_first(records: list[_Incoming]) -> list[_Incoming]:
+    """The records reordered so that a session follows its parent when both are imported;
+    otherwise input order. Cycles and duplicate ids cannot loop."""
+    first: dict[Any, _Incoming] = {}
+    for rec in records:
+        first.setdefault(rec.id, rec)
+    placed: set[int] = set()
+    out: list[_Incoming] = []
+    for rec in records:
+        chain = []
+        node: _Incoming | None = rec
+        while node is not None and id(node) not in placed:
+            placed.add(id(node))
+            chain.append(node)
+            parent = node.session.get("parent_session_id")
+            node = first.get(parent) if parent is not None else None
+        out.extend(reversed(chain))
+    return out
+
+
+def _import_records(write: WriteFn, records: list[_Incoming]) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "imported": [],
+        "skipped": [],
+        "conflicts": [],
+        "title_conflicts": [],
+        "parent_missing": [],
+        "invalid": [],
+        "messages_imported": 0,
+    }
+    for rec in _parents_first(records):
+        try:
+            outcome = write(functools.partial(_import_one, rec=rec))
+        except (ValueError, TypeError, sqlite3.IntegrityError) as exc:
+            report["invalid"].append({"session_id": rec.id, "error": str(exc)})
+            continue
+        status = outcome["status"]
+        if status == "skipped":
+            report["skipped"].append(rec.id)
+        elif status == "conflict":
+            report["conflicts"].append({"session_id": rec.id, "reason": outcome["reason"]})
+        else:
+            report["imported"].append(rec.id)
+            report["messages_imported"] += outcome["messages"]
+            if "title_conflict" in outcome:
+                conflict = outcome["title_conflict"]
+                report["title_conflicts"].append({"session_id": rec.id, **conflict})
+            if "parent_missing" in outcome:
+                report["parent_missing"].append(
+                    {"session_id": rec.id, "parent_session_id": outcome["parent_missing"]}
+                )
+            for key in ("ignored_fields", "ignored_message_fields"):
+                if key in outcome:
+                    report.setdefault(key, {})[rec.id] = outcome[key]
+    return report
+
+
+def import_sessions(write: WriteFn, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Import exported sessions (``export_session`` / ``export_all`` dicts), any order.
+
+    ``write(fn)`` runs ``fn(conn)`` in one retried write transaction; each session gets its
+    own. Report: ``imported``, ``skipped`` (an identical session exists), ``conflicts`` (a
+    different one exists; nothing of it written), ``title_conflicts`` (imported without the
+    title another session holds), ``parent_missing`` (imported as a root: its parent is
+    neither stored nor imported), ``invalid`` (rejected records) and ``messages_imported``.
+    """
+    return _import_records(write, [_from_dict(s) for s in sessions])
+
+
+# The JSONL importer spools lines into a private SQLite file first: memory stays bounded,
+# sessions can be reordered parents-first, and a retried transaction can re-read a session.
+SPOOL_SCHEMA_SQL = """
+CREATE TABLE lines (n INTEGER PRIMARY KEY, block INTEGER, kind TEXT NOT NULL, body TEXT NOT NULL);
+CREATE INDEX lines_by_block ON lines (block, kind, n);
+"""
+SPOOL_INSERT_SQL = "INSERT INTO lines (n, block, kind, body) VALUES (?, ?, ?, ?)"
+SPOOL_BLOCK_SQL = "SELECT body FROM lines WHERE block = ? AND kind = ? ORDER BY n"
+
+
+def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict[str, Any]]]:
+    """Load JSONL lines into ``spool``; returns (block, session row) for each session line.
+    A message or usage line belongs to the latest session line of its session id."""
+    spool.executescript(SPOOL_SCHEMA_SQL)
+    sessions: list[tuple[int, dict[str, Any]]] = []
+    blocks: dict[Any, int] = {}
+    batch: list[tuple] = []
+    spool.execute("BEGIN")
+    for n, raw in enumerate(fp, start=1):
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+            kind = obj["kind"]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"line {n} is not an export line: {exc}") from None
+        if kind == "header":
+            if obj.get("format") != EXPORT_FORMAT:
+                raise ValueError(f"line {n}: not a {EXPORT_FORMAT} stream")
+            continue
+        if kind == "end":
+            continue
+        if kind == "session":
+            session = obj.get("session")
+            if not isinstance(session, dict):
+                raise ValueError(f"line {n}: a session line needs a 'session' object")
+            blocks[session.get("id")] = n
+            sessions.append((n, session))
+            continue
+        if kind not in ("message", "usage"):
+            raise ValueError(f"line {n}: unknown kind {kind!r}")
+        block = blocks.get(obj.get("session_id"))
+        if block is None or not isinstance(obj.get(kind), dict):
+            raise ValueError(f"line {n}: {kind} of a session that has no session line before it")
+        batch.append((n, block, kind, json.dumps(obj[kind], ensure_ascii=False)))
+        if len(batch) >= 1000:
+            spool.executemany(SPOOL_INSERT_SQL, batch)
+            batch.clear()
+    spool.executemany(SPOOL_INSERT_SQL, batch)
+    spool.execute("COMMIT")
+    return sessions
+
+
+def import_jsonl(write: WriteFn, fp: IO[Any]) -> dict[str, Any]:
+    """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
+    read line by line; memory stays bounded by one session row at a time plus the ids).
+    Same rules and report as :func:`import_sessions`."""
+    with tempfile.TemporaryDirectory(prefix="hermes-import-") as tmp:
+        spool = sqlite3.connect(Path(tmp) / "spool.db", isolation_level=None)
+        try:
+            spool.execute("PRAGMA journal_mode = OFF")
+            spool.execute("PRAGMA synchronous = OFF")
+            sessions = _spool_jsonl(fp, spool)
+
+            def spooled(block: int, kind: str) -> Iterator[dict[str, Any]]:
+                return (json.loads(b) for (b,) in spool.execute(SPOOL_BLOCK_SQL, (block, kind)))
+
+            records = [
+                _Incoming(
+                    session,
+                    functools.partial(spooled, block, "message"),
+                    list(spooled(block, "usage")),
+                )
+                for block, session in sessions
+            ]
+            return _import_records(write, records)
+        finally:
+            spool.close()
+
+
+# =============================================================================================
+# Files: snapshots, exclusivity, promotion
+# =============================================================================================
+
+
+def snapshot_dir() -> Path:
+    """Where snapshots live: ``get_hermes_home()/state-snapshots``."""
+    return get_hermes_home() / SNAPSHOT_DIRNAME
+
+
+def _utc_stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _new_private_file(path: Path) -> Path:
+    """Create ``path`` empty with mode 0600 (never an existing file, never through a link)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(
+        path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+    )
+    os.close(fd)
+    return path
+
+
+def _unique_snapshot_path(directory: Path, prefix: str) -> Path:
+    stamp = _utc_stamp()
+    for n in range(1, 1000):
+        candidate = directory / (f"{prefix}-{stamp}.db" if n == 1 else f"{prefix}-{stamp}-{n}.db")
+        try:
+            return _new_private_file(candidate)
+        except FileExistsError:
+            continue
+    raise HermesStateError(f"no free snapshot name in {directory}")
+
+
+def _remove_db_files(path: Path) -> None:
+    for p in (path, *sidecar_paths(path), path.with_name(path.name + "-journal")):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def _connect(path: Path, mode: str, *, immutable: bool = False) -> sqlite3.Connection:
+    uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
+    return sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+    )
+
+
+def _existing_db(db_path: str | os.PathLike[str]) -> Path:
+    path = Path(db_path).expanduser().absolute()
+    check_test_isolation(path)
+    refuse_symlinks(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        raise StateDbUnavailableError(
+            f"no initialised session store at {path}", reason="uninitialized", path=path
+        )
+    return path
+
+
+def _quick_check(conn: sqlite3.Connection) -> list[str]:
+    try:
+        return [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.Error as exc:
+        return [f"{type(exc).__name__}: {exc}"]
+
+
+def _copy_live(db_path: Path, dest: Path) -> sqlite3.Connection:
+    """Copy the live database into the new file ``dest`` with the backup API and return a
+    connection on the copy. One backup step: a consistent snapshot read through the WAL,
+    while writers carry on (a stepwise backup would restart after every foreign write)."""
+    src = _connect(db_path, "ro")
+    try:
+        dst = sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
+        try:
+            src.backup(dst)
+        except BaseException:
+            dst.close()
+            raise
+    finally:
+        src.close()
+    return dst
+
+
+@contextlib.contextmanager
+def _exclusive(db_path: Path) -> Iterator[None]:
+    """Hold the admission lock and make sure no other process has the database open;
+    :class:`StateDbInUseError` otherwise."""
+    with fts.admission_lock(db_path) as admitted:
+        if not admitted:
+            raise StateDbInUseError(
+                f"another maintenance run holds the admission lock of {db_path}", path=db_path
+            )
+        _refuse_other_holders(db_path)
+        yield
+
+
+def _refuse_other_holders(db_path: Path) -> None:
+    if fts.other_processes_hold(db_path):
+        holders = describe_lock_holders(db_path)
+        detail = "; ".join(holders) if holders else "other processes may have it open"
+        raise StateDbInUseError(f"{db_path} is in use: {detail}", path=db_path, holders=holders)
+
+
+def _promote(src: sqlite3.Connection, db_path: Path) -> list[str]:
+    """Write the database of ``src`` onto ``db_path`` with the backup API; returns the live
+    file's quick_check. The live file leaves WAL mode for the copy (so a snapshot with
+    another page size can be restored) and returns to it afterwards."""
+    dst = _connect(db_path, "rwc")
+    try:
+        dst.execute("PRAGMA journal_mode = DELETE")
+        src.backup(dst)
+        mode = dst.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise HermesStateError(f"{db_path} refused WAL mode (journal_mode={mode})")
+        return _quick_check(dst)
+    finally:
+        dst.close()
+        tighten_modes(db_path)
+
+
+# Canonical and ledger tables whose row counts a repair must leave unchanged.
+COUNTED_TABLES = (
+    "sessions",
+    "messages",
+    "session_model_usage",
+    "gateway_routing",
+    "compression_locks",
+    "async_delegations",
+    "delivery_obligations",
+    *RUNTIME_LEDGER_TABLES,
+)
+
+
+def row_counts(conn: sqlite3.Connection) -> dict[str, int | str]:
+    """Row counts of the counted tables that exist (an error text where counting failed)."""
+    counts: dict[str, int | str] = {}
+    for table in COUNTED_TABLES:
+        try:
+            if table_exists(conn, table):
+                counts[table] = conn.execute(
+                    f"SELECT COUNT(*) FROM {quote_identifier(table)}"
+                ).fetchone()[0]
+        except sqlite3.Error as exc:
+            counts[table] = f"{type(exc).__name__}: {exc}"
+    return counts
+
+
+# =============================================================================================
+# Backup and restore
+# =============================================================================================
+
+
+def backup_state_db(
+    db_path: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None
+) -> Path:
+    """Snapshot the database with the backup API; returns the snapshot's path.
+
+    ``dest`` defaults to ``get_hermes_home()/state-snapshots/state-<UTC timestamp>.db`` and
+    must not exist. The snapshot is a self-contained file (rollback journal mode, 0600) that
+    passed ``PRAGMA quick_check``; one that fails it is kept for inspection and
+    :class:`StateDbCorruptError` names it. Works while writers are running."""
+    path, check = _snapshot(_existing_db(db_path), dest)
+    if check != ["ok"]:
+        raise StateDbCorruptError(
+            f"the snapshot of {path} fails quick_check: {'; '.join(check[:3])}", path=path
+        )
+    return path
+
+
+def _snapshot(db_path: Path, dest: str | os.PathLike[str] | None) -> tuple[Path, list[str]]:
+    if dest is None:
+        target = _unique_snapshot_path(snapshot_dir(), "state")
+    else:
+        target = _new_private_file(Path(dest).expanduser().absolute())
+    try:
+        conn = _copy_live(db_path, target)
+        try:
+            conn.execute("PRAGMA journal_mode = DELETE")
+            return target, _quick_check(conn)
+        finally:
+            conn.close()
+    except BaseException:
+        _remove_db_files(target)
+        raise
+
+
+def restore_state_db(
+    snapshot: str | os.PathLike[str], db_path: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """Replace the database at ``db_path`` with ``snapshot`` (backup API, page for page, so
+    ledgers and everything else come back whole).
+
+    The snapshot must pass quick_check and be a session store no newer than this library;
+    the current database, if any, is snapshotted first (``previous_snapshot``). Refused with
+    :class:`StateDbInUseError` while other processes hold the database."""
+    snap = _existing_db(snapshot)
+    target = Path(db_path).expanduser().absolute()
+    check_test_isolation(target)
+    refuse_symlinks(target)
+    src = _connect(snap, "ro")
+    try:
+        check = _quick_check(src)
+        if check != ["ok"]:
+            raise StateDbCorruptError(
+                f"snapshot {snap} fails quick_check: {'; '.join(check[:3])}", path=snap
+            )
+        version = read_version(src)
+        if version is None or version > SCHEMA_VERSION:
+            raise StateDbUnavailableError(
+                f"snapshot {snap} has schema version {version}; this library reads "
+                f"up to {SCHEMA_VERSION}",
+                reason="uninitialized" if version is None else "incompatible",
+                path=snap,
+                schema_version=version,
+            )
+        report: dict[str, Any] = {
+            "restored_from": str(snap),
+            "db_path": str(target),
+            "schema_version": version,
+            "previous_snapshot": None,
+        }
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with _exclusive(target):
+            if target.is_file() and target.stat().st_size > 0:
+                report["previous_snapshot"] = str(_snapshot(target, None)[0])
+            prepare_db_file(target)
+            report["quick_check"] = _promote(src, target)
+        live = _connect(target, "ro")
+        try:
+            report["row_counts"] = row_counts(live)
+        finally:
+            live.close()
+        return report
+    finally:
+        src.close()
+
+
+# =============================================================================================
+# Repair
+# =============================================================================================
+
+
+def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
+    """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
+    write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``fts_integrity`` (per
+    index, None when clean), ``fts_stale`` (the marker), ``fts_rebuilding``, ``triggers``
+    (expected and missing), ``row_counts``, ``schema_version``, ``problems``, ``healthy``."""
+    problems: list[str] = []
+    try:
+        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+    except sqlite3.Error as exc:
+        integrity = [f"{type(exc).__name__}: {exc}"]
+    if integrity != ["ok"]:
+        problems.append("integrity_check: " + "; ".join(integrity[:3]))
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            fts_integrity = fts.integrity_report(conn)
+        finally:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
+    problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
+    try:
+        state = fts.index_state(conn)
+        stale, rebuilding = state.stale, state.rebuilding
+        missing = fts.missing_triggers(conn)
+        version: int | None = read_version(conn)
+    except sqlite3.Error as exc:
+        stale, rebuilding, missing, version = None, False, [], None
+        problems.append(f"state unreadable: {exc}")
+    if stale is not None:
+        problems.append(f"fts_stale marker set: {stale}")
+    if rebuilding:
+        problems.append("an FTS rebuild is unfinished")
+    if missing:
+        problems.append("missing FTS triggers: " + ", ".join(missing))
+    counts = row_counts(conn)
+    problems += [f"{t} cannot be counted: {c}" for t, c in counts.items() if isinstance(c, str)]
+    return {
+        "integrity": integrity,
+        "fts_integrity": fts_integrity,
+        "fts_stale": stale,
+        "fts_rebuilding": rebuilding,
+        "triggers": {"expected": list(fts.FTS_TRIGGER_NAMES), "missing": missing},
+        "row_counts": counts,
+        "schema_version": version,
+        "problems": problems,
+        "healthy": not problems,
+    }
+
+
+def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
+    """Remove the FTS tables, views and triggers from the working copy. A damaged shadow
+    b-tree cannot be dropped (DROP walks it), so then its schema rows are deleted instead and
+    the following VACUUM leaves the orphaned pages behind. Returns the connection to use."""
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ? ESCAPE '\\'",
+            ("messages\\_fts%",),
+        )
+    ]
+    try:
+        with transaction(conn):
+            for name in names:
+                conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+            for table in fts.FTS_TABLES:
+                conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table)}")
+            for view in ("messages_fts_trigram_source", "messages_fts_cjk_source"):
+                conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(view)}")
+        return conn
+    except sqlite3.DatabaseError as exc:
+        if not is_corruption_error(exc):
+            raise
+    conn.execute("PRAGMA writable_schema = ON")
+    with transaction(conn):
+        conn.execute(
+            "DELETE FROM sqlite_master"
+            " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
+            {"p": "messages\\_fts%"},
+        )
+    conn.execute("PRAGMA writable_schema = OFF")
+    conn.close()  # the schema changed underneath SQLite: start from a fresh connection
+    return sqlite3.connect(work, isolation_level=None, check_same_thread=False)
+
+
+def _rebuild_indexes(conn: sqlite3.Connection, progress: Progress) -> None:
+    """Create the FTS objects of the current schema and fill them with the chunked rebuild
+    (which also recomputes ``search_cjk``); clears every FTS marker on the way."""
+    with transaction(conn):
+        for statement in split_sql(INDEXES_SQL + FTS_SQL):
+            conn.execute(statement)
+        total = fts.start_rebuild(conn)
+    done = 0
+    while True:
+        with transaction(conn):
+            left = fts.rebuild_chunk(conn, 5000)
+        if not left:
+            break
+        done = total - left
+        progress("rebuilding FTS", done, total)
+    progress("rebuilding FTS", total, total)
+
+
+def repair_state_db(
+    db_path: str | os.PathLike[str],
+    *,
+    check_only: bool = False,
+    backup: bool = True,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Check, and unless ``check_only`` repair, the derived structures of a session store.
+
+    ``check_only``: the :func:`health_report` of a backup-API copy (nothing is written to the
+    database; it may run while others use it). Repair, with the database to itself:
+
+    1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
+    2. a working copy (backup API) on which the FTS objects are dropped, the file VACUUMed
+       (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
+       triggers and markers rebuilt; canonical rows are never deleted;
+    3. the checks on the working copy, which must pass with every row count unchanged;
+    4. only then the working copy is written onto the live file with the backup API.
+
+    A store that is already healthy is left alone. When the checks fail, or the canonical
+    tables cannot be read, nothing is promoted and ``kept`` lists the live file and the
+    backup. Refused with :class:`StateDbInUseError` while other processes hold the database.
+    """
+    path = _existing_db(db_path)
+    say = progress or _no_progress
+    report: dict[str, Any] = {"db_path": str(path), "check_only": check_only}
+    if check_only:
+        report["in_use_by"] = describe_lock_holders(path)
+        with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
+            try:
+                conn = _copy_live(path, Path(tmp) / "check.db")
+            except sqlite3.Error as exc:
+                return {**report, **_unreadable(exc)}
+            try:
+                report.update(health_report(conn))
+            finally:
+                conn.close()
+        return report
+    with _exclusive(path):
+        snapshots = snapshot_dir()
+        snapshots.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
+            work = _new_private_file(Path(tmp) / "work.db")
+            say("copying", 0, None)
+            try:
+                conn = _copy_live(path, work)
+            except sqlite3.Error as exc:
+                return {**report, **_unreadable(exc), "promoted": False, "kept": [str(path)]}
+            try:
+                before = health_report(conn)
+                report["before"] = before
+                if before["healthy"]:
+                    return {**report, "repaired": False, "promoted": False, "backup": None}
+                if backup:
+                    snap, check = _snapshot(path, None)
+                    report["backup"] = str(snap)
+                    report["backup_quick_check"] = check
+                conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
+                report["after"] = after
+                if error is not None:
+                    kept = [str(path)] + ([report["backup"]] if backup else [])
+                    return {**report, "error": error, "repaired": False, "promoted": False,
+                            "kept": kept}
+                _refuse_other_holders(path)
+                say("promoting", 0, None)
+                report["live_quick_check"] = _promote(conn, path)
+                return {**report, "repaired": True, "promoted": True}
+            finally:
+                conn.close()
+
+
+def _unreadable(exc: sqlite3.Error) -> dict[str, Any]:
+    problem = f"the database cannot be read: {type(exc).__name__}: {exc}"
+    return {"healthy": False, "problems": [problem], "integrity": [problem], "repaired": False}
+
+
+def _repair_copy(
+    work: Path, conn: sqlite3.Connection, counts: Mapping[str, int | str], say: Progress
+) -> tuple[sqlite3.Connection, dict[str, Any] | None, str | None]:
+    """Rebuild the derived structures of the working copy and check it; returns the
+    connection, the health after, and the reason it must not be promoted (None: promote)."""
+    unreadable = [t for t, c in counts.items() if isinstance(c, str)]
+    if unreadable:
+        return conn, None, (
+            "canonical tables cannot be read (" + ", ".join(unreadable) + "); a rebuild of "
+            "the indexes cannot help, the file needs recovery"
+        )
+    try:
+        say("dropping FTS", 0, None)
+        conn = _drop_fts(work, conn)
+        say("vacuuming", 0, None)
+        conn.execute("VACUUM")
+        _rebuild_indexes(conn, say)
+        with transaction(conn):
+            conn.execute(
+                "DELETE FROM state_meta WHERE key IN (?, ?, ?)",
+                (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY),
+            )
+    except sqlite3.Error as exc:
+        return conn, None, f"rebuilding on the working copy failed: {type(exc).__name__}: {exc}"
+    after = health_report(conn)
+    if not after["healthy"]:
+        return conn, after, "the working copy still fails its checks"
+    changed = {t: (c, after["row_counts"].get(t)) for t, c in counts.items()
+               if after["row_counts"].get(t) != c}
+    if changed:
+        return conn, after, f"row counts changed on the working copy: {changed}"
+    return conn, after, None
+
+
+# =============================================================================================
+# Recover
+# =============================================================================================
+
+# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the version row.
+_REBUILT = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk", "schema_version")
+# state_meta keys that describe the old file's FTS indexes, not the recovered one's.
+_FTS_MARKERS = (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY)
+_INSERT_BATCH = 500
+_COPY_ORDER = ("sessions", "messages", "session_model_usage")
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's column affinity rules (datatype3 §3.1)."""
+    decl = (declared or "").upper()
+    if "INT" in decl:
+        return "INTEGER"
+    if any(t in decl for t in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if not decl or "BLOB" in decl:
+        return "BLOB"
+    if any(t in decl for t in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+@dataclass
+class _TableShape:
+    """A table's columns as the records on disk store them."""
+
+    name: str
+    columns: list[str]
+    affinities: list[str]
+    required: list[bool]  # NOT NULL without a default, or the primary key
+    ipk: int | None  # the INTEGER PRIMARY KEY column (stored as NULL: the rowid is the value)
+    rowid: bool = True
+    root: int | None = None
+
+    @property
+    def min_values(self) -> int:
+        """Records never hold fewer values than the last required column (later columns are
+        added with ALTER TABLE ADD COLUMN and may be missing from older records)."""
+        last = [i for i, r in enumerate(self.required) if r and i != self.ipk]
+        return last[-1] + 1 if last else 1
+
+    def row(self, rowid: int, values: list[Any]) -> list[Any]:
+        """Record values as SQLite would return them: the rowid in the INTEGER PRIMARY KEY
+        column, REAL-affinity integers as floats."""
+        out = list(values)
+        if self.ipk is not None and self.ipk < len(out):
+            out[self.ipk] = rowid
+        for i, value in enumerate(out):
+            if self.affinities[i] == "REAL" and isinstance(value, int):
+                out[i] = float(value)
+        return out
+
+    def fits(self, values: list[Any]) -> bool:
+        """Could this record belong to this table? (Used for pages no tree reaches.)"""
+        if not self.min_values <= len(values) <= len(self.columns):
+            return False
+        for i, value in enumerate(values):
+            if i == self.ipk:
+                if value is not None:
+                    return False
+                continue
+            if value is None:
+                if self.required[i]:
+                    return False
+                continue
+            affinity = self.affinities[i]
+            if affinity == "TEXT" and not isinstance(value, str):
+                return False
+            if affinity == "INTEGER" and not isinstance(value, int):
+                return False
+            if affinity == "REAL" and not isinstance(value, (int, float)):
+                return False
+        return True
+
+
+def _shape_from_sql(name: str, sql: str | None) -> _TableShape | None:
+    """The shape of a table from its CREATE TABLE statement, parsed by SQLite in memory."""
+    if not sql or not sql.lstrip().upper().startswith("CREATE TABLE"):
+        return None
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.execute(sql)
+        info = mem.execute("SELECT * FROM pragma_table_info(?)", (name,)).fetchall()
+        listed = mem.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (name,)).fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        mem.close()
+    if not info:
+        return None
+    pks = [r for r in info if r[5]]
+    ipk = None
+    if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
+        ipk = pks[0][0]
+    return _TableShape(
+        name=name,
+        columns=[r[1] for r in info],
+        affinities=[_affinity(r[2]) for r in info],
+        required=[bool(r[3] and r[4] is None) or bool(r[5]) for r in info],
+        ipk=ipk,
+        rowid=not (listed and listed[0]),
+    )
+
+
+def _current_shapes() -> dict[str, _TableShape]:
+    """The shapes of the current schema's tables (and delivery_obligations)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES_SQL + DELIVERY_OBLIGATIONS_SQL)
+        rows = mem.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+    finally:
+        mem.close()
+    shapes = {n: _shape_from_sql(n, s) for n, s in rows if not n.startswith("sqlite_")}
+    return {n: s for n, s in shapes.items() if s is not None}
+
+
+@dataclass
+class _TableReport:
+    name: str
+    shape: _TableShape
+    found: int = 0
+    copied: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    source_count: int | None = None
+    method: str = "sql"
+    error: str | None = None
+    last_sql_rowid: int | None = None
+    bad_pages: list[ff.BadPage] = field(default_factory=list)
+    page_rowids: set[int] = field(default_factory=set)
+    orphan_pages: int = 0
+    rejections: list[str] = field(default_factory=list)
+    excluded: bool = False
+    unknown: bool = False
+    sql: str | None = None
+
+    @property
+    def damaged(self) -> bool:
+        return self.error is not None or bool(self.bad_pages)
+
+
+class _Source:
+    """The private image of the source: a byte copy with the WAL folded in."""
+
+    def __init__(self, source: Path, workdir: Path) -> None:
+        self.path = workdir / "image.db"
+        self.notes: list[str] = []
+        self.unreadable_bytes = _copy_bytes(source, self.path)
+        if self.unreadable_bytes:
+            self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
+        wal = sidecar_paths(source)[0]
+        self.wal = ff.fold_wal(wal, self.path)
+        self.notes += self.wal.notes
+        self.image = ff.DatabaseImage(self.path, page_size=self.wal.page_size)
+        self.sql: sqlite3.Connection | None = None
+        try:
+            self.sql = _connect(self.path, "ro", immutable=True)
+            self.sql.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            self.notes.append(f"SQLite cannot open the source: {exc}")
+            if self.sql is not None:
+                self.sql.close()
+            self.sql = None
+
+    def close(self) -> None:
+        if self.sql is not None:
+            self.sql.close()
+        self.image.close()
+
+
+def _copy_bytes(source: Path, dest: Path, chunk: int = 1 << 20) -> int:
+    """Copy ``source`` byte for byte into the new private file ``dest``; ranges the disk
+    cannot read (EIO) become zeros, page by page. Returns the number of unreadable bytes."""
+    lost = 0
+    src = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            size = os.fstat(src).st_size
+            for offset in range(0, size, chunk):
+                want = min(chunk, size - offset)
+                try:
+                    data = os.pread(src, want, offset)
+                except OSError:
+                    parts = []
+                    for sub in range(offset, offset + want, 4096):
+                        n = min(4096, offset + want - sub)
+                        try:
+                            parts.append(os.pread(src, n, sub))
+                        except OSError:
+                            parts.append(bytes(n))
+                            lost += n
+                    data = b"".join(parts)
+                os.pwrite(dst, data, offset)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return lost
+
+
+def _read_schema(src: _Source) -> tuple[list[tuple[str, str, str, int, str | None]], str]:
+    """sqlite_master's rows (type, name, tbl_name, rootpage, sql) and how they were read."""
+    if src.sql is not None:
+        try:
+            rows = src.sql.execute(
+                "SELECT type, name, tbl_name, rootpage, sql FROM sqlite_master"
+            ).fetchall()
+            return rows, "sql"
+        except sqlite3.Error as exc:
+            src.notes.append(f"the schema cannot be read by SQLite: {exc}")
+    rows = []
+    for cell in ff.walk_table(src.image, 1):
+        if isinstance(cell, ff.TableCell):
+            try:
+                values = ff.decode_record(cell.payload, src.image.encoding)
+            except ff.PageError:
+                continue
+            if len(values) == 5 and isinstance(values[1], str):
+                rows.append(tuple(values))
+    return rows, ("pages" if rows else "none")
+
+
+@dataclass
+class _Plan:
+    """What to do with each table of the source."""
+
+    copy: dict[str, _TableReport]
+    excluded: dict[str, _TableReport]
+    schema_method: str
+    index_roots: list[int]
+    table_roots: list[int]
+    source_seq: dict[str, int]
+
+
+def _plan(src: _Source) -> _Plan:
+    entries, method = _read_schema(src)
+    current = _current_shapes()
+    virtual = {n for t, n, _, _, sql in entries if t == "table" and sql
+               and sql.lstrip().upper().startswith("CREATE VIRTUAL")}
+    copy: dict[str, _TableReport] = {}
+    excluded: dict[str, _TableReport] = {}
+    index_roots, table_roots = [], []
+    for kind, name, _tbl, root, sql in entries:
+        if kind == "index" and isinstance(root, int) and root > 0:
+            index_roots.append(root)
+        if kind != "table" or not isinstance(root, int):
+            continue
+        if root > 0:
+            table_roots.append(root)
+        if (
+            name in virtual
+            or name.startswith("sqlite_")
+            or name in _REBUILT
+            or any(name.startswith(v + "_") for v in virtual)
+            or name.startswith("messages_fts")
+        ):
+            continue
+        shape = _shape_from_sql(name, sql) or current.get(name)
+        if shape is None:
+            continue
+        shape.root = root if root > 0 else None
+        report = _TableReport(name, shape, sql=sql)
+        if name in RUNTIME_LEDGER_TABLES:
+            report.excluded = True
+            excluded[name] = report
+        else:
+            report.unknown = name not in current
+            copy[name] = report
+    if method == "none":
+        # No schema at all: every current table is looked for, by shape, among all pages.
+        for name, shape in current.items():
+            if name in _REBUILT:
+                continue
+            report = _TableReport(name, shape, method="pages", error="schema unreadable")
+            (excluded if name in RUNTIME_LEDGER_TABLES else copy)[name] = report
+            report.excluded = name in RUNTIME_LEDGER_TABLES
+    seq: dict[str, int] = {}
+    if src.sql is not None and method == "sql":
+        with contextlib.suppress(sqlite3.Error):
+            seq = {n: int(s) for n, s in src.sql.execute("SELECT name, seq FROM sqlite_sequence")}
+    ordered = dict(sorted(copy.items(), key=lambda kv: (
+        _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
+    return _Plan(ordered, excluded, method, index_roots, table_roots, seq)
+
+
+def _sql_rows(src: _Source, report: _TableReport) -> Iterator[tuple[int | None, list[Any]]]:
+    """The table through SQLite, until the first error (then ``report.error`` says why)."""
+    if src.sql is None or report.error is not None:
+        report.error = report.error or "SQLite cannot open the source"
+        return
+    shape = report.shape
+    columns = ", ".join(quote_identifier(c) for c in shape.columns)
+    rowid = "rowid, " if shape.rowid else "NULL, "
+    try:
+        report.source_count = src.sql.execute(
+            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+        ).fetchone()[0]
+    except sqlite3.Error:
+        report.source_count = None
+    try:
+        for row in src.sql.execute(f"SELECT {rowid}{columns} FROM {quote_identifier(report.name)}"):
+            report.last_sql_rowid = row[0]
+            yield row[0], list(row[1:])
+    except sqlite3.Error as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        report.source_count = None
+
+
+def _page_rows(
+    src: _Source, report: _TableReport, claimed: set[int]
+) -> Iterator[tuple[int, list[Any]]]:
+    """The rest of a table SQLite stopped reading: its b-tree walked page by page."""
+    shape = report.shape
+    if shape.root is None or not shape.rowid:
+        return
+    report.method = "sql+pages" if report.last_sql_rowid is not None else "pages"
+    floor = report.last_sql_rowid
+    for item in ff.walk_table(src.image, shape.root, claimed):
+        if isinstance(item, ff.BadPage):
+            report.bad_pages.append(item)
+            continue
+        if floor is not None and item.rowid <= floor:
+            continue
+        try:
+            values = ff.decode_record(item.payload, src.image.encoding)
+        except ff.PageError as exc:
+            report.bad_pages.append(ff.BadPage(item.pgno, str(exc), item.rowid - 1, item.rowid, 1))
+            continue
+        if len(values) > len(shape.columns):
+            report.bad_pages.append(
+                ff.BadPage(item.pgno, "record wider than the table", item.rowid - 1, item.rowid, 1)
+            )
+            continue
+        report.page_rowids.add(item.rowid)
+        yield item.rowid, shape.row(item.rowid, values)
+
+
+def _orphan_rows(
+    src: _Source, plan: _Plan, claimed: set[int], damaged: list[_TableReport]
+) -> Iterator[tuple[_TableReport, int, list[Any]]]:
+    """Rows of leaf pages no b-tree reaches, attributed to the one damaged table whose
+    shape every record of the page fits; ambiguous pages are left alone."""
+    candidates = [r for r in damaged if r.shape.rowid]
+    if not candidates:
+        return
+    for root in plan.index_roots:
+        ff.walk_index(src.image, root, claimed)
+    for root in plan.table_roots:
+        for _ in ff.walk_table(src.image, root, claimed):
+            pass
+    freelist, _complete = ff.freelist_pages(src.image)
+    claimed |= freelist
+    for _pgno, cells, _bad in ff.iter_orphan_leaves(src.image, claimed):
+        try:
+            records = [(c.rowid, ff.decode_record(c.payload, src.image.encoding)) for c in cells]
+        except ff.PageError:
+            continue
+        owners = [r for r in candidates if all(r.shape.fits(v) for _, v in records)]
+        if len(owners) != 1:
+            continue
+        owner = owners[0]
+        owner.orphan_pages += 1
+        floor = owner.last_sql_rowid
+        for rowid, values in records:
+            if rowid in owner.page_rowids or (floor is not None and rowid <= floor):
+                continue
+            owner.page_rowids.add(rowid)
+            yield owner, rowid, owner.shape.row(rowid, values)
+
+
+def _loss(report: _TableReport, sequence: int | None) -> dict[str, Any]:
+    """Rows lost: exact where the file says so (the unreadable cells of a readable page),
+    else estimated from the rowids missing in the key ranges of the unreadable pages."""
+    if not report.damaged:
+        return {"lost": 0, "lost_exact": True, "lost_basis": None}
+    if report.method == "sql":
+        return {"lost": None, "lost_exact": False,
+                "lost_basis": "SQLite stopped reading and the table cannot be read page by page"}
+    if report.shape.root is None:
+        return {"lost": None, "lost_exact": False,
+                "lost_basis": "the schema is lost: rows were found by shape, losses are unknown"}
+    cells = sum(p.cells for p in report.bad_pages if p.cells is not None)
+    ranges = [p for p in report.bad_pages if p.cells is None]
+    if not ranges:
+        return {"lost": cells, "lost_exact": True, "lost_basis": "unreadable cells"}
+    rowids = sorted(report.page_rowids)
+    top = max(sequence or 0, rowids[-1] if rowids else 0, report.last_sql_rowid or 0)
+    gaps = 0
+    for page in ranges:
+        low = page.low if page.low is not None else 0
+        high = page.high if page.high is not None else top
+        if high > low:
+            held = bisect.bisect_right(rowids, high) - bisect.bisect_right(rowids, low)
+            gaps += max(0, (high - low) - held)
+    return {
+        "lost": gaps + cells,
+        "lost_exact": False,
+        "lost_basis": "rowids missing from the key ranges of unreadable pages "
+        "(an upper bound: rows deleted before the damage count too)",
+    }
+
+
+class _Writer:
+    """Inserts salvaged rows into the output in batches; a batch that violates a constraint
+    is retried row by row so one bad row costs only itself. A message's ``search_cjk`` is
+    left out: the index rebuild recomputes it (the source's is never trusted)."""
+
+    def __init__(self, out: sqlite3.Connection | None) -> None:
+        self.out = out
+        self._statements: dict[tuple[str, int], tuple[str, list[int]]] = {}
+
+    def _statement(self, report: _TableReport, width: int) -> tuple[str, list[int]]:
+        """The INSERT for records of ``width`` values, and which values it takes: the output
+        table's columns, by name (older records are shorter; unknown columns are dropped)."""
+        key = (report.name, width)
+        if key not in self._statements:
+            assert self.out is not None
+            known = {
+                r[0]
+                for r in self.out.execute("SELECT name FROM pragma_table_info(?)", (report.name,))
+            }
+            keep = [
+                i
+                for i, c in enumerate(report.shape.columns[:width])
+                if c in known and c != "search_cjk"
+            ]
+            names = ", ".join(quote_identifier(report.shape.columns[i]) for i in keep)
+            sql = (
+                f"INSERT INTO {quote_identifier(report.name)} ({names})"
+                f" VALUES ({', '.join('?' * len(keep))})"
+            )
+            self._statements[key] = (sql, keep)
+        return self._statements[key]
+
+    def write(self, report: _TableReport, rows: list[list[Any]]) -> None:
+        if self.out is None or not rows:
+            return
+        groups: dict[str, list[list[Any]]] = {}
+        for values in rows:
+            sql, keep = self._statement(report, len(values))
+            groups.setdefault(sql, []).append([values[i] for i in keep])
+        for sql, params in groups.items():
+            try:
+                with transaction(self.out):
+                    self.out.executemany(sql, params)
+                report.copied += len(params)
+                continue
+            except sqlite3.IntegrityError:
+                pass
+            for one in params:
+                try:
+                    with transaction(self.out):
+                        self.out.execute(sql, one)
+                    report.copied += 1
+                except sqlite3.IntegrityError as exc:
+                    report.rejected += 1
+                    if len(report.rejections) < 5:
+                        report.rejections.append(str(exc))
+
+
+def _copy_table(
+    report: _TableReport, rows: Iterable[list[Any]], writer: _Writer, say: Progress
+) -> None:
+    batch: list[list[Any]] = []
+    for values in rows:
+        report.found += 1
+        if report.name == "state_meta" and values and values[0] in _FTS_MARKERS:
+            report.skipped += 1
+            continue
+        batch.append(values)
+        if len(batch) >= _INSERT_BATCH:
+            writer.write(report, batch)
+            batch = []
+        if report.found % 10000 == 0:
+            say(f"reading {report.name}", report.found, report.source_count)
+    writer.write(report, batch)
+
+
+# Sessions referenced by recovered rows whose own row was lost get a placeholder row.
+ORPHAN_SESSIONS_SQL = """
+SELECT session_id, MIN(t0), MAX(t1), SUM(active) FROM (
+    SELECT session_id, timestamp AS t0, timestamp AS t1, active FROM messages
+    UNION ALL
+    SELECT session_id, first_used_at, last_used_at, 0 FROM session_model_usage
+)
+WHERE session_id IS NOT NULL AND session_id NOT IN (SELECT id FROM sessions)
+GROUP BY session_id
+"""
+PLACEHOLDER_SESSION_SQL = """
+INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count)
+VALUES (?, 'recovered', ?, ?, 'recovered', ?)
+"""
+
+
+def _finish_output(
+    out: sqlite3.Connection, plan: _Plan, say: Progress
+) -> tuple[list[str], dict[str, Any]]:
+    """Placeholders, sequences, data invariants, indexes, FTS rebuild, version, checks."""
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    with transaction(out):
+        orphans = out.execute(ORPHAN_SESSIONS_SQL).fetchall()
+        out.executemany(
+            PLACEHOLDER_SESSION_SQL,
+            [(sid, t0 if t0 is not None else now, t1, n or 0) for sid, t0, t1, n in orphans],
+        )
+        for name, seq in plan.source_seq.items():
+            if name not in plan.copy or not table_exists(out, name):
+                continue
+            row = out.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                out.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
+            elif row[0] < seq:
+                out.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = ?", (seq, name))
+        restore_data_invariants(out)
+        outbox = plan.copy.get("delivery_obligations")
+        if plan.schema_method == "none" and outbox is not None and not outbox.copied:
+            out.execute("DROP TABLE delivery_obligations")  # created lazily: only with rows
+    _rebuild_indexes(out, say)
+    with transaction(out):
+        out.execute("DELETE FROM schema_version")
+        out.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+    mode = out.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    checks = {"journal_mode": mode, "quick_check": _quick_check(out)}
+    out.execute("BEGIN IMMEDIATE")
+    try:
+        checks["fts_integrity"] = fts.integrity_report(out, against_content=False)
+    finally:
+        out.execute("ROLLBACK")
+    return [r[0] for r in orphans], checks
+
+
+def recover_state_db(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    inspect_only: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Salvage what the session store at ``source`` still holds into a fresh database.
+
+    ``output`` (default ``get_hermes_home()/state-recovered-<UTC timestamp>.db``) must not
+    exist; it appears only when complete. With ``inspect_only`` nothing is written anywhere
+    but a private temporary directory, and the report says what a recover would copy.
+    The source is never written to and never opened by SQLite; nothing is created beside it
+    but the output, when asked for there (its working directory is the output's).
+
+    The report: ``tables`` — per copied table ``found`` (rows read), ``copied``, ``rejected``
+    (constraint violations), ``lost`` with ``lost_exact``/``lost_basis`` (an estimate unless
+    exact), ``method`` (``sql`` or ``sql+pages``/``pages`` when the file format had to be
+    read), ``verified`` (counts match); ``excluded`` — the runtime ledgers, found but not
+    copied; ``rebuilt``; ``placeholder_sessions`` (sessions whose row was lost but whose
+    messages were not); ``readable`` (False only when nothing at all could be read).
+    """
+    src_path = Path(source).expanduser().absolute()
+    check_test_isolation(src_path)
+    if not src_path.is_file():
+        raise StateDbUnavailableError(
+            f"no database file at {src_path}", reason="uninitialized", path=src_path
+        )
+    own = [h for h in lock_holders(src_path, exclude_pids=()) if h.pid == os.getpid()]
+    if own:
+        raise StateDbInUseError(
+            f"this process has {src_path} open; recover must run where it is closed "
+            "(closing a descriptor would drop this process's locks on it)",
+            path=src_path,
+        )
+    say = progress or _no_progress
+    out_path: Path | None = None
+    if not inspect_only:
+        out_path = Path(output).expanduser().absolute() if output is not None else (
+            get_hermes_home() / f"state-recovered-{_utc_stamp()}.db"
+        )
+        if out_path.resolve() in {p.resolve() for p in (src_path, *sidecar_paths(src_path))}:
+            raise HermesStateError(f"the output {out_path} would overwrite the source")
+        if out_path.exists() or out_path.is_symlink():
+            raise HermesStateError(f"the output {out_path} already exists")
+        out_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workdir = out_path.parent if out_path is not None else None
+    with tempfile.TemporaryDirectory(prefix=".hermes-recover-", dir=workdir) as tmp:
+        say("copying the source", 0, None)
+        src = _Source(src_path, Path(tmp))
+        try:
+            return _recover(src, src_path, out_path, Path(tmp), say)
+        finally:
+            src.close()
+
+
+def _recover(
+    src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress
+) -> dict[str, Any]:
+    plan = _plan(src)
+    partial = tmp / "output.db"
+    out: sqlite3.Connection | None = None
+    if out_path is not None:
+        prepare_db_file(partial)
+        out = sqlite3.connect(partial, isolation_level=None)
+        out.execute("PRAGMA journal_mode = MEMORY")
+        out.execute("PRAGMA synchronous = OFF")
+        ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
+        for statement in split_sql(ddl):
+            out.execute(statement)
+        for report in [r for r in plan.copy.values() if r.unknown]:
+            try:  # a table this schema does not know is copied with its own definition
+                out.execute(report.sql or "")
+            except sqlite3.Error as exc:
+                del plan.copy[report.name]
+                src.notes.append(f"table {report.name} was not copied: {exc}")
+    writer, counter = _Writer(out), _Writer(None)
+
+    def sink_for(report: _TableReport) -> _Writer:
+        return counter if report.excluded else writer  # ledgers are counted, never copied
+
+    claimed: set[int] = set()
+    try:
+        for report in [*plan.copy.values(), *plan.excluded.values()]:
+            rows = (values for _, values in _sql_rows(src, report))
+            _copy_table(report, rows, sink_for(report), say)
+            if report.error is not None:
+                say(f"reading {report.name} page by page", report.found, None)
+                pages = (v for _, v in _page_rows(src, report, claimed))
+                _copy_table(report, pages, sink_for(report), say)
+        damaged = [r for r in [*plan.copy.values(), *plan.excluded.values()] if r.damaged]
+        if damaged:
+            say("searching unreferenced pages", 0, None)
+            pending: dict[str, tuple[_TableReport, list[list[Any]]]] = {}
+            for owner, _rowid, values in _orphan_rows(src, plan, claimed, damaged):
+                batch = pending.setdefault(owner.name, (owner, []))[1]
+                batch.append(values)
+                if len(batch) >= _INSERT_BATCH:
+                    _copy_table(owner, pending.pop(owner.name)[1], sink_for(owner), say)
+            for owner, rows_left in pending.values():
+                _copy_table(owner, rows_left, sink_for(owner), say)
+        placeholders: list[str] = []
+        checks: dict[str, Any] = {}
+        if out is not None:
+            placeholders, checks = _finish_output(out, plan, say)
+        result = _assemble(src, src_path, out_path, plan, out, placeholders, checks)
+        if out is not None and out_path is not None:
+            out.close()
+            out = None
+            _publish(partial, out_path)
+        return result
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _publish(partial: Path, output: Path) -> None:
+    """Make the finished output durable, then give it its name (never over an existing file)."""
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.link(partial, output)
+    partial.unlink()
+    dir_fd = os.open(output.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _table_entry(
+    report: _TableReport, out: sqlite3.Connection | None, plan: _Plan, placeholders: int
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"found": report.found}
+    if not report.excluded:
+        entry["copied"] = report.copied if out is not None else None
+        entry["rejected"] = report.rejected
+        if report.skipped:
+            entry["skipped"] = report.skipped
+    entry.update(_loss(report, plan.source_seq.get(report.name)))
+    entry["method"] = report.method
+    entry["source_count"] = report.source_count
+    if report.error is not None:
+        entry["error"] = report.error
+    if report.bad_pages:
+        entry["unreadable_pages"] = sorted({p.pgno for p in report.bad_pages})[:100]
+    if report.orphan_pages:
+        entry["unreferenced_pages_read"] = report.orphan_pages
+    if report.rejections:
+        entry["rejections"] = report.rejections
+    if report.unknown:
+        entry["unknown_table"] = True
+    if out is not None and not report.excluded:
+        entry["output_count"] = out.execute(
+            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+        ).fetchone()[0] if table_exists(out, report.name) else 0
+        expected = report.copied + (placeholders if report.name == "sessions" else 0)
+        entry["verified"] = entry["output_count"] == expected and (
+            report.source_count is None or report.source_count == report.found
+        )
+    elif report.source_count is not None:
+        entry["verified"] = report.source_count == report.found
+    return entry
+
+
+def _assemble(
+    src: _Source,
+    src_path: Path,
+    out_path: Path | None,
+    plan: _Plan,
+    out: sqlite3.Connection | None,
+    placeholders: list[str],
+    checks: dict[str, Any],
+) -> dict[str, Any]:
+    tables = {
+        name: _table_entry(r, out, plan, len(placeholders)) for name, r in plan.copy.items()
+    }
+    excluded = {name: _table_entry(r, None, plan, 0) for name, r in plan.excluded.items()}
+    for name in RUNTIME_LEDGER_TABLES:
+        excluded.setdefault(name, {"found": 0, "present": False})
+    version = None
+    if src.sql is not None:
+        with contextlib.suppress(sqlite3.Error):
+            version = read_version(src.sql)
+    found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
+    lost_values = [t.get("lost") for t in tables.values()]
+    holders = describe_lock_holders(src_path)
+    return {
+        "source": str(src_path),
+        "output": str(out_path) if out_path is not None else None,
+        "inspect_only": out_path is None,
+        "source_in_use": holders,
+        "schema_version": version,
+        "schema_read_by": plan.schema_method,
+        "page_size": src.image.page_size,
+        "pages": src.image.page_count,
+        "wal_frames_applied": src.wal.frames,
+        "notes": src.notes,
+        "tables": tables,
+        "excluded": excluded,
+        "rebuilt": list(_REBUILT),
+        "placeholder_sessions": placeholders,
+        "rows_found": found,
+        "rows_lost": None if None in lost_values else sum(v or 0 for v in lost_values),
+        "complete": all(t.get("lost") == 0 for t in tables.values()),
+        "readable": found > 0 or not any(
+            r.damaged for r in [*plan.copy.values(), *plan.excluded.values()]
+        ),
+        "checks": checks,
+    }

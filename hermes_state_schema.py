@@ -40,10 +40,19 @@ from hermes_state_common import (
     split_sql,
     table_exists,
 )
-from hermes_state_errors import StateDbUnavailableError, is_corruption_error
+from hermes_state_errors import (
+    StateDbUnavailableError,
+    is_corruption_error,
+    is_sqlite_lock_error,
+)
 
 __all__ = [
-    "MIGRATIONS", "read_version", "refuse_newer", "ensure_schema", "expected_columns"
+    "MIGRATIONS",
+    "read_version",
+    "refuse_newer",
+    "ensure_schema",
+    "expected_columns",
+    "restore_data_invariants",
 ]
 
 T = TypeVar("T")
@@ -57,8 +66,10 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     """The schema version of the database; None for an empty (uninitialised) database."""
     try:
         row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
-    except sqlite3.OperationalError:
-        if table_exists(conn, "schema_version"):
+    except sqlite3.OperationalError as exc:
+        # A lock error is not a missing table: asking again would wait out the busy timeout
+        # a second time.
+        if is_sqlite_lock_error(exc) or table_exists(conn, "schema_version"):
             raise
         row = None
     if row is not None and row[0] is not None:
@@ -224,6 +235,14 @@ def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     for statement in split_sql(FTS_SQL + FTS_TRIGGERS_SQL):
         conn.execute(statement)
     fts.start_rebuild(conn)
+
+
+def restore_data_invariants(conn: sqlite3.Connection) -> None:
+    """Make the data rules older files may break true again: unique titles (the unique index
+    is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
+    of any version into the current schema (recover)."""
+    _migrate_unique_titles(conn)
+    _migrate_message_uids(conn)
 
 
 def _finish(conn: sqlite3.Connection) -> None:

@@ -61,6 +61,7 @@ __all__ = [
     "set_session_title",
     "delete_session",
     "prune_sessions",
+    "stats",
 ]
 
 # Columns a caller may set at creation besides the named parameters.
@@ -539,6 +540,79 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
             "SELECT COUNT(*) FROM messages WHERE session_id = ? AND active = 1", (session_id,)
         ).fetchone()[0]
     )
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+# The seed's example queries: totals by model, the sessions with the highest token usage.
+STATS_BY_MODEL_SQL = """
+SELECT model,
+       COUNT(*) AS session_count,
+       COALESCE(SUM(input_tokens), 0) AS total_input,
+       COALESCE(SUM(output_tokens), 0) AS total_output,
+       SUM(estimated_cost_usd) AS total_cost
+FROM sessions
+WHERE model IS NOT NULL
+GROUP BY model
+ORDER BY total_cost DESC, model
+"""
+STATS_TOP_SESSIONS_SQL = """
+SELECT id, title, model, input_tokens + output_tokens AS total_tokens, estimated_cost_usd
+FROM sessions
+ORDER BY total_tokens DESC, id
+LIMIT ?
+"""
+STATS_BY_SOURCE_SQL = """
+SELECT s.source, COUNT(*) AS sessions,
+       COALESCE(SUM(s.message_count), 0) AS messages,
+       COALESCE(SUM(s.input_tokens), 0) AS input_tokens,
+       COALESCE(SUM(s.output_tokens), 0) AS output_tokens,
+       SUM(s.estimated_cost_usd) AS estimated_cost_usd
+FROM sessions s
+GROUP BY s.source
+ORDER BY sessions DESC, s.source
+"""
+STATS_TOTALS_SQL = """
+SELECT COUNT(*),
+       COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0),
+       COALESCE(SUM(cache_read_tokens), 0), COALESCE(SUM(cache_write_tokens), 0),
+       COALESCE(SUM(reasoning_tokens), 0), SUM(estimated_cost_usd), SUM(actual_cost_usd)
+FROM sessions
+"""
+
+
+def stats(conn: sqlite3.Connection, top: int = 10) -> dict[str, Any]:
+    """Store-wide statistics: totals, sessions and messages by source, tokens and cost by
+    model, and the ``top`` sessions by tokens. A plain read (works on read-only handles)."""
+    (
+        sessions, input_tokens, output_tokens, cache_read, cache_write, reasoning,
+        estimated, actual,
+    ) = conn.execute(STATS_TOTALS_SQL).fetchone()
+    messages, active = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(active), 0) FROM messages"
+    ).fetchone()
+
+    def rows(sql: str, *params: Any) -> list[dict[str, Any]]:
+        cursor = conn.execute(sql, params)
+        return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+    return {
+        "sessions": sessions,
+        "messages": active,
+        "messages_including_archived": messages,
+        "tokens": {
+            "input": input_tokens,
+            "output": output_tokens,
+            "cache_read": cache_read,
+            "cache_write": cache_write,
+            "reasoning": reasoning,
+        },
+        "estimated_cost_usd": estimated,
+        "actual_cost_usd": actual,
+        "by_source": rows(STATS_BY_SOURCE_SQL),
+        "by_model": rows(STATS_BY_MODEL_SQL),
+        "top_sessions": rows(STATS_TOP_SESSIONS_SQL, top),
+    }
 
 
 # --- titles ----------------------------------------------------------------------------------

@@ -1,0 +1,230 @@
+"""The hermes-state command line, run end to end in a subprocess against a temporary home."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_state import SessionDB
+from state_helpers import btree_pages, file_hashes, overwrite_pages, populate, sha256
+
+
+def cli(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HERMES_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "hermes_state_cli", *args],
+        env=env, input=stdin, capture_output=True, text=True, timeout=120,
+    )
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def store(db_path: Path) -> list[str]:
+    with SessionDB(db_path) as db:
+        return populate(db)
+
+
+def test_list_show_and_stats_read_the_store(store: list[str], hermes_home: Path) -> None:
+    listed = cli(hermes_home, "sessions", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in as_json(listed)] == [store[0]]
+    assert as_json(listed)[0]["tip_session_id"] == store[2]
+
+    shown = cli(hermes_home, "--json", "sessions", "show", "sess-1")
+    assert shown.returncode == 0
+    assert as_json(shown)["title"] == "Title 1" and as_json(shown)["messages"]
+    text = cli(hermes_home, "sessions", "show", "Title 2")
+    assert "question 2.1" in text.stdout and "question 2.0" not in text.stdout  # archived
+
+    stats = as_json(cli(hermes_home, "sessions", "stats", "--json"))
+    assert stats["sessions"] == 3
+    assert {r["source"] for r in stats["by_source"]} == {"cli", "telegram"}
+    assert stats["by_model"][0]["model"] == "model-a"
+
+
+def test_search_finds_messages_with_filters_and_never_fails_on_odd_text(
+    store: list[str], hermes_home: Path
+) -> None:
+    hits = as_json(cli(hermes_home, "sessions", "search", "docker", "--json"))
+    assert hits and all(">>>docker<<<" in h["snippet"] for h in hits)
+    assert {h["role"] for h in hits} == {"user"}
+    cjk = as_json(cli(hermes_home, "sessions", "search", "タワー", "--source", "telegram",
+                      "--json"))
+    assert cjk and {h["source"] for h in cjk} == {"telegram"}
+    assert as_json(cli(hermes_home, "sessions", "search", "output", "--role", "tool",
+                       "--limit", "2", "--json"))[0]["role"] == "tool"
+    for odd in ('"unbalanced', "NEAR(a b)", "col:term", "50%", "***"):
+        result = cli(hermes_home, "sessions", "search", odd)
+        assert result.returncode == 0, result.stderr
+    text = cli(hermes_home, "sessions", "search", "question")
+    assert text.returncode == 0 and "sess-" in text.stdout
+
+
+def test_doctor_on_a_fresh_home_reports_and_succeeds_without_creating_anything(
+    hermes_home: Path,
+) -> None:
+    result = cli(hermes_home, "doctor")
+    assert result.returncode == 0, result.stderr
+    assert "no store yet" in result.stdout and "sqlite_version" in result.stdout
+    assert list(hermes_home.iterdir()) == []
+
+
+def test_reading_a_missing_store_fails_with_guidance_and_creates_nothing(
+    hermes_home: Path,
+) -> None:
+    result = cli(hermes_home, "sessions", "list")
+    assert result.returncode == 1
+    assert "sessions recover" in result.stderr and "gateway" in result.stderr
+    assert list(hermes_home.iterdir()) == []
+
+
+def test_export_then_import_into_another_store(store: list[str], hermes_home: Path,
+                                               tmp_path: Path) -> None:
+    export = tmp_path / "export.jsonl"
+    result = cli(hermes_home, "sessions", "export", "--output", str(export))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(export.read_text().splitlines()[0])["kind"] == "header"
+    assert cli(hermes_home, "sessions", "export", "--output", str(export)).returncode == 1
+
+    other = tmp_path / "other.db"
+    first = cli(hermes_home, "--db", str(other), "sessions", "import", str(export), "--json")
+    assert first.returncode == 0, first.stderr
+    assert as_json(first)["imported"] == store
+    again = cli(hermes_home, "--db", str(other), "sessions", "import", str(export), "--json")
+    assert again.returncode == 0 and as_json(again)["skipped"] == store
+
+    as_list = cli(hermes_home, "sessions", "export", "sess-1", "--lineage", "--format", "json")
+    sessions = json.loads(as_list.stdout)
+    assert [s["id"] for s in sessions] == store
+    sessions[0]["messages"].append({"role": "user", "content": "changed"})
+    conflict = cli(hermes_home, "--db", str(other), "sessions", "import", "-", "--json",
+                   stdin=json.dumps(sessions))
+    assert conflict.returncode == 1
+    assert [c["session_id"] for c in as_json(conflict)["conflicts"]] == [store[0]]
+
+
+def test_prune_and_delete(store: list[str], hermes_home: Path) -> None:
+    pruned = cli(hermes_home, "sessions", "prune", "--older-than-days", "0", "--json")
+    assert pruned.returncode == 0 and as_json(pruned)["pruned"] == 0  # the chain is live
+    deleted = cli(hermes_home, "sessions", "delete", store[2], "--json")
+    assert deleted.returncode == 0 and as_json(deleted)["deleted"] is True
+    assert cli(hermes_home, "sessions", "delete", "no-such-session").returncode == 1
+
+
+def test_recover_inspects_and_salvages_a_damaged_store(hermes_home: Path, db_path: Path,
+                                                       tmp_path: Path) -> None:
+    with SessionDB(db_path) as db:
+        for n in range(6):
+            db.create_session(f"s{n}", "cli")
+            db.replace_messages(f"s{n}", [{"role": "user", "content": f"m{i} " + "z" * 400}
+                                          for i in range(80)])
+    leaves = btree_pages(db_path, "messages")["leaf"]
+    overwrite_pages(db_path, [leaves[len(leaves) // 2]])
+    before = file_hashes(hermes_home)
+
+    inspect = cli(hermes_home, "--json", "sessions", "recover", "--inspect-only")
+    assert inspect.returncode == 0, inspect.stderr
+    report = as_json(inspect)
+    assert report["output"] is None and report["tables"]["messages"]["lost"] > 0
+    assert file_hashes(hermes_home) == before
+
+    out = tmp_path / "recovered.db"
+    result = cli(hermes_home, "sessions", "recover", "--source", str(db_path),
+                 "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "messages" in result.stdout and "excluded" in result.stdout
+    assert "reading messages page by page" in result.stderr  # progress goes to stderr
+    with SessionDB(out, read_only=True) as copy:
+        assert copy.message_count() == report["tables"]["messages"]["found"]
+
+
+def test_recover_exits_non_zero_only_when_nothing_can_be_read(hermes_home: Path,
+                                                               tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(random.Random(9).randbytes(32 * 1024))
+    result = cli(hermes_home, "sessions", "recover", "--source", str(junk), "--inspect-only")
+    assert result.returncode == 1
+    assert "nothing could be read" in result.stderr
+
+
+def test_repair_check_only_repair_and_doctor_on_a_stale_index(store: list[str],
+                                                               hermes_home: Path,
+                                                               db_path: Path) -> None:
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("INSERT INTO state_meta VALUES ('fts_stale', 'corrupt')")
+    conn.execute("DROP TRIGGER messages_fts_insert")
+    conn.close()
+    before = sha256(db_path)
+
+    doctor = cli(hermes_home, "doctor", "--json")
+    assert doctor.returncode == 1
+    report = as_json(doctor)
+    assert report["wal_reset_exposed"] in (True, False)
+    assert any("sessions repair" in step for step in report["next"])
+    check = cli(hermes_home, "sessions", "repair", "--check-only")
+    assert check.returncode == 1
+    assert "fts_stale" in check.stdout and "messages_fts_insert" in check.stdout
+    assert sha256(db_path) == before
+
+    repaired = cli(hermes_home, "--json", "sessions", "repair")
+    assert repaired.returncode == 0, repaired.stderr
+    assert as_json(repaired)["promoted"] is True
+    assert cli(hermes_home, "sessions", "repair", "--check-only").returncode == 0
+    assert cli(hermes_home, "doctor").returncode == 0
+
+
+def test_backup_and_restore(store: list[str], hermes_home: Path, db_path: Path) -> None:
+    backup = cli(hermes_home, "backup", "--json")
+    assert backup.returncode == 0, backup.stderr
+    snapshot = Path(as_json(backup)["snapshot"])
+    assert snapshot.parent == hermes_home / "state-snapshots"
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("DELETE FROM messages")
+    conn.close()
+    restored = cli(hermes_home, "restore", str(snapshot), "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert as_json(restored)["row_counts"]["messages"] > 0
+
+
+def test_profiles_are_resolved_and_aggregated(hermes_home: Path) -> None:
+    with SessionDB(hermes_home / "profiles" / "coder" / "state.db") as db:
+        populate(db, sessions=1, messages=1)
+    with SessionDB(hermes_home / "state.db") as db:
+        populate(db, sessions=2, messages=1)
+    (hermes_home / "profiles" / "broken").mkdir()
+    (hermes_home / "profiles" / "broken" / "state.db").write_bytes(b"\0" * 100)
+
+    coder = cli(hermes_home, "--profile", "coder", "sessions", "stats", "--json")
+    assert coder.returncode == 0 and as_json(coder)["sessions"] == 1
+    everyone = cli(hermes_home, "sessions", "stats", "--all-profiles", "--json")
+    assert everyone.returncode == 1  # one profile failed...
+    result = as_json(everyone)
+    assert {n: s["sessions"] for n, s in result["profiles"].items()} == {"default": 2, "coder": 1}
+    assert [e["profile"] for e in result["errors"]] == ["broken"]  # ...and is named
+    bad = cli(hermes_home, "--profile", "../escape", "sessions", "list")
+    assert bad.returncode == 1 and "invalid profile name" in bad.stderr
+
+
+def test_maintenance_never_creates_or_upgrades_a_store(hermes_home: Path, tmp_path: Path) -> None:
+    assert cli(hermes_home, "sessions", "delete", "x").returncode == 1
+    assert cli(hermes_home, "sessions", "prune").returncode == 1
+    assert list(hermes_home.iterdir()) == []
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, started_at REAL)")
+    conn.close()
+    before = sha256(old)
+    result = cli(hermes_home, "--db", str(old), "sessions", "prune")
+    assert result.returncode == 1 and "upgrades the store" in result.stderr
+    assert sha256(old) == before

@@ -1,0 +1,318 @@
+"""Recover: healthy files copied whole, damaged files salvaged page by page, the source
+never touched."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+import hermes_state_fileformat as ff
+from hermes_state import (
+    SCHEMA_VERSION,
+    HermesStateError,
+    SessionDB,
+    StateDbInUseError,
+    recover_state_db,
+)
+from state_helpers import (
+    add_ledgers_and_outbox,
+    btree_pages,
+    file_hashes,
+    overwrite_pages,
+    populate,
+    process_holding,
+)
+
+LEDGERS = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
+
+
+def count(path: Path, table: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def store(db_path: Path) -> list[str]:
+    with SessionDB(db_path) as db:
+        ids = populate(db)
+    add_ledgers_and_outbox(db_path, ids[0])
+    return ids
+
+
+def test_a_healthy_file_is_copied_whole_with_indexes_rebuilt(
+    store: list[str], db_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+
+    for table in ("sessions", "messages", "session_model_usage", "delivery_obligations",
+                  "gateway_routing"):
+        entry = report["tables"][table]
+        assert entry["found"] == entry["copied"] == count(db_path, table) > 0, table
+        assert entry["verified"] and entry["lost"] == 0 and entry["lost_exact"]
+        assert count(out, table) == count(db_path, table)
+    assert report["complete"] and report["readable"]
+    assert set(report["rebuilt"]) >= {"messages_fts", "schema_version"}
+    assert report["checks"]["quick_check"] == ["ok"]
+    assert set(report["checks"]["fts_integrity"].values()) == {None}
+
+    # The ledgers are listed as excluded, with what the source holds, and not copied.
+    for table in LEDGERS:
+        assert report["excluded"][table]["found"] == 1
+        assert "copied" not in report["excluded"][table]
+        assert count(out, table) == 0
+
+    conn = sqlite3.connect(out)
+    try:
+        hits = conn.execute(
+            "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'docker'"
+        ).fetchone()[0]
+        cjk = conn.execute(
+            "SELECT COUNT(*) FROM messages_fts_cjk WHERE messages_fts_cjk MATCH '\"東京\"'"
+        ).fetchone()[0]
+        assert hits == cjk == count(db_path, "messages WHERE content LIKE '%docker%'")
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    with SessionDB(out, read_only=True) as copy:
+        assert copy.get_session(store[1])["parent_session_id"] == store[0]
+        assert copy.get_messages(store[0], include_inactive=True)[0]["active"] is False
+
+
+def test_inspect_only_changes_nothing(store: list[str], db_path: Path) -> None:
+    before = file_hashes(db_path.parent)
+    report = recover_state_db(db_path, inspect_only=True)
+    assert file_hashes(db_path.parent) == before
+    assert report["output"] is None and report["inspect_only"]
+    assert report["tables"]["messages"]["found"] == count(db_path, "messages")
+    assert report["tables"]["messages"]["copied"] is None
+
+
+def test_committed_frames_still_in_the_wal_are_recovered(db_path: Path, tmp_path: Path) -> None:
+    with SessionDB(db_path) as db:
+        populate(db, sessions=1, messages=1)
+    body = """
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', 1)")
+    """
+    with process_holding(db_path, body):
+        assert Path(str(db_path) + "-wal").stat().st_size > 0
+        before = file_hashes(db_path.parent)
+        report = recover_state_db(db_path, tmp_path / "out.db")
+        assert file_hashes(db_path.parent) == before
+        assert report["source_in_use"]  # the other process is named
+    assert report["wal_frames_applied"] > 0
+    assert report["tables"]["sessions"]["found"] == 2
+    with SessionDB(tmp_path / "out.db", read_only=True) as copy:
+        assert copy.get_session("only-in-wal") is not None
+
+
+def big_store(db_path: Path, sessions: int = 10, per_session: int = 400) -> None:
+    rng = random.Random(5)
+    with SessionDB(db_path) as db:
+        for s in range(sessions):
+            db.create_session(f"s{s}", "cli")
+            db.replace_messages(
+                f"s{s}",
+                [
+                    {
+                        "role": "user",
+                        "content": f"message {s}-{i} " + "x" * rng.randint(10, 500)
+                        + ("y" * 9000 if i % 97 == 0 else ""),  # some spill to overflow pages
+                        "timestamp": 1000.0 + i,
+                    }
+                    for i in range(per_session)
+                ],
+            )
+
+
+def rows(path: Path) -> dict[int, tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        return {
+            r[0]: r
+            for r in conn.execute(
+                "SELECT id, session_id, role, content, timestamp, message_uid, active FROM messages"
+            )
+        }
+    finally:
+        conn.close()
+
+
+def test_destroyed_pages_of_messages_lose_only_their_rows(db_path: Path, tmp_path: Path) -> None:
+    big_store(db_path)
+    pristine = rows(db_path)
+    pages = btree_pages(db_path, "messages")
+    interior = [p for p in pages["internal"] if p not in pages["root"]]
+    middle = pages["leaf"][len(pages["leaf"]) // 4 : 3 * len(pages["leaf"]) // 4]
+    victims = random.Random(1).sample(middle, 4) + interior[:1] + pages["overflow"][2:4]
+    overwrite_pages(db_path, victims)
+    with pytest.raises(sqlite3.DatabaseError):
+        rows(db_path)  # SQLite itself stops at the first destroyed page
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    entry = report["tables"]["messages"]
+    salvaged = rows(out)
+    assert entry["found"] == entry["copied"] == len(salvaged)
+    assert len(salvaged) > 0.9 * len(pristine)
+    assert all(pristine[i] == row for i, row in salvaged.items())  # nothing invented or garbled
+    actually_lost = len(pristine) - len(salvaged)
+    assert 0 < actually_lost <= entry["lost"]  # the estimate is an upper bound...
+    assert entry["lost"] - actually_lost < 0.01 * len(pristine)  # ...and a tight one here
+    assert not entry["lost_exact"] and entry["lost_basis"]
+    assert entry["method"] in ("pages", "sql+pages")
+    # Destroyed pages, and leaves whose cells spill into destroyed overflow pages.
+    assert set(entry["unreadable_pages"]) - set(victims) <= set(pages["leaf"])
+    assert report["tables"]["sessions"]["lost"] == 0
+    assert report["readable"] and not report["complete"]
+    assert report["checks"]["quick_check"] == ["ok"]
+    conn = sqlite3.connect(out)
+    try:
+        found = conn.execute(
+            "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'message'"
+        ).fetchone()[0]
+        assert found == len(salvaged)
+    finally:
+        conn.close()
+
+
+def test_a_destroyed_root_page_is_bypassed_through_the_unreferenced_leaves(
+    db_path: Path, tmp_path: Path
+) -> None:
+    big_store(db_path, sessions=4, per_session=300)
+    pristine = rows(db_path)
+    overwrite_pages(db_path, btree_pages(db_path, "messages")["root"])
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    entry = report["tables"]["messages"]
+    assert entry["found"] == len(pristine) and entry["lost"] == 0
+    assert entry["unreferenced_pages_read"] > 0
+    assert rows(tmp_path / "out.db") == pristine
+
+
+def test_a_destroyed_schema_page_still_yields_rows_by_their_shape(
+    db_path: Path, tmp_path: Path
+) -> None:
+    big_store(db_path, sessions=3, per_session=100)
+    pristine = rows(db_path)
+    overwrite_pages(db_path, [1])
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    assert report["schema_read_by"] == "none"
+    assert report["tables"]["sessions"]["found"] == 3
+    assert report["tables"]["messages"]["found"] == len(pristine)
+    assert report["tables"]["messages"]["lost"] is None  # unknowable without the schema
+    assert "schema_version" not in report["tables"]
+    assert rows(tmp_path / "out.db") == pristine
+
+
+def test_messages_whose_session_row_was_lost_keep_a_placeholder_session(
+    db_path: Path, tmp_path: Path
+) -> None:
+    big_store(db_path, sessions=2, per_session=50)
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("DELETE FROM sessions WHERE id = 's1'")
+    conn.commit()
+    conn.close()
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    assert report["placeholder_sessions"] == ["s1"]
+    assert report["tables"]["sessions"]["verified"]
+    with SessionDB(tmp_path / "out.db", read_only=True) as copy:
+        placeholder = copy.get_session("s1")
+        assert placeholder["source"] == "recovered" and placeholder["message_count"] == 50
+
+
+def test_a_file_with_nothing_readable_is_reported_unreadable(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(random.Random(3).randbytes(64 * 1024))
+    report = recover_state_db(junk, inspect_only=True)
+    assert report["readable"] is False and report["rows_found"] == 0
+
+
+def test_an_old_schema_file_is_recovered_into_the_current_schema(tmp_path: Path) -> None:
+    old = tmp_path / "v1.db"
+    conn = sqlite3.connect(old)
+    conn.executescript(
+        """
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT,
+            started_at REAL NOT NULL, title TEXT);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+            role TEXT NOT NULL, content TEXT, timestamp REAL NOT NULL);
+        INSERT INTO sessions VALUES ('a', 'cli', NULL, 1, 'Same'), ('b', 'cli', NULL, 2, 'Same');
+        INSERT INTO messages (session_id, role, content, timestamp) VALUES ('a', 'user', 'hi', 1);
+        """
+    )
+    conn.close()
+    report = recover_state_db(old, tmp_path / "out.db")
+    assert report["schema_version"] == 1
+    with SessionDB(tmp_path / "out.db", read_only=True) as copy:
+        message = copy.get_messages("a")[0]
+        assert message["content"] == "hi" and len(message["message_uid"]) == 32
+        assert {copy.get_session_title("a"), copy.get_session_title("b")} == {"Same", "Same #2"}
+
+
+def test_the_output_never_replaces_an_existing_file_or_the_source(
+    store: list[str], db_path: Path, tmp_path: Path
+) -> None:
+    existing = tmp_path / "taken.db"
+    existing.write_bytes(b"keep me")
+    with pytest.raises(HermesStateError, match="already exists"):
+        recover_state_db(db_path, existing)
+    with pytest.raises(HermesStateError, match="overwrite the source"):
+        recover_state_db(db_path, db_path)
+    assert existing.read_bytes() == b"keep me"
+
+
+def test_recover_refuses_a_source_this_process_has_open(db: SessionDB, db_path: Path) -> None:
+    db.create_session("s", "cli")
+    with pytest.raises(StateDbInUseError):
+        recover_state_db(db_path, inspect_only=True)
+
+
+def test_fold_wal_applies_only_committed_valid_frames(db_path: Path, tmp_path: Path) -> None:
+    """The WAL reader against SQLite's own reading of the same files."""
+    body = """
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (x)")
+    for i in range(50):
+        conn.execute("INSERT INTO t VALUES (?)", (i,))
+    """
+    with process_holding(db_path, body):
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        shutil.copy(db_path, copy / "image.db")
+        wal = Path(str(db_path) + "-wal")
+        shutil.copy(wal, copy / "image.db-wal")
+        expected = sqlite3.connect(copy / "image.db").execute("SELECT COUNT(*) FROM t").fetchone()
+        (copy / "image.db-wal").unlink()
+        (copy / "image.db-shm").unlink(missing_ok=True)
+        folded = ff.fold_wal(wal, copy / "image.db")
+    assert folded.frames > 0 and folded.page_size == 4096
+    conn = sqlite3.connect(f"file:{copy / 'image.db'}?immutable=1", uri=True)
+    assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == expected == (50,)
+
+
+def test_a_table_this_schema_does_not_know_is_copied_with_its_own_definition(
+    store: list[str], db_path: Path, tmp_path: Path
+) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.executescript(
+        "CREATE TABLE plugin_notes (id INTEGER PRIMARY KEY, note TEXT);"
+        "INSERT INTO plugin_notes (note) VALUES ('a'), ('b');"
+    )
+    conn.close()
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    assert report["tables"]["plugin_notes"]["unknown_table"]
+    assert report["tables"]["plugin_notes"]["copied"] == 2
+    assert count(tmp_path / "out.db", "plugin_notes") == 2
