@@ -83,32 +83,8 @@ from hermes_state_common import (
     profile_config_path,
     resolve_profile_home,
 )
-from hermes_state_errors import (
-    CompressionConflictError,
-    FtsCorruptError,
-    HermesStateError,
-    LedgerBusyError,
-    LedgerConflictError,
-    OwnerLookupError,
-    ProfileNotFoundError,
-    ReceiptRejectedError,
-    StaleEpochError,
-    SessionNotFoundError,
-    StateDbClosedError,
-    StateDbCorruptError,
-    StateDbFullError,
-    StateDbIOError,
-    StateDbInUseError,
-    StateDbLockedError,
-    StateDbUnavailableError,
-    StoreNotHeldError,
-    TitleConflictError,
-    UnsafePathError,
-    is_corruption_error,
-    is_disk_full_error,
-    is_io_error,
-    is_sqlite_lock_error,
-)
+import hermes_state_errors as errors
+from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_portability import (
     backup_state_db,
     recover_state_db,
@@ -134,26 +110,7 @@ __all__ = [
     "child_process_env",
     "ProfileStoreRegistry",
     "profile_stores",
-    "HermesStateError",
-    "StateDbLockedError",
-    "StateDbCorruptError",
-    "StateDbFullError",
-    "StateDbIOError",
-    "StateDbClosedError",
-    "FtsCorruptError",
-    "StateDbUnavailableError",
-    "StateDbInUseError",
-    "LedgerBusyError",
-    "LedgerConflictError",
-    "StaleEpochError",
-    "ReceiptRejectedError",
-    "OwnerLookupError",
-    "CompressionConflictError",
-    "SessionNotFoundError",
-    "TitleConflictError",
-    "UnsafePathError",
-    "ProfileNotFoundError",
-    "StoreNotHeldError",
+    *errors.__all__,
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -705,23 +662,14 @@ class SessionDB:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:
-        with fts.admission_lock(self.path) as admitted:
-            if not admitted:
-                return False
-            self._refuse_rebuild_on_damage()
-            state = self._read(fts.index_state)
-            if state.stale is not None or not state.rebuilding:
-                if require_exclusive and fts.other_processes_hold(self.path):
-                    logger.warning(
-                        "FTS index of %s stays detached: other processes have it open",
-                        self.path,
-                    )
-                    return False
-                self._write(fts.start_rebuild)
-            while not self._stop_rebuild.is_set():
-                if not self._write(fts.rebuild_chunk):
-                    return True
-            return False
+        return fts.rebuild_when_admitted(
+            self.path,
+            self._read,
+            self._write,
+            self._stop_rebuild,
+            require_exclusive=require_exclusive,
+            before=self._refuse_rebuild_on_damage,
+        )
 
     def _refuse_rebuild_on_damage(self) -> None:
         """A rebuild reads every message and rewrites the indexes: on a file whose record is
@@ -819,14 +767,7 @@ class SessionDB:
     ) -> dict[str, Any] | None:
         """Prune (and vacuum) at most once per ``min_interval_hours``, remembered in
         ``state_meta``; None when it was not due."""
-        def claim(c: sqlite3.Connection) -> bool:
-            last = common.get_meta(c, _AUTO_PRUNE_KEY)
-            if last is not None and common.now() - float(last) < min_interval_hours * 3600:
-                return False
-            common.set_meta(c, _AUTO_PRUNE_KEY, common.now())
-            return True
-
-        if not self._write(claim):
+        if not self._write(lambda c: sessions.claim_auto_prune(c, min_interval_hours)):
             return None
         pruned = self.prune_sessions(retention_days)
         if vacuum and pruned:
@@ -938,36 +879,10 @@ class SessionDB:
     persist_exception_input = _writes(gateway.persist_exception_input, "transcript", spool=True)
 
 
-_AUTO_PRUNE_KEY = "auto_prune_last_run_at"
-
-
 def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
-    """:meth:`SessionDB.stats` of every profile under ``root`` (default: the Hermes root):
-    ``default`` (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each
-    opened read-only. A profile that fails goes to ``errors`` (``profile``, ``error`` and the
-    unavailable ``reason`` when there is one); the others are still returned."""
-    base = common.hermes_root() if root is None else Path(root).expanduser()
-    names = ["default"]
-    profiles = base / "profiles"
-    if profiles.is_dir():
-        names += sorted(
-            p.name
-            for p in profiles.iterdir()
-            if (p / common.DB_FILENAME).exists() or (p / common.DB_FILENAME).is_symlink()
-        )
-    result: dict[str, Any] = {"profiles": {}, "errors": []}
-    for name in names:
-        try:
-            home = common.resolve_profile_home(name, base)
-            with SessionDB(home / common.DB_FILENAME, read_only=True) as db:
-                result["profiles"][name] = db.stats()
-        except (HermesStateError, sqlite3.Error, OSError) as exc:
-            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
-            reason = getattr(exc, "reason", None)
-            if reason:
-                entry["reason"] = reason
-            result["errors"].append(entry)
-    return result
+    """:meth:`SessionDB.stats` of every profile under ``root`` (see
+    hermes_state_portability.collect_profile_stats); each store is opened read-only."""
+    return portability.collect_profile_stats(root, functools.partial(SessionDB, read_only=True))
 
 
 #: This process's shared stores, one SessionDB per profile home, held by explicit owners

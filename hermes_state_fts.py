@@ -30,19 +30,24 @@ import contextlib
 import fcntl
 import functools
 import json
+import logging
 import os
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hermes_state_lockowners as lockowners
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
 from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
 from hermes_state_errors import is_sqlite_lock_error
+
+logger = logging.getLogger("hermes_state")
 
 __all__ = [
     "CJK_CHAR_CLASS",
@@ -395,6 +400,38 @@ def admission_lock(db_path: Path) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def rebuild_when_admitted(
+    db_path: Path,
+    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    stop: threading.Event,
+    *,
+    require_exclusive: bool,
+    before: Callable[[], None],
+) -> bool:
+    """Run (or finish) a chunked rebuild if this process gets the admission lock; True when
+    the indexes are whole again. ``read``/``write`` run a function on the store (the latter in
+    a retried write transaction), ``before`` vets the file first (it raises to refuse), and
+    ``stop`` ends the chunk loop between two chunks. A detached index is only started again
+    with ``require_exclusive`` when no other process has the database open."""
+    with admission_lock(db_path) as admitted:
+        if not admitted:
+            return False
+        before()
+        state = read(index_state)
+        if state.stale is not None or not state.rebuilding:
+            if require_exclusive and other_processes_hold(db_path):
+                logger.warning(
+                    "FTS index of %s stays detached: other processes have it open", db_path
+                )
+                return False
+            write(start_rebuild)
+        while not stop.is_set():
+            if not write(rebuild_chunk):
+                return True
+        return False
 
 
 def other_processes_hold(db_path: Path) -> bool:

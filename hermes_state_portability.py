@@ -48,6 +48,7 @@ from typing import IO, Any, TypeVar
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 from hermes_state_common import (
+    DB_FILENAME,
     DELIVERY_OBLIGATIONS_SQL,
     FTS_SQL,
     INDEXES_SQL,
@@ -57,9 +58,11 @@ from hermes_state_common import (
     check_test_isolation,
     clean_optional,
     get_hermes_home,
+    hermes_root,
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
+    resolve_profile_home,
     sidecar_paths,
     split_sql,
     table_exists,
@@ -103,6 +106,7 @@ __all__ = [
     "health_report",
     "recover_state_db",
     "snapshot_dir",
+    "collect_profile_stats",
 ]
 
 T = TypeVar("T")
@@ -1715,3 +1719,34 @@ def _assemble(
         ),
         "checks": checks,
     }
+
+
+def collect_profile_stats(
+    root: str | os.PathLike[str] | None, open_read_only: Callable[[Path], Any]
+) -> dict[str, Any]:
+    """``stats()`` of every profile under ``root`` (default: the Hermes root): ``default``
+    (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each opened with
+    ``open_read_only(path)``. A profile that fails goes to ``errors`` (``profile``, ``error``
+    and the unavailable ``reason`` when there is one); the others are still returned."""
+    base = hermes_root() if root is None else Path(root).expanduser()
+    names = ["default"]
+    profiles = base / "profiles"
+    if profiles.is_dir():
+        names += sorted(
+            p.name
+            for p in profiles.iterdir()
+            if (p / DB_FILENAME).exists() or (p / DB_FILENAME).is_symlink()
+        )
+    result: dict[str, Any] = {"profiles": {}, "errors": []}
+    for name in names:
+        try:
+            home = resolve_profile_home(name, base)
+            with open_read_only(home / DB_FILENAME) as db:
+                result["profiles"][name] = db.stats()
+        except (HermesStateError, sqlite3.Error, OSError) as exc:
+            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
+            reason = getattr(exc, "reason", None)
+            if reason:
+                entry["reason"] = reason
+            result["errors"].append(entry)
+    return result

@@ -36,9 +36,11 @@ from typing import Any
 from hermes_state_common import (
     clean_optional,
     escape_like,
+    get_meta,
     now,
     placeholders,
     quote_identifier,
+    set_meta,
 )
 from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
 from hermes_state_schema import expected_columns
@@ -770,6 +772,18 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
         )
     for sql in DELETE_SESSION_SQL:
         conn.execute(sql, {"id": session_id})
+    return True
+
+
+AUTO_PRUNE_KEY = "auto_prune_last_run_at"
+
+
+def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: float) -> bool:
+    """True (and the run remembered in ``state_meta``) when the automatic prune is due."""
+    last = get_meta(conn, AUTO_PRUNE_KEY)
+    if last is not None and now() - float(last) < min_interval_hours * 3600:
+        return False
+    set_meta(conn, AUTO_PRUNE_KEY, now())
     return True
 
 
