@@ -400,7 +400,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _warn(f"{source} is in use ({'; '.join(holders)}); stop them ({STOP_OWNER}) for a "
               "consistent copy")
     report = recover_state_db(
-        source, args.output, inspect_only=args.inspect_only, progress=_Progress()
+        source, args.output, inspect_only=args.inspect_only, defer_index=args.defer_index,
+        progress=_Progress(),
     )
     if args.json:
         _print_json(report)
@@ -649,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", help="damaged database (default: the selected store)")
     p.add_argument("--output", help="new database to write")
     p.add_argument("--inspect-only", action="store_true", help="report only; write nothing")
+    p.add_argument("--defer-index", action="store_true",
+                   help="leave the FTS rebuild to the first writable open (faster for big stores)")
 
     p = command(ssub, "repair", cmd_repair,
                 "rebuild the FTS indexes on a checked snapshot and promote it")

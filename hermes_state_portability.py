@@ -843,13 +843,19 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
     return sqlite3.connect(work, isolation_level=None, check_same_thread=False)
 
 
-def _rebuild_indexes(conn: sqlite3.Connection, progress: Progress) -> None:
+def _rebuild_indexes(
+    conn: sqlite3.Connection, progress: Progress, *, defer: bool = False
+) -> None:
     """Create the FTS objects of the current schema and fill them with the chunked rebuild
-    (which also recomputes ``search_cjk``); clears every FTS marker on the way."""
+    (which also recomputes ``search_cjk``); clears every FTS marker on the way. With
+    ``defer`` the indexes are left empty with the rebuild markers set: the first writable
+    open of the file fills them in the background while searches use the canonical rows."""
     with transaction(conn):
         for statement in split_sql(INDEXES_SQL + FTS_SQL):
             conn.execute(statement)
         total = fts.start_rebuild(conn)
+    if defer:
+        return
     done = 0
     while True:
         with transaction(conn):
@@ -1471,7 +1477,7 @@ VALUES (?, 'recovered', ?, ?, 'recovered', ?)
 
 
 def _finish_output(
-    out: sqlite3.Connection, plan: _Plan, say: Progress
+    out: sqlite3.Connection, plan: _Plan, say: Progress, defer_index: bool = False
 ) -> tuple[list[str], dict[str, Any]]:
     """Placeholders, sequences, data invariants, indexes, FTS rebuild, version, checks."""
     now = datetime.datetime.now(datetime.UTC).timestamp()
@@ -1493,12 +1499,13 @@ def _finish_output(
         outbox = plan.copy.get("delivery_obligations")
         if plan.schema_method == "none" and outbox is not None and not outbox.copied:
             out.execute("DROP TABLE delivery_obligations")  # created lazily: only with rows
-    _rebuild_indexes(out, say)
+    _rebuild_indexes(out, say, defer=defer_index)
+    checks: dict[str, Any] = {"fts_rebuild": "deferred" if defer_index else "done"}
     with transaction(out):
         out.execute("DELETE FROM schema_version")
         out.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     mode = out.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    checks = {"journal_mode": mode, "quick_check": _quick_check(out)}
+    checks.update(journal_mode=mode, quick_check=_quick_check(out))
     out.execute("BEGIN IMMEDIATE")
     try:
         checks["fts_integrity"] = fts.integrity_report(out, against_content=False)
@@ -1512,9 +1519,14 @@ def recover_state_db(
     output: str | os.PathLike[str] | None = None,
     *,
     inspect_only: bool = False,
+    defer_index: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Salvage what the session store at ``source`` still holds into a fresh database.
+
+    The output's FTS indexes are rebuilt before it is published, unless ``defer_index``:
+    then they are left to the first writable open (in the background, searches answering
+    from canonical rows meanwhile), which gets a large store back in service sooner.
 
     ``output`` (default ``get_hermes_home()/state-recovered-<UTC timestamp>.db``) must not
     exist; it appears only when complete. With ``inspect_only`` nothing is written anywhere
@@ -1558,13 +1570,14 @@ def recover_state_db(
         say("copying the source", 0, None)
         src = _Source(src_path, Path(tmp))
         try:
-            return _recover(src, src_path, out_path, Path(tmp), say)
+            return _recover(src, src_path, out_path, Path(tmp), say, defer_index)
         finally:
             src.close()
 
 
 def _recover(
-    src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress
+    src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress,
+    defer_index: bool = False,
 ) -> dict[str, Any]:
     plan = _plan(src)
     partial = tmp / "output.db"
@@ -1611,7 +1624,7 @@ def _recover(
         placeholders: list[str] = []
         checks: dict[str, Any] = {}
         if out is not None:
-            placeholders, checks = _finish_output(out, plan, say)
+            placeholders, checks = _finish_output(out, plan, say, defer_index)
         result = _assemble(src, src_path, out_path, plan, out, placeholders, checks)
         if out is not None and out_path is not None:
             out.close()

@@ -15,6 +15,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
 import shutil
 import sqlite3
 import statistics
@@ -29,7 +30,7 @@ from typing import Any
 import hermes_state
 import hermes_state_messages as messages
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
-from hermes_state import SessionDB
+from hermes_state import SessionDB, recover_state_db
 
 __all__ = ["main", "Figure"]
 
@@ -301,7 +302,7 @@ def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
         figures.append(Figure(
             "B3", f"search {name} @ {size:,} (p95)", p95, None, "ms", None, None,
             f"p95 ≤ {target:g} ms", p95 <= target,
-            {"p50_ms": round(percentile(values, 0.5), 2), "queries": len(values)},
+            {"class": key, "p50_ms": round(percentile(values, 0.5), 2), "queries": len(values)},
         ))
     return figures
 
@@ -400,9 +401,139 @@ def bench_contention(corpus: list[CorpusSession], b1_rate: float | None, writers
     )
 
 
+# --- B7: export, import, recover and FTS rebuild rates ----------------------------------------
+
+FTS5_REBUILD_SQL = "INSERT INTO {t}({t}) VALUES ('rebuild')"
+
+
+def destroy_pages(path: Path, fraction: float, seed: int = 7) -> int:
+    """Overwrite ``fraction`` of the ``messages`` b-tree pages (one interior page included)
+    with random bytes; returns how many pages were destroyed."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    rows = conn.execute("SELECT pageno, pagetype FROM dbstat WHERE name = 'messages'").fetchall()
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    rng = random.Random(seed)
+    leaves = [p for p, kind in rows if kind == "leaf"]
+    victims = rng.sample(leaves, max(1, int(len(leaves) * fraction)))
+    victims += [p for p, kind in rows if kind == "internal"][1:2]
+    with open(path, "r+b") as fh:
+        for page in victims:
+            fh.seek((page - 1) * page_size)
+            fh.write(rng.randbytes(page_size))
+    return len(victims)
+
+
+def bench_portability(stores: Stores, size: int) -> list[Figure]:
+    path, _, _ = stores.get(size)
+    figures = []
+
+    def rate(name: str, seconds: float, target: str = "report rows/s",
+             ok: bool | None = None, **notes: Any) -> None:
+        figures.append(Figure("B7", f"{name} @ {size:,}", size / seconds, None, "rows/s",
+                              None, None, target, ok, {"seconds": round(seconds, 2), **notes}))
+
+    with scratch_dir() as d:
+        export = d / "export.jsonl"
+        start = time.perf_counter()
+        with SessionDB(path, read_only=True) as db, open(export, "w", encoding="utf-8") as fh:
+            for line in db.iter_export_jsonl():
+                fh.write(line)
+        rate("export JSONL (streaming)", time.perf_counter() - start,
+             mb=round(export.stat().st_size / 1e6, 1))
+
+        start = time.perf_counter()
+        with SessionDB(d / "imported.db") as db, open(export, encoding="utf-8") as fh:
+            db.import_jsonl(fh)
+        rate("import JSONL", time.perf_counter() - start)
+        export.unlink()
+
+        start = time.perf_counter()
+        report = recover_state_db(path, d / "recovered.db")
+        elapsed = time.perf_counter() - start
+        rate("recover (healthy file, FTS rebuilt)", elapsed, "≥ 20,000 rows/s",
+             size / elapsed >= 20_000, complete=report["complete"])
+
+        start = time.perf_counter()
+        recover_state_db(path, d / "deferred.db", defer_index=True)
+        elapsed = time.perf_counter() - start
+        rate("recover (healthy file, index deferred)", elapsed, "≥ 20,000 rows/s",
+             size / elapsed >= 20_000)
+        (d / "deferred.db").unlink()
+
+        with SessionDB(d / "recovered.db", rebuild_fts=False) as db:
+            start = time.perf_counter()
+            db.rebuild_fts()
+            ours = time.perf_counter() - start
+        conn = raw_connect(d / "recovered.db")
+        start = time.perf_counter()
+        for table in hermes_state.fts.FTS_TABLES:
+            conn.execute(FTS5_REBUILD_SQL.format(t=table))
+        raw = time.perf_counter() - start
+        conn.close()
+        figures.append(Figure(
+            "B7", f"FTS rebuild, chunked @ {size:,}", size / ours, size / raw, "rows/s",
+            raw / ours, None, "report rows/s (raw: FTS5 'rebuild' of the three indexes)", None,
+            {"seconds": round(ours, 2)},
+        ))
+
+        damaged = d / "damaged.db"
+        shutil.copyfile(path, damaged)
+        destroyed = destroy_pages(damaged, 0.01)
+        start = time.perf_counter()
+        report = recover_state_db(damaged, d / "salvaged.db")
+        entry = report["tables"]["messages"]
+        rate("recover (1% of messages pages destroyed)", time.perf_counter() - start,
+             pages_destroyed=destroyed, found=entry["found"], lost_estimate=entry["lost"],
+             lost_actual=size - entry["found"])
+    return figures
+
+
+# --- B8: scaling -----------------------------------------------------------------------------
+
+
+def append_rate(path: Path, n: int = 500) -> float:
+    """appends/s of ``n`` corpus messages into new sessions of an existing store."""
+    corpus = list(generate_corpus(n, seed=8))
+    with SessionDB(path, rebuild_fts=False) as db:
+        for s in corpus:
+            db.create_session("b8-" + s.session_id, s.source, model=s.model)
+        start = time.perf_counter()
+        for s in corpus:
+            for m in s.messages:
+                db.append_message("b8-" + s.session_id, **m.as_append_kwargs())
+        elapsed = time.perf_counter() - start
+        for s in corpus:
+            db.delete_session("b8-" + s.session_id)
+    return n / elapsed
+
+
+def bench_scaling(stores: Stores, sizes: list[int], p95s: dict[int, dict[str, float]],
+                  repeats: int) -> list[Figure]:
+    rates = {size: statistics.median(append_rate(stores.get(size)[0])
+                                     for _ in range(max(1, repeats // 2))) for size in sizes}
+    base = rates[sizes[0]]
+    figures = [Figure(
+        "B8", f"append_message @ {size:,} vs @ {sizes[0]:,}", rates[size], base, "appends/s",
+        rates[size] / base, None, "flat within 20%", rates[size] / base >= 0.8,
+    ) for size in sizes[1:]]
+    for key in ("en_1term", "cjk_2char"):
+        first, last = p95s[sizes[0]][key], p95s[sizes[-1]][key]
+        growth = last / first
+        data_growth = sizes[-1] / sizes[0]
+        figures.append(Figure(
+            "B8", f"search p95 {SEARCH_CLASSES[key][0]} @ {sizes[-1]:,} vs @ {sizes[0]:,}",
+            last, first, "ms", growth, None, f"sub-linear (< {data_growth:g}× for "
+            f"{data_growth:g}× the data)", growth < data_growth,
+            {f"p95_ms@{n}": round(p95s[n][key], 2) for n in sizes},
+        ))
+    return figures
+
+
 # --- driver ----------------------------------------------------------------------------------
 
-BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6")
+BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8")
 
 
 def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
@@ -420,11 +551,19 @@ def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
             figures.append(bench_open_close(repeats))
         if "B6" in only:
             figures.append(bench_conversation(repeats))
+        p95s: dict[int, dict[str, float]] = {}
         for size in sizes:
-            if "B3" in only:
-                figures += bench_search(stores, size, repeats)
+            if "B3" in only or "B8" in only:
+                searched = bench_search(stores, size, repeats)
+                p95s[size] = {f.notes["class"]: f.ours for f in searched}
+                if "B3" in only:
+                    figures += searched
             if "B5" in only:
                 figures.append(bench_size(stores, size))
+        if "B7" in only:
+            figures += bench_portability(stores, sizes[-1])
+        if "B8" in only and len(sizes) > 1:
+            figures += bench_scaling(stores, sizes, p95s, repeats)
     return figures
 
 
@@ -450,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated ids")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sizes", default="200000", help="corpus sizes (messages) for B3/B5")
+    parser.add_argument("--sizes", default="10000,50000,200000",
+                        help="corpus sizes (messages) for B3/B5/B8; B7 uses the largest")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))

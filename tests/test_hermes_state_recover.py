@@ -89,6 +89,29 @@ def test_a_healthy_file_is_copied_whole_with_indexes_rebuilt(
         assert copy.get_messages(store[0], include_inactive=True)[0]["active"] is False
 
 
+def test_a_deferred_index_is_filled_by_the_first_writable_open(
+    store: list[str], db_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out, defer_index=True)
+    assert report["complete"] and report["checks"]["fts_rebuild"] == "deferred"
+    with SessionDB(out, read_only=True) as copy:
+        assert copy.fts_status()["rebuild_high_water"] is not None
+        assert copy.search_messages("docker")  # canonical rows answer meanwhile
+    with SessionDB(out) as copy:
+        copy.rebuild_fts()  # waits for the background rebuild the open started
+        assert copy.fts_status()["rebuild_high_water"] is None
+        assert set(copy.check_fts_integrity().values()) == {None}
+    conn = sqlite3.connect(out)
+    try:
+        hits = conn.execute(
+            "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'docker'"
+        ).fetchone()[0]
+        assert hits == count(db_path, "messages WHERE content LIKE '%docker%'")
+    finally:
+        conn.close()
+
+
 def test_inspect_only_changes_nothing(store: list[str], db_path: Path) -> None:
     before = file_hashes(db_path.parent)
     report = recover_state_db(db_path, inspect_only=True)
