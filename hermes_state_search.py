@@ -114,6 +114,7 @@ class _Term:
     quoted: bool  # rendered as an FTS5 string rather than a bareword
     prefix: bool = False  # cut by the length cap: matched as a prefix
     like: str | None = None  # the text for the LIKE routes, when it differs from ``text``
+    phrase: bool = False  # the user's own "quoted phrase"
 
     @property
     def like_text(self) -> str:
@@ -168,7 +169,7 @@ def _word_term(chunk: str) -> _Term | None:
 
 def _phrase_term(content: str) -> _Term | None:
     content = content.strip()
-    return _Term(content, quoted=True) if _usable(content) else None
+    return _Term(content, quoted=True, phrase=True) if _usable(content) else None
 
 
 def _as_text(query: object) -> str:
@@ -319,11 +320,14 @@ class LikeGroup:
     A row matches when every ``include`` pattern matches and, for each tuple in ``exclude``,
     not all of its patterns match. Patterns are for ``LIKE ? ESCAPE '\\'``. ``index_patterns``
     are plain ``LIKE ?`` patterns (no ESCAPE) implied by ``include``, for the trigram index.
+    ``substring`` is False for a group made only of the user's own "quoted phrases": they ask
+    for that phrase, so substring hits do not pad out a short page of phrase hits.
     """
 
     include: tuple[str, ...]
     exclude: tuple[tuple[str, ...], ...]
     index_patterns: tuple[str, ...]
+    substring: bool = True
 
     def where(self, column: str, *, trigram: bool = False) -> tuple[str, tuple[str, ...]]:
         """An SQL condition on ``column`` (a trusted SQL expression, never user text).
@@ -350,7 +354,7 @@ def _like_group(positive: list[_Term], negated: list[list[_Term]]) -> LikeGroup:
     exclude = tuple(tuple(_like_pattern(t.like_text) for t in conj) for conj in negated)
     pieces = (p for t in positive for p in _LIKE_WILDCARD_RE.split(t.like_text) if len(p) >= 3)
     index_patterns = tuple(dict.fromkeys("%" + p + "%" for p in pieces))
-    return LikeGroup(include, exclude, index_patterns)
+    return LikeGroup(include, exclude, index_patterns, not all(t.phrase for t in positive))
 
 
 @dataclass(frozen=True)
@@ -625,7 +629,7 @@ def _index_hits(
         best.setdefault(hit["id"], hit)  # a row both indexes found keeps its better rank
     hits = list(best.values())
     for group in plan.like_groups:
-        if len(hits) >= wanted or not group.index_patterns:
+        if len(hits) >= wanted or not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content")
         index_pattern = max(group.index_patterns, key=len)
