@@ -186,7 +186,7 @@ def _writes(
         kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
         try:
             return self._write(lambda conn: fn(conn, *args, **kwargs), kind)
-        except StateDbCorruptError as exc:
+        except errors.StateDbCorruptError as exc:
             if spool:
                 bound = signature.bind(None, *args, **kwargs).arguments
                 session_id = str(bound[session_param])
@@ -197,7 +197,7 @@ def _writes(
                         [{"session_id": session_id, **r} for r in records],
                         home=self.profile_home,
                     )
-                except (OSError, UnsafePathError) as spool_error:  # the corrupt error stays
+                except (OSError, errors.UnsafePathError) as spool_error:  # the corrupt error stays
                     logger.error("could not spool the transcript of %s: %s", session_id,
                                  spool_error)
                     exc.add_note(f"the transcript could not be spooled: {spool_error}")
@@ -321,7 +321,7 @@ class SessionDB:
         with _OPEN_LOCK:
             common.refuse_symlinks(self.path)
             if common.wal_without_database(self.path):
-                raise StateDbCorruptError(
+                raise errors.StateDbCorruptError(
                     f"{self.path} is empty but its -wal is not: the file was truncated",
                     path=self.path,
                 )
@@ -356,12 +356,12 @@ class SessionDB:
         conn.execute("PRAGMA foreign_keys = ON")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
-            raise HermesStateError(f"{self.path} refused WAL mode (journal_mode={mode})")
+            raise errors.HermesStateError(f"{self.path} refused WAL mode (journal_mode={mode})")
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
         if not self.path.is_file() or self.path.stat().st_size == 0:
-            raise StateDbUnavailableError(
+            raise errors.StateDbUnavailableError(
                 f"no initialised session store at {self.path}",
                 reason="uninitialized",
                 path=self.path,
@@ -371,8 +371,8 @@ class SessionDB:
             version = schema.read_version(conn)
         except sqlite3.Error as exc:
             conn.close()
-            if is_sqlite_lock_error(exc):
-                raise StateDbUnavailableError(
+            if errors.is_sqlite_lock_error(exc):
+                raise errors.StateDbUnavailableError(
                     f"session store {self.path} stayed locked for {_READ_BUSY_TIMEOUT_S:g} s",
                     reason="busy",
                     path=self.path,
@@ -381,7 +381,7 @@ class SessionDB:
         if version != SCHEMA_VERSION:
             conn.close()
             reason = "uninitialized" if version is None else "incompatible"
-            raise StateDbUnavailableError(
+            raise errors.StateDbUnavailableError(
                 f"session store {self.path} has schema version {version}, "
                 f"this library reads {SCHEMA_VERSION}",
                 reason=reason,
@@ -437,14 +437,14 @@ class SessionDB:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StateDbClosedError(f"SessionDB for {self.path} is closed")
+            raise errors.StateDbClosedError(f"SessionDB for {self.path} is closed")
 
     def _check_writable(self) -> None:
         self._check_open()
         if self.read_only:
-            raise HermesStateError(f"SessionDB for {self.path} is read-only")
+            raise errors.HermesStateError(f"SessionDB for {self.path} is read-only")
         if self.quarantined:
-            raise StateDbCorruptError(
+            raise errors.StateDbCorruptError(
                 f"{self.path} is quarantined after corruption; no further writes on this handle",
                 path=self.path,
             ) from self._quarantined
@@ -477,7 +477,7 @@ class SessionDB:
                     self._count_write()
                 return result
             except sqlite3.Error as exc:
-                if is_sqlite_lock_error(exc):
+                if errors.is_sqlite_lock_error(exc):
                     elapsed = time.monotonic() - start
                     if elapsed >= patience:
                         raise self._locked_error(elapsed, attempts) from exc
@@ -487,15 +487,20 @@ class SessionDB:
                                  self.path, attempts, delay)
                     time.sleep(delay)
                     continue
-                if is_corruption_error(exc) and not detach_fts and self._fts_only(exc):
+                if errors.is_corruption_error(exc) and not detach_fts and self._fts_only(exc):
                     logger.warning("FTS index damaged (%s); detaching it from %s", exc, self.path)
                     detach_fts = True
                     continue
-                if is_corruption_error(exc):
+                if errors.is_corruption_error(exc):
                     self._quarantine(exc)
                 raise self._translate(exc) from exc
+            except MemoryError as exc:
+                if detach_fts or not self._fts_only(exc):
+                    raise
+                logger.warning("FTS index damaged (out of memory reading it); detaching it")
+                detach_fts = True
 
-    def _fts_only(self, exc: sqlite3.Error) -> bool:
+    def _fts_only(self, exc: BaseException) -> bool:
         with self._lock:
             return fts.damage_is_fts_only(self._conn, exc)
 
@@ -549,13 +554,14 @@ class SessionDB:
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
-                if is_corruption_error(exc) and not self.read_only and not self._fts_only(exc):
+                damaged = errors.is_corruption_error(exc) and not self.read_only
+                if damaged and not self._fts_only(exc):
                     self._quarantine(exc)
                 raise self._read_error(exc) from exc
 
     def _read_error(self, exc: sqlite3.Error) -> Exception:
-        if self.read_only and is_sqlite_lock_error(exc):
-            return StateDbUnavailableError(
+        if self.read_only and errors.is_sqlite_lock_error(exc):
+            return errors.StateDbUnavailableError(
                 f"session store {self.path} is busy", reason="busy", path=self.path
             )
         return self._translate(exc)
@@ -578,22 +584,22 @@ class SessionDB:
         return self._write(fn, "transcript")
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
-        if is_corruption_error(exc):
-            return StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
-        if is_disk_full_error(exc):
-            return StateDbFullError(f"no space left for {self.path}: {exc}", path=self.path)
-        if is_io_error(exc):
-            return StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
-        if is_sqlite_lock_error(exc):
-            return StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
+        if errors.is_corruption_error(exc):
+            return errors.StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
+        if errors.is_disk_full_error(exc):
+            return errors.StateDbFullError(f"no space left for {self.path}: {exc}", path=self.path)
+        if errors.is_io_error(exc):
+            return errors.StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
+        if errors.is_sqlite_lock_error(exc):
+            return errors.StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
         return exc
 
-    def _locked_error(self, waited: float, attempts: int) -> StateDbLockedError:
+    def _locked_error(self, waited: float, attempts: int) -> errors.StateDbLockedError:
         holders = lockowners.describe_lock_holders(self.path)
         line = "; ".join(holders) if holders else "no lock holder could be named"
         logger.warning("write to %s gave up after %.1f s: %s", self.path, waited, line)
         common.append_error_log(f"database is locked: {self.path}: {line}", self.profile_home)
-        return StateDbLockedError(
+        return errors.StateDbLockedError(
             f"{self.path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
             path=self.path,
             waited_s=waited,
@@ -658,7 +664,7 @@ class SessionDB:
     def _rebuild_in_background(self) -> None:
         try:
             self._rebuild(require_exclusive=True)
-        except (HermesStateError, sqlite3.Error) as exc:
+        except (errors.HermesStateError, sqlite3.Error) as exc:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:
@@ -677,7 +683,7 @@ class SessionDB:
         instead (nothing is written) and the index stays detached."""
         damaged = self._read(fts.damaged_canonical_tables)
         if damaged:
-            error = StateDbCorruptError(
+            error = errors.StateDbCorruptError(
                 f"{self.path} is damaged ({', '.join(damaged)} failed quick_check); "
                 f"its full-text index is not rebuilt",
                 path=self.path,
@@ -691,7 +697,9 @@ class SessionDB:
         if self._rebuild_thread is not None:
             self._rebuild_thread.join()
         if not self._rebuild(require_exclusive=False):
-            raise HermesStateError(f"another process is rebuilding the FTS index of {self.path}")
+            raise errors.HermesStateError(
+                f"another process is rebuilding the FTS index of {self.path}"
+            )
 
     def fts_status(self) -> dict[str, Any]:
         """The FTS markers and trigger set, without checking the index contents."""
@@ -819,7 +827,7 @@ class SessionDB:
                 include_inactive)
         try:
             return self._read(lambda c: search.search_messages(c, *args))
-        except FtsCorruptError:
+        except errors.FtsCorruptError:
             logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
             if not self.read_only and not self.quarantined:
                 self._write(fts.detach_index)

@@ -209,6 +209,8 @@ def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
     shadow table, which fails ``quick_check``. Anything else — including a check that cannot
     even run — is not provably FTS-only.
     """
+    if isinstance(exc, MemoryError):
+        return _garbage_in_index(conn)
     if not is_corruption_error(exc):
         return False
     try:
@@ -217,6 +219,27 @@ def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
         return is_fts_corruption_code(exc) or bool(damaged_shadow_tables(conn))
     except sqlite3.Error:
         return False
+
+
+def _garbage_in_index(conn: sqlite3.Connection) -> bool:
+    """After SQLITE_NOMEM (Python's MemoryError): True when the canonical tables are sound and
+    an index fails FTS5's check of its own structures. Garbage inside an index's blobs passes
+    ``quick_check`` (the b-trees are fine) but can make FTS5 try to allocate absurd sizes;
+    a real shortage of memory leaves the structure checks passing and is raised as it is."""
+    try:
+        if damaged_canonical_tables(conn):
+            return False
+    except (sqlite3.Error, MemoryError):
+        return False
+    for table in FTS_TABLES:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 0)")
+        except MemoryError:
+            return True
+        except sqlite3.Error as exc:
+            if not is_sqlite_lock_error(exc):
+                return True
+    return False
 
 
 def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
@@ -266,18 +289,13 @@ def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
 
 def _empty_index(conn: sqlite3.Connection, table: str) -> None:
     """Empty ``table`` for a rebuild; raises :class:`FtsCorruptError` when its shadow tables
-    are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend."""
-    delete_all = f"INSERT INTO {table}({table}) VALUES ('delete-all')"
+    are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend.
+
+    The shadow tables are reset first, directly: FTS5 itself never parses the old, possibly
+    damaged structures (garbage there can fail any statement, even with SQLITE_NOMEM)."""
     try:
-        try:
-            conn.execute(delete_all)
-            return
-        except sqlite3.Error as exc:
-            # SQLite may have rolled the whole transaction back; then nothing more can be done.
-            if is_sqlite_lock_error(exc) or not conn.in_transaction:
-                raise
         _reset_shadow_tables(conn, table)
-        conn.execute(delete_all)
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
     except sqlite3.Error as exc:
         if is_corruption_error(exc):
             raise FtsCorruptError(

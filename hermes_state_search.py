@@ -696,10 +696,11 @@ def search_messages(
     if use_index and index_state(conn).usable:
         try:
             hits = _index_hits(conn, plan, filters, params, offset + limit)[offset:]
-        except sqlite3.Error as exc:
-            if is_corruption_error(exc) and damage_is_fts_only(conn, exc):
-                raise FtsCorruptError(f"full-text index damaged: {exc}") from exc
-            if is_corruption_error(exc) or is_sqlite_lock_error(exc):
+        except (sqlite3.Error, MemoryError) as exc:
+            damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
+            if damaged and damage_is_fts_only(conn, exc):
+                raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
+            if damaged or is_sqlite_lock_error(exc):
                 raise
             hits = None  # a query the index refused: answer from canonical rows
     if hits is None:
