@@ -364,11 +364,11 @@ def _carried(message: Mapping[str, Any], carriers: AbstractSet[str], pad: bool) 
         or _nonempty_text(_details_text(details))
     )
     out: dict[str, Any] = {}
-    for field in (REASONING_CONTENT, REASONING):
-        if field in carriers:
-            text = stored_text[field] or any_text
+    for carrier in (REASONING_CONTENT, REASONING):
+        if carrier in carriers:
+            text = stored_text[carrier] or any_text
             if text is not None:
-                out[field] = text
+                out[carrier] = text
     if REASONING_DETAILS in carriers:
         if details is not None:
             out[REASONING_DETAILS] = copy.deepcopy(details)
@@ -461,9 +461,9 @@ def rejected_fields_in(error_text: str) -> list[str]:
         for match in pattern.finditer(error_text):
             found.append((match.start("field"), match.group("field").lower()))
     fields: list[str] = []
-    for _, field in sorted(found):
-        if field not in fields:
-            fields.append(field)
+    for _, name in sorted(found):
+        if name not in fields:
+            fields.append(name)
     return fields
 
 

@@ -66,19 +66,6 @@ __all__ = [
     "stats",
 ]
 
-# Columns a caller may set at creation besides the named parameters.
-_COUNTER_COLUMNS = frozenset(
-    {
-        "message_count",
-        "tool_call_count",
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-        "api_call_count",
-    }
-)
 _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
 
 

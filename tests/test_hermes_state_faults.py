@@ -14,8 +14,6 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +29,6 @@ from hermes_state import (
     ProfileStoreRegistry,
     SessionDB,
     StateDbFullError,
-    StateDbIOError,
     StateDbLockedError,
     UnsafePathError,
     resolve_profile_home,

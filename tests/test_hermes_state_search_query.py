@@ -136,7 +136,9 @@ def assert_plan_runs(conn: sqlite3.Connection, query: object) -> None:
 # Any text gives a valid query
 # ---------------------------------------------------------------------------------------------
 
-CJK_ALPHABET = list("東京都に住んでいます京都寺日本語文章入門한국어텍스트검색我们在北京学习中文ー々")
+CJK_ALPHABET = list(
+    "東京都に住んでいます京都寺日本語文章入門" "한국어텍스트검색" "我们在北京学习中文ー々"
+)
 OPERATOR_ALPHABET = list('"*^:(){}[]+,;~-.\'/\\%_@#!?&|<>=`$ \t\n\x00') + [
     "AND", "OR", "NOT", "NEAR", "and", "col:", "a", "b", "東京", "😀", "\ud800",
 ]

@@ -26,6 +26,9 @@ def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> N
     text = README.read_text(encoding="utf-8")
     setup = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
-    assert commands == ["pip install -e . && hermes-state doctor", "pip install -e '.[test]' && pytest"]
+    assert commands == [
+        "pip install -e . && hermes-state doctor",
+        "pip install -e '.[test]' && pytest",
+    ]
     ci = CI_SCRIPT.read_text(encoding="utf-8")
     assert "pip install --quiet -e '.[test]'" in ci and ci.rstrip().endswith("pytest")
