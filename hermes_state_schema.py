@@ -19,6 +19,7 @@ A database whose version is newer than this library's is never touched: it raise
 from __future__ import annotations
 
 import functools
+import json
 import re
 import sqlite3
 import uuid
@@ -184,11 +185,35 @@ def _migrate_unique_titles(conn: sqlite3.Connection) -> None:
     )
 
 
+# Assistant rows that call tools but predate the per-call uids.
+UNMAPPED_CALLERS_SQL = """
+SELECT id, tool_calls FROM messages
+WHERE role = 'assistant' AND tool_calls IS NOT NULL AND tool_call_uids IS NULL
+"""
+
+
+def _call_uids(tool_calls: str) -> str | None:
+    """A ``tool_call_uids`` mapping for stored ``tool_calls`` JSON (None when it names none)."""
+    try:
+        calls = json.loads(tool_calls)
+    except ValueError:
+        return None
+    ids = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    mapping = {i: uuid.uuid4().hex for i in dict.fromkeys(ids) if isinstance(i, str)}
+    return json.dumps(mapping, separators=(",", ":")) if mapping else None
+
+
 def _migrate_message_uids(conn: sqlite3.Connection) -> None:
-    """Every message gets its lasting ``message_uid`` (uuid4 hex); existing ones are kept."""
+    """Every message gets its lasting ``message_uid`` (uuid4 hex), and every assistant row that
+    calls tools its ``tool_call_uids``; existing ones are kept. Tool results are paired with
+    them when read (their ``tool_call_uid`` stays NULL, which means "derive it")."""
     ids = [r[0] for r in conn.execute("SELECT id FROM messages WHERE message_uid IS NULL")]
     conn.executemany(
         "UPDATE messages SET message_uid = ? WHERE id = ?", ((uuid.uuid4().hex, i) for i in ids)
+    )
+    mapped = [(_call_uids(calls), row_id) for row_id, calls in conn.execute(UNMAPPED_CALLERS_SQL)]
+    conn.executemany(
+        "UPDATE messages SET tool_call_uids = ? WHERE id = ?", [m for m in mapped if m[0]]
     )
 
 
@@ -217,8 +242,8 @@ def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
     drop = f"DROP TABLE IF EXISTS {quote_identifier(name)}"
     try:
         conn.execute(drop)
-    except sqlite3.Error as exc:
-        if not is_corruption_error(exc):
+    except (sqlite3.Error, MemoryError) as exc:  # garbage in a structure can read as NOMEM
+        if isinstance(exc, sqlite3.Error) and not is_corruption_error(exc):
             raise
         fts._empty_index(conn, name)
         conn.execute(drop)

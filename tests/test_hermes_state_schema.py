@@ -11,7 +11,6 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -314,6 +313,15 @@ def test_upgrade_backfills_lasting_message_uids(v1_path: Path) -> None:
     with SessionDB(v1_path) as db:
         again = [m["message_uid"] for m in db.get_messages("root") + db.get_messages("child")]
     assert again == first
+
+
+def test_upgraded_tool_calls_get_uids_and_their_results_are_paired(v1_path: Path) -> None:
+    with SessionDB(v1_path) as db:
+        turns = db.get_messages_as_conversation("root")
+    caller, result = turns[1], turns[2]
+    assert set(caller["_tool_call_uids"]) == {"call_1"}
+    assert UID_RE.fullmatch(caller["_tool_call_uids"]["call_1"])
+    assert result["_tool_call_uid"] == caller["_tool_call_uids"]["call_1"]
 
 
 def test_upgraded_rows_get_default_flags_and_counters(v1_path: Path) -> None:
