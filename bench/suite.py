@@ -336,6 +336,7 @@ def _writer(path: str, session_id: str, payloads: list[dict[str, Any]], out: Any
     latencies, errors = [], 0
     with SessionDB(path, rebuild_fts=False) as db:
         db.create_session(session_id, "bench")
+        began = time.time()  # wall clock: the window is compared across processes
         for kwargs in payloads:
             start = time.perf_counter()
             try:
@@ -343,7 +344,8 @@ def _writer(path: str, session_id: str, payloads: list[dict[str, Any]], out: Any
             except hermes_state.HermesStateError:
                 errors += 1
             latencies.append(time.perf_counter() - start)
-    out.put((session_id, latencies, errors))
+        ended = time.time()
+    out.put((session_id, latencies, errors, began, ended))
 
 
 def _searcher(path: str, stop: Any, out: Any) -> None:
@@ -375,19 +377,19 @@ def bench_contention(corpus: list[CorpusSession], b1_rate: float | None, writers
             for i in range(writers)
         ]
         searcher.start()
-        start = time.perf_counter()
         for p in procs:
             p.start()
         results = [out.get() for _ in procs]
-        elapsed = time.perf_counter() - start
+        # From the first append of any writer to the last: process start-up is not counted.
+        elapsed = max(r[4] for r in results) - min(r[3] for r in results)
         stop.set()
         search_result = out.get()
         for p in (*procs, searcher):
             p.join()
         with SessionDB(path) as db:
             stored = db.message_count()
-    latencies = [x for _, lat, _ in results for x in lat]
-    errors = sum(e for _, _, e in results) + search_result[2]
+    latencies = [x for r in results for x in r[1]]
+    errors = sum(r[2] for r in results) + search_result[2]
     rate = len(latencies) / elapsed
     p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
     lost = writers * per_writer - stored
