@@ -87,18 +87,48 @@ def paired(ours: Callable[[], float], raw: Callable[[], float], repeats: int) ->
 # --- B1: append_message, one process, one transaction per message ---------------------------
 
 
-def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> Figure:
-    """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw."""
-    batch = []
-    for s in corpus:
-        for m in s.messages:
-            batch.append((s.session_id, m.as_append_kwargs()))
-            if len(batch) >= n_messages:
-                break
-        if len(batch) >= n_messages:
-            break
+def append_batch(corpus: list[CorpusSession], n_messages: int) -> tuple[list, list]:
+    """The first ``n_messages`` corpus messages as (session id, append kwargs), and their
+    sessions."""
+    batch = [(s.session_id, m.as_append_kwargs()) for s in corpus for m in s.messages]
+    batch = batch[:n_messages]
     used = {sid for sid, _ in batch}
-    sessions = [s for s in corpus if s.session_id in used]
+    return batch, [s for s in corpus if s.session_id in used]
+
+
+def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: bool) -> float:
+    """appends/s of raw sqlite3 running the statements append_message runs, every parameter
+    computed beforehand; without the FTS sync triggers when ``triggers`` is False."""
+    with scratch_dir() as d:
+        path = d / "state.db"
+        fresh_store(path, sessions)
+        prep = sqlite3.connect(path)
+        rows = [
+            (sid, messages._prepare(prep, sid, kwargs), messages.tool_call_count_of(
+                kwargs["role"], kwargs.get("tool_calls")))
+            for sid, kwargs in batch
+        ]
+        if not triggers:
+            for name in hermes_state.common.FTS_TRIGGER_NAMES:
+                prep.execute(f"DROP TRIGGER {name}")
+            prep.commit()
+        prep.close()
+        conn = raw_connect(path)
+        start = time.perf_counter()
+        for sid, values, calls in rows:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(messages.COUNT_MESSAGE_SQL, (calls, sid))
+            conn.execute(messages.INSERT_MESSAGE_SQL, values)
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - start
+        conn.close()
+    return len(batch) / elapsed
+
+
+def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> list[Figure]:
+    """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw; and
+    what the FTS sync triggers cost, raw with them vs raw without."""
+    batch, sessions = append_batch(corpus, n_messages)
 
     def ours() -> float:
         with scratch_dir() as d:
@@ -111,35 +141,20 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
                 elapsed = time.perf_counter() - start
         return len(batch) / elapsed
 
-    def raw() -> float:
-        with scratch_dir() as d:
-            path = d / "state.db"
-            fresh_store(path, sessions)
-            prep = sqlite3.connect(path)
-            rows = [
-                (sid, messages._prepare(prep, sid, kwargs), messages.tool_call_count_of(
-                    kwargs["role"], kwargs.get("tool_calls")))
-                for sid, kwargs in batch
-            ]
-            prep.close()
-            conn = raw_connect(path)
-            start = time.perf_counter()
-            for sid, values, calls in rows:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute(messages.COUNT_MESSAGE_SQL, (calls, sid))
-                conn.execute(messages.INSERT_MESSAGE_SQL, values)
-                conn.execute("COMMIT")
-            elapsed = time.perf_counter() - start
-            conn.close()
-        return len(batch) / elapsed
-
-    o, r, ratios = paired(ours, raw, repeats)
-    ratio = o / r
-    return Figure(
-        "B1", "append_message, one transaction each", o, r, "appends/s", ratio,
-        (min(ratios), max(ratios)), "≥ 0.80× raw", ratio >= 0.80,
-        {"messages": len(batch)},
+    o, r, ratios = paired(ours, lambda: raw_append_rate(sessions, batch, triggers=True), repeats)
+    bare, with_triggers, bare_ratios = paired(
+        lambda: raw_append_rate(sessions, batch, triggers=False),
+        lambda: raw_append_rate(sessions, batch, triggers=True), repeats,
     )
+    return [
+        Figure("B1", "append_message, one transaction each", o, r, "appends/s", o / r,
+               (min(ratios), max(ratios)), "≥ 0.80× raw", o / r >= 0.80,
+               {"messages": len(batch)}),
+        Figure("B1", "FTS trigger cost: raw inserts with triggers vs without", with_triggers,
+               bare, "appends/s", with_triggers / bare,
+               (1 / max(bare_ratios), 1 / min(bare_ratios)),
+               "report (ratio < 1: the triggers' share of an append)", None),
+    ]
 
 
 # --- B4: open + close of an up-to-date store -------------------------------------------------
@@ -545,8 +560,9 @@ def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
     with scratch_dir() as root:
         stores = Stores(root)
         if "B1" in only:
-            b1 = bench_append(corpus, repeats, n_messages=1000)
-            figures.append(b1)
+            appended = bench_append(corpus, repeats, n_messages=1000)
+            b1 = appended[0]
+            figures += appended
         if "B2" in only:
             figures.append(bench_contention(corpus, b1.ours if b1 else None))
         if "B4" in only:
