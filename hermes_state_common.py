@@ -731,7 +731,18 @@ CREATE TABLE IF NOT EXISTS worker_receipts (
 );
 """
 
-INDEXES_SQL = """
+# The runtime ledgers' statuses in which work is live. The one definition: the ledgers' queries,
+# their partial indexes and the deletion guard are all built from these.
+LIVE_ADMISSION_STATUSES = ("queued", "started", "unknown")
+LIVE_EXECUTION_STATUSES = ("registered", "running", "unknown")
+
+
+def sql_values(values: tuple[str, ...]) -> str:
+    """``('a', 'b')`` for a tuple of this module's own status constants (never user values)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+INDEXES_SQL = f"""
 CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source);
 CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id);
 CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC);
@@ -744,9 +755,9 @@ CREATE INDEX IF NOT EXISTS idx_admissions_session
 CREATE INDEX IF NOT EXISTS idx_worker_executions_session
     ON worker_executions(session_id, status);
 CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(status, epoch)
-    WHERE status IN ('queued', 'started', 'unknown');
+    WHERE status IN {sql_values(LIVE_ADMISSION_STATUSES)};
 CREATE INDEX IF NOT EXISTS idx_worker_executions_live ON worker_executions(status, epoch)
-    WHERE status IN ('registered', 'running', 'unknown');
+    WHERE status IN {sql_values(LIVE_EXECUTION_STATUSES)};
 CREATE INDEX IF NOT EXISTS idx_async_delegations_parent
     ON async_delegations(parent_session_id, status);
 """

@@ -87,12 +87,15 @@ from typing import Any
 
 from hermes_state_common import (
     DELIVERY_OBLIGATIONS_SQL,
+    LIVE_ADMISSION_STATUSES,
+    LIVE_EXECUTION_STATUSES,
     clean_optional,
     clean_text,
     decode_json,
     encode_json,
     now,
     split_sql,
+    sql_values,
     table_exists,
 )
 from hermes_state_compression import compression_ancestors, get_compression_tip
@@ -239,7 +242,8 @@ ON CONFLICT (principal_id, session_id, request_id) DO NOTHING
 # The oldest live admission of a session: the head of its FIFO.
 HEAD_ADMISSION_SQL = (
     SELECT_ADMISSION_SQL
-    + " WHERE session_id = ? AND status IN ('queued', 'started', 'unknown') ORDER BY id LIMIT 1"
+    + f" WHERE session_id = ? AND status IN {sql_values(LIVE_ADMISSION_STATUSES)}"
+    + " ORDER BY id LIMIT 1"
 )
 CLAIM_ADMISSION_SQL = """
 UPDATE session_admissions SET status = 'started', epoch = ?, started_at = ?
@@ -369,7 +373,7 @@ def list_admissions(
     """The session's admissions in FIFO order; only the live ones unless asked."""
     sql = SELECT_ADMISSION_SQL + " WHERE session_id = ?"
     if pending_only:
-        sql += " AND status IN ('queued', 'started', 'unknown')"
+        sql += f" AND status IN {sql_values(LIVE_ADMISSION_STATUSES)}"
     rows = conn.execute(sql + " ORDER BY id", (session_id,)).fetchall()
     return [a for a in map(_admission, rows) if a is not None]
 
@@ -529,7 +533,7 @@ def list_worker_executions(
     """The session's worker executions, oldest first; only the live ones unless asked."""
     sql = SELECT_EXECUTION_SQL + " WHERE session_id = ?"
     if live_only:
-        sql += " AND status IN ('registered', 'running', 'unknown')"
+        sql += f" AND status IN {sql_values(LIVE_EXECUTION_STATUSES)}"
     rows = conn.execute(sql + " ORDER BY registered_at, execution_id", (session_id,))
     return [dict(zip(_EXECUTION_COLUMNS, r, strict=True)) for r in rows.fetchall()]
 

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hermes_state_common import (
+    LIVE_ADMISSION_STATUSES,
+    LIVE_EXECUTION_STATUSES,
     clean_optional,
     escape_like,
     get_meta,
@@ -41,6 +43,7 @@ from hermes_state_common import (
     placeholders,
     quote_identifier,
     set_meta,
+    sql_values,
 )
 from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
 from hermes_state_schema import expected_columns
@@ -714,15 +717,12 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
 # --- deletion --------------------------------------------------------------------------------
 
 # Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
-# to the same list of live states, so a status one of them borrows from the other still pins.
-LIVE_LEDGER_SQL = """
+# to the live states of either, so a status one of them borrows from the other still pins.
+_PINNING = sql_values(tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES)))
+LIVE_LEDGER_SQL = f"""
 SELECT
-    (SELECT COUNT(*) FROM session_admissions
-     WHERE session_id = :id
-       AND status IN ('queued', 'started', 'registered', 'running', 'unknown')),
-    (SELECT COUNT(*) FROM worker_executions
-     WHERE session_id = :id
-       AND status IN ('queued', 'started', 'registered', 'running', 'unknown'))
+    (SELECT COUNT(*) FROM session_admissions WHERE session_id = :id AND status IN {_PINNING}),
+    (SELECT COUNT(*) FROM worker_executions WHERE session_id = :id AND status IN {_PINNING})
 """
 DELETE_SESSION_SQL = (
     "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = :id",
