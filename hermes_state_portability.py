@@ -43,7 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
@@ -87,7 +87,12 @@ from hermes_state_messages import (
     message_fields,
     row_to_message,
 )
-from hermes_state_schema import expected_columns, read_version, restore_data_invariants
+from hermes_state_schema import (
+    WriteFn,
+    expected_columns,
+    read_version,
+    restore_data_invariants,
+)
 from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
 
 __all__ = [
@@ -109,8 +114,6 @@ __all__ = [
     "collect_profile_stats",
 ]
 
-T = TypeVar("T")
-WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
 Progress = Callable[[str, int, "int | None"], None]
 
 EXPORT_FORMAT = "hermes-state-export"

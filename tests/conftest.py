@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hermes_state import SessionDB
+from state_helpers import release_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,16 +139,7 @@ def _holding_write_lock(
         assert proc.stdout.readline().strip() == "locked"
         yield proc
     finally:
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        release_process(proc)
 
 
 @pytest.fixture

@@ -146,10 +146,19 @@ def process_holding(path: Path, body: str = "") -> Iterator[subprocess.Popen[str
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
     finally:
-        if proc.stdin is not None:
+        release_process(proc)
+
+
+def release_process(proc: subprocess.Popen[str]) -> None:
+    """End a child that holds something until its stdin closes: close stdin, wait briefly,
+    kill it if it does not go, and close its stdout."""
+    if proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
