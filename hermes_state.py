@@ -91,7 +91,7 @@ from hermes_state_portability import (
     repair_state_db,
     restore_state_db,
 )
-from hermes_state_runtime import ProfileStoreRegistry, resolve_store_home
+from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
 
 __all__ = [
     "SessionDB",

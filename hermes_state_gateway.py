@@ -108,7 +108,7 @@ from hermes_state_errors import (
     is_sqlite_lock_error,
 )
 from hermes_state_messages import insert_message
-from hermes_state_runtime import gateway_should_persist
+from hermes_state_replay import gateway_should_persist
 from hermes_state_sessions import lift_auto_archive, require_session, row_to_dict
 
 __all__ = [

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hermes_state_runtime as rt
-from hermes_state_runtime import (
+import hermes_state_replay as rt
+from hermes_state_replay import (
     ReasoningFieldMemo,
     gateway_should_persist,
     resolve_reasoning_route,
