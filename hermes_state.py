@@ -74,6 +74,7 @@ import hermes_state_portability as portability
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+import hermes_state_testguard as testguard
 from hermes_state_common import (
     SCHEMA_VERSION,
     child_process_env,
@@ -278,7 +279,7 @@ class SessionDB:
         rebuild_fts: bool = True,
     ) -> None:
         path = common.default_db_path() if db_path is None else Path(db_path).expanduser()
-        common.check_test_isolation(path)
+        testguard.check_test_isolation(path)
         self.path = path.absolute()
         # A home's own store is its state.db; a scratch file belongs to the context's home.
         in_home = self.path.name == common.DB_FILENAME

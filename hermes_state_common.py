@@ -47,7 +47,6 @@ __all__ = [
     "resolve_profile_home",
     "profile_config_path",
     "child_process_env",
-    "check_test_isolation",
     "transaction",
     "spool_transcript",
     "spool_pending_message",
@@ -57,7 +56,6 @@ SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
 CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
-GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
 
 # ---------------------------------------------------------------------------------------------
 # Home and profiles
@@ -256,51 +254,6 @@ def wal_reset_exposed(version: tuple[int, ...] = sqlite3.sqlite_version_info) ->
         if version[:2] == fixed[:2]:
             return version < fixed
     return version < (3, 51, 3) and version[:2] not in {f[:2] for f in _WAL_RESET_FIXED}
-
-
-# ---------------------------------------------------------------------------------------------
-# The test-isolation guard
-# ---------------------------------------------------------------------------------------------
-
-# Set by the pytest plugin while a test marked ``live_system_guard_bypass`` runs.
-_guard_bypassed_in_process = False
-
-
-def _running_under_pytest() -> bool:
-    return "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules
-
-
-def is_production_db_path(db_path: Path) -> bool:
-    """True when ``db_path`` is the real default root's database or a real profile's.
-
-    Both sides are resolved first, so neither ``..`` components nor a symlinked directory can
-    spell a production path in a way the comparison misses.
-    """
-    try:
-        target = db_path.expanduser().resolve()
-        root = platform_default_home().resolve()
-    except (OSError, RuntimeError):  # a symlink loop: compare the normalised spelling
-        target = Path(os.path.abspath(db_path.expanduser()))
-        root = Path(os.path.abspath(platform_default_home()))
-    try:
-        rel = target.parent.relative_to(root)
-    except ValueError:
-        return False
-    parts = rel.parts
-    return parts == () or (len(parts) == 2 and parts[0] == "profiles")
-
-
-def check_test_isolation(db_path: Path) -> None:
-    """Refuse, under pytest, to open a production database (RuntimeError, nothing touched)."""
-    if not _running_under_pytest() or _guard_bypassed_in_process:
-        return
-    if os.environ.get(GUARD_BYPASS_ENV) == "1":
-        return
-    if is_production_db_path(db_path):
-        raise RuntimeError(
-            f"refusing to open the production database {db_path} from a test: point "
-            f"HERMES_HOME or db_path at a temporary directory"
-        )
 
 
 # ---------------------------------------------------------------------------------------------

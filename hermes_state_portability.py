@@ -55,7 +55,6 @@ from hermes_state_common import (
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
     TABLES_SQL,
-    check_test_isolation,
     clean_optional,
     get_hermes_home,
     hermes_root,
@@ -94,6 +93,7 @@ from hermes_state_schema import (
     restore_data_invariants,
 )
 from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
+from hermes_state_testguard import check_test_isolation
 
 __all__ = [
     "EXPORT_FORMAT",

@@ -1,8 +1,8 @@
 """pytest plugin shipped with hermes_state (registered through the ``pytest11`` entry point).
 
-It provides the ``live_system_guard_bypass`` marker: a test carrying it may open the real
-default home's (or a real profile's) ``state.db``, which the test-isolation guard otherwise
-refuses with ``RuntimeError``. Use it only for tests that must touch a live system.
+It provides the ``live_system_guard_bypass`` marker of the test-isolation guard that lives
+beside it (``hermes_state_testguard``): a test carrying it may open the real default home's
+(or a real profile's) ``state.db``, which the guard otherwise refuses with ``RuntimeError``. Use it only for tests that must touch a live system.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import hermes_state_common
+import hermes_state_testguard
 
 MARKER = "live_system_guard_bypass"
 
@@ -27,9 +27,5 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Lift the guard for the whole protocol of a marked test: setup, call and teardown."""
     bypass = item.get_closest_marker(MARKER) is not None
-    previous = hermes_state_common._guard_bypassed_in_process
-    hermes_state_common._guard_bypassed_in_process = bypass or previous
-    try:
+    with hermes_state_testguard.bypassed_in_process(bypass):
         yield
-    finally:
-        hermes_state_common._guard_bypassed_in_process = previous

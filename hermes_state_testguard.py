@@ -1,0 +1,84 @@
+"""The test-isolation guard: a process under pytest never opens a production store.
+
+Tests must point ``HERMES_HOME`` or ``db_path`` at a temporary directory. A process running
+under pytest that would open the real default root's ``state.db`` or a real named profile's
+gets ``RuntimeError`` before any file is created or touched, so test data and SQLite's side
+effects never reach the environment a person actually uses.
+
+Two escape hatches exist, for tests only: ``HERMES_STATE_DB_GUARD_BYPASS=1`` in the
+environment of a child process that must touch a production store, and the
+``live_system_guard_bypass`` marker of the pytest plugin shipped beside this module
+(``hermes_state_pytest``), which lifts the guard in-process for the marked test. Neither
+belongs in ordinary commands, development shells or application settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from hermes_state_common import platform_default_home
+
+__all__ = [
+    "GUARD_BYPASS_ENV",
+    "is_production_db_path",
+    "check_test_isolation",
+    "bypassed_in_process",
+]
+
+GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
+
+# True while the plugin runs a test marked ``live_system_guard_bypass``.
+_bypassed = False
+
+
+def _running_under_pytest() -> bool:
+    return "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules
+
+
+def is_production_db_path(db_path: Path) -> bool:
+    """True when ``db_path`` is the real default root's database or a real profile's.
+
+    Both sides are resolved first, so neither ``..`` components nor a symlinked directory can
+    spell a production path in a way the comparison misses.
+    """
+    try:
+        target = db_path.expanduser().resolve()
+        root = platform_default_home().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the normalised spelling
+        target = Path(os.path.abspath(db_path.expanduser()))
+        root = Path(os.path.abspath(platform_default_home()))
+    try:
+        rel = target.parent.relative_to(root)
+    except ValueError:
+        return False
+    parts = rel.parts
+    return parts == () or (len(parts) == 2 and parts[0] == "profiles")
+
+
+def check_test_isolation(db_path: Path) -> None:
+    """Refuse, under pytest, to open a production database (RuntimeError, nothing touched)."""
+    if not _running_under_pytest() or _bypassed:
+        return
+    if os.environ.get(GUARD_BYPASS_ENV) == "1":
+        return
+    if is_production_db_path(db_path):
+        raise RuntimeError(
+            f"refusing to open the production database {db_path} from a test: point "
+            f"HERMES_HOME or db_path at a temporary directory"
+        )
+
+
+@contextlib.contextmanager
+def bypassed_in_process(bypass: bool = True) -> Iterator[None]:
+    """Lift the guard in this process for the duration of the block (when ``bypass``)."""
+    global _bypassed
+    previous = _bypassed
+    _bypassed = bypass or previous
+    try:
+        yield
+    finally:
+        _bypassed = previous
