@@ -151,11 +151,16 @@ def _method_signature(fn: Callable[..., Any]) -> inspect.Signature:
     return sig.replace(parameters=[self_param, *params[1:]])
 
 
-def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Callable[..., T]:
+# The method factories are typed with Concatenate so that type checkers see each generated
+# method with its sibling function's own parameters and return type (the connection dropped).
+Method = Callable[Concatenate["SessionDB", P], T]
+
+
+def _reads(fn: Callable[Concatenate[sqlite3.Connection, P], T]) -> Method[P, T]:
     """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
 
     @functools.wraps(fn)
-    def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
+    def method(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._read(lambda conn: fn(conn, *args, **kwargs))
 
     method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
@@ -167,7 +172,7 @@ def _writes(
     kind: str = "write",
     *,
     spool: bool | tuple[str, str] = False,
-) -> Callable[..., T]:
+) -> Method[P, T]:
     """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
 
     With ``spool`` (transcript writes) the message(s) of a write refused because the file is
@@ -181,15 +186,16 @@ def _writes(
     session_param, messages_param = params
 
     @functools.wraps(fn)
-    def method(self: SessionDB, *args: P.args, **kwargs: P.kwargs) -> T:
+    def method(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> T:
         # A retried transaction calls fn again: one-shot iterators must survive that.
-        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)  # type: ignore
-        kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
+        call_args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
+        call_kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
+        call: Callable[..., T] = fn
         try:
-            return self._write(lambda conn: fn(conn, *args, **kwargs), kind)
+            return self._write(lambda conn: call(conn, *call_args, **call_kwargs), kind)
         except errors.StateDbCorruptError as exc:
             if spool:
-                bound = signature.bind(None, *args, **kwargs).arguments
+                bound = signature.bind(None, *call_args, **call_kwargs).arguments
                 session_id = str(bound[session_param])
                 records = bound.get(messages_param) or [_call_record(signature, bound)]
                 try:

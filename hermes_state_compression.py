@@ -223,6 +223,7 @@ def archive_and_compact(
 
 def publish_compression_child(
     conn: sqlite3.Connection,
+    /,
     parent_session_id: str,
     child_session_id: str,
     source: str,

@@ -59,13 +59,15 @@ class PageError(Exception):
 def _u16(buf: bytes, pos: int) -> int:
     if pos + 2 > len(buf):
         raise PageError("truncated")
-    return _U16.unpack_from(buf, pos)[0]
+    value: int = _U16.unpack_from(buf, pos)[0]
+    return value
 
 
 def _u32(buf: bytes, pos: int) -> int:
     if pos + 4 > len(buf):
         raise PageError("truncated")
-    return _U32.unpack_from(buf, pos)[0]
+    value: int = _U32.unpack_from(buf, pos)[0]
+    return value
 
 
 def read_varint(buf: bytes, pos: int) -> tuple[int, int]:

@@ -1013,6 +1013,7 @@ def find_owned_input(
 
 def persist_exception_input(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     content: str | None,
     *,

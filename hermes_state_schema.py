@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
 from hermes_state_common import (
@@ -57,7 +57,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-WriteFn = Callable[[Callable[[sqlite3.Connection], T]], T]
+
+
+class WriteFn(Protocol):
+    """Runs ``fn(conn)`` as one retried write transaction of a store and returns its result."""
+
+    def __call__(self, fn: Callable[[sqlite3.Connection], T], /) -> T: ...
+
 
 # A database with tables but no schema_version row predates version tracking.
 _UNTRACKED_VERSION = 1

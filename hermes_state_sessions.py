@@ -105,6 +105,7 @@ def require_session(conn: sqlite3.Connection, session_id: str) -> None:
 
 def create_session(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     source: str,
     model: str | None = None,
@@ -444,7 +445,9 @@ def chain_from(
     return path
 
 
-def family_of(conn: sqlite3.Connection, root: str) -> tuple[dict, dict[str, list[str]]]:
+def family_of(
+    conn: sqlite3.Connection, root: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
     cursor = conn.execute(FAMILY_SQL, (root,))
     family = {r[0]: row_to_dict(cursor, r) for r in cursor.fetchall()}
     children: dict[str, list[str]] = {}
