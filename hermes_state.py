@@ -172,6 +172,7 @@ def _writes(
     kind: str = "write",
     *,
     spool: bool | tuple[str, str] = False,
+    like: Callable[..., Any] | None = None,
 ) -> Method[P, T]:
     """A SessionDB method that runs ``fn(conn, ...)`` through the write wrapper.
 
@@ -180,12 +181,13 @@ def _writes(
     :class:`StateDbCorruptError` names that file in ``spooled_to``. ``spool=True`` reads the
     ``session_id`` and ``messages`` parameters; a pair names them instead. Without a messages
     argument the call's own arguments (``**`` keywords flattened) are the one record.
+    ``like`` lends its parameters to a ``fn`` that takes ``*args, **kwargs`` and passes them on.
     """
-    signature = inspect.signature(fn)
+    signature = inspect.signature(like or fn)
     params = ("session_id", "messages") if spool is True else spool or ("", "")
     session_param, messages_param = params
 
-    @functools.wraps(fn)
+    @functools.wraps(like or fn)
     def method(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> T:
         # A retried transaction calls fn again: one-shot iterators must survive that.
         call_args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
@@ -210,7 +212,7 @@ def _writes(
                     exc.add_note(f"the transcript could not be spooled: {spool_error}")
             raise
 
-    method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
+    method.__signature__ = _method_signature(like or fn)  # type: ignore[attr-defined]
     return method
 
 
@@ -302,6 +304,7 @@ class SessionDB:
         self._helper: sqlite3.Connection | None = None
         self._rebuild_thread: threading.Thread | None = None
         self._stop_rebuild = threading.Event()
+        self._seen = messages.SeenThrough()
         if read_only:
             self._conn = self._open_read_only()
         else:
@@ -743,9 +746,21 @@ class SessionDB:
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
     stats = _reads(sessions.stats)
-    export_session = _reads(portability.export_session)
     export_all = _reads(portability.export_all)
-    export_session_lineage = _reads(portability.export_session_lineage)
+
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        """The session row plus ``messages`` (all generations, in order) and ``model_usage``."""
+        exported = self._read(lambda c: portability.export_session(c, session_id))
+        if exported is not None:
+            self._seen.saw(session_id, messages.newest_id(exported["messages"]))
+        return exported
+
+    def export_session_lineage(self, session_id: str) -> list[dict[str, Any]]:
+        """The whole lineage of ``session_id``, each session exported as by export_session."""
+        exported = self._read(lambda c: portability.export_session_lineage(c, session_id))
+        for session in exported:
+            self._seen.saw(session["id"], messages.newest_id(session["messages"]))
+        return exported
 
     def iter_export_jsonl(
         self,
@@ -791,10 +806,57 @@ class SessionDB:
 
     # --- messages -----------------------------------------------------------------------------
 
-    append_message = _writes(messages.append_message, "transcript", spool=True)
-    get_messages = _reads(messages.get_messages)
-    get_messages_as_conversation = _reads(messages.get_messages_as_conversation)
-    replace_messages = _writes(messages.replace_messages, "transcript", spool=True)
+    # What the handle reads and writes of a session is remembered (messages.SeenThrough): a
+    # rewrite given no seen_through_id never archives or deletes a row beyond it.
+    _append_located = _writes(
+        messages.append_located, "transcript", spool=True, like=messages.append_message
+    )
+    _replace_messages = _writes(messages.replace_messages, "transcript", spool=True)
+
+    @functools.wraps(_append_located)
+    def append_message(self, session_id: str, *args: Any, **kwargs: Any) -> int:
+        row_id, previous_id = self._append_located(session_id, *args, **kwargs)
+        self._seen.wrote(session_id, row_id, previous_id)
+        return row_id
+
+    def get_messages(
+        self,
+        session_id: str,
+        include_inactive: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Rows of a session in order (active generation only unless asked), every field
+        decoded."""
+        rows = self._read(lambda c: messages.get_messages(
+            c, session_id, include_inactive, limit, offset))
+        self._seen.saw(session_id, messages.newest_id(rows))
+        return rows
+
+    def get_messages_as_conversation(
+        self, session_id: str, include_ancestors: bool = False, include_row_ids: bool = False
+    ) -> list[dict[str, Any]]:
+        """The OpenAI-format replay list of the session's active rows; ``include_ancestors``
+        prepends its lineage, root first; ``_row_id`` on request."""
+        turns, newest = self._read(lambda c: messages.read_conversation(
+            c, session_id, include_ancestors, include_row_ids))
+        for read_id, newest_id in newest.items():
+            self._seen.saw(read_id, newest_id)
+        return turns
+
+    def replace_messages(
+        self,
+        session_id: str,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        seen_through_id: int | None = None,
+    ) -> list[int]:
+        """Replace the session's active generation (see hermes_state_messages.replace_messages);
+        with no ``seen_through_id``, the newest row this handle read or wrote is the bound."""
+        bound = self._seen.bound(session_id, seen_through_id)
+        ids = self._replace_messages(session_id, messages, seen_through_id=bound)
+        self._seen.rewrote(session_id, ids)
+        return ids
 
     # --- titles -------------------------------------------------------------------------------
 
@@ -842,9 +904,25 @@ class SessionDB:
 
     # --- compression --------------------------------------------------------------------------
 
-    archive_and_compact = _writes(
-        compression.archive_and_compact, "transcript", spool=("session_id", "compacted_messages")
+    _archive_generation = _writes(
+        compression.archive_generation, "transcript", spool=("session_id", "compacted_messages")
     )
+
+    def archive_and_compact(
+        self,
+        session_id: str,
+        compacted_messages: Iterable[Mapping[str, Any]],
+        *,
+        seen_through_id: int | None = None,
+    ) -> int:
+        """Compress the session in place (see hermes_state_compression.archive_and_compact);
+        with no ``seen_through_id``, the newest row this handle read or wrote is the bound.
+        Returns the number of rows of the new generation."""
+        bound = self._seen.bound(session_id, seen_through_id)
+        ids = self._archive_generation(session_id, compacted_messages, seen_through_id=bound)
+        self._seen.rewrote(session_id, ids)
+        return len(ids)
+
     publish_compression_child = _writes(
         compression.publish_compression_child, "transcript", spool=("child_session_id", "messages")
     )

@@ -6,12 +6,15 @@ parent with ``end_reason='compression'`` and publishes the child as its successo
 
 There are two ways to compress, each one transaction:
 
-* **In place** (:func:`archive_and_compact`): every active row of the session becomes the
-  archive (``active=0``) and the retained context is inserted again as the new active
+* **In place** (:func:`archive_and_compact`): every active row of the session the caller saw
+  becomes the archive (``active=0, compacted=1``; ``active=0, compacted=0`` is left for rows
+  rewound rather than compacted) and the retained context is inserted again as the new active
   generation, each row keeping the ``message_uid`` it carries. A protected message therefore
   exists twice, archived and live, with the same content and timestamp. That is correct and
   nothing may de-duplicate it: live reads and live duplicate checks look at ``active=1`` only,
-  the archive stays for export, audit and the exception-path owner lookup.
+  the archive stays for export, audit and the exception-path owner lookup. Rows appended
+  after the caller's read (above ``seen_through_id``, see ``hermes_state_messages``) are not
+  archived: they stay live, after the new generation.
 * **Split** (:func:`publish_compression_child`): the child is created with
   ``parent_session_id`` set, its messages are written, the parent is ended with
   ``end_reason='compression'`` and the child is published as the parent's
@@ -30,7 +33,8 @@ or when its holder string names a process that provably no longer exists: it con
 ``ProcessLookupError``. A live pid, a pid of another host, a pid we may not signal, or no pid
 at all proves nothing, and the lock is honoured until it expires. :func:`lock_holder_name`
 builds a holder string in that format. The functions here do not take the lock themselves:
-whoever compresses holds it around the work.
+whoever compresses holds it around the work. The lock keeps compressors apart, not appenders:
+``seen_through_id`` is what keeps a compression from archiving a turn appended meanwhile.
 """
 
 from __future__ import annotations
@@ -48,8 +52,11 @@ from hermes_state_common import now
 from hermes_state_errors import CompressionConflictError, SessionNotFoundError
 from hermes_state_messages import (
     RECOUNT_SQL,
+    check_bound,
     insert_message,
     message_fields,
+    put_back,
+    take_unseen,
     tool_call_count_of,
 )
 from hermes_state_sessions import (
@@ -70,6 +77,7 @@ __all__ = [
     "get_compression_lineage",
     "compression_ancestors",
     "archive_and_compact",
+    "archive_generation",
     "publish_compression_child",
     "lock_holder_name",
     "holder_is_gone",
@@ -169,7 +177,9 @@ def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[s
 
 # --- compression generations -----------------------------------------------------------------
 
-ARCHIVE_GENERATION_SQL = "UPDATE messages SET active = 0 WHERE session_id = ? AND active = 1"
+ARCHIVE_GENERATION_SQL = """
+UPDATE messages SET active = 0, compacted = 1 WHERE session_id = ? AND active = 1
+"""
 
 # Split compression: the parent ends by compression and forwards to its child.
 PUBLISH_SUCCESSOR_SQL = """
@@ -188,37 +198,65 @@ WHERE id = :child AND EXISTS (
 
 
 def _insert_generation(
-    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]], count: bool
-) -> tuple[int, int]:
-    """Insert ``messages`` as active rows keeping the uids they carry; (rows, tool calls)."""
-    rows = calls = 0
+    conn: sqlite3.Connection,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    count: bool,
+) -> tuple[list[int], int]:
+    """Insert message fields as active rows keeping the uids they carry; (ids, tool calls)."""
+    ids, calls = [], 0
     for message in messages:
         fields = message_fields(message)
         fields["active"] = True
-        insert_message(conn, session_id, fields, count=count)
-        rows += 1
+        ids.append(insert_message(conn, session_id, fields, count=count))
         calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
-    return rows, calls
+    return ids, calls
+
+
+def archive_generation(
+    conn: sqlite3.Connection,
+    session_id: str,
+    compacted_messages: Iterable[Mapping[str, Any]],
+    *,
+    seen_through_id: int | None = None,
+) -> list[int]:
+    """:func:`archive_and_compact`, returning the ids of the new generation's rows."""
+    bound = check_bound(seen_through_id)
+    require_session(conn, session_id)
+    generation = [message_fields(message) for message in compacted_messages]
+    unseen = take_unseen(conn, session_id, bound, generation)
+    conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
+    ids, calls = _insert_generation(conn, session_id, generation, count=False)
+    kept, kept_calls = put_back(conn, unseen)
+    conn.execute(RECOUNT_SQL, (len(ids) + kept, calls + kept_calls, session_id))
+    lift_auto_archive(conn, session_id)
+    return ids
 
 
 def archive_and_compact(
-    conn: sqlite3.Connection, session_id: str, compacted_messages: Iterable[Mapping[str, Any]]
+    conn: sqlite3.Connection,
+    session_id: str,
+    compacted_messages: Iterable[Mapping[str, Any]],
+    *,
+    seen_through_id: int | None = None,
 ) -> int:
     """Compress a session in place (the caller's transaction); returns the number of rows
     inserted as the new active generation, i.e. ``len(compacted_messages)``.
 
-    Every active row becomes ``active=0``; each of ``compacted_messages`` (append, export or
-    replay format) is inserted as an ``active=1`` row keeping the ``message_uid``,
-    ``tool_call_uids`` and timestamp it carries, so protected messages legitimately appear in
-    both generations. Earlier archives are left alone. The session's counters describe the
-    new active generation, as after :func:`~hermes_state_messages.replace_messages`.
+    Every active row the caller saw becomes ``active=0, compacted=1``: those up to
+    ``seen_through_id`` (the newest row of the session the caller read; None covers every
+    row present) and any above it whose ``message_uid`` is among ``compacted_messages``. Each
+    of ``compacted_messages`` (append, export or replay format) is inserted as an
+    ``active=1`` row keeping the ``message_uid``, ``tool_call_uids`` and timestamp it
+    carries, so protected messages legitimately appear in both generations. The other rows
+    above the bound were appended after the caller's read: they stay live, after the new
+    generation, every column kept (see ``hermes_state_messages``). Earlier archives are left
+    alone. The session's counters describe the live rows, as after
+    :func:`~hermes_state_messages.replace_messages`.
     """
-    require_session(conn, session_id)
-    conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
-    rows, calls = _insert_generation(conn, session_id, compacted_messages, count=False)
-    conn.execute(RECOUNT_SQL, (rows, calls, session_id))
-    lift_auto_archive(conn, session_id)
-    return rows
+    return len(archive_generation(
+        conn, session_id, compacted_messages, seen_through_id=seen_through_id
+    ))
 
 
 def publish_compression_child(

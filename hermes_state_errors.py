@@ -24,6 +24,7 @@ __all__ = [
     "StateDbUnavailableError",
     "StateDbReplacedError",
     "StateDbInUseError",
+    "InvalidInputError",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -169,6 +170,10 @@ class StateDbInUseError(HermesStateError):
         super().__init__(message)
         self.path = path
         self.holders = list(holders)
+
+
+class InvalidInputError(HermesStateError, ValueError):
+    """An argument of the wrong kind was refused before anything was written."""
 
 
 class UnsafePathError(HermesStateError, ValueError):

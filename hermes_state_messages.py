@@ -14,6 +14,23 @@
 * :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
   bytes sent differ from ``content``; each turn carries its ``message_uid`` and the runtime
   ``_``-keys; display metadata stays out.
+
+**What the caller saw.** Rewriting a session's live rows (:func:`replace_messages` here,
+``archive_and_compact`` in ``hermes_state_compression``) is done by a caller that read the
+session and built the new rows from what it read, while other processes may go on appending:
+the compression lock does not exclude appends. So a rewrite takes ``seen_through_id``, the id
+of the newest row of the session the caller read, and never archives or deletes a live row
+above it. Ids are issued in commit order (``AUTOINCREMENT``, one writer at a time), so every
+row at or below the newest row a read returned already existed when it read; a row above it
+was appended after. A row above the bound whose ``message_uid`` the caller writes again is one
+it knows, and counts as seen. Every other row above the bound stays live after the new rows:
+:func:`take_unseen` lifts it out (every column but ``id``) before the rewrite and
+:func:`put_back` inserts it again afterwards, in its order, so it keeps its ``message_uid``,
+timestamp, tool-call uids and flags and only its physical id changes (as any copy's does), and
+the FTS triggers follow both steps. ``None`` means the caller vouches for every row present.
+
+:class:`SeenThrough` is what a handle remembers when its caller passes no bound: per session,
+the newest id it read or wrote (see the class).
 """
 
 from __future__ import annotations
@@ -21,22 +38,34 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
 from hermes_state_common import clean_optional, decode_json, encode_json, now
-from hermes_state_errors import SessionNotFoundError
+from hermes_state_errors import InvalidInputError, SessionNotFoundError
 from hermes_state_sessions import lift_auto_archive, session_ancestors
 
 __all__ = [
     "MESSAGE_FIELDS",
     "JSON_FIELDS",
+    "RECOUNT_SQL",
+    "SEEN_SESSIONS",
+    "SeenThrough",
     "insert_message",
     "append_message",
+    "append_located",
     "get_messages",
+    "newest_id",
     "get_messages_as_conversation",
+    "read_conversation",
+    "message_fields",
+    "check_bound",
+    "take_unseen",
+    "put_back",
     "replace_messages",
     "tool_call_count_of",
 ]
@@ -288,6 +317,22 @@ def append_message(
     return row_id
 
 
+# The session's row just before a given one, whatever its generation.
+PREVIOUS_ROW_SQL = """
+SELECT id FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT 1
+"""
+
+
+def append_located(
+    conn: sqlite3.Connection, session_id: str, *args: Any, **kwargs: Any
+) -> tuple[int, int | None]:
+    """:func:`append_message` (same arguments), and the id of the session's row just before
+    the new one (None for its first row), read in the same transaction."""
+    row_id = append_message(conn, session_id, *args, **kwargs)
+    previous = conn.execute(PREVIOUS_ROW_SQL, (session_id, row_id)).fetchone()
+    return row_id, None if previous is None else int(previous[0])
+
+
 # --- reading ---------------------------------------------------------------------------------
 
 _READ_COLUMNS = ("id", "session_id", *MESSAGE_FIELDS)
@@ -320,6 +365,11 @@ def get_messages(
     return [row_to_message(r) for r in rows]
 
 
+def newest_id(rows: Iterable[Mapping[str, Any]]) -> int:
+    """The newest ``id`` among message rows (0 for none): what a read of them has seen."""
+    return max((int(r["id"]) for r in rows), default=0)
+
+
 CONVERSATION_SQL = """
 SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, finish_reason,
        reasoning, reasoning_content, reasoning_details, codex_reasoning_items,
@@ -336,6 +386,17 @@ def get_messages_as_conversation(
 ) -> list[dict[str, Any]]:
     """The OpenAI-format replay list of the session's active rows (see the module docstring);
     ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
+    return read_conversation(conn, session_id, include_ancestors, include_row_ids)[0]
+
+
+def read_conversation(
+    conn: sqlite3.Connection,
+    session_id: str,
+    include_ancestors: bool = False,
+    include_row_ids: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """:func:`get_messages_as_conversation`, and the newest row id it returned of each session
+    it read (0 for none)."""
     ids = [session_id]
     if include_ancestors:
         ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
@@ -344,12 +405,15 @@ def get_messages_as_conversation(
 
 def conversation(
     conn: sqlite3.Connection, session_ids: Iterable[str], *, include_row_ids: bool = False
-) -> list[dict[str, Any]]:
-    """The OpenAI-format replay list of the sessions' active rows, in the order given."""
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The OpenAI-format replay list of the sessions' active rows, in the order given, and
+    the newest row id it holds of each session (0 for none)."""
     out: list[dict[str, Any]] = []
+    newest: dict[str, int] = {}
     for session_id in session_ids:
         caller_uids: dict[str, Any] = {}
         seen_results: dict[str, int] = {}
+        newest[session_id] = 0
         for (
             row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
             finish_reason, reasoning, reasoning_content, reasoning_details,
@@ -395,8 +459,9 @@ def conversation(
                 turn["_tool_call_uid"] = call_uid
             if include_row_ids:
                 turn["_row_id"] = row_id
+            newest[session_id] = row_id
             out.append(turn)
-    return out
+    return out, newest
 
 
 # --- rewriting -------------------------------------------------------------------------------
@@ -426,26 +491,171 @@ RECOUNT_SQL = """
 UPDATE sessions SET message_count = ?, tool_call_count = ? WHERE id = ?
 """
 
+# SQLite's largest row id: a bound at or above it covers every row.
+_MAX_ROW_ID = 2**63 - 1
+
+
+def check_bound(seen_through_id: object) -> int | None:
+    """``seen_through_id`` as a rewrite uses it: None, or an int within SQLite's range (a
+    bound beyond every row is the same as the largest id, one below every row the same as
+    -1). Anything else — a bool, a float, a numeric string — is refused."""
+    if seen_through_id is None:
+        return None
+    if isinstance(seen_through_id, bool) or not isinstance(seen_through_id, int):
+        raise InvalidInputError(
+            f"seen_through_id must be a message id (int) or None, "
+            f"got {type(seen_through_id).__name__}"
+        )
+    return min(max(seen_through_id, -1), _MAX_ROW_ID)
+
+
+# The live rows above a bound, oldest first: the id, then every other column.
+UNSEEN_ROWS_SQL = f"""
+SELECT id, {', '.join(_COLUMNS)} FROM messages
+WHERE session_id = ? AND active = 1 AND id > ? ORDER BY id
+"""
+DELETE_ROW_SQL = "DELETE FROM messages WHERE id = ?"
+_UID_COLUMN = _COLUMNS.index("message_uid")
+_ROLE_COLUMN = _COLUMNS.index("role")
+_TOOL_CALLS_COLUMN = _COLUMNS.index("tool_calls")
+
+
+def take_unseen(
+    conn: sqlite3.Connection,
+    session_id: str,
+    seen_through_id: int | None,
+    written: Iterable[Mapping[str, Any]],
+) -> list[tuple[Any, ...]]:
+    """Lift out the live rows of a session the caller did not see (the caller's transaction):
+    those above ``seen_through_id`` (already checked) whose ``message_uid`` is not among the
+    ``written`` message fields. Returns them, every column but ``id``, oldest first, for
+    :func:`put_back`; deleting them fires the FTS triggers as any delete does."""
+    if seen_through_id is None:
+        return []
+    known = {fields.get("message_uid") for fields in written} - {None}
+    unseen = []
+    for row_id, *values in conn.execute(UNSEEN_ROWS_SQL, (session_id, seen_through_id)).fetchall():
+        if values[_UID_COLUMN] in known:
+            continue  # the caller writes it again: it saw this one
+        conn.execute(DELETE_ROW_SQL, (row_id,))
+        unseen.append(tuple(values))
+    return unseen
+
+
+def put_back(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> tuple[int, int]:
+    """Insert rows from :func:`take_unseen` again, in order, column for column (so after every
+    row written since they were taken); returns (rows, tool calls they make)."""
+    count = calls = 0
+    for values in rows:
+        conn.execute(INSERT_MESSAGE_SQL, values)
+        count += 1
+        calls += tool_call_count_of(
+            values[_ROLE_COLUMN], decode_json(values[_TOOL_CALLS_COLUMN])
+        )
+    return count, calls
+
 
 def replace_messages(
-    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]]
+    conn: sqlite3.Connection,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    seen_through_id: int | None = None,
 ) -> list[int]:
-    """Replace the active generation of a session (the caller's transaction).
+    """Replace the active generation of a session (the caller's transaction); returns the ids
+    of the rows written for ``messages``, in order.
 
     Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
-    given); archived generations are left alone. The counters are recomputed from the active
-    rows, as appending would have left them; rows given with ``active=False`` join the archive
-    and count for nothing.
+    given); archived generations are left alone. Live rows the caller did not see — above
+    ``seen_through_id``, their uid not among ``messages`` — are not deleted: they stay live
+    after the new rows (see the module docstring); None covers every row present. The
+    counters are recomputed from the live rows, as appending would have left them; rows given
+    with ``active=False`` join the archive and count for nothing.
     """
+    bound = check_bound(seen_through_id)
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
+    given = [message_fields(message) for message in messages]
+    unseen = take_unseen(conn, session_id, bound, given)
     conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
     ids, active, calls = [], 0, 0
-    for message in messages:
-        fields = message_fields(message)
+    for fields in given:
         ids.append(insert_message(conn, session_id, fields, count=False))
         if fields.get("active") is None or fields.get("active"):
             active += 1
             calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
-    conn.execute(RECOUNT_SQL, (active, calls, session_id))
+    kept, kept_calls = put_back(conn, unseen)
+    conn.execute(RECOUNT_SQL, (active + kept, calls + kept_calls, session_id))
     return ids
+
+
+# --- what a handle has seen ------------------------------------------------------------------
+
+#: How many sessions a handle remembers a bound for (least recently used ones are forgotten).
+SEEN_SESSIONS = 4096
+
+
+class SeenThrough:
+    """Per session, the newest message id one handle has seen: the bound its rewrites use when
+    the caller passes none. Thread-safe; remembers at most ``capacity`` sessions (default
+    :data:`SEEN_SESSIONS`), forgetting the least recently used.
+
+    A read that returned the session's rows raises the bound to the newest id among them (a
+    read that returned none records 0: "nothing seen"); an older read never lowers it. A row
+    the handle writes itself raises it to that row only when the session's row before it is
+    already within the bound — a row someone else appended in between stays unseen, and so
+    does every later row of the handle's own until it reads again (a rewrite that writes them
+    again by uid still counts them as seen). A handle's first write of a session it never
+    read vouches for everything before it. A rewrite raises it to the newest row it wrote,
+    never over the rows it kept live above them.
+
+    A session the handle has neither read nor written (or has forgotten) has no bound: the
+    rewrite then covers every row present, as the caller vouches for the whole session. Two
+    threads sharing one handle share its bounds; one that rewrites from its own read should
+    pass ``seen_through_id`` explicitly, or another thread's later read covers rows it never
+    saw.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = SEEN_SESSIONS if capacity is None else capacity
+        self._lock = threading.Lock()
+        self._newest: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._newest)
+
+    def bound(self, session_id: str, given: int | None = None) -> int | None:
+        """The bound of a rewrite of ``session_id``: ``given`` when the caller passed one, else
+        the remembered one; None when there is neither."""
+        if given is not None:
+            return given
+        with self._lock:
+            newest = self._newest.get(session_id)
+            if newest is not None:
+                self._newest.move_to_end(session_id)
+            return newest
+
+    def saw(self, session_id: str, newest: int) -> None:
+        """A read returned the session's rows through id ``newest`` (0: none)."""
+        with self._lock:
+            self._keep(session_id, max(newest, self._newest.get(session_id, newest)))
+
+    def wrote(self, session_id: str, row_id: int, previous_id: int | None) -> None:
+        """The handle wrote row ``row_id``; ``previous_id`` is the session's row before it."""
+        with self._lock:
+            newest = self._newest.get(session_id)
+            if newest is None:
+                self._keep(session_id, row_id)
+            elif previous_id is None or previous_id <= newest:
+                self._keep(session_id, max(row_id, newest))
+
+    def rewrote(self, session_id: str, row_ids: Sequence[int]) -> None:
+        """A rewrite wrote ``row_ids``; every live row below the newest of them is its own."""
+        if row_ids:
+            self.saw(session_id, max(row_ids))
+
+    def _keep(self, session_id: str, newest: int) -> None:
+        self._newest[session_id] = newest
+        self._newest.move_to_end(session_id)
+        while len(self._newest) > self.capacity:
+            self._newest.popitem(last=False)
