@@ -846,6 +846,10 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
     return sqlite3.connect(work, isolation_level=None, check_same_thread=False)
 
 
+# A private copy has no other writer to make wait: bigger chunks than a live rebuild's.
+_REBUILD_CHUNK_ROWS = 5000
+
+
 def _rebuild_indexes(
     conn: sqlite3.Connection, progress: Progress, *, defer: bool = False
 ) -> None:
@@ -862,10 +866,10 @@ def _rebuild_indexes(
     done = 0
     while True:
         with transaction(conn):
-            left = fts.rebuild_chunk(conn, 5000)
-        if not left:
+            step = fts.rebuild_chunk(conn, _REBUILD_CHUNK_ROWS)
+        if step is None or step.finished:
             break
-        done = total - left
+        done += step.indexed
         progress("rebuilding FTS", done, total)
     progress("rebuilding FTS", total, total)
 

@@ -237,7 +237,8 @@ def test_a_chunked_rebuild_misses_nothing_and_indexes_nothing_twice(
     rebuilder = raw(db_path)
     other = raw(db_path)
     with common.transaction(rebuilder):
-        high_water = fts.start_rebuild(rebuilder)
+        assert fts.start_rebuild(rebuilder) == 60
+    high_water = fts.index_state(rebuilder).high_water
     assert high_water == 60
     deleted: set[int] = set()
 
@@ -246,8 +247,8 @@ def test_a_chunked_rebuild_misses_nothing_and_indexes_nothing_twice(
             versions[row] += 1
             update_row(db_path, row, content=text(row))
 
-    remaining: int | None = high_water
-    while remaining:
+    finished = False
+    while not finished:
         progress = fts.index_state(rebuilder).progress or 0
         touch(progress)  # already indexed
         touch(progress + 3)  # not reached yet
@@ -261,7 +262,9 @@ def test_a_chunked_rebuild_misses_nothing_and_indexes_nothing_twice(
         live = max(r for r in versions if r not in deleted)
         assert ids(db.search_messages(token(live, versions[live]))) == [live]
         with common.transaction(rebuilder):
-            remaining = fts.rebuild_chunk(rebuilder, chunk_rows=7)
+            step = fts.rebuild_chunk(rebuilder, chunk_rows=7)
+        assert step is not None
+        finished = step.finished
     rebuilder.close()
     other.close()
 
@@ -415,7 +418,7 @@ def test_a_rebuild_cut_short_is_finished_by_the_next_open(db: SessionDB, db_path
     with common.transaction(rebuilder):
         fts.start_rebuild(rebuilder)
     with common.transaction(rebuilder):
-        assert fts.rebuild_chunk(rebuilder, chunk_rows=10) == 40
+        assert fts.rebuild_chunk(rebuilder, chunk_rows=10) == fts.RebuildStep(10, False)
     rebuilder.close()  # as if the process rebuilding had died
 
     with SessionDB(db_path) as reopened:
