@@ -305,14 +305,15 @@ class SessionDB:
     # --- opening ------------------------------------------------------------------------------
 
     def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
-        """Every connection of the handle (its own, the checkpoint helper, the close guard).
+        """Every connection of the handle (its own, the checkpoint helper, the close guard,
+        the snapshot reader), configured by ``common.configure_connection``.
 
         Inside the WAL-reset bug range none of them ever checkpoints on its own: automatic
         checkpoints are off from the first statement (the setting touches no file)."""
         uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
-        conn = sqlite3.connect(
+        conn = common.configure_connection(sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-        )
+        ))
         if self.wal_reset_exposed:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn

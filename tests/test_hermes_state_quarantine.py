@@ -15,16 +15,20 @@ process — under this interpreter, and under Python 3.12 when one can be found 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import sqlite3
 import stat
+import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from conftest import file_state, leave_committed_wal, overwrite, subprocess_env,
 
 import hermes_state_common as common
 import hermes_state_fts as fts
+import hermes_state_portability as portability
 from hermes_state import SessionDB, StateDbCorruptError, StateDbUnavailableError, UnsafePathError
 from hermes_state_errors import SQLITE_CORRUPT, SQLITE_CORRUPT_VTAB, SQLITE_NOTADB
 
@@ -536,3 +541,92 @@ def run_child(
 def test_the_interpreter_search_is_generic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
     assert find_python312() is None  # nothing on PATH: nothing found, no hard-coded path
+
+
+# ---------------------------------------------------------------------------------------------
+# cell_size_check: random bytes in leaf cells are met before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def scramble_cells(db_path: Path, pages: list[int], seed: int) -> None:
+    """Random bytes over the cell content area of each page of the closed file: the page
+    header and its cell pointers are left as they were, so the page still looks well formed."""
+    rng = random.Random(seed)
+    with open(db_path, "r+b") as f:
+        for page in pages:
+            f.seek((page - 1) * PAGE)
+            head = f.read(8)
+            content_start = struct.unpack(">H", head[5:7])[0] or 65536
+            assert 8 < content_start < PAGE
+            f.seek((page - 1) * PAGE + content_start)
+            f.write(rng.randbytes(PAGE - content_start))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_bytes_in_leaf_cells_quarantine_the_first_append(
+    db_path: Path, interpreter: Interpreter, seed: int
+) -> None:
+    make_store(db_path)
+    leave_committed_wal(db_path)
+    scramble_cells(db_path, table_pages(db_path, "messages", "leaf"), seed)
+    before = file_state(db_path)
+    report, at_first_refusal, at_exit = run_child(interpreter, db_path, "closed")
+    assert report["first"] & 0xFF == SQLITE_CORRUPT
+    assert report["second"] == SQLITE_CORRUPT
+    assert before == at_first_refusal == at_exit
+
+
+# Every statement each connection the library opens runs, by connection: while active,
+# sqlite3.connect is wrapped so that each new (real) connection reports to a trace callback.
+Opened = list[tuple[str, list[str]]]
+
+
+@contextlib.contextmanager
+def tracing_connections(seen: Opened) -> Iterator[None]:
+    connect = sqlite3.connect
+
+    def traced(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(database, *args, **kwargs)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        seen.append((str(database), statements))
+        return conn
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite3, "connect", traced)
+        yield
+
+
+def test_every_connection_on_a_file_checks_cell_sizes_first(
+    db_path: Path, hermes_home: Path
+) -> None:
+    damaged = hermes_home / "damaged" / "state.db"
+    make_store(damaged, messages=50)
+    damage_last_messages_leaf(damaged)
+    opened: Opened = []
+    with tracing_connections(opened):
+        with SessionDB(db_path) as db:
+            db.create_session("s", "cli")
+            db.append_message("s", "user", "hello quokka")
+            db.checkpoint()  # the helper connection, inside the WAL-reset range
+            stream = "".join(db.iter_export_jsonl())  # the snapshot reader
+        with SessionDB(db_path, read_only=True) as reader:
+            reader.get_session("s")
+        backup = portability.backup_state_db(db_path)
+        portability.repair_state_db(db_path, check_only=True)
+        with SessionDB(db_path) as db:
+            db._write(fts.detach_index)  # a stale index, for the repair to work on
+        portability.repair_state_db(db_path)
+        portability.restore_state_db(backup, db_path)
+        portability.recover_state_db(db_path, hermes_home / "recovered.db")
+        with SessionDB(hermes_home / "imported.db") as other:
+            other.import_jsonl(io.StringIO(stream))
+        with SessionDB(damaged) as victim:  # the quarantine opens the close guard
+            with pytest.raises(StateDbCorruptError):
+                victim.append_message("s", "user", "x")
+
+    on_files = [(name, run) for name, run in opened if name != ":memory:"]
+    assert len(on_files) > 15
+    for name, statements in on_files:
+        assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
