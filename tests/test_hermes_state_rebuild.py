@@ -16,12 +16,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from conftest import subprocess_env
