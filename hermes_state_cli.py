@@ -512,8 +512,8 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
         report["notes"].append(
-            f"an FTS rebuild is under way ({fts['rebuild_progress']}/{fts['rebuild_high_water']});"
-            " the next writable open continues it")
+            f"an FTS rebuild is under way (indexed up to message id {fts['rebuild_progress']} "
+            f"of {fts['rebuild_high_water']}); the next writable open continues it")
 
 
 def _doctor_quarantine(
