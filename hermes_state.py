@@ -24,18 +24,24 @@ Write discipline (one place, :meth:`SessionDB._write`):
 
 Quarantine. Plain ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` (not FTS-only), met by a write, a read
 or the open itself, raises :class:`StateDbCorruptError` at once (no retry) and quarantines the
-file for the rest of the process: that handle, every other handle of the process on the file
-and every handle opened on it later refuse writes without touching the file (transcript
-writes spool to ``<home>/sessions/<id>.jsonl`` instead); nothing rebuilds an FTS index of a
-file whose record fails ``quick_check``; ``close()`` skips its checkpoint. SQLite's own
-checkpoint, run by the last connection to close, is kept from copying the ``-wal`` into the
-damaged file by ``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`` on every connection of the handle (Python
-≥ 3.12) and, on every Python, by a read-only connection the process keeps open on the file
-until it exits (while it is open no other connection of the process closes last; a read-only
-connection cannot checkpoint; at exit, handles still open close before it). Not covered:
+file: that handle, every other handle of the process on the file and every handle opened on it
+later refuse writes without touching the file (transcript writes spool to
+``<home>/sessions/<id>.jsonl`` instead); nothing rebuilds an FTS index of a file whose record
+fails ``quick_check``; ``close()`` skips its checkpoint. The first quarantine of a file in a
+process also writes a durable marker beside it (``hermes_state_quarantine``), so every later
+writable open, in any process, starts out quarantined the same way until the marker is
+cleared (after the file is mended or replaced). SQLite's own checkpoint, run by the last
+connection to close, is kept from copying the ``-wal`` into the damaged file by
+``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`` on every connection of the handle (Python ≥ 3.12) and, on
+every Python, by a read-only connection the process keeps open on the file until it exits
+(while it is open no other connection of the process closes last; a read-only connection
+cannot checkpoint; at exit, handles still open close before it). Every connection checks cell
+sizes (``cell_size_check``), so random bytes in a leaf are met as corruption before an append
+writes around them. Not covered:
 
-* other processes — quarantine is per process: one that has not met the damage itself goes on
-  writing and checkpointing (a restart on a repaired or restored file is the cure);
+* other processes that already had the file open when it was quarantined: the marker is read
+  when a store is opened, so one that has not met the damage itself goes on writing and
+  checkpointing until it is restarted;
 * connections this library did not open: an ``sqlite3`` connection the application left open
   on the file may be the last to close at exit, and it checkpoints;
 * on Python 3.11, where that read-only connection is the only protection, a guard that could
@@ -71,6 +77,7 @@ import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
+import hermes_state_quarantine as quarantine
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
@@ -228,9 +235,9 @@ def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[st
 
 # The files this process has quarantined, by (device, inode): the error that proved each one
 # corrupt and its close guard, a read-only connection kept open until the process exits (see
-# SessionDB._quarantine). Quarantine is per process: a later writable handle on the same file
-# starts out quarantined, without writing anything, until the process restarts (on a repaired
-# or restored file, which is a new inode; the guard keeps the old inode from being reused).
+# SessionDB._quarantine). A later writable handle on the same file starts out quarantined,
+# without writing anything, for the rest of the process (the guard keeps the inode from being
+# reused); across processes the marker of hermes_state_quarantine does the same.
 # Guarded by _OPEN_LOCK.
 _QUARANTINED_FILES: dict[tuple[int, int], tuple[BaseException, sqlite3.Connection | None]] = {}
 # The open writable handles of this process (added under _OPEN_LOCK).
@@ -254,6 +261,16 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def _earlier_quarantine(path: Path) -> BaseException | None:
+    """The quarantine a new writable handle on ``path`` inherits: this process's (the error
+    that proved the file corrupt), else an earlier process's marker. Under _OPEN_LOCK."""
+    file_id = _file_identity(path)
+    earlier = None if file_id is None else _QUARANTINED_FILES.get(file_id)
+    if earlier is not None:
+        return earlier[0]
+    return quarantine.earlier_quarantine(path)
 
 
 # Switches off automatic checkpoints for one connection (no file is read or written).
@@ -315,14 +332,15 @@ class SessionDB:
     # --- opening ------------------------------------------------------------------------------
 
     def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
-        """Every connection of the handle (its own, the checkpoint helper, the close guard).
+        """Every connection of the handle (its own, the checkpoint helper, the close guard,
+        the snapshot reader), configured by ``common.configure_connection``.
 
         Inside the WAL-reset bug range none of them ever checkpoints on its own: automatic
         checkpoints are off from the first statement (the setting touches no file)."""
         uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
-        conn = sqlite3.connect(
+        conn = common.configure_connection(sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-        )
+        ))
         if self.wal_reset_exposed:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
@@ -335,8 +353,7 @@ class SessionDB:
                     f"{self.path} is empty but its -wal is not: the file was truncated",
                     path=self.path,
                 )
-            file_id = _file_identity(self.path)
-            earlier = None if file_id is None else _QUARANTINED_FILES.get(file_id)
+            earlier = _earlier_quarantine(self.path)
             if earlier is None:
                 common.prepare_db_file(self.path)
             self._file_id = _file_identity(self.path)
@@ -344,8 +361,8 @@ class SessionDB:
             _LIVE_HANDLES.add(self)
         if earlier is not None:
             # Born quarantined: it reads, spools what it cannot write, and never writes.
-            logger.warning("%s was quarantined earlier in this process; no writes", self.path)
-            self._quarantine(earlier[0])
+            logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)
+            self._quarantine(earlier)
             return self._conn
         try:
             self._write(self._configure_writable, transactional=False)
@@ -524,6 +541,8 @@ class SessionDB:
         SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE (Python ≥ 3.12), and the process keeps a read-only
         connection on the file until it exits: while it is open no other connection of the
         process is the last one, and a read-only connection cannot checkpoint when it closes.
+        The first quarantine of the file in the process declares it (the log lines and the
+        durable marker that later processes start out quarantined from).
         """
         with self._lock:
             if self._quarantined is not None:
@@ -537,10 +556,7 @@ class SessionDB:
                 with _OPEN_LOCK:
                     if self._file_id not in _QUARANTINED_FILES:
                         _QUARANTINED_FILES[self._file_id] = (exc, self._open_close_guard())
-                        logger.error("quarantining %s after corruption: %s", self.path, exc)
-                        common.append_error_log(
-                            f"database quarantined: {self.path}: {exc}", self.profile_home
-                        )
+                        quarantine.declare(self.path, exc, self.profile_home)
 
     def _open_close_guard(self) -> sqlite3.Connection | None:
         """A read-only connection that has read the file, so it holds SQLite's shared lock on

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import hermes_state_common as common
+import hermes_state_quarantine as quarantine
 from hermes_state import (
     SessionDB,
     backup_state_db,
@@ -484,13 +485,19 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         problems.append(f"store damaged: {exc}")
         nxt.append(_recover_hint(path))
         return
-    with db:
-        report["schema_version"] = db._read(lambda c: c.execute(
-            "SELECT version FROM schema_version").fetchone()[0])
-        report["journal_mode"] = db._read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
-        report["quick_check"] = db._read(
-            lambda c: [r[0] for r in c.execute("PRAGMA quick_check").fetchall()])
-        report["fts"] = db.fts_status()
+    try:
+        with db:
+            report["schema_version"] = db._read(lambda c: c.execute(
+                "SELECT version FROM schema_version").fetchone()[0])
+            report["journal_mode"] = db._read(
+                lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
+            report["quick_check"] = db._read(
+                lambda c: [r[0] for r in c.execute("PRAGMA quick_check").fetchall()])
+            report["fts"] = db.fts_status()
+    except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
+        problems.append(f"store damaged: {exc}")
+        nxt.append(_recover_hint(path))
+        return
     if report["quick_check"] != ["ok"]:
         problems.append("quick_check: " + "; ".join(report["quick_check"][:3]))
         nxt.append(_recover_hint(path))
@@ -505,11 +512,40 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
         report["notes"].append(
-            f"an FTS rebuild is under way ({fts['rebuild_progress']}/{fts['rebuild_high_water']});"
-            " the next writable open continues it")
+            f"an FTS rebuild is under way (indexed up to message id {fts['rebuild_progress']} "
+            f"of {fts['rebuild_high_water']}); the next writable open continues it")
+
+
+def _doctor_quarantine(
+    path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> None:
+    marker = quarantine.read_marker(path)
+    report["quarantine"] = marker
+    if marker is None:
+        return
+    problems.append(f"quarantined {quarantine.describe_marker(marker)}: every writable open "
+                    f"refuses writes (marker {marker['path']})")
+    nxt.append(_recover_hint(path))
+    nxt.append(f"once the file is mended in place (restore, repair) and checks clean: "
+               f"{STOP_OWNER}; `{PROG} --db {path} doctor --clear-quarantine`")
+
+
+def cmd_clear_quarantine(args: argparse.Namespace) -> int:
+    path = _resolve_db(args)
+    cleared = quarantine.clear_quarantine(path)
+    if args.json:
+        _print_json({"database": str(path), "cleared": cleared})
+    elif cleared is None:
+        print(f"{path} is not quarantined")
+    else:
+        print(f"quarantine of {path} cleared (it was quarantined "
+              f"{quarantine.describe_marker(cleared)})")
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.clear_quarantine:
+        return cmd_clear_quarantine(args)
     path = _resolve_db(args)
     report: dict[str, Any] = {
         "home": common.display_hermes_home(path.parent),
@@ -527,6 +563,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"SQLite {sqlite3.sqlite_version} is inside the WAL-reset bug range (fixed in "
             "3.51.3, 3.50.7, 3.44.6): automatic checkpoints are off and only a writer holding "
             "the write lock checkpoints; upgrading SQLite removes the exposure")
+    _doctor_quarantine(path, report, problems, nxt)
     _doctor_store(path, report, problems, nxt)
     if args.full and "unavailable" not in report:
         health = repair_state_db(path, check_only=True)
@@ -542,7 +579,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         for key in ("home", "database", "sqlite_version", "wal_reset_exposed", "files",
-                    "schema_version", "journal_mode", "quick_check", "fts", "in_use_by"):
+                    "quarantine", "schema_version", "journal_mode", "quick_check", "fts",
+                    "in_use_by"):
             if key in report:
                 print(f"{key}: {report[key]}")
         for note in report["notes"]:
@@ -658,8 +696,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-only", action="store_true", help="report health; change nothing")
     p.add_argument("--no-backup", action="store_true", help="skip the safety snapshot")
 
-    p = command(sub, "doctor", cmd_doctor, "health, WAL-reset exposure and what to run next")
+    p = command(sub, "doctor", cmd_doctor,
+                "health, quarantine, WAL-reset exposure and what to run next")
     p.add_argument("--full", action="store_true", help="also run the FTS integrity checks")
+    p.add_argument(
+        "--clear-quarantine", action="store_true",
+        help="remove the quarantine marker once the file is mended in place, so writable opens "
+             "write again; refused while any other process has the database open (stop them "
+             "first: each keeps its own quarantine until it exits) and while PRAGMA "
+             "integrity_check of the file finds anything (recover or restore instead)")
 
     p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
     p.add_argument("--output", "-o", help="snapshot file (default: <home>/state-snapshots/)")

@@ -17,7 +17,10 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   it started) and ``fts_rebuild_progress`` (the last id indexed) gate the triggers, so rows the
   rebuild has not reached yet are left to it, rows it has passed and rows newer than the high
   water are kept in sync by the triggers: nothing is indexed twice or missed, even with other
-  writers running meanwhile. Only a writable open that holds the cross-process admission lock
+  writers running meanwhile. A chunk is the next :data:`REBUILD_CHUNK_ROWS` existing rows above
+  the progress marker (a keyset over the ids, never a fixed span of ids), so a rebuild costs
+  the rows there are, however sparse the ids: one bogus id near 2^40 adds one row, not half a
+  billion empty chunks. Only a writable open that holds the cross-process admission lock
   and sees no other process on the database starts one. An index so damaged that FTS5 cannot
   open it any more (its structure record lost) is first reset through its shadow tables; one
   damaged below FTS5, in the b-trees of those tables, cannot be rebuilt in place and stays
@@ -306,7 +309,7 @@ def _empty_index(conn: sqlite3.Connection, table: str) -> None:
 
 def start_rebuild(conn: sqlite3.Connection) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
-    transaction). Returns the high water: the rows the chunks must index (0: nothing to do).
+    transaction). Returns the number of rows the chunks must index (0: nothing to do).
 
     An index too damaged for FTS5 to open is reset from its shadow tables first."""
     for table in FTS_TABLES:
@@ -314,15 +317,24 @@ def start_rebuild(conn: sqlite3.Connection) -> int:
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)
-    high_water = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
-    if high_water:
+    high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
+    if rows:
         set_meta(conn, HIGH_WATER_KEY, high_water)
         set_meta(conn, PROGRESS_KEY, 0)
     else:
         _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
-    return int(high_water)
+    return int(rows)
 
 
+# What a rebuild starting now must index: everything up to the highest id, and how many rows.
+REBUILD_EXTENT_SQL = "SELECT COALESCE(MAX(id), 0), COUNT(*) FROM messages"
+# The end of the next chunk: the id of the n-th existing row above the progress marker, or of
+# the last one below the high water when fewer are left (a seek and n steps along the rowids).
+CHUNK_END_SQL = """
+SELECT MAX(id), COUNT(*) FROM (
+    SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?
+)
+"""
 REBUILD_ROWS_SQL = """
 SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
 """
@@ -336,18 +348,35 @@ INSERT INTO messages_fts_cjk(rowid, search_cjk)
 """
 
 
-def rebuild_chunk(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> int | None:
-    """Index the next chunk of a rebuild (the caller's transaction).
+@dataclass(frozen=True)
+class RebuildStep:
+    """What one chunk of a rebuild did: the rows it indexed, and whether it was the last."""
 
-    Returns the rows left to do (0 when this chunk finished the rebuild), or None when no
-    rebuild is under way. ``search_cjk`` is recomputed on the way, so rows written without it
-    (by another SQLite client, or before CJK indexing existed) become searchable too.
+    indexed: int
+    finished: bool
+
+
+def rebuild_chunk(
+    conn: sqlite3.Connection, chunk_rows: int | None = None
+) -> RebuildStep | None:
+    """Index the next chunk of a rebuild (the caller's transaction): the next ``chunk_rows``
+    (default :data:`REBUILD_CHUNK_ROWS`) existing rows above the progress marker.
+
+    Returns what it did, or None when no rebuild is under way. The chunk is bounded by row
+    ids that exist, so its cost is its rows, wherever they sit in the id space. Every row in
+    (progress, high water] is the rebuild's (the triggers leave it alone), so a row written
+    there by another process before this chunk runs is indexed by it, once. ``search_cjk`` is
+    recomputed on the way, so rows written without it (by another SQLite client, or before CJK
+    indexing existed) become searchable too.
     """
     state = index_state(conn)
     if state.high_water is None:
         return None
+    want = REBUILD_CHUNK_ROWS if chunk_rows is None else chunk_rows
     lo = state.progress or 0
-    hi = min(lo + chunk_rows, state.high_water)
+    last, rows = conn.execute(CHUNK_END_SQL, (lo, state.high_water, want)).fetchone()
+    finished = rows < want or last == state.high_water
+    hi = state.high_water if finished else last
     stale_cjk = [
         (fresh, row_id)
         for row_id, content, tool_calls, stored in conn.execute(REBUILD_ROWS_SQL, (lo, hi))
@@ -356,11 +385,11 @@ def rebuild_chunk(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS
     conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", stale_cjk)
     for statement in split_sql(REBUILD_FTS_SQL):
         conn.execute(statement, {"lo": lo, "hi": hi})
-    if hi >= state.high_water:
+    if finished:
         _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
-        return 0
-    set_meta(conn, PROGRESS_KEY, hi)
-    return state.high_water - hi
+    else:
+        set_meta(conn, PROGRESS_KEY, hi)
+    return RebuildStep(rows, finished)
 
 
 def integrity_report(
@@ -447,7 +476,8 @@ def rebuild_when_admitted(
                 return False
             write(start_rebuild)
         while not stop.is_set():
-            if not write(rebuild_chunk):
+            step = write(rebuild_chunk)
+            if step is None or step.finished:
                 return True
         return False
 

@@ -56,6 +56,7 @@ from hermes_state_common import (
     SCHEMA_VERSION,
     TABLES_SQL,
     clean_optional,
+    configure_connection,
     get_hermes_home,
     hermes_root,
     prepare_db_file,
@@ -497,7 +498,9 @@ def import_jsonl(write: WriteFn, fp: IO[Any]) -> dict[str, Any]:
     read line by line; memory stays bounded by one session row at a time plus the ids).
     Same rules and report as :func:`import_sessions`."""
     with tempfile.TemporaryDirectory(prefix="hermes-import-") as tmp:
-        spool = sqlite3.connect(Path(tmp) / "spool.db", isolation_level=None)
+        spool = configure_connection(
+            sqlite3.connect(Path(tmp) / "spool.db", isolation_level=None)
+        )
         try:
             spool.execute("PRAGMA journal_mode = OFF")
             spool.execute("PRAGMA synchronous = OFF")
@@ -561,10 +564,11 @@ def _remove_db_files(path: Path) -> None:
 
 
 def _connect(path: Path, mode: str, *, immutable: bool = False) -> sqlite3.Connection:
+    """A maintenance connection on a store, a snapshot or a working copy."""
     uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
-    return sqlite3.connect(
+    return configure_connection(sqlite3.connect(
         uri, uri=True, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
-    )
+    ))
 
 
 def _existing_db(db_path: str | os.PathLike[str]) -> Path:
@@ -591,7 +595,9 @@ def _copy_live(db_path: Path, dest: Path) -> sqlite3.Connection:
     while writers carry on (a stepwise backup would restart after every foreign write)."""
     src = _connect(db_path, "ro")
     try:
-        dst = sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
+        dst = configure_connection(
+            sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
+        )
         try:
             src.backup(dst)
         except BaseException:
@@ -843,7 +849,13 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
         )
     conn.execute("PRAGMA writable_schema = OFF")
     conn.close()  # the schema changed underneath SQLite: start from a fresh connection
-    return sqlite3.connect(work, isolation_level=None, check_same_thread=False)
+    return configure_connection(
+        sqlite3.connect(work, isolation_level=None, check_same_thread=False)
+    )
+
+
+# A private copy has no other writer to make wait: bigger chunks than a live rebuild's.
+_REBUILD_CHUNK_ROWS = 5000
 
 
 def _rebuild_indexes(
@@ -862,10 +874,10 @@ def _rebuild_indexes(
     done = 0
     while True:
         with transaction(conn):
-            left = fts.rebuild_chunk(conn, 5000)
-        if not left:
+            step = fts.rebuild_chunk(conn, _REBUILD_CHUNK_ROWS)
+        if step is None or step.finished:
             break
-        done = total - left
+        done += step.indexed
         progress("rebuilding FTS", done, total)
     progress("rebuilding FTS", total, total)
 
@@ -1587,7 +1599,7 @@ def _recover(
     out: sqlite3.Connection | None = None
     if out_path is not None:
         prepare_db_file(partial)
-        out = sqlite3.connect(partial, isolation_level=None)
+        out = configure_connection(sqlite3.connect(partial, isolation_level=None))
         out.execute("PRAGMA journal_mode = MEMORY")
         out.execute("PRAGMA synchronous = OFF")
         ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")

@@ -1,5 +1,7 @@
-"""Quarantine on really damaged files: a corrupt record stops every write of the process at once
-and nothing — no later write, no checkpoint, no rebuild, no close — touches the file again;
+"""Quarantine on really damaged files: a corrupt record stops every write of the process at once,
+and of every process that opens the file later (the marker beside it), and nothing — no later
+write, no checkpoint, no rebuild, no close, no restart — touches the file again until the
+quarantine is cleared; random bytes inside leaf cells are met as corruption (cell_size_check);
 damage proven to lie in the search index only takes the stale path instead; what could not be
 written is spooled under the home.
 
@@ -15,25 +17,32 @@ process — under this interpreter, and under Python 3.12 when one can be found 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import sqlite3
 import stat
+import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import file_state, leave_committed_wal, overwrite, subprocess_env, table_pages
+from state_helpers import process_holding
 
 import hermes_state_common as common
 import hermes_state_fts as fts
+import hermes_state_portability as portability
+import hermes_state_quarantine as quarantine
 from hermes_state import SessionDB, StateDbCorruptError, StateDbUnavailableError, UnsafePathError
 from hermes_state_errors import SQLITE_CORRUPT, SQLITE_CORRUPT_VTAB, SQLITE_NOTADB
 
@@ -536,3 +545,268 @@ def run_child(
 def test_the_interpreter_search_is_generic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
     assert find_python312() is None  # nothing on PATH: nothing found, no hard-coded path
+
+
+# ---------------------------------------------------------------------------------------------
+# The quarantine outlives the process: the marker beside the file
+# ---------------------------------------------------------------------------------------------
+
+
+def marker_of(db_path: Path) -> dict[str, Any] | None:
+    path = quarantine.marker_path(db_path)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hermes_state_cli", *args],
+        env=subprocess_env({"HERMES_HOME": str(home)}), capture_output=True, text=True,
+        timeout=60,
+    )
+
+
+# One process on argv[1] in the role argv[2]; prints a JSON report. "first" meets the damage
+# (a read of every message); "restart" is the next start of the gateway: it tries writes of
+# every kind (a refused one reports where its transcript was spooled) and reads; "cleared"
+# comes after the quarantine was lifted.
+_LIFE_CHILD = r"""
+import json, sys
+from hermes_state import SessionDB, StateDbCorruptError
+path, role = sys.argv[1], sys.argv[2]
+report = {}
+
+def refused(write):
+    try:
+        write()
+    except StateDbCorruptError as exc:
+        return {"spooled_to": None if exc.spooled_to is None else str(exc.spooled_to)}
+    return None
+
+db = SessionDB(path)
+report["born_quarantined"] = db.quarantined
+if role == "first":
+    report["met"] = refused(lambda: db.get_messages("s")) is not None
+elif role == "restart":
+    report["set_meta"] = refused(lambda: db.set_meta("k", "v"))
+    report["create_session"] = refused(lambda: db.create_session("t", "cli"))
+    report["append"] = refused(lambda: db.append_message("s", "user", "after the restart"))
+    report["checkpoint"] = refused(db.checkpoint)
+    report["sessions"] = db.session_count()
+    report["message_count"] = db.get_session("s")["message_count"]
+else:
+    report["appended"] = db.append_message("s", "user", "after the clearing")
+db.close()
+print(json.dumps(report), flush=True)
+"""
+
+
+def live(interpreter: Interpreter, db_path: Path, role: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [*interpreter.argv, "-c", _LIFE_CHILD, str(db_path), role],
+        env=subprocess_env(interpreter.env), capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_restarted_process_never_writes_into_a_quarantined_file(
+    db_path: Path, hermes_home: Path, interpreter: Interpreter, seed: int
+) -> None:
+    make_store(db_path)
+    leave_committed_wal(db_path)
+    rng = random.Random(seed)
+    leaf = rng.choice(table_pages(db_path, "messages", "leaf"))
+    original = db_path.read_bytes()[(leaf - 1) * PAGE : leaf * PAGE]
+    overwrite(db_path, (leaf - 1) * PAGE, rng.randbytes(PAGE))
+    damaged = file_state(db_path)
+    assert damaged["state.db-wal"] is not None
+
+    first = live(interpreter, db_path, "first")
+    assert first == {"born_quarantined": False, "met": True}
+    marker = marker_of(db_path)
+    assert marker is not None and marker["inode"] == db_path.stat().st_ino
+    assert file_state(db_path) == damaged
+
+    restart = live(interpreter, db_path, "restart")  # the next start of the gateway
+    spool = str(hermes_home / "sessions" / "s.jsonl")
+    assert restart == {
+        "born_quarantined": True,
+        "set_meta": {"spooled_to": None},
+        "create_session": {"spooled_to": None},
+        "append": {"spooled_to": spool},
+        "checkpoint": {"spooled_to": None},
+        "sessions": 1,
+        "message_count": 300,
+    }
+    assert file_state(db_path) == damaged  # nothing written, the -wal not checkpointed
+    assert marker_of(db_path) == marker  # the first quarantine's evidence is kept
+    assert [json.loads(line)["content"] for line in Path(spool).read_text().splitlines()] == [
+        "after the restart"]
+
+    doctor = cli(hermes_home, "--db", str(db_path), "--json", "doctor")
+    assert doctor.returncode == 1
+    report = json.loads(doctor.stdout)
+    assert report["quarantine"]["inode"] == marker["inode"]
+    assert any(p.startswith("quarantined since ") for p in report["problems"])
+    assert any("--clear-quarantine" in step for step in report["next"])
+    text = cli(hermes_home, "--db", str(db_path), "doctor")
+    assert "quarantine: {" in text.stdout and "! quarantined since" in text.stdout
+
+    still_damaged = cli(hermes_home, "--db", str(db_path), "doctor", "--clear-quarantine")
+    assert still_damaged.returncode == 1 and "integrity_check" in still_damaged.stderr
+    assert marker_of(db_path) == marker and file_state(db_path) == damaged
+
+    overwrite(db_path, (leaf - 1) * PAGE, original)  # mended in place, as a restore does
+    with process_holding(db_path):
+        in_use = cli(hermes_home, "--db", str(db_path), "doctor", "--clear-quarantine")
+    assert in_use.returncode == 1 and "in use" in in_use.stderr
+    assert marker_of(db_path) == marker
+    cleared = cli(hermes_home, "--db", str(db_path), "--json", "doctor", "--clear-quarantine")
+    assert cleared.returncode == 0, cleared.stderr
+    assert json.loads(cleared.stdout)["cleared"]["inode"] == marker["inode"]
+    assert marker_of(db_path) is None
+
+    after = live(interpreter, db_path, "cleared")
+    assert after["born_quarantined"] is False and after["appended"] > 300
+
+
+def test_a_marker_for_another_file_is_ignored_and_removed(db_path: Path) -> None:
+    make_store(db_path, messages=5)
+    assert quarantine.write_marker(db_path, "damaged") is not None
+    replacement = db_path.with_name("recovered.db")
+    shutil.copyfile(db_path, replacement)
+    os.replace(replacement, db_path)  # a recovered copy moved into place: a new inode
+    assert quarantine.read_marker(db_path) is None
+    with SessionDB(db_path) as db:
+        assert not db.quarantined
+        db.append_message("s", "user", "into the new file")
+    assert not quarantine.marker_path(db_path).exists()
+
+
+def test_a_marker_that_cannot_be_read_still_quarantines(db_path: Path) -> None:
+    make_store(db_path, messages=5)
+    leave_committed_wal(db_path)
+    quarantine.marker_path(db_path).write_text("{ not json")
+    before = file_state(db_path)
+    with SessionDB(db_path) as db:
+        assert db.quarantined
+        with pytest.raises(StateDbCorruptError) as refused:
+            db.append_message("s", "user", "kept on disk")
+        assert refused.value.spooled_to is not None
+        assert "cannot be read" in str(refused.value.__cause__)
+    assert file_state(db_path) == before
+    assert quarantine.marker_path(db_path).read_text() == "{ not json"
+
+
+def test_a_read_only_open_of_a_marked_file_reads_as_before(db_path: Path) -> None:
+    make_store(db_path, messages=5)
+    quarantine.write_marker(db_path, "damaged")
+    with SessionDB(db_path, read_only=True) as reader:
+        assert reader.get_session("s")["message_count"] == 5
+        assert len(reader.search_messages("quokka")) == 5
+    assert quarantine.read_marker(db_path) is not None
+
+
+def test_clearing_a_store_that_is_not_quarantined_says_so(
+    db_path: Path, hermes_home: Path
+) -> None:
+    make_store(db_path, messages=5)
+    done = cli(hermes_home, "--db", str(db_path), "doctor", "--clear-quarantine")
+    assert done.returncode == 0 and "is not quarantined" in done.stdout
+    assert json.loads(cli(hermes_home, "--db", str(db_path), "--json", "doctor").stdout)[
+        "quarantine"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# cell_size_check: random bytes in leaf cells are met before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def scramble_cells(db_path: Path, pages: list[int], seed: int) -> None:
+    """Random bytes over the cell content area of each page of the closed file: the page
+    header and its cell pointers are left as they were, so the page still looks well formed."""
+    rng = random.Random(seed)
+    with open(db_path, "r+b") as f:
+        for page in pages:
+            f.seek((page - 1) * PAGE)
+            head = f.read(8)
+            content_start = struct.unpack(">H", head[5:7])[0] or 65536
+            assert 8 < content_start < PAGE
+            f.seek((page - 1) * PAGE + content_start)
+            f.write(rng.randbytes(PAGE - content_start))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_bytes_in_leaf_cells_quarantine_the_first_append(
+    db_path: Path, interpreter: Interpreter, seed: int
+) -> None:
+    make_store(db_path)
+    leave_committed_wal(db_path)
+    scramble_cells(db_path, table_pages(db_path, "messages", "leaf"), seed)
+    before = file_state(db_path)
+    report, at_first_refusal, at_exit = run_child(interpreter, db_path, "closed")
+    assert report["first"] & 0xFF == SQLITE_CORRUPT
+    assert report["second"] == SQLITE_CORRUPT
+    assert before == at_first_refusal == at_exit
+    marker = marker_of(db_path)
+    assert marker is not None and marker["inode"] == db_path.stat().st_ino
+
+
+# Every statement each connection the library opens runs, by connection: while active,
+# sqlite3.connect is wrapped so that each new (real) connection reports to a trace callback.
+Opened = list[tuple[str, list[str]]]
+
+
+@contextlib.contextmanager
+def tracing_connections(seen: Opened) -> Iterator[None]:
+    connect = sqlite3.connect
+
+    def traced(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(database, *args, **kwargs)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        seen.append((str(database), statements))
+        return conn
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite3, "connect", traced)
+        yield
+
+
+def test_every_connection_on_a_file_checks_cell_sizes_first(
+    db_path: Path, hermes_home: Path
+) -> None:
+    damaged = hermes_home / "damaged" / "state.db"
+    make_store(damaged, messages=50)
+    damage_last_messages_leaf(damaged)
+    opened: Opened = []
+    with tracing_connections(opened):
+        with SessionDB(db_path) as db:
+            db.create_session("s", "cli")
+            db.append_message("s", "user", "hello quokka")
+            db.checkpoint()  # the helper connection, inside the WAL-reset range
+            stream = "".join(db.iter_export_jsonl())  # the snapshot reader
+        with SessionDB(db_path, read_only=True) as reader:
+            reader.get_session("s")
+        backup = portability.backup_state_db(db_path)
+        portability.repair_state_db(db_path, check_only=True)
+        with SessionDB(db_path) as db:
+            db._write(fts.detach_index)  # a stale index, for the repair to work on
+        portability.repair_state_db(db_path)
+        portability.restore_state_db(backup, db_path)
+        portability.recover_state_db(db_path, hermes_home / "recovered.db")
+        with SessionDB(hermes_home / "imported.db") as other:
+            other.import_jsonl(io.StringIO(stream))
+        quarantine.write_marker(db_path, "a test")
+        quarantine.clear_quarantine(db_path)
+        with SessionDB(damaged) as victim:  # the quarantine opens the close guard
+            with pytest.raises(StateDbCorruptError):
+                victim.append_message("s", "user", "x")
+
+    on_files = [(name, run) for name, run in opened if name != ":memory:"]
+    assert len(on_files) > 15
+    for name, statements in on_files:
+        assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
