@@ -444,6 +444,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     healthy_already = bool(report.get("before", {}).get("healthy"))
     ok = bool(report.get("promoted")) or healthy_already
     if not args.json:
+        if report.get("rolled_back_journal"):
+            print("rolled back an interrupted write (hot journal): the store is as it was "
+                  "before that write")
         if healthy_already:
             print("healthy: nothing to repair")
         elif report.get("promoted"):
@@ -566,10 +569,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    report = restore_state_db(args.snapshot, _resolve_db(args))
+    report = restore_state_db(args.snapshot, _resolve_db(args), progress=_Progress())
     if args.json:
         _print_json(report)
     else:
+        if report["rolled_back_journal"]:
+            print("rolled back an interrupted write (hot journal) before the restore")
         print(f"restored {report['db_path']} from {report['restored_from']}")
         if report["previous_snapshot"]:
             print(f"the previous database was saved as {report['previous_snapshot']}")

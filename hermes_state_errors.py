@@ -160,8 +160,9 @@ class StateDbReplacedError(HermesStateError):
 
 class StateDbInUseError(HermesStateError):
     """Maintenance that needs the database to itself (repair, restore) was refused because
-    other processes have it open, or another maintenance run holds its admission lock.
-    ``holders`` names them where ``/proc/locks`` could tell."""
+    another connection has it open (SQLite's own lock says so; the caller's own handles
+    count), or another maintenance run holds its admission lock. ``holders`` names the other
+    processes where ``/proc/locks`` could tell."""
 
     def __init__(
         self, message: str, *, path: Path | None = None, holders: Sequence[str] = ()
