@@ -118,6 +118,9 @@ def _advice(exc: BaseException, db: Path) -> str | None:
         if exc.reason == "busy":
             return "another process held a lock for the whole read budget; retry, or run " \
                 f"`{PROG} doctor` to see who holds it"
+        if exc.reason == "hot_journal":
+            return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
+                "any writable open does), then checks the store and repairs it if it must"
         if exc.reason == "incompatible":
             version = exc.schema_version
             if version is not None and version > common.SCHEMA_VERSION:
@@ -523,6 +526,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "in_use_by": describe_lock_holders(path),
         "notes": [],
     }
+    journal = common.journal_path(path)
+    if journal.exists():  # only while maintenance runs, or after it was interrupted
+        report["files"][journal.name] = _mode(journal)
     problems: list[str] = []
     nxt: list[str] = []
     if report["wal_reset_exposed"]:

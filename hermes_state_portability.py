@@ -78,7 +78,9 @@ from hermes_state_errors import (
     StateDbCorruptError,
     StateDbInUseError,
     StateDbUnavailableError,
+    hot_journal_error,
     is_corruption_error,
+    is_hot_journal_error,
     is_sqlite_lock_error,
 )
 from hermes_state_lockowners import describe_lock_holders, lock_holders
@@ -604,6 +606,21 @@ def _copy_into(src: sqlite3.Connection, dest: Path) -> sqlite3.Connection:
     return dst
 
 
+@contextlib.contextmanager
+def _reading(db_path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection on the live database, beside its writers. A hot journal, which
+    such a connection may not roll back, raises the typed ``hot_journal`` error."""
+    conn = _connect(db_path, "ro")
+    try:
+        yield conn
+    except sqlite3.Error as exc:
+        if is_hot_journal_error(exc):
+            raise hot_journal_error(db_path) from exc
+        raise
+    finally:
+        conn.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Exclusive maintenance: repair and restore hold SQLite's own EXCLUSIVE lock on the live file
 # for their whole window, from the first read of it to the last page written onto it.
@@ -794,12 +811,10 @@ def backup_state_db(
     ``dest`` defaults to ``get_hermes_home()/state-snapshots/state-<UTC timestamp>.db`` and
     must not exist. The snapshot is a self-contained file (rollback journal mode, 0600) that
     passed ``PRAGMA quick_check``; one that fails it is kept for inspection and
-    :class:`StateDbCorruptError` names it. Works while writers are running."""
-    src = _connect(_existing_db(db_path), "ro")
-    try:
+    :class:`StateDbCorruptError` names it. Works while writers are running; a store with a
+    hot journal cannot be read until a writable open rolls it back (``hot_journal``)."""
+    with _reading(_existing_db(db_path)) as src:
         path, check = _snapshot(src, dest)
-    finally:
-        src.close()
     if check != ["ok"]:
         raise StateDbCorruptError(
             f"the snapshot of {path} fails quick_check: {'; '.join(check[:3])}", path=path
@@ -1011,7 +1026,8 @@ def repair_state_db(
     """Check, and unless ``check_only`` repair, the derived structures of a session store.
 
     ``check_only``: the :func:`health_report` of a backup-API copy (nothing is written to the
-    database; it may run while others use it). Repair holds the live store exclusively for
+    database; it may run while others use it; a hot journal, which only a writable open may
+    roll back, is :class:`StateDbUnavailableError` ``hot_journal``). Repair holds the live store exclusively for
     its whole window (see *Exclusive maintenance*; refused with :class:`StateDbInUseError`
     while any other connection has it open, other processes' writes wait meanwhile):
 
@@ -1035,11 +1051,8 @@ def repair_state_db(
         report["in_use_by"] = describe_lock_holders(path)
         with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
             try:
-                src = _connect(path, "ro")
-                try:
+                with _reading(path) as src:
                     conn = _copy_into(src, Path(tmp) / "check.db")
-                finally:
-                    src.close()
             except sqlite3.Error as exc:
                 return {**report, **_unreadable(exc)}
             try:
