@@ -1027,9 +1027,10 @@ def repair_state_db(
 
     ``check_only``: the :func:`health_report` of a backup-API copy (nothing is written to the
     database; it may run while others use it; a hot journal, which only a writable open may
-    roll back, is :class:`StateDbUnavailableError` ``hot_journal``). Repair holds the live store exclusively for
-    its whole window (see *Exclusive maintenance*; refused with :class:`StateDbInUseError`
-    while any other connection has it open, other processes' writes wait meanwhile):
+    roll back, is :class:`StateDbUnavailableError` ``hot_journal``). Repair holds the live
+    store exclusively for its whole window (see *Exclusive maintenance*; refused with
+    :class:`StateDbInUseError` while any other connection has it open, other processes'
+    writes wait meanwhile):
 
     1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
     2. a working copy (backup API) on which the FTS objects are dropped, the file VACUUMed

@@ -44,12 +44,14 @@ SEEDS = (1, 2, 3)
 # A writer the way a busy gateway writes: open, append three messages, close, again, until
 # the file argv[4] exists. Every acknowledged append is printed at once with its row id, uid
 # and text; a write whose patience (argv[3] seconds, SQLite's busy timeout shortened to fit)
-# ran out prints "locked". Anything else escapes and fails the test.
+# ran out prints "locked". Anything else escapes and fails the test. The file argv[5] is
+# created once the first append is acknowledged.
 WRITER = """
 import json, os, random, sys, time, uuid
 import hermes_state
 from hermes_state import SessionDB, StateDbLockedError
-path, seed, patience, stop = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+path, seed, patience = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+stop, ready = sys.argv[4], sys.argv[5]
 hermes_state._WRITE_PATIENCE_S = patience
 hermes_state._TRANSCRIPT_WRITE_PATIENCE_S = patience
 hermes_state._SQLITE_BUSY_TIMEOUT_S = min(1.0, patience / 3)
@@ -64,6 +66,8 @@ while not os.path.exists(stop):
                 row = db.append_message("w", "user", text, message_uid=uid)
                 n += 1
                 print(json.dumps({"ack": row, "uid": uid, "content": text}), flush=True)
+                if n == 1:
+                    open(ready, "w").close()
     except StateDbLockedError as exc:
         print(json.dumps({"locked": exc.reason, "waited": exc.waited_s}), flush=True)
     time.sleep(rng.uniform(0, 0.02))
@@ -103,20 +107,22 @@ def writer(
     """``start(path, seed, patience)`` starts a WRITER; ``stop()`` ends it and returns its
     acknowledged appends and its locked errors."""
     procs: list[subprocess.Popen[str]] = []
-    stop_file = tmp_path / "stop-writer"
+    stop_file, ready_file = tmp_path / "stop-writer", tmp_path / "writer-ready"
 
     def start(path: Path, seed: int, patience: float) -> Callable[[], dict[str, Any]]:
-        proc = spawn_python(WRITER, str(path), str(seed), str(patience), str(stop_file))
+        proc = spawn_python(WRITER, str(path), str(seed), str(patience), str(stop_file),
+                            str(ready_file))
         procs.append(proc)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # the writer is looping once it has acknowledged one
-        assert first, proc.stderr.read() if proc.stderr else ""
+        deadline = time.monotonic() + 30
+        while not ready_file.exists():  # looping once it has acknowledged one append
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
 
         def stop() -> dict[str, Any]:
             stop_file.touch()
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
-            lines = [json.loads(line) for line in [first, *out.splitlines()]]
+            lines = [json.loads(line) for line in out.splitlines()]
             acks = [line for line in lines if "ack" in line]
             locked = [line for line in lines if "locked" in line]
             assert len(acks) + len(locked) == len(lines), lines
