@@ -62,7 +62,7 @@ def interrupted(
             args = ["sessions", "repair"]
         before = every_message(db_path)
         proc = spawn_python(CLI_CODE, "--db", str(db_path), *args)
-        kill_while_promoting(proc, nth=1 + seed % 3)
+        kill_while_promoting(proc, nth=1 + seed % 2)
         assert has_hot_journal(db_path)
         files = {p.name: sha256(p) for p in sorted(db_path.parent.glob("state.db*"))}
         return {"path": db_path, "before": before, "files": files, "killed": args[0]}
