@@ -610,6 +610,8 @@ class SessionDB:
         return self._write(fn, "transcript")
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
+        if errors.is_hot_journal_error(exc):  # only read-only connections cannot roll it back
+            return errors.hot_journal_error(self.path)
         if errors.is_corruption_error(exc):
             return errors.StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
         if errors.is_disk_full_error(exc):

@@ -119,6 +119,9 @@ def _advice(exc: BaseException, db: Path) -> str | None:
         if exc.reason == "busy":
             return "another process held a lock for the whole read budget; retry, or run " \
                 f"`{PROG} doctor` to see who holds it"
+        if exc.reason == "hot_journal":
+            return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
+                "any writable open does), then checks the store and repairs it if it must"
         if exc.reason == "incompatible":
             version = exc.schema_version
             if version is not None and version > common.SCHEMA_VERSION:
@@ -445,6 +448,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     healthy_already = bool(report.get("before", {}).get("healthy"))
     ok = bool(report.get("promoted")) or healthy_already
     if not args.json:
+        if report.get("rolled_back_journal"):
+            print("rolled back an interrupted write (hot journal): the store is as it was "
+                  "before that write")
         if healthy_already:
             print("healthy: nothing to repair")
         elif report.get("promoted"):
@@ -556,6 +562,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "in_use_by": describe_lock_holders(path),
         "notes": [],
     }
+    journal = common.journal_path(path)
+    if journal.exists():  # only while maintenance runs, or after it was interrupted
+        report["files"][journal.name] = _mode(journal)
     problems: list[str] = []
     nxt: list[str] = []
     if report["wal_reset_exposed"]:
@@ -604,10 +613,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    report = restore_state_db(args.snapshot, _resolve_db(args))
+    report = restore_state_db(args.snapshot, _resolve_db(args), progress=_Progress())
     if args.json:
         _print_json(report)
     else:
+        if report["rolled_back_journal"]:
+            print("rolled back an interrupted write (hot journal) before the restore")
         print(f"restored {report['db_path']} from {report['restored_from']}")
         if report["previous_snapshot"]:
             print(f"the previous database was saved as {report['previous_snapshot']}")

@@ -57,6 +57,7 @@ SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
 CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
+JOURNAL_SUFFIX = "-journal"
 
 # ---------------------------------------------------------------------------------------------
 # Home and profiles
@@ -178,6 +179,12 @@ def child_process_env(
 
 def sidecar_paths(db_path: Path) -> list[Path]:
     return [db_path.with_name(db_path.name + suffix) for suffix in SIDECAR_SUFFIXES]
+
+
+def journal_path(db_path: Path) -> Path:
+    """The rollback journal beside the database: it exists only while maintenance has the
+    file in rollback mode, or after such a write was interrupted (then it is hot)."""
+    return db_path.with_name(db_path.name + JOURNAL_SUFFIX)
 
 
 def refuse_symlinks(db_path: Path) -> None:

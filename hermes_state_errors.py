@@ -41,6 +41,9 @@ __all__ = [
     "is_fts_corruption_code",
     "is_disk_full_error",
     "is_io_error",
+    "is_hot_journal_error",
+    "hot_journal_error",
+    "HOT_JOURNAL_REASON",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -48,18 +51,22 @@ __all__ = [
     "SQLITE_CORRUPT_VTAB",
     "SQLITE_FULL",
     "SQLITE_IOERR",
+    "SQLITE_READONLY_ROLLBACK",
 ]
 
 # Primary result codes; the extended code keeps the primary code in its low byte.
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
+SQLITE_READONLY = 8
 SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 SQLITE_NOTADB = 26
 SQLITE_CORRUPT_VTAB = SQLITE_CORRUPT | (1 << 8)
+SQLITE_READONLY_ROLLBACK = SQLITE_READONLY | (3 << 8)
 
 LOCKED_REASON = "session_persistence_failed:locked"
+HOT_JOURNAL_REASON = "hot_journal"
 
 
 class HermesStateError(Exception):
@@ -132,8 +139,10 @@ class FtsCorruptError(HermesStateError):
 
 
 class StateDbUnavailableError(HermesStateError):
-    """The store cannot serve this request: ``reason`` is "uninitialized", "incompatible" or
-    "busy". ``http_status`` is what a web front end should answer (503: try again later)."""
+    """The store cannot serve this request: ``reason`` is "uninitialized", "incompatible",
+    "busy" or "hot_journal" (an interrupted write left a rollback journal that only a writable
+    open may roll back). ``http_status`` is what a web front end should answer (503: try
+    again later)."""
 
     def __init__(
         self,
@@ -161,8 +170,9 @@ class StateDbReplacedError(HermesStateError):
 
 class StateDbInUseError(HermesStateError):
     """Maintenance that needs the database to itself (repair, restore) was refused because
-    other processes have it open, or another maintenance run holds its admission lock.
-    ``holders`` names them where ``/proc/locks`` could tell."""
+    another connection has it open (SQLite's own lock says so; the caller's own handles
+    count), or another maintenance run holds its admission lock. ``holders`` names the other
+    processes where ``/proc/locks`` could tell."""
 
     def __init__(
         self, message: str, *, path: Path | None = None, holders: Sequence[str] = ()
@@ -297,6 +307,22 @@ def is_io_error(exc: BaseException) -> bool:
     """True for SQLITE_IOERR and its extended codes (the OS failed a read, write or lock)."""
     code = _error_code(exc)
     return code is not None and (code & 0xFF) == SQLITE_IOERR
+
+
+def is_hot_journal_error(exc: BaseException) -> bool:
+    """True for SQLITE_READONLY_ROLLBACK: a read-only connection found a hot rollback journal
+    (a write was interrupted) and may not roll it back, so it cannot read the file."""
+    return _error_code(exc) == SQLITE_READONLY_ROLLBACK
+
+
+def hot_journal_error(path: Path) -> StateDbUnavailableError:
+    """The error for a store that a read-only open cannot read because of a hot journal."""
+    return StateDbUnavailableError(
+        f"{path} has a hot rollback journal ({path.name}-journal) left by an interrupted "
+        "write; a read-only open may not roll it back, so the store cannot be read",
+        reason=HOT_JOURNAL_REASON,
+        path=path,
+    )
 
 
 def is_disk_full_error(exc: BaseException) -> bool:

@@ -11,9 +11,10 @@ session is skipped, an existing different one is a conflict and nothing of it is
 The file-level operations never copy ``state.db``, ``-wal`` and ``-shm`` as separate files:
 those three are one live image. Backups, the working copy of a repair and its promotion back
 onto the live file all go through SQLite's backup API, which reads a consistent snapshot
-through the WAL. Repair and restore need the database to themselves: they take the
-cross-process admission lock and refuse (:class:`StateDbInUseError`) while ``/proc/locks``
-shows any other process on the files.
+through the WAL. Repair and restore hold the live store with SQLite's own EXCLUSIVE lock for
+their whole window (see *Exclusive maintenance* below), so no write of another process can
+land between their snapshot and their promotion: they refuse (:class:`StateDbInUseError`)
+while any other connection has the file open, and other processes' writes wait meanwhile.
 
 *Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
 so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads a private byte
@@ -59,6 +60,7 @@ from hermes_state_common import (
     configure_connection,
     get_hermes_home,
     hermes_root,
+    journal_path,
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
@@ -76,7 +78,10 @@ from hermes_state_errors import (
     StateDbCorruptError,
     StateDbInUseError,
     StateDbUnavailableError,
+    hot_journal_error,
     is_corruption_error,
+    is_hot_journal_error,
+    is_sqlite_lock_error,
 )
 from hermes_state_lockowners import describe_lock_holders, lock_holders
 from hermes_state_messages import (
@@ -87,6 +92,7 @@ from hermes_state_messages import (
     message_fields,
     row_to_message,
 )
+from hermes_state_quarantine import clear_marker
 from hermes_state_schema import (
     WriteFn,
     expected_columns,
@@ -558,16 +564,18 @@ def _unique_snapshot_path(directory: Path, prefix: str) -> Path:
 
 
 def _remove_db_files(path: Path) -> None:
-    for p in (path, *sidecar_paths(path), path.with_name(path.name + "-journal")):
+    for p in (path, *sidecar_paths(path), journal_path(path)):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
 
 
-def _connect(path: Path, mode: str, *, immutable: bool = False) -> sqlite3.Connection:
+def _connect(
+    path: Path, mode: str, *, immutable: bool = False, timeout: float = _BUSY_TIMEOUT_S
+) -> sqlite3.Connection:
     """A maintenance connection on a store, a snapshot or a working copy."""
     uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
     return configure_connection(sqlite3.connect(
-        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
     ))
 
 
@@ -589,60 +597,184 @@ def _quick_check(conn: sqlite3.Connection) -> list[str]:
         return [f"{type(exc).__name__}: {exc}"]
 
 
-def _copy_live(db_path: Path, dest: Path) -> sqlite3.Connection:
-    """Copy the live database into the new file ``dest`` with the backup API and return a
-    connection on the copy. One backup step: a consistent snapshot read through the WAL,
+def _copy_into(src: sqlite3.Connection, dest: Path) -> sqlite3.Connection:
+    """Copy the database of ``src`` into the new file ``dest`` with the backup API and return
+    a connection on the copy. One backup step: a consistent snapshot read through the WAL,
     while writers carry on (a stepwise backup would restart after every foreign write)."""
-    src = _connect(db_path, "ro")
+    dst = configure_connection(
+        sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
+    )
     try:
-        dst = configure_connection(
-            sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
-        )
-        try:
-            src.backup(dst)
-        except BaseException:
-            dst.close()
-            raise
-    finally:
-        src.close()
+        src.backup(dst)
+    except BaseException:
+        dst.close()
+        raise
     return dst
 
 
 @contextlib.contextmanager
-def _exclusive(db_path: Path) -> Iterator[None]:
-    """Hold the admission lock and make sure no other process has the database open;
-    :class:`StateDbInUseError` otherwise."""
+def _reading(db_path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection on the live database, beside its writers. A hot journal, which
+    such a connection may not roll back, raises the typed ``hot_journal`` error."""
+    conn = _connect(db_path, "ro")
+    try:
+        yield conn
+    except sqlite3.Error as exc:
+        if is_hot_journal_error(exc):
+            raise hot_journal_error(db_path) from exc
+        raise
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exclusive maintenance: repair and restore hold SQLite's own EXCLUSIVE lock on the live file
+# for their whole window, from the first read of it to the last page written onto it.
+#
+# One connection takes it: ``locking_mode = EXCLUSIVE`` (it never releases a lock once taken),
+# then ``BEGIN EXCLUSIVE; COMMIT``. Every WAL connection keeps a SHARED lock for as long as it
+# is open, so this fails with SQLITE_BUSY while any other connection anywhere (this process's
+# own included) has the file open: that is the refusal, after a short busy timeout. From then
+# on every other open, read and write gets SQLITE_BUSY and waits within its patience. (With
+# the lock taken before its first read, the connection keeps the WAL index in its own memory
+# and never touches ``-shm``.) The snapshot and the working copy are read through it. The
+# promotion first takes the file out of WAL mode (``journal_mode = DELETE``: a rollback-mode
+# destination may even change its page size), then writes the repaired copy into it with the
+# backup API (the connection holds the lock but no transaction). At the end the file goes
+# back to WAL mode while the lock is still held, and closing the connection releases it. A
+# store found healthy is never switched: only its committed WAL frames, if any, are
+# checkpointed when the connection closes.
+#
+# A kill -9 at any step leaves a file SQLite itself makes whole: before the promotion, the
+# live store untouched; during it, a hot ``-journal`` that the next writable open rolls back to
+# the store as it was before the promotion (read-only opens cannot: ``hot_journal``); after
+# it, the promoted store in rollback mode, which the next writable open puts back in WAL mode.
+# /proc/locks is read only to name holders: SQLite's lock is the proof of exclusivity.
+# ---------------------------------------------------------------------------------------------
+
+# How long taking the store waits for a lock: a writer that is just closing is waited for, a
+# process that keeps the file open is refused promptly.
+_EXCLUSIVE_BUSY_TIMEOUT_S = 0.5
+# The promotion copies at least this many pages per step, and at most about 20 steps; progress
+# is reported after each.
+_PROMOTE_STEP_PAGES = 1024
+_PROMOTE_STEPS = 20
+# The first bytes of a rollback journal whose header is live (SQLite zeroes them when done).
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+
+
+@dataclass
+class _Exclusive:
+    """The live store held by maintenance: its connection, its size in pages when it was
+    taken (0: an empty file), and whether taking it rolled back a hot journal left by an
+    interrupted write."""
+
+    conn: sqlite3.Connection
+    pages: int
+    rolled_back_journal: bool
+
+
+def _page_count(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA page_count").fetchone()[0])
+
+
+def _journal_is_hot(db_path: Path) -> bool:
+    """Whether a journal with a live header lies beside the file (it is hot when no process
+    is writing through it; under the admission lock and before taking the store, none is)."""
+    try:
+        with open(journal_path(db_path), "rb") as fh:  # not a database file: no locks at stake
+            return fh.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
+    except FileNotFoundError:
+        return False
+
+
+def _in_use_error(db_path: Path) -> StateDbInUseError:
+    others = describe_lock_holders(db_path)
+    own = len(describe_lock_holders(db_path, exclude_pids=())) > len(others)
+    parts = others + (["this process itself has it open"] if own else [])
+    detail = "; ".join(parts) or "another connection has it open"
+    return StateDbInUseError(f"{db_path} is in use: {detail}", path=db_path, holders=others)
+
+
+def _take_exclusive(db_path: Path) -> _Exclusive:
+    hot = _journal_is_hot(db_path)
+    conn = _connect(db_path, "rw", timeout=_EXCLUSIVE_BUSY_TIMEOUT_S)
+    try:
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        pages = _page_count(conn)  # the first read: a hot journal is rolled back here
+        conn.execute("BEGIN EXCLUSIVE")  # (which writes page 1 of an empty file)
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        conn.close()
+        if not isinstance(exc, sqlite3.Error):
+            raise
+        if is_sqlite_lock_error(exc):
+            raise _in_use_error(db_path) from exc
+        if is_corruption_error(exc):
+            raise StateDbCorruptError(f"{db_path} is damaged: {exc}", path=db_path) from exc
+        raise HermesStateError(f"{db_path} cannot be taken for maintenance: {exc}") from exc
+    return _Exclusive(conn, pages, rolled_back_journal=hot and not _journal_is_hot(db_path))
+
+
+def _release_exclusive(held: _Exclusive, db_path: Path, *, check: bool) -> None:
+    """Back to WAL mode (if the promotion left it) while the lock is still held, then close,
+    which releases it. With ``check`` a store that stays in rollback mode is an error;
+    otherwise (cleaning up after a failure) the next writable open switches it."""
+    try:
+        mode = held.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if check and str(mode).lower() != "wal":
+            raise HermesStateError(f"{db_path} refused WAL mode (journal_mode={mode})")
+        if not _journal_is_hot(db_path):
+            # A promoted page 1 that already says WAL moves the connection to WAL mode by
+            # itself, and in exclusive locking mode SQLite then keeps the finished journal
+            # (header zeroed) instead of deleting it; nothing can need it now.
+            with contextlib.suppress(FileNotFoundError):
+                journal_path(db_path).unlink()
+    except sqlite3.Error:
+        if check:
+            raise
+    finally:
+        held.conn.close()
+        tighten_modes(db_path)
+
+
+@contextlib.contextmanager
+def _exclusive(db_path: Path, *, create: bool = False) -> Iterator[_Exclusive]:
+    """Hold the admission lock (one maintenance run at a time) and the live store itself for
+    the whole block (``create``: an empty private file first, when there is none).
+    :class:`StateDbInUseError` when either is taken; a damaged store is
+    :class:`StateDbCorruptError`."""
     with fts.admission_lock(db_path) as admitted:
         if not admitted:
             raise StateDbInUseError(
                 f"another maintenance run holds the admission lock of {db_path}", path=db_path
             )
-        _refuse_other_holders(db_path)
-        yield
+        if create:
+            prepare_db_file(db_path)
+        held = _take_exclusive(db_path)
+        try:
+            yield held
+        except BaseException:
+            _release_exclusive(held, db_path, check=False)
+            raise
+        _release_exclusive(held, db_path, check=True)
 
 
-def _refuse_other_holders(db_path: Path) -> None:
-    if fts.other_processes_hold(db_path):
-        holders = describe_lock_holders(db_path)
-        detail = "; ".join(holders) if holders else "other processes may have it open"
-        raise StateDbInUseError(f"{db_path} is in use: {detail}", path=db_path, holders=holders)
+def _promote(src: sqlite3.Connection, live: sqlite3.Connection, say: Progress) -> list[str]:
+    """Write the database of ``src`` onto the held live store in rollback mode, in steps with
+    progress (the source is private, so no step restarts); returns its quick_check."""
+    mode = live.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
+    if str(mode).lower() != "delete":
+        raise HermesStateError(f"the live store refused rollback mode (journal_mode={mode})")
+    total = _page_count(src)
+    step = max(_PROMOTE_STEP_PAGES, -(-total // _PROMOTE_STEPS))
 
+    def report(status: int, remaining: int, pages: int) -> None:
+        say("promoting", pages - remaining, pages)
 
-def _promote(src: sqlite3.Connection, db_path: Path) -> list[str]:
-    """Write the database of ``src`` onto ``db_path`` with the backup API; returns the live
-    file's quick_check. The live file leaves WAL mode for the copy (so a snapshot with
-    another page size can be restored) and returns to it afterwards."""
-    dst = _connect(db_path, "rwc")
-    try:
-        dst.execute("PRAGMA journal_mode = DELETE")
-        src.backup(dst)
-        mode = dst.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise HermesStateError(f"{db_path} refused WAL mode (journal_mode={mode})")
-        return _quick_check(dst)
-    finally:
-        dst.close()
-        tighten_modes(db_path)
+    say("promoting", 0, total)
+    src.backup(live, pages=step, progress=report)
+    return _quick_check(live)
 
 
 # Canonical and ledger tables whose row counts a repair must leave unchanged.
@@ -685,8 +817,10 @@ def backup_state_db(
     ``dest`` defaults to ``get_hermes_home()/state-snapshots/state-<UTC timestamp>.db`` and
     must not exist. The snapshot is a self-contained file (rollback journal mode, 0600) that
     passed ``PRAGMA quick_check``; one that fails it is kept for inspection and
-    :class:`StateDbCorruptError` names it. Works while writers are running."""
-    path, check = _snapshot(_existing_db(db_path), dest)
+    :class:`StateDbCorruptError` names it. Works while writers are running; a store with a
+    hot journal cannot be read until a writable open rolls it back (``hot_journal``)."""
+    with _reading(_existing_db(db_path)) as src:
+        path, check = _snapshot(src, dest)
     if check != ["ok"]:
         raise StateDbCorruptError(
             f"the snapshot of {path} fails quick_check: {'; '.join(check[:3])}", path=path
@@ -694,13 +828,16 @@ def backup_state_db(
     return path
 
 
-def _snapshot(db_path: Path, dest: str | os.PathLike[str] | None) -> tuple[Path, list[str]]:
+def _snapshot(
+    src: sqlite3.Connection, dest: str | os.PathLike[str] | None
+) -> tuple[Path, list[str]]:
+    """Copy the database of ``src`` into a new snapshot file; its path and quick_check."""
     if dest is None:
         target = _unique_snapshot_path(snapshot_dir(), "state")
     else:
         target = _new_private_file(Path(dest).expanduser().absolute())
     try:
-        conn = _copy_live(db_path, target)
+        conn = _copy_into(src, target)
         try:
             conn.execute("PRAGMA journal_mode = DELETE")
             return target, _quick_check(conn)
@@ -712,18 +849,29 @@ def _snapshot(db_path: Path, dest: str | os.PathLike[str] | None) -> tuple[Path,
 
 
 def restore_state_db(
-    snapshot: str | os.PathLike[str], db_path: str | os.PathLike[str]
+    snapshot: str | os.PathLike[str],
+    db_path: str | os.PathLike[str],
+    *,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Replace the database at ``db_path`` with ``snapshot`` (backup API, page for page, so
     ledgers and everything else come back whole).
 
-    The snapshot must pass quick_check and be a session store no newer than this library;
-    the current database, if any, is snapshotted first (``previous_snapshot``). Refused with
-    :class:`StateDbInUseError` while other processes hold the database."""
+    The snapshot must pass quick_check and be a session store no newer than this library.
+    The live store is held exclusively for the whole restore (see *Exclusive maintenance*):
+    refused with :class:`StateDbInUseError` while any other connection has it open; other
+    processes' opens and writes wait meanwhile. The current database, if any, is snapshotted
+    first (``previous_snapshot``), inside the same hold, so every write it acknowledged is
+    either in that snapshot or lands on the restored store afterwards. ``rolled_back_journal``
+    says that taking the store rolled back an interrupted write. A durable quarantine marker
+    of the file is cleared once the snapshot is in place."""
+    say = progress or _no_progress
     snap = _existing_db(snapshot)
     target = Path(db_path).expanduser().absolute()
     check_test_isolation(target)
     refuse_symlinks(target)
+    if target.exists() and snap.resolve() == target.resolve():
+        raise HermesStateError(f"{snap} is the database to restore, not a snapshot of it")
     src = _connect(snap, "ro")
     try:
         check = _quick_check(src)
@@ -747,16 +895,14 @@ def restore_state_db(
             "previous_snapshot": None,
         }
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _exclusive(target):
-            if target.is_file() and target.stat().st_size > 0:
-                report["previous_snapshot"] = str(_snapshot(target, None)[0])
-            prepare_db_file(target)
-            report["quick_check"] = _promote(src, target)
-        live = _connect(target, "ro")
-        try:
-            report["row_counts"] = row_counts(live)
-        finally:
-            live.close()
+        with _exclusive(target, create=True) as held:
+            report["rolled_back_journal"] = held.rolled_back_journal
+            if held.pages > 0:
+                say("saving the current store", 0, None)
+                report["previous_snapshot"] = str(_snapshot(held.conn, None)[0])
+            report["quick_check"] = _promote(src, held.conn, say)
+            clear_marker(target)
+            report["row_counts"] = row_counts(held.conn)
         return report
     finally:
         src.close()
@@ -892,18 +1038,24 @@ def repair_state_db(
     """Check, and unless ``check_only`` repair, the derived structures of a session store.
 
     ``check_only``: the :func:`health_report` of a backup-API copy (nothing is written to the
-    database; it may run while others use it). Repair, with the database to itself:
+    database; it may run while others use it; a hot journal, which only a writable open may
+    roll back, is :class:`StateDbUnavailableError` ``hot_journal``). Repair holds the live
+    store exclusively for its whole window (see *Exclusive maintenance*; refused with
+    :class:`StateDbInUseError` while any other connection has it open, other processes'
+    writes wait meanwhile):
 
     1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
     2. a working copy (backup API) on which the FTS objects are dropped, the file VACUUMed
        (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
        triggers and markers rebuilt; canonical rows are never deleted;
     3. the checks on the working copy, which must pass with every row count unchanged;
-    4. only then the working copy is written onto the live file with the backup API.
+    4. only then the working copy is written onto the live file with the backup API, and a
+       durable quarantine marker of the file is cleared.
 
     A store that is already healthy is left alone. When the checks fail, or the canonical
     tables cannot be read, nothing is promoted and ``kept`` lists the live file and the
-    backup. Refused with :class:`StateDbInUseError` while other processes hold the database.
+    backup. Taking the store rolls back a hot journal an interrupted write left behind
+    (``rolled_back_journal``), before anything is copied.
     """
     path = _existing_db(db_path)
     say = progress or _no_progress
@@ -912,7 +1064,8 @@ def repair_state_db(
         report["in_use_by"] = describe_lock_holders(path)
         with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
             try:
-                conn = _copy_live(path, Path(tmp) / "check.db")
+                with _reading(path) as src:
+                    conn = _copy_into(src, Path(tmp) / "check.db")
             except sqlite3.Error as exc:
                 return {**report, **_unreadable(exc)}
             try:
@@ -920,40 +1073,57 @@ def repair_state_db(
             finally:
                 conn.close()
         return report
-    with _exclusive(path):
-        snapshots = snapshot_dir()
-        snapshots.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
-            work = _new_private_file(Path(tmp) / "work.db")
-            say("copying", 0, None)
-            try:
-                conn = _copy_live(path, work)
-            except sqlite3.Error as exc:
-                return {**report, **_unreadable(exc), "promoted": False, "kept": [str(path)]}
-            try:
-                before = health_report(conn)
-                report["before"] = before
-                if before["healthy"]:
-                    return {**report, "repaired": False, "promoted": False, "backup": None}
-                if backup:
-                    snap, check = _snapshot(path, None)
-                    report["backup"] = str(snap)
-                    report["backup_quick_check"] = check
-                conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
-                report["after"] = after
-                if error is not None:
-                    kept = [str(path)] + ([report["backup"]] if backup else [])
-                    return {**report, "error": error, "repaired": False, "promoted": False,
-                            "kept": kept}
-                _refuse_other_holders(path)
-                say("promoting", 0, None)
-                report["live_quick_check"] = _promote(conn, path)
-                return {**report, "repaired": True, "promoted": True}
-            finally:
-                conn.close()
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(_exclusive(path))
+        except StateDbCorruptError as exc:
+            cause = exc.__cause__ if isinstance(exc.__cause__, sqlite3.Error) else exc
+            return {**report, **_unreadable(cause), "promoted": False, "kept": [str(path)]}
+        report["rolled_back_journal"] = held.rolled_back_journal
+        return _repair_held(held.conn, path, report, backup=backup, say=say)
 
 
-def _unreadable(exc: sqlite3.Error) -> dict[str, Any]:
+def _repair_held(
+    live: sqlite3.Connection,
+    path: Path,
+    report: dict[str, Any],
+    *,
+    backup: bool,
+    say: Progress,
+) -> dict[str, Any]:
+    """The repair proper, on the live store ``live`` held exclusively."""
+    snapshots = snapshot_dir()
+    snapshots.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
+        work = _new_private_file(Path(tmp) / "work.db")
+        say("copying", 0, None)
+        try:
+            conn = _copy_into(live, work)
+        except sqlite3.Error as exc:
+            return {**report, **_unreadable(exc), "promoted": False, "kept": [str(path)]}
+        try:
+            before = health_report(conn)
+            report["before"] = before
+            if before["healthy"]:
+                return {**report, "repaired": False, "promoted": False, "backup": None}
+            if backup:
+                snap, check = _snapshot(live, None)
+                report["backup"] = str(snap)
+                report["backup_quick_check"] = check
+            conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
+            report["after"] = after
+            if error is not None:
+                kept = [str(path)] + ([report["backup"]] if backup else [])
+                return {**report, "error": error, "repaired": False, "promoted": False,
+                        "kept": kept}
+            report["live_quick_check"] = _promote(conn, live, say)
+            clear_marker(path)
+            return {**report, "repaired": True, "promoted": True}
+        finally:
+            conn.close()
+
+
+def _unreadable(exc: BaseException) -> dict[str, Any]:
     problem = f"the database cannot be read: {type(exc).__name__}: {exc}"
     return {"healthy": False, "problems": [problem], "integrity": [problem], "repaired": False}
 

@@ -1,11 +1,15 @@
 """Helpers shared by the portability, recover, repair, read-only and CLI tests: stores with
-every kind of row, other processes holding a database, and real damage to closed files."""
+every kind of row, other processes holding a database, real damage to closed files, and
+maintenance killed in the middle of its promotion."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import random
+import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -162,3 +166,77 @@ def release_process(proc: subprocess.Popen[str]) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+# --- maintenance killed half-way --------------------------------------------------------------
+
+# Runs the command line in a fresh interpreter (with run_python / spawn_python): argv[1:] are
+# its arguments.
+CLI_CODE = "import sys, hermes_state_cli; sys.exit(hermes_state_cli.main(sys.argv[1:]))"
+
+_PROMOTING = re.compile(r"promoting (\d+)/(\d+)$")
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+
+
+def fill_store(path: Path, messages: int, reasoning_bytes: int) -> None:
+    """A store with an empty session ``w`` and a session ``bulk`` of ``messages`` rows whose
+    unindexed reasoning text makes the file big (so copies and promotions take a moment)."""
+    with SessionDB(path) as db:
+        db.create_session("w", "cli")
+        db.create_session("bulk", "cli")
+        db.replace_messages("bulk", [
+            {"role": "assistant", "content": f"answer {i}",
+             "reasoning": os.urandom(reasoning_bytes // 2).hex()}
+            for i in range(messages)
+        ])
+
+
+def every_message(path: Path) -> list[tuple[object, ...]]:
+    """Every message row (id, session, uid, content, reasoning) of a closed store, in id
+    order, read through a read-only connection."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(
+            "SELECT id, session_id, message_uid, content, reasoning FROM messages ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def detach_index_by_hand(path: Path) -> None:
+    """What the run-time detach leaves, done by hand: the ``fts_stale`` marker ("test") set
+    and a sync trigger gone. A repair of it rebuilds the indexes and promotes."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("INSERT INTO state_meta (key, value) VALUES ('fts_stale', 'test')")
+        conn.execute("DROP TRIGGER messages_fts_insert")
+    finally:
+        conn.close()
+
+
+def kill_while_promoting(proc: subprocess.Popen[str], nth: int = 1) -> tuple[int, int]:
+    """SIGKILL the maintenance command ``proc`` (stderr piped) as soon as it reports the
+    ``nth`` step of its promotion with part of the pages written and part not; returns that
+    step's (pages done, pages in all). AssertionError when it ends before that step."""
+    assert proc.stderr is not None
+    seen = 0
+    for line in proc.stderr:
+        match = _PROMOTING.search(line.strip())
+        if match and 0 < int(match[1]) < int(match[2]):
+            seen += 1
+            if seen == nth:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return int(match[1]), int(match[2])
+    proc.wait()
+    raise AssertionError(f"no promotion step {nth} reported (exit {proc.returncode})")
+
+
+def has_hot_journal(path: Path) -> bool:
+    """A rollback journal with a live header beside ``path``: what an interrupted write
+    leaves (SQLite deletes the journal, or zeroes its header, when a write ends)."""
+    try:
+        with open(path.with_name(path.name + "-journal"), "rb") as fh:
+            return fh.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
+    except FileNotFoundError:
+        return False
