@@ -13,7 +13,9 @@ Write discipline (one place, :meth:`SessionDB._write`):
   250 ms–1 s — so that contending writers do not retry in lockstep, until the write's patience
   runs out: 20 s for ordinary writes, 60 s for transcript writes, 0.5 s for activity stamps.
   Then :class:`StateDbLockedError` (reason ``session_persistence_failed:locked``) names the
-  processes holding the lock, in a WARNING and in ``<home>/logs/errors.log``;
+  processes holding the lock, in a WARNING and in ``<home>/logs/errors.log``. An activity
+  stamp (an observation such as the working directory, see :func:`_activity`) is skipped at
+  that point instead of raising: nothing depends on it, and the next observation stamps again;
 * corruption proven to lie in the FTS indexes only detaches them (``fts_stale``) and the
   canonical write is retried once without them; any other corruption quarantines the file;
 * after every 50 successful writes a PASSIVE checkpoint runs. With an SQLite inside the
@@ -73,8 +75,10 @@ import hermes_state_messages as messages
 import hermes_state_portability as portability
 import hermes_state_schema as schema
 import hermes_state_search as search
+import hermes_state_session_model as session_model
 import hermes_state_sessions as sessions
 import hermes_state_testguard as testguard
+import hermes_state_workspace as workspace
 from hermes_state_common import (
     SCHEMA_VERSION,
     child_process_env,
@@ -93,6 +97,7 @@ from hermes_state_portability import (
     restore_state_db,
 )
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_workspace import workspace_key
 
 __all__ = [
     "SessionDB",
@@ -111,6 +116,7 @@ __all__ = [
     "child_process_env",
     "ProfileStoreRegistry",
     "profile_stores",
+    "workspace_key",
     *errors.__all__,
 ]
 
@@ -214,6 +220,23 @@ def _writes(
 
     method.__signature__ = _method_signature(like or fn)  # type: ignore[attr-defined]
     return method
+
+
+def _activity(fn: Callable[Concatenate[sqlite3.Connection, P], None]) -> Method[P, None]:
+    """An observation-only stamp: ``fn`` written with the activity patience (0.5 s). When the
+    patience runs out the stamp is skipped — the write wrapper has already logged the lock
+    holders — rather than an error reaching the code that made the observation."""
+    write = _writes(fn, "activity")
+
+    @functools.wraps(write)
+    def stamp(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            write(self, *args, **kwargs)
+        except errors.StateDbLockedError:
+            logger.warning("%s on %s skipped: the store stayed locked", fn.__name__, self.path)
+
+    stamp.__signature__ = inspect.signature(write)  # type: ignore[attr-defined]
+    return stamp
 
 
 def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[str, Any]:
@@ -784,6 +807,15 @@ class SessionDB:
     def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
         return portability.import_jsonl(self._transcript_write, fp)
+
+    # --- session model, workspace, handoff ----------------------------------------------------
+
+    update_session_meta = _writes(session_model.update_session_meta)
+    update_session_model = _writes(session_model.update_session_model)
+    update_session_billing_route = _writes(session_model.update_session_billing_route)
+    update_session_cwd = _activity(workspace.update_session_cwd)
+    backfill_repo_roots = _writes(workspace.backfill_repo_roots)
+    distinct_session_cwds = _reads(workspace.distinct_session_cwds)
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)

@@ -283,6 +283,13 @@ def clean_optional(value: str | None) -> str | None:
     return None if value is None else clean_text(str(value))
 
 
+def stored_text(value: object) -> str | None:
+    """``str(value)`` as a key SQLite can bind and compare; None when it holds a lone
+    surrogate: no stored key can, so such a key names nothing and is never written."""
+    text = str(value)
+    return text if clean_text(text) == text else None
+
+
 def encode_json(value: Any) -> str | None:
     """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is."""
     if value is None:
