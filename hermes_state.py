@@ -70,6 +70,7 @@ import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
+import hermes_state_handoff as handoff
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
@@ -220,6 +221,36 @@ def _writes(
 
     method.__signature__ = _method_signature(like or fn)  # type: ignore[attr-defined]
     return method
+
+
+# What a failing store does (a closed handle included) — not what a bad argument does: an
+# InvalidInputError still reaches the caller.
+_STORE_ERRORS: tuple[type[BaseException], ...] = (
+    sqlite3.Error,
+    errors.StateDbLockedError,
+    errors.StateDbCorruptError,
+    errors.StateDbFullError,
+    errors.StateDbIOError,
+    errors.StateDbClosedError,
+    errors.StateDbUnavailableError,
+)
+
+
+def _or_fallback(method: Method[P, T], fallback: Callable[[], T]) -> Method[P, T]:
+    """``method`` for callers that probe the store and switch a feature off on failure: a
+    store error is logged and answered with ``fallback()`` instead of raised."""
+
+    @functools.wraps(method)
+    def lenient(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except _STORE_ERRORS as exc:
+            logger.warning("%s on %s answered without the store: %s", method.__name__,
+                           self.path, exc)
+            return fallback()
+
+    lenient.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+    return lenient
 
 
 def _activity(fn: Callable[Concatenate[sqlite3.Connection, P], None]) -> Method[P, None]:
@@ -816,6 +847,12 @@ class SessionDB:
     update_session_cwd = _activity(workspace.update_session_cwd)
     backfill_repo_roots = _writes(workspace.backfill_repo_roots)
     distinct_session_cwds = _reads(workspace.distinct_session_cwds)
+    request_handoff = _writes(handoff.request_handoff)
+    claim_handoff = _writes(handoff.claim_handoff)
+    complete_handoff = _writes(handoff.complete_handoff)
+    fail_handoff = _writes(handoff.fail_handoff)
+    get_handoff_state = _or_fallback(_reads(handoff.get_handoff_state), lambda: None)
+    list_pending_handoffs = _or_fallback(_reads(handoff.list_pending_handoffs), list)
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
