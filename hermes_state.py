@@ -79,6 +79,7 @@ import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_session_model as session_model
 import hermes_state_sessions as sessions
+import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
 import hermes_state_workspace as workspace
 from hermes_state_common import (
@@ -1047,6 +1048,22 @@ class SessionDB:
     update_async_delegation = _writes(gateway.update_async_delegation)
     get_async_delegation = _reads(gateway.get_async_delegation)
     list_async_delegations = _reads(gateway.list_async_delegations)
+
+    # --- gateway: sessions by peer, Telegram DM topics -----------------------------------------
+
+    apply_telegram_topic_migration = _writes(telegram.apply_telegram_topic_migration)
+    enable_telegram_topic_mode = _writes(telegram.enable_telegram_topic_mode)
+    disable_telegram_topic_mode = _writes(telegram.disable_telegram_topic_mode)
+    is_telegram_topic_mode_enabled = _reads(telegram.is_telegram_topic_mode_enabled)
+    bind_telegram_topic = _writes(telegram.bind_telegram_topic)
+    get_telegram_topic_binding = _reads(telegram.get_telegram_topic_binding)
+    get_telegram_topic_binding_by_session = _reads(telegram.get_telegram_topic_binding_by_session)
+    list_telegram_topic_bindings_for_chat = _reads(telegram.list_telegram_topic_bindings_for_chat)
+    is_telegram_session_linked_to_topic = _reads(telegram.is_telegram_session_linked_to_topic)
+    delete_telegram_topic_binding = _writes(telegram.delete_telegram_topic_binding)
+    list_unlinked_telegram_sessions_for_user = _reads(
+        telegram.list_unlinked_telegram_sessions_for_user
+    )
 
     # --- gateway: exception-path ownership ----------------------------------------------------
 
