@@ -74,6 +74,7 @@ import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
+import hermes_state_peers as peers
 import hermes_state_portability as portability
 import hermes_state_schema as schema
 import hermes_state_search as search
@@ -1051,6 +1052,11 @@ class SessionDB:
 
     # --- gateway: sessions by peer, Telegram DM topics -----------------------------------------
 
+    list_gateway_sessions = _reads(peers.list_gateway_sessions)
+    find_session_by_origin = _reads(peers.find_session_by_origin)
+    find_latest_gateway_session_for_peer = _reads(peers.find_latest_gateway_session_for_peer)
+    record_gateway_session_peer = _writes(peers.record_gateway_session_peer)
+    set_expiry_finalized = _writes(peers.set_expiry_finalized)
     apply_telegram_topic_migration = _writes(telegram.apply_telegram_topic_migration)
     enable_telegram_topic_mode = _writes(telegram.enable_telegram_topic_mode)
     disable_telegram_topic_mode = _writes(telegram.disable_telegram_topic_mode)
