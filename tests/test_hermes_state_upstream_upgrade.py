@@ -422,6 +422,40 @@ def test_upgraded_messages_get_lasting_uids_and_pair_their_tool_results(
     assert again == uids
 
 
+def test_upgraded_rows_answer_through_the_callers_methods(upstream_path: Path) -> None:
+    with SessionDB(upstream_path) as db:
+        root = db.get_session("up-root")
+        assert (root["handoff_state"], root["handoff_platform"], root["handoff_error"]) == (
+            "failed", "telegram", "the gateway was offline")
+        assert db.get_handoff_state("up-root") == {
+            "state": "failed", "platform": "telegram", "error": "the gateway was offline"}
+        assert "up-child" in [r["id"] for r in db.list_pending_handoffs()]
+        assert db.get_compression_fallback_streak("up-root") == 2
+        assert db.get_compression_fallback_streak("up-archived") == 5
+        cooldown = db.get_compression_failure_cooldown("up-root")
+        assert cooldown is not None and cooldown["error"] == "rate limited"
+        assert db.load_gateway_routing_entries() == {
+            "tg:dm:4242": OTHER_ROWS["gateway_routing"][0]["entry_json"]}
+        assert db.is_telegram_topic_mode_enabled(chat_id=4242, user_id="4242")
+        binding = db.get_telegram_topic_binding(chat_id="4242", thread_id=17)
+        assert binding == OTHER_ROWS["telegram_dm_topic_bindings"][0]
+        wait_for_fts_rebuild(db)
+        hits = db.search_messages("weather")  # the old index's rows are searchable again
+        assert {h["session_id"] for h in hits} == {"up-root"}
+
+
+def test_the_old_bindings_table_gains_its_cascade_and_keeps_its_rows(upstream_path: Path) -> None:
+    with SessionDB(upstream_path) as db:
+        db.apply_telegram_topic_migration()
+        assert db.get_meta("telegram_dm_topic_schema_version") == "2"
+        assert db.get_telegram_topic_binding_by_session(session_id="up-child") == (
+            OTHER_ROWS["telegram_dm_topic_bindings"][0])
+        assert db.is_telegram_topic_mode_enabled(chat_id="4242", user_id="4242")
+        db.delete_session("up-child")
+        assert db.get_telegram_topic_binding(chat_id="4242", thread_id="17") is None
+        assert db.list_telegram_topic_bindings_for_chat(chat_id="4242") == []
+
+
 # Opens argv[1] once the clock reaches argv[2]; prints how many messages carry a uid.
 OPEN_SCRIPT = """
 import json, sys, time
