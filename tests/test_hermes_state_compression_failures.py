@@ -119,6 +119,7 @@ def test_a_closed_handle_reads_zero_and_the_cooldown_writes_do_not_raise(
         db.set_compression_fallback_streak("s1", 1)  # "errors propagate"
 
 
+@pytest.mark.slow
 def test_cooldown_writes_are_logged_not_raised_while_the_store_stays_locked(
     db: SessionDB, hold_write_lock, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
