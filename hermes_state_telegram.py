@@ -116,22 +116,32 @@ def _cascades(conn: sqlite3.Connection) -> bool:
     return any(row[0].upper() == "CASCADE" for row in conn.execute(BINDING_SESSION_FK_SQL))
 
 
+BINDINGS_COLUMNS_SQL = "SELECT name FROM pragma_table_info('telegram_dm_topic_bindings')"
+# {columns}: the binding columns the old table has (names from BINDING_COLUMNS only).
+COPY_BINDINGS_SQL = """
+INSERT INTO telegram_dm_topic_bindings_rebuilt ({columns})
+SELECT {columns} FROM telegram_dm_topic_bindings WHERE session_id IN (SELECT id FROM sessions)
+"""
+COUNT_BINDINGS_SQL = "SELECT COUNT(*) FROM telegram_dm_topic_bindings"
+DROP_BINDINGS_SQL = "DROP TABLE telegram_dm_topic_bindings"
+RENAME_REBUILT_SQL = (
+    "ALTER TABLE telegram_dm_topic_bindings_rebuilt RENAME TO telegram_dm_topic_bindings"
+)
+
+
 def _rebuild_bindings(conn: sqlite3.Connection) -> None:
     """Replace a bindings table without the cascade by one with it (SQLite cannot alter a
     foreign key), copying every binding whose session still exists."""
-    live = {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (BINDINGS_TABLE,))}
+    live = {r[0] for r in conn.execute(BINDINGS_COLUMNS_SQL)}
     columns = ", ".join(c for c in BINDING_COLUMNS if c in live)
     conn.execute(BINDINGS_TABLE_SQL.format(table=REBUILT_BINDINGS_TABLE))
-    copied = conn.execute(
-        f"INSERT INTO {REBUILT_BINDINGS_TABLE} ({columns}) SELECT {columns} FROM {BINDINGS_TABLE}"
-        " WHERE session_id IN (SELECT id FROM sessions)"
-    ).rowcount
-    (total,) = conn.execute(f"SELECT COUNT(*) FROM {BINDINGS_TABLE}").fetchone()
+    copied = conn.execute(COPY_BINDINGS_SQL.format(columns=columns)).rowcount
+    (total,) = conn.execute(COUNT_BINDINGS_SQL).fetchone()
     if total > copied:
         logger.warning("%d Telegram topic binding(s) named deleted sessions; not copied",
                        total - copied)
-    conn.execute(f"DROP TABLE {BINDINGS_TABLE}")
-    conn.execute(f"ALTER TABLE {REBUILT_BINDINGS_TABLE} RENAME TO {BINDINGS_TABLE}")
+    conn.execute(DROP_BINDINGS_SQL)
+    conn.execute(RENAME_REBUILT_SQL)
 
 
 def apply_telegram_topic_migration(conn: sqlite3.Connection, /) -> None:
