@@ -13,7 +13,9 @@ Write discipline (one place, :meth:`SessionDB._write`):
   250 ms–1 s — so that contending writers do not retry in lockstep, until the write's patience
   runs out: 20 s for ordinary writes, 60 s for transcript writes, 0.5 s for activity stamps.
   Then :class:`StateDbLockedError` (reason ``session_persistence_failed:locked``) names the
-  processes holding the lock, in a WARNING and in ``<home>/logs/errors.log``;
+  processes holding the lock, in a WARNING and in ``<home>/logs/errors.log``. An activity
+  stamp (an observation such as the working directory, see :func:`_activity`) is skipped at
+  that point instead of raising: nothing depends on it, and the next observation stamps again;
 * corruption proven to lie in the FTS indexes only detaches them (``fts_stale``) and the
   canonical write is retried once without them; any other corruption quarantines the file;
 * after every 50 successful writes a PASSIVE checkpoint runs. With an SQLite inside the
@@ -72,16 +74,22 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
+import hermes_state_compression_failures as compression_failures
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
+import hermes_state_handoff as handoff
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
+import hermes_state_peers as peers
 import hermes_state_portability as portability
 import hermes_state_quarantine as quarantine
 import hermes_state_schema as schema
 import hermes_state_search as search
+import hermes_state_session_model as session_model
 import hermes_state_sessions as sessions
+import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
+import hermes_state_workspace as workspace
 from hermes_state_common import (
     SCHEMA_VERSION,
     child_process_env,
@@ -100,6 +108,7 @@ from hermes_state_portability import (
     restore_state_db,
 )
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_workspace import workspace_key
 
 __all__ = [
     "SessionDB",
@@ -118,6 +127,7 @@ __all__ = [
     "child_process_env",
     "ProfileStoreRegistry",
     "profile_stores",
+    "workspace_key",
     *errors.__all__,
 ]
 
@@ -221,6 +231,53 @@ def _writes(
 
     method.__signature__ = _method_signature(like or fn)  # type: ignore[attr-defined]
     return method
+
+
+# What a failing store does (a closed handle included) — not what a bad argument does: an
+# InvalidInputError still reaches the caller.
+_STORE_ERRORS: tuple[type[BaseException], ...] = (
+    sqlite3.Error,
+    errors.StateDbLockedError,
+    errors.StateDbCorruptError,
+    errors.StateDbFullError,
+    errors.StateDbIOError,
+    errors.StateDbClosedError,
+    errors.StateDbUnavailableError,
+)
+
+
+def _or_fallback(method: Method[P, T], fallback: Callable[[], T]) -> Method[P, T]:
+    """``method`` for callers that probe the store and switch a feature off on failure: a
+    store error is logged and answered with ``fallback()`` instead of raised."""
+
+    @functools.wraps(method)
+    def lenient(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except _STORE_ERRORS as exc:
+            logger.warning("%s on %s answered without the store: %s", method.__name__,
+                           self.path, exc)
+            return fallback()
+
+    lenient.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+    return lenient
+
+
+def _activity(fn: Callable[Concatenate[sqlite3.Connection, P], None]) -> Method[P, None]:
+    """An observation-only stamp: ``fn`` written with the activity patience (0.5 s). When the
+    patience runs out the stamp is skipped — the write wrapper has already logged the lock
+    holders — rather than an error reaching the code that made the observation."""
+    write = _writes(fn, "activity")
+
+    @functools.wraps(write)
+    def stamp(self: SessionDB, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            write(self, *args, **kwargs)
+        except errors.StateDbLockedError:
+            logger.warning("%s on %s skipped: the store stayed locked", fn.__name__, self.path)
+
+    stamp.__signature__ = inspect.signature(write)  # type: ignore[attr-defined]
+    return stamp
 
 
 def _call_record(signature: inspect.Signature, bound: dict[str, Any]) -> dict[str, Any]:
@@ -803,6 +860,21 @@ class SessionDB:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
         return portability.import_jsonl(self._transcript_write, fp)
 
+    # --- session model, workspace, handoff ----------------------------------------------------
+
+    update_session_meta = _writes(session_model.update_session_meta)
+    update_session_model = _writes(session_model.update_session_model)
+    update_session_billing_route = _writes(session_model.update_session_billing_route)
+    update_session_cwd = _activity(workspace.update_session_cwd)
+    backfill_repo_roots = _writes(workspace.backfill_repo_roots)
+    distinct_session_cwds = _reads(workspace.distinct_session_cwds)
+    request_handoff = _writes(handoff.request_handoff)
+    claim_handoff = _writes(handoff.claim_handoff)
+    complete_handoff = _writes(handoff.complete_handoff)
+    fail_handoff = _writes(handoff.fail_handoff)
+    get_handoff_state = _or_fallback(_reads(handoff.get_handoff_state), lambda: None)
+    list_pending_handoffs = _or_fallback(_reads(handoff.list_pending_handoffs), list)
+
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
     prune_sessions = _writes(sessions.prune_sessions)
@@ -948,6 +1020,19 @@ class SessionDB:
     refresh_compression_lock = _writes(compression.refresh_compression_lock)
     release_compression_lock = _writes(compression.release_compression_lock)
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
+    get_compression_fallback_streak = _or_fallback(
+        _reads(compression_failures.get_compression_fallback_streak), int
+    )
+    set_compression_fallback_streak = _writes(compression_failures.set_compression_fallback_streak)
+    record_compression_failure_cooldown = _or_fallback(
+        _writes(compression_failures.record_compression_failure_cooldown), lambda: None
+    )
+    get_compression_failure_cooldown = _reads(
+        compression_failures.get_compression_failure_cooldown
+    )
+    clear_compression_failure_cooldown = _or_fallback(
+        _writes(compression_failures.clear_compression_failure_cooldown), lambda: None
+    )
 
     # --- gateway: runtime epoch, admissions, workers ------------------------------------------
 
@@ -982,6 +1067,27 @@ class SessionDB:
     update_async_delegation = _writes(gateway.update_async_delegation)
     get_async_delegation = _reads(gateway.get_async_delegation)
     list_async_delegations = _reads(gateway.list_async_delegations)
+
+    # --- gateway: sessions by peer, Telegram DM topics -----------------------------------------
+
+    list_gateway_sessions = _reads(peers.list_gateway_sessions)
+    find_session_by_origin = _reads(peers.find_session_by_origin)
+    find_latest_gateway_session_for_peer = _reads(peers.find_latest_gateway_session_for_peer)
+    record_gateway_session_peer = _writes(peers.record_gateway_session_peer)
+    set_expiry_finalized = _writes(peers.set_expiry_finalized)
+    apply_telegram_topic_migration = _writes(telegram.apply_telegram_topic_migration)
+    enable_telegram_topic_mode = _writes(telegram.enable_telegram_topic_mode)
+    disable_telegram_topic_mode = _writes(telegram.disable_telegram_topic_mode)
+    is_telegram_topic_mode_enabled = _reads(telegram.is_telegram_topic_mode_enabled)
+    bind_telegram_topic = _writes(telegram.bind_telegram_topic)
+    get_telegram_topic_binding = _reads(telegram.get_telegram_topic_binding)
+    get_telegram_topic_binding_by_session = _reads(telegram.get_telegram_topic_binding_by_session)
+    list_telegram_topic_bindings_for_chat = _reads(telegram.list_telegram_topic_bindings_for_chat)
+    is_telegram_session_linked_to_topic = _reads(telegram.is_telegram_session_linked_to_topic)
+    delete_telegram_topic_binding = _writes(telegram.delete_telegram_topic_binding)
+    list_unlinked_telegram_sessions_for_user = _reads(
+        telegram.list_unlinked_telegram_sessions_for_user
+    )
 
     # --- gateway: exception-path ownership ----------------------------------------------------
 

@@ -308,6 +308,13 @@ def clean_optional(value: str | None) -> str | None:
     return None if value is None else clean_text(str(value))
 
 
+def stored_text(value: object) -> str | None:
+    """``str(value)`` as a key SQLite can bind and compare; None when it holds a lone
+    surrogate: no stored key can, so such a key names nothing and is never written."""
+    text = str(value)
+    return text if clean_text(text) == text else None
+
+
 def encode_json(value: Any) -> str | None:
     """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is."""
     if value is None:
@@ -521,6 +528,12 @@ def quote_identifier(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 # Canonical tables. Column additions here are picked up by _reconcile_columns() on open.
+# In `sessions`, handoff_platform / handoff_error and the compression_failure_cooldown_until,
+# compression_failure_error and compression_fallback_streak columns carry the previous store's
+# names: the handoff and compression-state functions use them. handoff_target, handoff_at,
+# compression_failure_count, last_compression_error and last_compression_failed_at are this
+# library's earlier columns of other meanings; nothing here writes them, and they stay because a
+# file may hold caller-set values in them.
 TABLES_SQL = """
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL
@@ -567,9 +580,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     handoff_state TEXT,
     handoff_target TEXT,
     handoff_at REAL,
+    handoff_platform TEXT,
+    handoff_error TEXT,
     compression_failure_count INTEGER DEFAULT 0,
     last_compression_error TEXT,
     last_compression_failed_at REAL,
+    compression_failure_cooldown_until REAL,
+    compression_failure_error TEXT,
+    compression_fallback_streak INTEGER NOT NULL DEFAULT 0,
     successor_session_id TEXT,
     profile_name TEXT,
     transport_profile TEXT,
@@ -724,6 +742,7 @@ INDEXES_SQL = f"""
 CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source);
 CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id);
 CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC);
+CREATE INDEX IF NOT EXISTS idx_sessions_handoff_state ON sessions(handoff_state, started_at);
 CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique
     ON sessions(title) WHERE title IS NOT NULL;
 CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp);

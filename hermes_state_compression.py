@@ -74,6 +74,7 @@ __all__ = [
     "get_session_ancestors",
     "get_session_descendants",
     "get_compression_tip",
+    "compression_tip",
     "get_compression_lineage",
     "compression_ancestors",
     "archive_and_compact",
@@ -116,12 +117,20 @@ def get_session_descendants(conn: sqlite3.Connection, session_id: str) -> list[d
     return _rows(conn, DESCENDANTS_SQL, session_id)
 
 
-def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Where the compression chain starting at ``session_id`` currently ends."""
+def compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """Where the compression chain starting at ``session_id`` currently ends; None for an
+    unknown session."""
     family, children = family_of(conn, session_id)
     if session_id not in family:
         return None
     return chain_from(family, children, session_id)[-1]
+
+
+def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
+    """Where the compression chain starting at ``session_id`` currently ends: the id itself
+    when nothing continues it, an unknown id included (callers switch to whatever this
+    returns)."""
+    return compression_tip(conn, session_id) or session_id
 
 
 # One step of the rule of hermes_state_sessions.next_in_chain, for walking up a chain.

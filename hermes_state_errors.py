@@ -32,6 +32,7 @@ __all__ = [
     "ReceiptRejectedError",
     "SessionNotFoundError",
     "TitleConflictError",
+    "TopicAlreadyLinkedError",
     "OwnerLookupError",
     "CompressionConflictError",
     "ProfileNotFoundError",
@@ -250,6 +251,17 @@ class SessionNotFoundError(HermesStateError, KeyError):
 
 class TitleConflictError(HermesStateError, ValueError):
     """Another session already carries this title."""
+
+
+class TopicAlreadyLinkedError(HermesStateError, ValueError):
+    """A session bound to one Telegram topic was bound to another; nothing was written. The
+    message says the session "is already linked", which callers match."""
+
+    def __init__(self, message: str, *, session_id: str, chat_id: str, thread_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.chat_id = chat_id
+        self.thread_id = thread_id
 
 
 class OwnerLookupError(HermesStateError):

@@ -98,7 +98,7 @@ from hermes_state_common import (
     sql_values,
     table_exists,
 )
-from hermes_state_compression import compression_ancestors, get_compression_tip
+from hermes_state_compression import compression_ancestors, compression_tip
 from hermes_state_errors import (
     LedgerConflictError,
     OwnerLookupError,
@@ -723,20 +723,20 @@ def save_gateway_routing_entry(
 
 def load_gateway_routing_entries(
     conn: sqlite3.Connection, *, scope: str = ""
-) -> dict[str, Any]:
-    """``{session_key: entry}`` of one scope, entries decoded from JSON."""
+) -> dict[str, str]:
+    """``{session_key: entry_json}`` of one scope: each entry's JSON text as stored (the
+    gateway parses it)."""
     rows = conn.execute(
         "SELECT session_key, entry_json FROM gateway_routing WHERE scope = ? ORDER BY session_key",
         (scope,),
     )
-    return {key: decode_json(text) for key, text in rows}
+    return dict(rows.fetchall())
 
 
 def replace_gateway_routing_entries(
     conn: sqlite3.Connection, entries: Mapping[str, Any], *, scope: str = ""
-) -> int:
-    """Make ``entries`` the whole content of ``scope`` (other scopes untouched); returns how
-    many entries the scope now holds."""
+) -> None:
+    """Make ``entries`` the whole content of ``scope`` (other scopes untouched)."""
     conn.execute("DELETE FROM gateway_routing WHERE scope = ?", (scope,))
     stamp = now()
     conn.executemany(
@@ -744,7 +744,6 @@ def replace_gateway_routing_entries(
         [(scope, _check_text("session_key", k), _routing_json(v), stamp)
          for k, v in entries.items()],
     )
-    return len(entries)
 
 
 def delete_gateway_routing_entries(
@@ -973,7 +972,7 @@ def owner_search_order(conn: sqlite3.Connection, session_id: str) -> list[str]:
        compression ancestors of the target, of the tip and of the session itself.
     """
     forwarded = _forwarding_chain(conn, session_id)
-    tip = get_compression_tip(conn, session_id)
+    tip = compression_tip(conn, session_id)
     order: list[str] = []
 
     def add(candidates: Iterable[str | None]) -> None:

@@ -1,16 +1,28 @@
 """Applying the schema: fresh creation, declarative column reconciliation, numbered migrations.
 
-An up-to-date database costs one read at open: the version. Anything older is brought forward
-in place, each step in its own write transaction that first re-reads the version, so several
-processes opening an old file at once do every step exactly once:
+An up-to-date database costs two reads at open: the version, and the live tables, columns and
+indexes compared with ``SCHEMA_SQL``; only a file that lacks something declared (a column
+added to the declaration since the file was written) takes a write, which adds what is missing
+and leaves the version as it is. Anything older is brought forward in place, each step in its
+own write transaction that first re-reads the version, so several processes opening an old
+file at once do every step exactly once:
 
 1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
    compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
    they need nothing else; this is also why a version-1 file (sessions and messages with only
-   their original columns) upgrades without special code.
+   their original columns) upgrades without special code. A declared ``NOT NULL`` column
+   without a default cannot be added to a table that already has rows; there it is added
+   nullable, so every row stays (a file written by the previous store has such tables).
 2. *Migrations*: the append-only :data:`MIGRATIONS` list, for what a column list cannot say
    (data rewrites, unique indexes over old data, FTS generations). Each step bumps the version
    when it commits.
+
+A stamp is only comparable within this library's own numbering. The previous store stamps its
+files with its own numbers (21, say) without ever having run steps 12 and 18 of this list, so
+a version alone cannot tell that those data rules are still owed: when the bootstrap has to add
+``messages.message_uid``, the file never had them, and they run right there
+(:func:`restore_data_invariants`; both are idempotent, so a file of this library's own early
+versions is unaffected).
 
 A database whose version is newer than this library's is never touched: it raises
 :class:`~hermes_state_errors.StateDbUnavailableError` with reason ``"incompatible"``.
@@ -53,6 +65,8 @@ __all__ = [
     "refuse_newer",
     "ensure_schema",
     "expected_columns",
+    "expected_indexes",
+    "lacks_declared_schema",
     "restore_data_invariants",
 ]
 
@@ -128,11 +142,48 @@ def _live_columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))}
 
 
+@functools.cache
+def expected_indexes() -> frozenset[str]:
+    """The names of the indexes ``INDEXES_SQL`` declares."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES_SQL + INDEXES_SQL)
+        rows = mem.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql NOT NULL")
+        return frozenset(r[0] for r in rows)
+    finally:
+        mem.close()
+
+
+# The (table, column) pairs of the canonical tables named in the JSON list parameter (never of
+# the FTS tables: a virtual table's columns may need its module), and every named index.
+LIVE_COLUMNS_SQL = """
+SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c
+WHERE m.type = 'table' AND m.name IN (SELECT value FROM json_each(?))
+"""
+LIVE_INDEXES_SQL = "SELECT name FROM sqlite_master WHERE type = 'index'"
+
+
+def lacks_declared_schema(conn: sqlite3.Connection) -> bool:
+    """True when a table, column or index ``SCHEMA_SQL`` declares is missing (reads only)."""
+    tables = expected_columns()
+    live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
+    declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
+    if not declared <= live:
+        return True
+    return not expected_indexes() <= {r[0] for r in conn.execute(LIVE_INDEXES_SQL)}
+
+
+def _has_rows(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute(f"SELECT 1 FROM {quote_identifier(table)} LIMIT 1").fetchone() is not None
+
+
 def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
     """Add every column ``SCHEMA_SQL`` declares that the live tables lack; returns them.
 
     Idempotent, and tolerant of a column that appeared meanwhile: a failed ADD is only an
-    error if the column is still missing afterwards.
+    error if the column is still missing afterwards. A ``NOT NULL`` column without a default
+    joins a table with rows as a nullable column (SQLite refuses it otherwise, and the rows
+    must stay).
     """
     added = []
     for table, columns in expected_columns().items():
@@ -144,7 +195,7 @@ def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
                 f"ALTER TABLE {quote_identifier(table)}"
                 f" ADD COLUMN {quote_identifier(name)} {decl_type}"
             )
-            if notnull:
+            if notnull and (default is not None or not _has_rows(conn, table)):
                 ddl += " NOT NULL"
             if default is not None:
                 ddl += f" DEFAULT {default}"
@@ -314,7 +365,19 @@ def _bootstrap(conn: sqlite3.Connection) -> None:
     _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
+    if "messages.message_uid" in _reconcile_columns(conn):
+        restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
+
+
+def _complete_current(conn: sqlite3.Connection) -> None:
+    """A current-version file that lacks part of the declaration (written before a column or
+    index was declared) gets it; the version stays."""
+    if read_version(conn) != SCHEMA_VERSION or not lacks_declared_schema(conn):
+        return
+    for statement in split_sql(TABLES_SQL):
+        conn.execute(statement)
     _reconcile_columns(conn)
+    _finish(conn)
 
 
 def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
@@ -342,6 +405,8 @@ def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
     """
     found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
+        if lacks_declared_schema(conn):
+            write(_complete_current)
         return found
     if found is None and write(_create_fresh):
         return None

@@ -382,26 +382,40 @@ def test_prune_skips_a_session_with_live_work_until_it_is_resolved(db: SessionDB
 # ---------------------------------------------------------------------------------------------
 
 
+def loaded(db: SessionDB, scope: str = "") -> dict[str, Any]:
+    """The scope's routing entries, parsed as the gateway parses them."""
+    return {k: json.loads(v) for k, v in db.load_gateway_routing_entries(scope=scope).items()}
+
+
 def test_routing_entries_are_kept_per_scope(db: SessionDB) -> None:
     db.save_gateway_routing_entry("k1", {"chat": 1})
     db.save_gateway_routing_entry("k2", '{"chat": 2}')
     db.save_gateway_routing_entry("k1", {"chat": "other bot"}, scope="bot-b")
     db.save_gateway_routing_entry("k1", {"chat": 11})
-    assert db.load_gateway_routing_entries() == {"k1": {"chat": 11}, "k2": {"chat": 2}}
-    assert db.load_gateway_routing_entries(scope="bot-b") == {"k1": {"chat": "other bot"}}
+    assert loaded(db) == {"k1": {"chat": 11}, "k2": {"chat": 2}}
+    assert loaded(db, "bot-b") == {"k1": {"chat": "other bot"}}
 
-    assert db.replace_gateway_routing_entries({"k3": [3]}, scope="bot-b") == 1
-    assert db.load_gateway_routing_entries(scope="bot-b") == {"k3": [3]}
+    assert db.replace_gateway_routing_entries({"k3": [3]}, scope="bot-b") is None
+    assert loaded(db, "bot-b") == {"k3": [3]}
     assert db.delete_gateway_routing_entries(["k1", "missing"]) == 1
-    assert db.load_gateway_routing_entries() == {"k2": {"chat": 2}}
-    assert db.load_gateway_routing_entries(scope="bot-b") == {"k3": [3]}
+    assert loaded(db) == {"k2": {"chat": 2}}
+    assert loaded(db, "bot-b") == {"k3": [3]}
     with pytest.raises(ValueError):
         db.save_gateway_routing_entry("k4", "{not json")
 
 
+def test_loaded_routing_entries_are_the_stored_json_text(db: SessionDB) -> None:
+    text = '{"session_id": "s1",  "spacing": "as written", "n": 1.50}'
+    db.save_gateway_routing_entry("k1", text)
+    db.replace_gateway_routing_entries({"k2": text, "k3": {"x": "東京"}}, scope="s")
+    assert db.load_gateway_routing_entries() == {"k1": text}
+    assert db.load_gateway_routing_entries(scope="s") == {"k2": text, "k3": '{"x":"東京"}'}
+    assert db.load_gateway_routing_entries(scope="no such scope") == {}
+
+
 def test_any_number_of_routing_keys_can_be_deleted_at_once(db: SessionDB) -> None:
     entries = {f"key-{i}": {"i": i} for i in range(10_050)}
-    assert db.replace_gateway_routing_entries(entries) == 10_050
+    assert db.replace_gateway_routing_entries(entries) is None
     doomed = (f"key-{i}" for i in range(10_000))
     assert db.delete_gateway_routing_entries(doomed) == 10_000
     assert sorted(db.load_gateway_routing_entries()) == sorted(f"key-{i}" for i in

@@ -79,7 +79,7 @@ def test_compression_tip_follows_newest_children_of_compressed_sessions(
     assert family.get_compression_tip("gen2") == "gen3"
     assert family.get_compression_tip("gen3") == "gen3"
     assert family.get_compression_tip("side") == "side"
-    assert family.get_compression_tip("missing") is None
+    assert family.get_compression_tip("missing") == "missing"  # no continuation: its input
 
 
 def test_children_of_a_session_not_ended_by_compression_are_no_successors(

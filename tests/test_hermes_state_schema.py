@@ -525,3 +525,95 @@ def test_two_processes_upgrading_at_once_migrate_once(
         assert set(db.check_fts_integrity().values()) == {None}
         uids = [m["message_uid"] for s in ("root", "child") for m in db.get_messages(s)]
         assert len(set(uids)) == len(V1_MESSAGES)
+
+
+# --- a current-version file written before columns were declared ------------------------------
+
+# The columns and index the previous store's callers rely on, declared after version 31 first
+# shipped: a version-31 file written before then lacks them.
+CALLER_COLUMNS = {
+    "handoff_platform": None,
+    "handoff_error": None,
+    "compression_failure_cooldown_until": None,
+    "compression_failure_error": None,
+    "compression_fallback_streak": 0,
+}
+
+
+def strip_caller_columns(path: Path) -> None:
+    """Make ``path`` the version-31 file it was before the caller columns were declared."""
+    with raw(path) as conn:
+        conn.execute("DROP INDEX idx_sessions_handoff_state")
+        for name in CALLER_COLUMNS:
+            conn.execute(f"ALTER TABLE sessions DROP COLUMN {name}")
+    conn.close()
+
+
+def test_every_full_session_row_carries_the_callers_columns(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    row = db.get_session("s")
+    assert {name: row[name] for name in CALLER_COLUMNS} == CALLER_COLUMNS
+    assert set(CALLER_COLUMNS) <= set(db.list_sessions_rich()[0])
+    # This library's own handoff and compression-failure columns stay beside them.
+    assert {"handoff_target", "handoff_at", "compression_failure_count",
+            "last_compression_error", "last_compression_failed_at"} <= set(row)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_version_31_file_without_them_gains_them_in_place(db_path: Path, seed: int) -> None:
+    with SessionDB(db_path) as db:
+        for n in range(seed * 4):
+            db.create_session(f"s{n}", "cli", title=f"title {n}", handoff_state="pending",
+                              handoff_target="telegram", compression_failure_count=n)
+            db.append_message(f"s{n}", "user", f"message {n} 東京")
+        uids = [m["message_uid"] for n in range(seed * 4) for m in db.get_messages(f"s{n}")]
+    strip_caller_columns(db_path)
+    before = rows(db_path, "SELECT * FROM sessions ORDER BY id")
+    messages_before = rows(db_path, "SELECT * FROM messages ORDER BY id")
+    with SessionDB(db_path) as db:
+        row = db.get_session("s0")
+        assert {name: row[name] for name in CALLER_COLUMNS} == CALLER_COLUMNS
+        assert (row["handoff_state"], row["handoff_target"], row["compression_failure_count"]) == (
+            "pending", "telegram", 0)
+        assert [m["message_uid"] for n in range(seed * 4)
+                for m in db.get_messages(f"s{n}")] == uids
+    width = len(before[0])
+    assert [r[:width] for r in rows(db_path, "SELECT * FROM sessions ORDER BY id")] == before
+    assert rows(db_path, "SELECT * FROM messages ORDER BY id") == messages_before
+    assert rows(db_path, "SELECT version FROM schema_version") == [(31,)]
+    with raw(db_path) as conn:
+        assert set(CALLER_COLUMNS) <= set(columns(conn, "sessions"))
+        assert "idx_sessions_handoff_state" in names(conn, "index")
+    conn.close()
+
+
+def test_the_completed_file_then_opens_without_writing(db_path: Path) -> None:
+    SessionDB(db_path).close()
+    strip_caller_columns(db_path)
+    SessionDB(db_path).close()
+    digest = file_digest(db_path)
+    with SessionDB(db_path) as db:
+        assert db.get_session("none") is None
+    assert file_digest(db_path) == digest
+
+
+OPEN_SCRIPT = """
+import sys, time
+from hermes_state import SessionDB
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+with SessionDB(sys.argv[1]) as db:
+    print(db.get_session("s0")["compression_fallback_streak"])
+"""
+
+
+@pytest.mark.slow
+def test_processes_completing_one_file_at_once_all_succeed(db_path: Path, spawn_python) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s0", "cli")
+    strip_caller_columns(db_path)
+    start = f"{time.time() + 0.8:.3f}"
+    procs = [spawn_python(OPEN_SCRIPT, str(db_path), start) for _ in range(3)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.strip() == "0"
