@@ -21,11 +21,18 @@ from hermes_state import (
 )
 from state_helpers import (
     add_ledgers_and_outbox,
+    append_and_die,
+    append_until_corrupt,
     btree_pages,
     file_hashes,
+    flip_byte,
+    kill_restore_midway,
     overwrite_pages,
+    point_freelist_at_live_pages,
     populate,
     process_holding,
+    store_of,
+    wal_frame_offset,
 )
 
 LEDGERS = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
@@ -339,3 +346,107 @@ def test_a_table_this_schema_does_not_know_is_copied_with_its_own_definition(
     assert report["tables"]["plugin_notes"]["unknown_table"]
     assert report["tables"]["plugin_notes"]["copied"] == 2
     assert count(tmp_path / "out.db", "plugin_notes") == 2
+
+
+# --- interrupted transactions and damaged sidecars --------------------------------------------
+
+SEEDS = [1, 2, 3]
+
+
+def message_rows(path: Path) -> dict[int, tuple]:
+    """id → (session_id, role, content) of every message of a readable store (immutable, so
+    nothing beside the file is created or changed)."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return {r[0]: r[1:] for r in conn.execute(
+            "SELECT id, session_id, role, content FROM messages")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_recover_reads_the_committed_state_behind_a_killed_restore(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 3, 700, seed)
+    store_of(tmp_path / "snapshot.db", "snap", 3, 700, seed + 100)
+    committed = message_rows(db_path)
+    kill_restore_midway(hermes_home, db_path, tmp_path / "snapshot.db")
+    before = file_hashes(hermes_home)
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    assert file_hashes(hermes_home) == before  # the source and its journal are untouched
+    assert message_rows(out) == committed  # every committed row, and not one of the snapshot's
+    with SessionDB(out, read_only=True) as copy:
+        assert {s["id"] for s in copy.search_sessions(limit=-1)} == {f"live-{n}" for n in range(3)}
+    assert report["journal"]["rolled_back_pages"] > 10
+    assert not report["journal"]["damaged_records"] and not report["journal"]["header_damaged"]
+    assert any("hot rollback journal" in note for note in report["notes"])
+    entry = report["tables"]["messages"]
+    assert entry["found"] == entry["copied"] == len(committed) and entry["lost"] == 0
+    assert report["complete"] and report["verified"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3, 6])
+def test_recover_keeps_every_row_the_main_file_holds_when_the_wal_reused_live_pages(
+    seed: int, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 6, 400, seed)
+    with SessionDB(db_path) as db:
+        db.delete_session("live-5")  # its pages go to the freelist
+    point_freelist_at_live_pages(db_path, "messages", seed)
+    acknowledged = append_until_corrupt(db_path, "live-0")
+    assert db_path.with_name("state.db-wal").stat().st_size > 0  # quarantine kept the -wal
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copyfile(db_path, alone / "state.db")  # the main file without its -wal
+    recover_state_db(alone / "state.db", tmp_path / "main-file.db")
+    held = message_rows(tmp_path / "main-file.db")
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    salvaged = message_rows(out)
+    assert set(acknowledged) <= set(salvaged)  # every acknowledged append...
+    assert set(held) <= set(salvaged)  # ...and every row the main file alone holds
+    entry = report["tables"]["messages"]
+    only = entry["only_in"]["file"]
+    assert only["found"] == only["copied"] > 0 and set(only["ids"]) <= set(held)
+    assert all(salvaged[i] == held[i] for i in only["ids"])
+    assert entry["sources"]["file"] == only["copied"]
+    assert entry["lost"] is None and not entry["lost_exact"] and not report["complete"]
+    assert any("only the main file holds" in note for note in report["notes"])
+    # Impossible rowids (pages of other tables read as messages) are reported, never copied.
+    sequence = sqlite3.connect(out).execute(
+        "SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()[0]
+    assert all(0 < i <= sequence for i in salvaged)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_recover_salvages_the_commits_after_a_damaged_wal_frame(
+    seed: int, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "base", 1, 150, seed)
+    before = message_rows(db_path)
+    acknowledged = append_and_die(db_path, "base-0", 20)
+    wal = db_path.with_name("state.db-wal")
+    rng = random.Random(seed)
+    frame = rng.randrange(2, 12)
+    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(4096))
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    salvaged = message_rows(out)
+    assert set(before) | set(acknowledged) == set(salvaged)
+    assert [salvaged[i][2] for i in acknowledged] == [
+        f"acked {n} " + "y" * (100 + 37 * n) for n in range(20)]
+    damage = report["wal"]
+    assert damage["damaged_frames"] == [frame] and damage["readable_by_sqlite"] < frame
+    assert damage["later_commits"] >= 19 and damage["rows_after_damage"]["messages"] >= 19
+    assert any("the -wal is damaged at frame" in note for note in report["notes"])
+    entry = report["tables"]["messages"]
+    if not damage["unreplaced_pages"]:  # the damaged frame's page was rewritten later
+        assert entry["lost"] == 0 and entry["lost_exact"] and report["complete"]
