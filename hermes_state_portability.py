@@ -1402,6 +1402,35 @@ def _sql_rows(src: _View, report: _TableReport) -> Iterator[tuple[int | None, li
         report.source_count = None
 
 
+def _sql_rows_not_in(
+    src: _View, report: _TableReport, taken: set[int]
+) -> Iterator[tuple[int | None, list[Any]]]:
+    """The rows of an older view that no newer view gave: the rowids are scanned first (a
+    scan that decodes no column) and only the missing rows are read whole. Where SQLite
+    cannot do that, the whole table is read (and from there, page by page)."""
+    if src.sql is None or report.error is not None or not report.shape.rowid:
+        yield from _sql_rows(src, report)
+        return
+    table = quote_identifier(report.name)
+    try:
+        missing = [r for (r,) in src.sql.execute(f"SELECT rowid FROM {table}") if r not in taken]
+    except sqlite3.Error:
+        yield from _sql_rows(src, report)
+        return
+    columns = ", ".join(quote_identifier(c) for c in report.shape.columns)
+    for start in range(0, len(missing), _INSERT_BATCH):
+        chunk = missing[start : start + _INSERT_BATCH]
+        try:
+            rows = src.sql.execute(
+                f"SELECT rowid, {columns} FROM {table} WHERE rowid IN"
+                f" ({', '.join('?' * len(chunk))})", chunk).fetchall()
+        except sqlite3.Error as exc:
+            report.error = f"{type(exc).__name__}: {exc}"  # the page walk reads the rest
+            return
+        for row in rows:
+            yield row[0], list(row[1:])
+
+
 def _page_rows(
     src: _View, report: _TableReport, claimed: set[int]
 ) -> Iterator[tuple[int, list[Any]]]:
@@ -1679,7 +1708,9 @@ def _salvage(view: _View, vplan: _Plan, plan: _Plan, merge: _Merge, say: Progres
                               "match the newest schema; its rows there were not read")
             continue
         targets[read.name] = target
-        merge.copy(target, read, view.name, _sql_rows(view, read))
+        rows = _sql_rows(view, read) if read is target else _sql_rows_not_in(
+            view, read, merge.seen.get(read.name, set()))
+        merge.copy(target, read, view.name, rows)
         if read.error is not None:
             where = "" if read is target else f" ({view.name})"
             say(f"reading {read.name} page by page{where}", target.found, None)
