@@ -530,14 +530,10 @@ def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: li
     if not scan.problem:
         return
     rows = ff.wal_damage_rows(path, wal, scan)
-    where = "its header" if scan.damaged[0] == 0 else f"frame {scan.damaged[0]}"
-    held = ", ".join(f"{n} {table}" for table, n in sorted(rows.items())) or "no table rows"
     report["wal_damage"] = {"damaged_frames": scan.damaged[:100], "readable": scan.readable,
                             "later_commits": scan.later_commits,
                             "later_frames": scan.later_frames, "rows_after_damage": rows}
-    problems.append(f"the -wal is damaged at {where}: SQLite reads only its first "
-                    f"{scan.readable} frames and drops {scan.later_commits} later commits "
-                    f"({scan.later_frames} frames; rows only they hold: {held})")
+    problems.append(scan.describe(rows))
     nxt.append(_recover_hint(path))
 
 

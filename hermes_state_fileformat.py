@@ -639,6 +639,18 @@ class WalScan:
     def problem(self) -> bool:
         return bool(self.damaged)
 
+    def describe(self, rows: Mapping[str, int]) -> str:
+        """The damage in one sentence, with ``rows`` (see :func:`wal_damage_rows`)."""
+        first = self.damaged[0]
+        where = "its header" if first == 0 else f"frame {first}"
+        reads = f"only its first {self.readable} frames" if self.readable else "none of it"
+        commits = "commit" if self.later_commits == 1 else "commits"
+        frames = "frame" if self.later_frames == 1 else "frames"
+        held = ", ".join(f"{n} {table}" for table, n in sorted(rows.items())) or "none"
+        return (f"the -wal is damaged at {where}: SQLite reads {reads} and drops the "
+                f"{self.later_commits} {commits} after it ({self.later_frames} intact {frames};"
+                f" rows only they hold: {held})")
+
     def last_frame(self, *, salvage: bool) -> int:
         """The last frame a fold applies: SQLite's last readable commit, or with ``salvage``
         the last intact commit frame of the file."""

@@ -2000,16 +2000,15 @@ def _journal_entry(src: _Source, in_use: bool) -> dict[str, Any] | None:
         "header_damaged": journal.header_damaged,
         "transaction_in_progress": in_use,
     }
-    what = ("a transaction still in progress" if in_use else "an interrupted transaction "
-            "(a killed restore, repair promotion or write)")
+    what = ("of a transaction still in progress" if in_use else "left by an interrupted "
+            "transaction: a killed restore, repair promotion or write")
     if journal.header_damaged:
-        src.notes.append(f"the source has a rollback journal ({what}) whose header is "
-                         "damaged: nothing could be rolled back, so pages may hold "
-                         "uncommitted content")
+        src.notes.append(f"the source has a rollback journal {what}; its header is damaged: "
+                         "nothing could be rolled back, so pages may hold uncommitted content")
     else:
-        src.notes.append(f"the source has a hot rollback journal ({what}): it was rolled back "
-                         f"on the private copy first ({journal.rolled_back_pages} pages), so "
-                         "the rows read are the committed state; the source is unchanged")
+        src.notes.append(f"the source has a hot rollback journal {what}; it was rolled back on "
+                         f"the private copy first ({journal.rolled_back_pages} pages), so the "
+                         "rows read are the committed state; the source is unchanged")
     if journal.damaged:
         pages = ", ".join(str(p) for _, p in journal.damaged[:10])
         src.notes.append(f"{len(journal.damaged)} records of the rollback journal fail their "
@@ -2025,16 +2024,11 @@ def _wal_entry(src: _Source) -> dict[str, Any]:
         "stale_frames": scan.stale_frames, "uncommitted_frames": scan.torn_frames,
     }
     if scan.problem:
-        first = scan.damaged[0]
-        where = "its header" if first == 0 else f"frame {first}"
-        rows = ", ".join(f"{n} {t}" for t, n in sorted(src.wal_rows.items())) or "none"
         entry.update(damaged_frames=scan.damaged[:100], later_commits=scan.later_commits,
                      later_frames=scan.later_frames, rows_after_damage=src.wal_rows,
                      unreplaced_pages=src.wal.unreplaced)
-        src.notes.append(
-            f"the -wal is damaged at {where}: SQLite reads only its first {scan.readable} "
-            f"frames and drops {scan.later_commits} later commits ({scan.later_frames} frames;"
-            f" rows only they hold: {rows}); those commits verify and were folded in")
+        src.notes.append(scan.describe(src.wal_rows) + "; those commits verify and were "
+                         "folded in")
         if src.wal.unreplaced:
             pages = ", ".join(str(p) for p in src.wal.unreplaced[:10])
             src.notes.append(f"pages {pages} of damaged -wal frames are not rewritten by a "
