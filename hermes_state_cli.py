@@ -526,6 +526,8 @@ def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: li
     """A damaged -wal frame hides every later commit from SQLite, so opening the store shows
     nothing wrong: verify the frames themselves (the -wal is only read)."""
     wal = common.sidecar_paths(path)[0]
+    if not path.is_file():
+        return
     scan = ff.scan_wal(wal)
     if not scan.problem:
         return
