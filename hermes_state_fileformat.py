@@ -15,7 +15,10 @@ page cannot even be found by a key search. This module reads the file format dir
   database is the main file *plus* its WAL, and ``immutable=1`` would ignore the WAL;
 * roll a hot rollback journal (``-journal``) back into that copy first, because a transaction
   that never finished (a killed restore or repair promotion) leaves its new pages in the main
-  file and only the journal knows the committed ones.
+  file and only the journal knows the committed ones;
+* read a database as some of its WAL's frames make it without writing anything (a page
+  overlay), and list a table's rowids without reading payloads, to count what only the
+  commits after a damaged frame hold.
 
 Both sidecars are verified the way SQLite verifies them, and further: SQLite stops at the
 first WAL frame whose running checksum fails, silently dropping every later commit, and stops

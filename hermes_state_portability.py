@@ -20,7 +20,8 @@ so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads p
 copies. (``immutable=1`` on the source would skip the WAL's committed transactions; a
 ``mode=ro`` open takes locks and may create the sidecars.) A hot rollback journal (an
 interrupted restore, repair promotion or write) is rolled back on the copy first, so the
-rows read are the committed state, not the torn mix the main file holds. When the ``-wal``
+rows read are the committed state, not the torn mix the main file holds (a page whose journal
+record is damaged is read as blank, and as the transaction left it only last). When the ``-wal``
 holds commits, the source is read in views, newest first: the main file with the WAL's
 verified commits folded in (past a damaged frame, where later commits verify), the main file
 alone, and, where a damaged frame's page is not rewritten by a later commit, the damaged
@@ -1158,10 +1159,14 @@ class _TableReport:
 # commits of its -wal folded in, the main file alone, and (only where a damaged -wal frame's
 # page is not rewritten by a later commit) the first view with the damaged frames' own,
 # unverified content applied.
+# Last comes the main file as the interrupted transaction left it, where a damaged rollback
+# journal record could not restore a page (the other views read that page as blank).
 VIEW_WAL, VIEW_FILE, VIEW_DAMAGED = "file+wal", "file", "damaged-wal-frames"
+VIEW_TORN = "unrestored-journal-pages"
 _VIEW_WORDS = {
     VIEW_FILE: "the main file",
     VIEW_DAMAGED: "the unverified content of damaged -wal frames",
+    VIEW_TORN: "the pages a damaged rollback journal could not restore",
 }
 
 
@@ -1217,6 +1222,7 @@ class _Source:
             self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
         self.journal = ff.roll_back_journal(_journal_path(source), base)
         self.notes += self.journal.notes
+        torn = self._set_aside_unrestored(base, workdir / "torn.db")
         scan = ff.scan_wal(self.wal_path)
         self.wal = ff.WalFold(page_size=scan.page_size, scan=scan, notes=list(scan.notes))
         self.wal_rows: dict[str, int] = {}
@@ -1236,9 +1242,30 @@ class _Source:
                 shutil.copyfile(base, damaged)
                 ff.fold_wal(self.wal_path, damaged, unverified=True, scan=scan)
                 self.views.append(_View(VIEW_DAMAGED, damaged, self.wal.page_size, self.notes))
+            if torn is not None:
+                self.views.append(_View(VIEW_TORN, torn, self.journal.page_size, self.notes))
         except BaseException:
             self.close()
             raise
+
+    def _set_aside_unrestored(self, base: Path, torn: Path) -> Path | None:
+        """Where damaged journal records left pages unrestored, those pages may hold the
+        interrupted transaction's content: keep a copy as it is for a last view, and blank
+        them in ``base`` (page 1 excepted: without it nothing reads), so that no row of
+        theirs can pass for a committed one."""
+        journal = self.journal
+        pages = sorted({p for _, p in journal.damaged
+                        if 1 < p <= (journal.initial_pages or 0)})
+        if not pages or journal.page_size is None:
+            return None
+        shutil.copyfile(base, torn)
+        fd = os.open(base, os.O_WRONLY)
+        try:
+            for pgno in pages:
+                os.pwrite(fd, bytes(journal.page_size), (pgno - 1) * journal.page_size)
+        finally:
+            os.close(fd)
+        return torn
 
     @property
     def primary(self) -> _View:
@@ -2012,8 +2039,9 @@ def _journal_entry(src: _Source, in_use: bool) -> dict[str, Any] | None:
     if journal.damaged:
         pages = ", ".join(str(p) for _, p in journal.damaged[:10])
         src.notes.append(f"{len(journal.damaged)} records of the rollback journal fail their "
-                         f"checksum (pages {pages}): those pages may still hold uncommitted "
-                         "content; every record that verifies was rolled back")
+                         f"checksum (pages {pages}): those pages could not be restored and may "
+                         "hold uncommitted content, so their rows are taken last, only where no "
+                         "restored page holds them; every record that verifies was rolled back")
     return entry
 
 
@@ -2105,9 +2133,12 @@ def _table_notes(src: _Source, name: str, report: _TableReport, bounds: Mapping[
         refused = f" ({tally.refused} refused: a newer row holds their key)" if (
             tally.refused) else ""
         ids = ", ".join(str(i) for i in tally.ids[:10])
-        why = ("the -wal's version of their pages differs; they may include rows deleted "
-               "after the last checkpoint") if view == VIEW_FILE else (
-               "no verified content holds them: check them")
+        why = {
+            VIEW_FILE: "the -wal's version of their pages differs; they may include rows "
+                       "deleted after the last checkpoint",
+            VIEW_TORN: "no restored page holds them; they may be content the interrupted "
+                       "transaction never committed: check them",
+        }.get(view, "no verified content holds them: check them")
         src.notes.append(f"{name}: {tally.only_here} rows only {_VIEW_WORDS[view]} holds, "
                          f"{tally.copied} kept{refused} ({why}; ids {ids})")
     if report.impossible_count:

@@ -464,3 +464,39 @@ def test_recover_salvages_the_commits_after_a_damaged_wal_frame(
     entry = report["tables"]["messages"]
     if not damage["unreplaced_pages"]:  # the damaged frame's page was rewritten later
         assert entry["lost"] == 0 and entry["lost_exact"] and report["complete"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_damaged_journal_costs_only_the_pages_of_its_damaged_records(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 3, 700, seed)
+    store_of(tmp_path / "snapshot.db", "snap", 3, 700, seed + 100)
+    committed = message_rows(db_path)
+    pristine = tmp_path / "pristine.db"
+    shutil.copyfile(db_path, pristine)
+    kill_restore_midway(hermes_home, db_path, tmp_path / "snapshot.db")
+    journal = db_path.with_name("state.db-journal")
+    records = ff.read_journal(journal).records
+    leaves = set(btree_pages(pristine, "messages")["leaf"])
+    index, (page, at) = next((n, r) for n, r in enumerate(records)
+                             if r[0] in leaves and n > len(records) // 4)
+    flip_byte(journal, at + 4096 - 200)  # a byte the record's checksum samples
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    assert report["journal"]["damaged_records"] == [{"record": index, "page": page}]
+    assert any(f"pages {page}" in note and "fail their checksum" in note
+               for note in report["notes"])
+    entry = report["tables"]["messages"]
+    assert entry["lost"] is None and not entry["lost_exact"] and not report["complete"]
+    salvaged = message_rows(out)
+    with ff.DatabaseImage(pristine) as image:
+        on_page = ff.table_rowids(image, page)  # what the damaged record would have restored
+    assert set(committed) - set(salvaged) <= on_page  # only that page's rows can be missing
+    assert all(salvaged[i] == committed[i] for i in set(committed) - on_page)
+    # What the unrestored page holds comes last, and every row only it gave is named.
+    unrestored = entry.get("only_in", {}).get("unrestored-journal-pages", {"ids": []})
+    assert set(salvaged) - set(committed) <= set(unrestored["ids"])
+    assert all(salvaged[i] == committed[i] for i in set(salvaged) - set(unrestored["ids"]))
