@@ -376,8 +376,7 @@ def _recover_text(report: dict[str, Any]) -> None:
     print(f"source: {report['source']} (schema version {report['schema_version']}, "
           f"read by {report['schema_read_by']})")
     if len(report.get("views", [])) > 1:
-        print(f"read: {' and '.join(report['views'])} (the main file with its -wal, and the "
-              "main file alone)")
+        print(f"read: {', '.join(report['views'])} (a row comes from the first that holds it)")
     print(f"{'table':<24}{'found':>9}{'copied':>9}{'lost':>9}  method")
     for name, t in report["tables"].items():
         lost = "?" if t["lost"] is None else f"{'' if t['lost_exact'] else '~'}{t['lost']}"
