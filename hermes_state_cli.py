@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import hermes_state_common as common
+import hermes_state_fileformat as ff
 import hermes_state_quarantine as quarantine
 from hermes_state import (
     SessionDB,
@@ -378,6 +379,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def _recover_text(report: dict[str, Any]) -> None:
     print(f"source: {report['source']} (schema version {report['schema_version']}, "
           f"read by {report['schema_read_by']})")
+    if len(report.get("views", [])) > 1:
+        print(f"read: {', '.join(report['views'])} (a row comes from the first that holds it)")
     print(f"{'table':<24}{'found':>9}{'copied':>9}{'lost':>9}  method")
     for name, t in report["tables"].items():
         lost = "?" if t["lost"] is None else f"{'' if t['lost_exact'] else '~'}{t['lost']}"
@@ -390,6 +393,8 @@ def _recover_text(report: dict[str, Any]) -> None:
               f"{', '.join(report['placeholder_sessions'])}")
     for note in report["notes"]:
         print(f"note: {note}")
+    for problem in report.get("unverified", []):
+        print(f"! not verified: {problem}")
     if report["output"]:
         print(f"written: {report['output']} (FTS indexes and schema_version rebuilt)")
     elif report["readable"]:
@@ -415,6 +420,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _warn("nothing could be read from the source; restore a snapshot "
               f"(`{PROG} restore <snapshot>`) if there is one")
         return 1
+    if not report.get("output_verified", True):
+        _warn("the output does not hold the rows recover wrote: do not put it in place; "
+              "run the recover again")
+        return 1
+    if report.get("unverified"):
+        _warn("some counts of the source do not agree (see `! not verified`): every row "
+              "found was kept, but what was lost cannot be counted exactly")
     return 0
 
 
@@ -549,6 +561,23 @@ def cmd_clear_quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
+    """A damaged -wal frame hides every later commit from SQLite, so opening the store shows
+    nothing wrong: verify the frames themselves (the -wal is only read)."""
+    wal = common.sidecar_paths(path)[0]
+    if not path.is_file():
+        return
+    scan = ff.scan_wal(wal)
+    if not scan.problem:
+        return
+    rows = ff.wal_damage_rows(path, wal, scan)
+    report["wal_damage"] = {"damaged_frames": scan.damaged[:100], "readable": scan.readable,
+                            "later_commits": scan.later_commits,
+                            "later_frames": scan.later_frames, "rows_after_damage": rows}
+    problems.append(scan.describe(rows))
+    nxt.append(_recover_hint(path))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.clear_quarantine:
         return cmd_clear_quarantine(args)
@@ -574,6 +603,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "the write lock checkpoints; upgrading SQLite removes the exposure")
     _doctor_quarantine(path, report, problems, nxt)
     _doctor_store(path, report, problems, nxt)
+    _doctor_wal(path, report, problems, nxt)
     if args.full and "unavailable" not in report:
         health = repair_state_db(path, check_only=True)
         report["health"] = health

@@ -12,19 +12,34 @@ page cannot even be found by a key search. This module reads the file format dir
 * find the pages no b-tree reaches any more (orphans: leaves under a destroyed interior page)
   and read their cells too;
 * fold the committed frames of a ``-wal`` into a private copy of the main file, because a
-  database is the main file *plus* its WAL, and ``immutable=1`` would ignore the WAL.
+  database is the main file *plus* its WAL, and ``immutable=1`` would ignore the WAL;
+* roll a hot rollback journal (``-journal``) back into that copy first, because a transaction
+  that never finished (a killed restore or repair promotion) leaves its new pages in the main
+  file and only the journal knows the committed ones;
+* read a database as some of its WAL's frames make it without writing anything (a page
+  overlay), and list a table's rowids without reading payloads, to count what only the
+  commits after a damaged frame hold.
+
+Both sidecars are verified the way SQLite verifies them, and further: SQLite stops at the
+first WAL frame whose running checksum fails, silently dropping every later commit, and stops
+rolling a journal back at the first record whose checksum fails. :func:`scan_wal` keeps
+verifying past a bad frame, each later frame against its predecessor's stored checksum, so
+that intact later commits are found, and tells that damage apart from what is no problem:
+frames of an earlier WAL generation (old salts after a reset) and a torn tail that no commit
+follows. :func:`read_journal` verifies every journal record on its own and keeps those that
+pass, so only the pages of damaged records can still hold uncommitted content.
 
 Nothing here trusts a pointer: every page number is range-checked, every chain is guarded
 against cycles, every record must decode to exactly its stated length and every text value
 must be valid in the database's encoding. It never opens a file with SQLite and never writes
-to any file but the private copy :func:`fold_wal` is given.
+to any file but the private copy :func:`fold_wal` or :func:`roll_back_journal` is given.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +57,15 @@ __all__ = [
     "iter_orphan_leaves",
     "fold_wal",
     "WalFold",
+    "scan_wal",
+    "WalScan",
+    "read_journal",
+    "roll_back_journal",
+    "JournalScan",
+    "schema_rows",
+    "ordinary_tables",
+    "table_rowids",
+    "wal_damage_rows",
 ]
 
 HEADER_MAGIC = b"SQLite format 3\x00"
@@ -97,16 +121,36 @@ class DatabaseImage:
 
     A damaged header is tolerated: ``header_valid`` is False and the page size falls back to
     ``page_size`` (the WAL's, when known) or 4096, the encoding to UTF-8.
+
+    With ``wal`` and ``frames`` (page number → offset of that page's content in ``wal``) the
+    view is the file as those WAL frames make it, without writing anything: pages in
+    ``frames`` are read from the WAL, and ``db_pages`` (the size a commit frame declares)
+    bounds the page count.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, page_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        page_size: int | None = None,
+        wal: str | os.PathLike[str] | None = None,
+        frames: Mapping[int, int] | None = None,
+        db_pages: int | None = None,
+    ) -> None:
         self.path = Path(path)
+        self._frames = dict(frames or {})
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._wal_fd = -1
         try:
+            if wal is not None and self._frames:
+                self._wal_fd = os.open(wal, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             size = os.fstat(self._fd).st_size
-            header = os.pread(self._fd, 100, 0)
+            if 1 in self._frames:
+                header = os.pread(self._wal_fd, 100, self._frames[1])
+            else:
+                header = os.pread(self._fd, 100, 0)
         except BaseException:
-            os.close(self._fd)
+            self.close()
             raise
         self.header_valid = False
         self.page_size = page_size or 4096
@@ -127,12 +171,18 @@ class DatabaseImage:
                 self.freelist_trunk = _u32(header, 32)
                 self.freelist_count = _u32(header, 36)
         self.page_count = size // self.page_size
+        if db_pages is not None:
+            self.page_count = db_pages
+        elif self._frames:
+            self.page_count = max(self.page_count, max(self._frames))
         self.lock_page = _PENDING_BYTE // self.page_size + 1
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for name in ("_fd", "_wal_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     def __enter__(self) -> DatabaseImage:
         return self
@@ -146,8 +196,12 @@ class DatabaseImage:
     def page(self, pgno: int) -> bytes:
         if not self.valid_page(pgno):
             raise PageError(f"page {pgno} is outside the file (1..{self.page_count})")
+        at = self._frames.get(pgno)
         try:
-            data = os.pread(self._fd, self.page_size, (pgno - 1) * self.page_size)
+            if at is not None:
+                data = os.pread(self._wal_fd, self.page_size, at)
+            else:
+                data = os.pread(self._fd, self.page_size, (pgno - 1) * self.page_size)
         except OSError as exc:
             raise PageError(f"page {pgno} cannot be read: {exc.strerror}") from exc
         if len(data) != self.page_size:
@@ -475,11 +529,82 @@ def iter_orphan_leaves(
             yield pgno, cells, bad
 
 
+# --- the schema and rowids ---------------------------------------------------------------------
+
+
+def schema_rows(img: DatabaseImage) -> list[tuple[Any, ...]]:
+    """The rows of ``sqlite_master`` (type, name, tbl_name, rootpage, sql) that still parse,
+    read from the b-tree at page 1."""
+    rows = []
+    for cell in walk_table(img, 1):
+        if isinstance(cell, TableCell):
+            try:
+                values = decode_record(cell.payload, img.encoding)
+            except PageError:
+                continue
+            if len(values) == 5 and isinstance(values[1], str):
+                rows.append(tuple(values))
+    return rows
+
+
+def ordinary_tables(rows: list[tuple[Any, ...]]) -> dict[str, int]:
+    """Name → root page of the ordinary tables among ``sqlite_master`` rows: not SQLite's own,
+    not virtual tables and not the shadow tables a virtual table keeps its data in."""
+    virtual = {r[1] for r in rows if r[0] == "table" and isinstance(r[4], str)
+               and r[4].lstrip().upper().startswith("CREATE VIRTUAL")}
+    tables = {}
+    for kind, name, _tbl, root, sql in rows:
+        if kind != "table" or not isinstance(root, int) or root <= 0 or not isinstance(sql, str):
+            continue
+        if name.startswith("sqlite_") or name in virtual:
+            continue
+        if any(name.startswith(v + "_") for v in virtual):
+            continue
+        tables[name] = root
+    return tables
+
+
+def table_rowids(img: DatabaseImage, root: int) -> set[int]:
+    """The rowids of every readable leaf cell of the table b-tree at ``root``; payloads are not
+    read (overflow chains neither), so this costs one read per page. Unreadable pages and
+    cells are skipped: the set is what the tree still says it holds."""
+    rowids: set[int] = set()
+    visited: set[int] = set()
+    stack = [root]
+    while stack:
+        pgno = stack.pop()
+        if pgno in visited:
+            continue
+        visited.add(pgno)
+        try:
+            data = img.page(pgno)
+            head = _page_header(img, pgno, data)
+            offsets = _cell_offsets(img, data, head)
+            if head.kind == INTERIOR_TABLE:
+                stack.extend(c for c, _, _ in _interior_table_children(img, data, head, None,
+                                                                       None))
+                continue
+            if head.kind != LEAF_TABLE:
+                continue
+        except PageError:
+            continue
+        for off in offsets:
+            if off < 0:
+                continue
+            try:
+                _size, pos = read_varint(data, off)
+                rowids.add(_signed64(read_varint(data, pos)[0]))
+            except PageError:
+                continue
+    return rowids
+
+
 # --- the WAL ----------------------------------------------------------------------------------
 
 _WAL_MAGIC = (0x377F0682, 0x377F0683)
 _WAL_HEADER = struct.Struct(">8I")
 _FRAME_HEADER = struct.Struct(">6I")
+_FRAME_OK, _FRAME_BAD, _FRAME_STALE = "ok", "bad", "stale"
 
 
 def _wal_checksum(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int, int]:
@@ -491,9 +616,219 @@ def _wal_checksum(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int,
 
 
 @dataclass
+class WalScan:
+    """A ``-wal`` verified frame by frame (see :func:`scan_wal`). Frames are numbered from 1;
+    frame 0 stands for the WAL header.
+
+    ``readable`` frames are what SQLite reads (up to the last commit before the first frame
+    that fails); ``damaged`` lists the frames that fail verification although an intact
+    commit with the current salts follows them, so SQLite silently drops ``later_commits``
+    commits (``later_frames`` intact frames). ``stale_frames`` (an earlier WAL generation,
+    after a reset) and ``torn_frames`` (after the last commit: a transaction that never
+    committed) are no problem."""
+
+    page_size: int | None = None
+    frames: int = 0
+    readable: int = 0
+    db_pages: int | None = None
+    damaged: list[int] = field(default_factory=list)
+    later_frames: int = 0
+    later_commits: int = 0
+    stale_frames: int = 0
+    torn_frames: int = 0
+    notes: list[str] = field(default_factory=list)
+    # (page, database size after the commit or 0, verdict) of each frame, in order.
+    _frames: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
+
+    @property
+    def problem(self) -> bool:
+        return bool(self.damaged)
+
+    def describe(self, rows: Mapping[str, int]) -> str:
+        """The damage in one sentence, with ``rows`` (see :func:`wal_damage_rows`)."""
+        first = self.damaged[0]
+        where = "its header" if first == 0 else f"frame {first}"
+        reads = f"only its first {self.readable} frames" if self.readable else "none of it"
+        commits = "commit" if self.later_commits == 1 else "commits"
+        frames = "frame" if self.later_frames == 1 else "frames"
+        held = ", ".join(f"{n} {table}" for table, n in sorted(rows.items())) or "none"
+        return (f"the -wal is damaged at {where}: SQLite reads {reads} and drops the "
+                f"{self.later_commits} {commits} after it ({self.later_frames} intact {frames};"
+                f" rows only they hold: {held})")
+
+    def last_frame(self, *, salvage: bool) -> int:
+        """The last frame a fold applies: SQLite's last readable commit, or with ``salvage``
+        the last intact commit frame of the file."""
+        if not salvage:
+            return self.readable
+        commits = [n for n, (_, size, v) in enumerate(self._frames, 1) if v == _FRAME_OK and size]
+        return commits[-1] if commits else 0
+
+    def applied_frames(self, *, salvage: bool) -> int:
+        """How many intact frames a fold applies."""
+        last = self.last_frame(salvage=salvage)
+        return sum(1 for _, _, v in self._frames[:last] if v == _FRAME_OK)
+
+    def frame_offset(self, number: int) -> int:
+        """Where frame ``number``'s page content starts in the file."""
+        assert self.page_size is not None
+        return 32 + (number - 1) * (24 + self.page_size) + 24
+
+    def plan(self, *, salvage: bool, unverified: bool = False
+             ) -> tuple[dict[int, int], int | None, list[int]]:
+        """What to write: page → offset of its newest committed content, the database size
+        after the last commit, and the pages of damaged frames that no later committed frame
+        rewrites (they keep their older content). Without ``salvage``: SQLite's reading.
+        With ``unverified`` a damaged frame's content is written too, as the newest version
+        of its page (it never marks a commit): a reading for what only it can still hold."""
+        last = self.last_frame(salvage=salvage)
+        committed: dict[int, int] = {}
+        pending: dict[int, int] = {}
+        damaged_pages: dict[int, int] = {}
+        db_pages = None
+        for number, (pgno, size, verdict) in enumerate(self._frames[:last], 1):
+            if verdict != _FRAME_OK:
+                damaged_pages[pgno] = number
+                if unverified:
+                    pending[pgno] = number
+                continue
+            pending[pgno] = number
+            if size:
+                committed.update(pending)
+                pending.clear()
+                db_pages = size
+        unreplaced = sorted(p for p, n in damaged_pages.items()
+                            if committed.get(p, 0) <= n and 0 < p <= (db_pages or 0))
+        offsets = {p: self.frame_offset(n) for p, n in committed.items()
+                   if db_pages is None or p <= db_pages}
+        return offsets, db_pages, unreplaced
+
+
+@dataclass(frozen=True)
+class _WalHeader:
+    big_endian: bool
+    salts: tuple[int, int]
+    seeds: frozenset[tuple[int, int]]  # what frame 1's checksum may be seeded with
+    damaged: bool
+
+
+def _read_wal_header(wal: Any, scan: WalScan) -> _WalHeader | None:
+    """The header's byte order, salts and checksum, or None when it is no WAL header.
+
+    A header whose own checksum fails is frame 0 of the damage: SQLite then ignores the whole
+    WAL; the scan seeds frame 1 with the stored checksum and with the one the header's
+    bytes give (whichever part was damaged, one of them is right)."""
+    header = wal.read(32)
+    if len(header) < 32:
+        return None
+    magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
+    if magic not in _WAL_MAGIC or not 512 <= page_size <= 65536 or page_size & (page_size - 1):
+        scan.notes.append("the -wal header is not valid; the WAL was not applied")
+        return None
+    big = magic & 1 == 1
+    scan.page_size = page_size
+    computed = _wal_checksum(header[:24], 0, 0, big)
+    return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1), computed}),
+                      computed != (c0, c1))
+
+
+def scan_wal(wal_path: str | os.PathLike[str]) -> WalScan:
+    """Verify every frame of ``wal_path`` (only read) the way SQLite does, and past the first
+    frame that fails: each later frame against its predecessor's stored checksum (or, when
+    that frame's stored checksum is what was damaged, against the checksum its content
+    gives), so an intact later frame is recognised whatever came before it. A frame counts
+    only with the header's salts; the last intact commit frame ends what can be applied.
+    A WAL reset while it is being read (a live store) is noticed and the scan repeated."""
+    for _attempt in range(3):
+        scan, header = _scan_once(wal_path)
+        if header is None or _header_bytes(wal_path) == header:
+            return scan
+    return scan  # reset three times while being read: a busy WAL, judged as last read
+
+
+def _header_bytes(wal_path: str | os.PathLike[str]) -> bytes | None:
+    try:
+        with open(wal_path, "rb") as wal:
+            return wal.read(32)
+    except FileNotFoundError:
+        return None
+
+
+def _scan_once(wal_path: str | os.PathLike[str]) -> tuple[WalScan, bytes | None]:
+    """One pass of :func:`scan_wal`, and the header bytes it verified against (a writer that
+    resets the WAL meanwhile changes them: then the pass mixed two generations)."""
+    scan = WalScan()
+    try:
+        wal = open(wal_path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return scan, None
+    with wal:
+        raw = wal.read(32)
+        wal.seek(0)
+        header = _read_wal_header(wal, scan)
+        if header is None:
+            return scan, None
+        assert scan.page_size is not None
+        size = 24 + scan.page_size
+        salts, seeds = header.salts, set(header.seeds)
+        while True:
+            frame = wal.read(size)
+            if len(frame) < size:
+                break
+            pgno, db_size, f_salt1, f_salt2, f0, f1 = _FRAME_HEADER.unpack_from(frame)
+            if header.damaged and not scan._frames:
+                salts = (f_salt1, f_salt2)  # the header's salt bytes may be what was damaged
+            computed = {_wal_checksum(frame[24:], *_wal_checksum(frame[:8], *seed,
+                                                                 header.big_endian),
+                                      header.big_endian) for seed in seeds}
+            current = (f_salt1, f_salt2) == salts
+            if (f0, f1) in computed and current and pgno:
+                verdict = _FRAME_OK
+            else:
+                verdict = _FRAME_BAD if current else _FRAME_STALE
+            scan._frames.append((pgno, db_size, verdict))
+            seeds = {(f0, f1)} | (computed if verdict != _FRAME_OK else set())
+    _judge(scan, header.damaged)
+    return scan, raw
+
+
+def _judge(scan: WalScan, header_bad: bool) -> None:
+    """Sort the verdicts into what SQLite reads, damage, stale frames and a torn tail."""
+    frames = scan._frames
+    scan.frames = len(frames)
+    if header_bad and not frames:
+        scan.notes.append("the -wal header checksum fails; the WAL was not applied")
+    ok = [n for n, (_, _, v) in enumerate(frames, 1) if v == _FRAME_OK]
+    commits = [n for n in ok if frames[n - 1][1]]
+    last_commit = commits[-1] if commits else 0
+    last_ok = ok[-1] if ok else 0
+    # Current-salt frames form a prefix of the file: a frame before an intact current frame
+    # cannot be of an earlier generation, whatever its salts say.
+    for n in range(1, last_ok):
+        if frames[n - 1][2] == _FRAME_STALE:
+            frames[n - 1] = (frames[n - 1][0], frames[n - 1][1], _FRAME_BAD)
+    first_bad = 0 if header_bad else next(
+        (n for n, (_, _, v) in enumerate(frames, 1) if v != _FRAME_OK), len(frames) + 1)
+    visible = [n for n in commits if n < first_bad]
+    scan.readable = visible[-1] if visible else 0
+    scan.db_pages = frames[scan.readable - 1][1] if scan.readable else None
+    scan.damaged = ([0] if header_bad and last_commit else []) + [
+        n for n in range(1, last_commit) if frames[n - 1][2] != _FRAME_OK]
+    if scan.damaged:
+        start = scan.damaged[0]
+        scan.later_commits = sum(1 for n in commits if n > start)
+        scan.later_frames = sum(1 for n in ok if start < n <= last_commit)
+    scan.stale_frames = sum(1 for n in range(last_commit + 1, len(frames) + 1)
+                            if frames[n - 1][2] == _FRAME_STALE)
+    scan.torn_frames = len(frames) - last_commit - scan.stale_frames
+
+
+@dataclass
 class WalFold:
     """What :func:`fold_wal` did: committed frames applied, distinct pages written, the page
-    size the WAL declares and the database size (pages) after its last commit."""
+    size the WAL declares and the database size (pages) after its last commit; ``scan`` is
+    the verification it rests on, ``unreplaced`` the pages of damaged frames that kept their
+    older content."""
 
     frames: int = 0
     pages: int = 0
@@ -501,66 +836,217 @@ class WalFold:
     db_pages: int | None = None
     ignored_frames: int = 0
     notes: list[str] = field(default_factory=list)
+    scan: WalScan = field(default_factory=WalScan)
+    unreplaced: list[int] = field(default_factory=list)
 
 
-def fold_wal(wal_path: Path, db_copy: Path) -> WalFold:
+def fold_wal(
+    wal_path: Path, db_copy: Path, *, salvage: bool = True, unverified: bool = False,
+    scan: WalScan | None = None,
+) -> WalFold:
     """Write the committed content of ``wal_path`` into ``db_copy`` (what a checkpoint does).
 
-    A frame counts only when its salts match the WAL header and the running checksum over
-    the header and every frame up to it matches; frames after the last valid commit frame
-    are ignored, exactly as SQLite's reader ignores them. ``wal_path`` is only read."""
-    result = WalFold()
-    try:
-        wal = open(wal_path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
+    Without ``salvage`` exactly what SQLite reads: the frames up to the last commit before
+    the first frame that fails. With it (the default) also the intact commits after a
+    damaged frame (see :func:`scan_wal`; ``scan`` is its result when already at hand); a
+    damaged frame's own content is never written, so its page keeps the newest intact
+    version it has (unless ``unverified``, see :meth:`WalScan.plan`). ``wal_path`` is only
+    read."""
+    scan = scan_wal(wal_path) if scan is None else scan
+    result = WalFold(page_size=scan.page_size, scan=scan, notes=list(scan.notes))
+    offsets, db_pages, unreplaced = scan.plan(salvage=salvage, unverified=unverified) if (
+        scan.page_size) else ({}, None, [])
+    result.frames = scan.applied_frames(salvage=salvage)
+    result.ignored_frames = scan.frames - result.frames
+    result.db_pages = db_pages
+    result.unreplaced = unreplaced
+    if not offsets:
         return result
-    with wal:
-        header = wal.read(32)
-        if len(header) < 32:
-            return result
-        magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
-        big = magic & 1 == 1
-        if magic not in _WAL_MAGIC or page_size < 512 or page_size & (page_size - 1):
-            result.notes.append("the -wal header is not valid; the WAL was not applied")
-            return result
-        if _wal_checksum(header[:24], 0, 0, big) != (c0, c1):
-            result.notes.append("the -wal header checksum fails; the WAL was not applied")
-            return result
-        result.page_size = page_size
-        s0, s1 = c0, c1
-        pending: dict[int, int] = {}
-        committed: dict[int, int] = {}
-        index = 0
-        while True:
-            offset = 32 + index * (24 + page_size)
-            frame = wal.read(24 + page_size)
-            if len(frame) < 24 + page_size:
-                break
-            pgno, db_size, f_salt1, f_salt2, f0, f1 = _FRAME_HEADER.unpack_from(frame)
-            if (f_salt1, f_salt2) != (salt1, salt2) or pgno == 0:
-                break
-            s0, s1 = _wal_checksum(frame[:8], s0, s1, big)
-            s0, s1 = _wal_checksum(frame[24:], s0, s1, big)
-            if (s0, s1) != (f0, f1):
-                break
-            pending[pgno] = offset + 24
-            index += 1
-            if db_size:
-                committed.update(pending)
-                pending.clear()
-                result.frames = index
-                result.db_pages = db_size
-        result.ignored_frames = index - result.frames
-        if not committed:
-            return result
+    assert scan.page_size is not None
+    page_size = scan.page_size
+    with open(wal_path, "rb") as wal:
         fd = os.open(db_copy, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
-            for pgno, at in sorted(committed.items()):
+            for pgno, at in sorted(offsets.items()):
                 wal.seek(at)
                 os.pwrite(fd, wal.read(page_size), (pgno - 1) * page_size)
-            if result.db_pages:
-                os.ftruncate(fd, result.db_pages * page_size)
+            if db_pages:
+                os.ftruncate(fd, db_pages * page_size)
         finally:
             os.close(fd)
-        result.pages = len(committed)
+    result.pages = len(offsets)
     return result
+
+
+def wal_damage_rows(db_path: str | os.PathLike[str], wal_path: str | os.PathLike[str],
+                    scan: WalScan) -> dict[str, int]:
+    """Rows per ordinary table that only the commits after a damaged frame hold: present in
+    the database those commits make, absent from the one SQLite reads. Both are read in
+    place (``db_path`` and ``wal_path`` are only read)."""
+    if not scan.problem or scan.page_size is None:
+        return {}
+    views = []
+    for salvage in (False, True):
+        offsets, db_pages, _ = scan.plan(salvage=salvage)
+        views.append(DatabaseImage(db_path, page_size=scan.page_size, wal=wal_path,
+                                   frames=offsets, db_pages=db_pages))
+    try:
+        before, after = (ordinary_tables(schema_rows(v)) for v in views)
+        rows = {}
+        for name, root in after.items():
+            new = table_rowids(views[1], root)
+            if name in before:
+                new -= table_rowids(views[0], before[name])
+            if new:
+                rows[name] = len(new)
+        return rows
+    finally:
+        for view in views:
+            view.close()
+
+
+# --- the rollback journal -----------------------------------------------------------------------
+
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+_UNCOUNTED = 0xFFFFFFFF  # a journal written without syncs: count records from the file size
+_MAX_SECTOR = 0x10000
+
+
+@dataclass
+class JournalScan:
+    """A rollback journal read as SQLite's hot-journal rollback reads it (``pager_playback``).
+
+    ``hot``: it holds a transaction that never finished, so the main file means nothing until
+    its records are written back. ``records`` are (page, offset of the page's original
+    content in the journal), in journal order; ``damaged`` the (record number, page) of the
+    records whose checksum fails inside the count the header gives — SQLite stops at the
+    first one, this reader keeps every record that verifies, so only those pages may still
+    hold uncommitted content. ``header_damaged``: it cannot be rolled back at all."""
+
+    hot: bool = False
+    page_size: int | None = None
+    initial_pages: int | None = None
+    records: list[tuple[int, int]] = field(default_factory=list)
+    damaged: list[tuple[int, int]] = field(default_factory=list)
+    header_damaged: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rolled_back_pages(self) -> int:
+        return len({p for p, _ in self.records})
+
+
+def _journal_checksum(page: bytes, nonce: int) -> int:
+    """SQLite's record checksum: the nonce plus every 200th byte, counted from the end."""
+    return (nonce + sum(page[len(page) - 200 : 0 : -200])) & 0xFFFFFFFF
+
+
+def _super_journal(fd: int, size: int) -> str | None:
+    """The super-journal named at the end of a journal (multi-database commits), if any."""
+    if size < 16:
+        return None
+    tail = os.pread(fd, 16, size - 16)
+    length, checksum = _U32.unpack_from(tail, 0)[0], _U32.unpack_from(tail, 4)[0]
+    if tail[8:] != JOURNAL_MAGIC or not 0 < length <= min(size - 16, 512):
+        return None
+    name = os.pread(fd, length, size - 16 - length)
+    if (checksum - sum(b - 256 if b > 127 else b for b in name)) & 0xFFFFFFFF:
+        return None  # a damaged name: SQLite then rolls back, as for no name
+    return name.decode("utf-8", "replace")
+
+
+def read_journal(path: str | os.PathLike[str], db_page_size: int | None = None) -> JournalScan:
+    """Parse the rollback journal at ``path`` (only read). A missing, empty or zeroed journal
+    (a finished transaction in DELETE, TRUNCATE or PERSIST mode) is not hot, and neither is
+    one whose super-journal is gone (that commit completed)."""
+    scan = JournalScan()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return scan
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 28, 0)
+        if not head or head[0] == 0:
+            return scan
+        name = _super_journal(fd, size)
+        if name is not None and not os.path.exists(name):
+            scan.notes.append(f"the journal's super-journal {name} is gone: it committed")
+            return scan
+        scan.hot = True
+        _read_records(fd, size, head, db_page_size, scan)
+    finally:
+        os.close(fd)
+    return scan
+
+
+def _read_records(fd: int, size: int, head: bytes, db_page_size: int | None,
+                  scan: JournalScan) -> None:
+    if len(head) < 28 or head[:8] != JOURNAL_MAGIC:
+        scan.header_damaged = True
+        scan.notes.append("the -journal header is damaged: it cannot be rolled back")
+        return
+    count, nonce, pages, sector, page_size = struct.unpack(">5I", head[8:28])
+    page_size = page_size or db_page_size or 0
+    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0
+            and 32 <= sector <= _MAX_SECTOR and sector & (sector - 1) == 0):
+        scan.header_damaged = True
+        scan.notes.append("the -journal header gives an impossible page or sector size")
+        return
+    scan.page_size, scan.initial_pages = page_size, pages
+    lock_page = _PENDING_BYTE // page_size + 1
+    record = page_size + 8
+    offset, number = sector, 0
+    while True:
+        counted = count != _UNCOUNTED
+        if not counted:
+            count = (size - offset) // record
+        for _ in range(count):
+            if offset + record > size:
+                scan.notes.append("the -journal is shorter than its header says")
+                return
+            data = os.pread(fd, record, offset)
+            pgno, stored = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4 + page_size)[0]
+            verified = pgno not in (0, lock_page) and (
+                _journal_checksum(data[4 : 4 + page_size], nonce) == stored)
+            if verified and pgno <= pages:
+                scan.records.append((pgno, offset + 4))
+            elif counted:
+                # Inside the synced count, a record that fails is damage (SQLite stops at the
+                # first), and so is one naming a page past the initial size: such pages are
+                # never journaled, so its page number, which no checksum covers, is damaged.
+                scan.damaged.append((number, pgno))
+            elif pgno in (0, lock_page) or pgno <= pages:
+                return  # a journal written without syncs ends where records stop verifying
+            offset += record
+            number += 1
+        offset = -(-offset // sector) * sector  # the next segment starts on a sector boundary
+        if offset + sector > size:
+            return
+        segment = os.pread(fd, 28, offset)
+        if segment[:8] != JOURNAL_MAGIC:
+            return
+        count, nonce = _U32.unpack_from(segment, 8)[0], _U32.unpack_from(segment, 12)[0]
+        offset += sector
+
+
+def roll_back_journal(journal_path: Path, db_copy: Path) -> JournalScan:
+    """Do to ``db_copy`` what SQLite's rollback of the hot journal at ``journal_path`` does:
+    cut it back to its size before the transaction and write every verified record's
+    original page back. ``journal_path`` is only read."""
+    fd = os.open(db_copy, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        header = os.pread(fd, 100, 0)
+        raw = _u16(header, 16) if len(header) >= 18 else 0
+        scan = read_journal(journal_path, 65536 if raw == 1 else raw or None)
+        if not scan.hot or scan.header_damaged:
+            return scan
+        assert scan.page_size is not None and scan.initial_pages is not None
+        os.ftruncate(fd, scan.initial_pages * scan.page_size)
+        with open(journal_path, "rb") as journal:
+            for pgno, at in scan.records:
+                journal.seek(at)
+                os.pwrite(fd, journal.read(scan.page_size), (pgno - 1) * scan.page_size)
+    finally:
+        os.close(fd)
+    return scan

@@ -17,12 +17,25 @@ land between their snapshot and their promotion: they refuse (:class:`StateDbInU
 while any other connection has the file open, and other processes' writes wait meanwhile.
 
 *Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
-so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads a private byte
-copy of the main file with the committed frames of its ``-wal`` folded in. (``immutable=1`` on
-the source would skip the WAL's committed transactions; a ``mode=ro`` open takes locks and may
-create the sidecars.) Each table is read by SQL first; when SQLite stops at a damaged page,
-the table's b-tree is walked page by page from the file format (``hermes_state_fileformat``),
-taking every cell that still parses, and finally the leaf pages no tree reaches any more (those
+so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads private byte
+copies. (``immutable=1`` on the source would skip the WAL's committed transactions; a
+``mode=ro`` open takes locks and may create the sidecars.) A hot rollback journal (an
+interrupted restore, repair promotion or write) is rolled back on the copy first, so the
+rows read are the committed state, not the torn mix the main file holds (a page whose journal
+record is damaged is read as blank, and as the transaction left it only last). When the ``-wal``
+holds commits, the source is read in views, newest first: the main file with the WAL's
+verified commits folded in (past a damaged frame, where later commits verify), the main file
+alone, and, where a damaged frame's page is not rewritten by a later commit, the damaged
+frames' own unverified content. Rows are merged by rowid: a row comes from the newest view
+that holds it, a row only an older view holds is still kept and counted as such (a WAL
+written over a damaged freelist replaces pages the main file holds intact), and rowids no
+row can have (≤ 0, above a sane ``sqlite_sequence``) are reported, not copied. Where the
+views disagree, or a table's own count does not match its rows, losses are reported as
+unknown, never as an exact zero.
+
+In each view a table is read by SQL first; when SQLite stops at a damaged page, the table's
+b-tree is walked page by page from the file format (``hermes_state_fileformat``), taking
+every cell that still parses, and finally the leaf pages no tree reaches any more (those
 under a destroyed interior page) are read and matched to the damaged tables by the shape of
 their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
 page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
@@ -39,6 +52,7 @@ import datetime
 import functools
 import json
 import os
+import shutil
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -1283,6 +1297,18 @@ def _current_shapes() -> dict[str, _TableShape]:
 
 
 @dataclass
+class _ViewTally:
+    """What one view of the source gave a table: rows read, rows only it holds (no newer
+    view has their rowid), how many of those were copied or refused, and some of their ids."""
+
+    read: int = 0
+    only_here: int = 0
+    copied: int = 0
+    refused: int = 0
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class _TableReport:
     name: str
     shape: _TableShape
@@ -1301,31 +1327,46 @@ class _TableReport:
     excluded: bool = False
     unknown: bool = False
     sql: str | None = None
+    views: dict[str, _ViewTally] = field(default_factory=dict)
+    duplicates: int = 0
+    impossible: list[int] = field(default_factory=list)
+    impossible_count: int = 0
 
     @property
     def damaged(self) -> bool:
         return self.error is not None or bool(self.bad_pages)
 
 
-class _Source:
-    """The private image of the source: a byte copy with the WAL folded in."""
+# The views of a source, in the order their rows are taken: the main file with the verified
+# commits of its -wal folded in, the main file alone, and (only where a damaged -wal frame's
+# page is not rewritten by a later commit) the first view with the damaged frames' own,
+# unverified content applied.
+# Last comes the main file as the interrupted transaction left it, where a damaged rollback
+# journal record could not restore a page (the other views read that page as blank).
+VIEW_WAL, VIEW_FILE, VIEW_DAMAGED = "file+wal", "file", "damaged-wal-frames"
+VIEW_TORN = "unrestored-journal-pages"
+_VIEW_WORDS = {
+    VIEW_FILE: "the main file",
+    VIEW_DAMAGED: "the unverified content of damaged -wal frames",
+    VIEW_TORN: "the pages a damaged rollback journal could not restore",
+}
 
-    def __init__(self, source: Path, workdir: Path) -> None:
-        self.path = workdir / "image.db"
-        self.notes: list[str] = []
-        self.unreadable_bytes = _copy_bytes(source, self.path)
-        if self.unreadable_bytes:
-            self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
-        wal = sidecar_paths(source)[0]
-        self.wal = ff.fold_wal(wal, self.path)
-        self.notes += self.wal.notes
-        self.image = ff.DatabaseImage(self.path, page_size=self.wal.page_size)
+
+class _View:
+    """One reading of the source: a private image file, the file-format reader on it and an
+    SQLite connection on it (``immutable=1``: the image is private and never changes)."""
+
+    def __init__(self, name: str, path: Path, page_size: int | None, notes: list[str]) -> None:
+        self.name = name
+        self.path = path
+        self.notes = notes
+        self.image = ff.DatabaseImage(path, page_size=page_size)
         self.sql: sqlite3.Connection | None = None
         try:
-            self.sql = _connect(self.path, "ro", immutable=True)
+            self.sql = _connect(path, "ro", immutable=True)
             self.sql.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
-            self.notes.append(f"SQLite cannot open the source: {exc}")
+            notes.append(f"SQLite cannot open the source ({name}): {exc}")
             if self.sql is not None:
                 self.sql.close()
             self.sql = None
@@ -1334,6 +1375,87 @@ class _Source:
         if self.sql is not None:
             self.sql.close()
         self.image.close()
+
+
+def _journal_path(db_path: Path) -> Path:
+    return db_path.with_name(db_path.name + "-journal")
+
+
+class _Source:
+    """The private images of the source, never the source itself.
+
+    The main file is copied byte for byte and a hot rollback journal rolled back on the copy,
+    so what follows reads the committed state, never the uncommitted pages an interrupted
+    transaction (a killed restore or repair promotion) left in the main file. When the -wal
+    holds commits, a second copy gets them folded in (past a damaged frame, where later
+    commits verify): that is the newest view, and the main file alone is read too, because a
+    WAL written over damage can replace pages the main file still holds intact."""
+
+    def __init__(self, source: Path, workdir: Path) -> None:
+        self.notes: list[str] = []
+        base = workdir / "main.db"
+        self.unreadable_bytes = _copy_bytes(source, base)
+        # The -wal is read from a private copy too: scanned, folded and compared as one file.
+        self.wal_path = workdir / "source.db-wal"
+        wal = sidecar_paths(source)[0]
+        if wal.is_file():
+            self.unreadable_bytes += _copy_bytes(wal, self.wal_path)
+        if self.unreadable_bytes:
+            self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
+        self.journal = ff.roll_back_journal(_journal_path(source), base)
+        self.notes += self.journal.notes
+        torn = self._set_aside_unrestored(base, workdir / "torn.db")
+        scan = ff.scan_wal(self.wal_path)
+        self.wal = ff.WalFold(page_size=scan.page_size, scan=scan, notes=list(scan.notes))
+        self.wal_rows: dict[str, int] = {}
+        self.views: list[_View] = []
+        try:
+            if scan.applied_frames(salvage=True):
+                image = workdir / "image.db"
+                shutil.copyfile(base, image)
+                self.wal = ff.fold_wal(self.wal_path, image, scan=scan)
+                if scan.problem:
+                    self.wal_rows = ff.wal_damage_rows(base, self.wal_path, scan)
+                self.views.append(_View(VIEW_WAL, image, self.wal.page_size, self.notes))
+            self.notes += self.wal.notes
+            self.views.append(_View(VIEW_FILE, base, self.wal.page_size, self.notes))
+            if self.wal.unreplaced:
+                damaged = workdir / "damaged.db"
+                shutil.copyfile(base, damaged)
+                ff.fold_wal(self.wal_path, damaged, unverified=True, scan=scan)
+                self.views.append(_View(VIEW_DAMAGED, damaged, self.wal.page_size, self.notes))
+            if torn is not None:
+                self.views.append(_View(VIEW_TORN, torn, self.journal.page_size, self.notes))
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_aside_unrestored(self, base: Path, torn: Path) -> Path | None:
+        """Where damaged journal records left pages unrestored, those pages may hold the
+        interrupted transaction's content: keep a copy as it is for a last view, and blank
+        them in ``base`` (page 1 excepted: without it nothing reads), so that no row of
+        theirs can pass for a committed one."""
+        journal = self.journal
+        pages = sorted({p for _, p in journal.damaged
+                        if 1 < p <= (journal.initial_pages or 0)})
+        if not pages or journal.page_size is None:
+            return None
+        shutil.copyfile(base, torn)
+        fd = os.open(base, os.O_WRONLY)
+        try:
+            for pgno in pages:
+                os.pwrite(fd, bytes(journal.page_size), (pgno - 1) * journal.page_size)
+        finally:
+            os.close(fd)
+        return torn
+
+    @property
+    def primary(self) -> _View:
+        return self.views[0]
+
+    def close(self) -> None:
+        for view in self.views:
+            view.close()
 
 
 def _copy_bytes(source: Path, dest: Path, chunk: int = 1 << 20) -> int:
@@ -1367,25 +1489,17 @@ def _copy_bytes(source: Path, dest: Path, chunk: int = 1 << 20) -> int:
     return lost
 
 
-def _read_schema(src: _Source) -> tuple[list[tuple[str, str, str, int, str | None]], str]:
+def _read_schema(view: _View) -> tuple[list[tuple[Any, ...]], str]:
     """sqlite_master's rows (type, name, tbl_name, rootpage, sql) and how they were read."""
-    if src.sql is not None:
+    if view.sql is not None:
         try:
-            rows = src.sql.execute(
+            rows = view.sql.execute(
                 "SELECT type, name, tbl_name, rootpage, sql FROM sqlite_master"
             ).fetchall()
             return rows, "sql"
         except sqlite3.Error as exc:
-            src.notes.append(f"the schema cannot be read by SQLite: {exc}")
-    rows = []
-    for cell in ff.walk_table(src.image, 1):
-        if isinstance(cell, ff.TableCell):
-            try:
-                values = ff.decode_record(cell.payload, src.image.encoding)
-            except ff.PageError:
-                continue
-            if len(values) == 5 and isinstance(values[1], str):
-                rows.append(tuple(values))
+            view.notes.append(f"the schema cannot be read by SQLite ({view.name}): {exc}")
+    rows = ff.schema_rows(view.image)
     return rows, ("pages" if rows else "none")
 
 
@@ -1399,9 +1513,29 @@ class _Plan:
     index_roots: list[int]
     table_roots: list[int]
     source_seq: dict[str, int]
+    max_rowid: dict[str, int] = field(default_factory=dict)
+
+    def reports(self) -> list[_TableReport]:
+        return [*self.copy.values(), *self.excluded.values()]
 
 
-def _plan(src: _Source) -> _Plan:
+def _max_rowids(view: _View, reports: Iterable[_TableReport]) -> dict[str, int]:
+    """The largest rowid of each rowid table, where SQLite can seek it (the rightmost path)."""
+    found: dict[str, int] = {}
+    if view.sql is None:
+        return found
+    for report in reports:
+        if not report.shape.rowid:
+            continue
+        with contextlib.suppress(sqlite3.Error):
+            top = view.sql.execute(
+                f"SELECT MAX(rowid) FROM {quote_identifier(report.name)}").fetchone()[0]
+            if isinstance(top, int):
+                found[report.name] = top
+    return found
+
+
+def _plan(src: _View) -> _Plan:
     entries, method = _read_schema(src)
     current = _current_shapes()
     virtual = {n for t, n, _, _, sql in entries if t == "table" and sql
@@ -1449,10 +1583,12 @@ def _plan(src: _Source) -> _Plan:
             seq = {n: int(s) for n, s in src.sql.execute("SELECT name, seq FROM sqlite_sequence")}
     ordered = dict(sorted(copy.items(), key=lambda kv: (
         _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
-    return _Plan(ordered, excluded, method, index_roots, table_roots, seq)
+    plan = _Plan(ordered, excluded, method, index_roots, table_roots, seq)
+    plan.max_rowid = _max_rowids(src, plan.reports())
+    return plan
 
 
-def _sql_rows(src: _Source, report: _TableReport) -> Iterator[tuple[int | None, list[Any]]]:
+def _sql_rows(src: _View, report: _TableReport) -> Iterator[tuple[int | None, list[Any]]]:
     """The table through SQLite, until the first error (then ``report.error`` says why)."""
     if src.sql is None or report.error is not None:
         report.error = report.error or "SQLite cannot open the source"
@@ -1475,8 +1611,37 @@ def _sql_rows(src: _Source, report: _TableReport) -> Iterator[tuple[int | None, 
         report.source_count = None
 
 
+def _sql_rows_not_in(
+    src: _View, report: _TableReport, taken: set[int]
+) -> Iterator[tuple[int | None, list[Any]]]:
+    """The rows of an older view that no newer view gave: the rowids are scanned first (a
+    scan that decodes no column) and only the missing rows are read whole. Where SQLite
+    cannot do that, the whole table is read (and from there, page by page)."""
+    if src.sql is None or report.error is not None or not report.shape.rowid:
+        yield from _sql_rows(src, report)
+        return
+    table = quote_identifier(report.name)
+    try:
+        missing = [r for (r,) in src.sql.execute(f"SELECT rowid FROM {table}") if r not in taken]
+    except sqlite3.Error:
+        yield from _sql_rows(src, report)
+        return
+    columns = ", ".join(quote_identifier(c) for c in report.shape.columns)
+    for start in range(0, len(missing), _INSERT_BATCH):
+        chunk = missing[start : start + _INSERT_BATCH]
+        try:
+            rows = src.sql.execute(
+                f"SELECT rowid, {columns} FROM {table} WHERE rowid IN"
+                f" ({', '.join('?' * len(chunk))})", chunk).fetchall()
+        except sqlite3.Error as exc:
+            report.error = f"{type(exc).__name__}: {exc}"  # the page walk reads the rest
+            return
+        for row in rows:
+            yield row[0], list(row[1:])
+
+
 def _page_rows(
-    src: _Source, report: _TableReport, claimed: set[int]
+    src: _View, report: _TableReport, claimed: set[int]
 ) -> Iterator[tuple[int, list[Any]]]:
     """The rest of a table SQLite stopped reading: its b-tree walked page by page."""
     shape = report.shape
@@ -1505,7 +1670,7 @@ def _page_rows(
 
 
 def _orphan_rows(
-    src: _Source, plan: _Plan, claimed: set[int], damaged: list[_TableReport]
+    src: _View, plan: _Plan, claimed: set[int], damaged: list[_TableReport]
 ) -> Iterator[tuple[_TableReport, int, list[Any]]]:
     """Rows of leaf pages no b-tree reaches, attributed to the one damaged table whose
     shape every record of the page fits; ambiguous pages are left alone."""
@@ -1537,9 +1702,13 @@ def _orphan_rows(
             yield owner, rowid, owner.shape.row(rowid, values)
 
 
-def _loss(report: _TableReport, sequence: int | None) -> dict[str, Any]:
+def _loss(report: _TableReport, sequence: int | None, doubts: list[str]) -> dict[str, Any]:
     """Rows lost: exact where the file says so (the unreadable cells of a readable page),
-    else estimated from the rowids missing in the key ranges of the unreadable pages."""
+    else estimated from the rowids missing in the key ranges of the unreadable pages; unknown
+    where ``doubts`` say why no count can be trusted (the views disagree, the table's own
+    count does not match, a sidecar could not be fully applied)."""
+    if doubts:
+        return {"lost": None, "lost_exact": False, "lost_basis": "; ".join(doubts)}
     if not report.damaged:
         return {"lost": 0, "lost_exact": True, "lost_basis": None}
     if report.method == "sql":
@@ -1572,7 +1741,8 @@ def _loss(report: _TableReport, sequence: int | None) -> dict[str, Any]:
 class _Writer:
     """Inserts salvaged rows into the output in batches; a batch that violates a constraint
     is retried row by row so one bad row costs only itself. A message's ``search_cjk`` is
-    left out: the index rebuild recomputes it (the source's is never trusted)."""
+    left out: the index rebuild recomputes it (the source's is never trusted). Without an
+    output it only counts (inspect-only, and the runtime ledgers)."""
 
     def __init__(self, out: sqlite3.Connection | None) -> None:
         self.out = out
@@ -1601,48 +1771,171 @@ class _Writer:
             self._statements[key] = (sql, keep)
         return self._statements[key]
 
-    def write(self, report: _TableReport, rows: list[list[Any]]) -> None:
-        if self.out is None or not rows:
-            return
-        groups: dict[str, list[list[Any]]] = {}
-        for values in rows:
+    def write(self, report: _TableReport, rows: list[list[Any]]) -> tuple[list[int], list[str]]:
+        """Insert ``rows``: the indices of those inserted, and why the others were refused."""
+        if self.out is None:
+            return list(range(len(rows))), []
+        groups: dict[str, list[tuple[int, list[Any]]]] = {}
+        for index, values in enumerate(rows):
             sql, keep = self._statement(report, len(values))
-            groups.setdefault(sql, []).append([values[i] for i in keep])
+            groups.setdefault(sql, []).append((index, [values[i] for i in keep]))
+        inserted: list[int] = []
+        refused: list[str] = []
         for sql, params in groups.items():
             try:
                 with transaction(self.out):
-                    self.out.executemany(sql, params)
-                report.copied += len(params)
+                    self.out.executemany(sql, [one for _, one in params])
+                inserted += [index for index, _ in params]
                 continue
             except sqlite3.IntegrityError:
                 pass
-            for one in params:
+            for index, one in params:
                 try:
                     with transaction(self.out):
                         self.out.execute(sql, one)
-                    report.copied += 1
+                    inserted.append(index)
                 except sqlite3.IntegrityError as exc:
-                    report.rejected += 1
-                    if len(report.rejections) < 5:
-                        report.rejections.append(str(exc))
+                    refused.append(str(exc))
+        return inserted, refused
 
 
-def _copy_table(
-    report: _TableReport, rows: Iterable[list[Any]], writer: _Writer, say: Progress
-) -> None:
-    batch: list[list[Any]] = []
-    for values in rows:
-        report.found += 1
-        if report.name == "state_meta" and values and values[0] in _FTS_MARKERS:
-            report.skipped += 1
+_IDS_KEPT = 100  # rowids listed in the report per kind, at most
+
+
+class _Merge:
+    """Every salvaged row passes here on its way to the output: each rowid once per table,
+    the newest view first, so a row an older view also holds comes from the newer one and a
+    row only an older view holds is still kept (and counted as such). Rowids no row of the
+    table can have (≤ 0, or above a sane sequence; see :func:`_rowid_bounds`) are set aside
+    and reported. A row a constraint refuses does not take its rowid: an older view's version
+    may still fill it."""
+
+    def __init__(self, writer: _Writer, counter: _Writer, bounds: Mapping[str, int],
+                 newest: str, say: Progress) -> None:
+        self.writer, self.counter = writer, counter
+        self.bounds = bounds
+        self.newest = newest
+        self.say = say
+        self.seen: dict[str, set[int]] = {}
+
+    def copy(self, target: _TableReport, read: _TableReport, view: str,
+             rows: Iterable[tuple[int | None, list[Any]]]) -> None:
+        """Offer ``rows`` of ``read`` (the table as ``view`` holds it) to ``target``."""
+        newest = view == self.newest
+        seen = self.seen.setdefault(target.name, set())
+        tally = target.views.setdefault(view, _ViewTally())
+        high = self.bounds.get(target.name)
+        check_low = not target.unknown
+        batch: list[tuple[int | None, list[Any]]] = []
+        for rowid, values in rows:
+            tally.read += 1
+            if newest:
+                target.found += 1
+                if target.found % 10000 == 0:
+                    self.say(f"reading {target.name}", target.found, target.source_count)
+            if target.name == "state_meta" and values and values[0] in _FTS_MARKERS:
+                if newest:
+                    target.skipped += 1
+                continue
+            if rowid is None:
+                if not newest:
+                    continue  # a row without a rowid cannot be matched across views
+            elif rowid in seen:
+                if newest:
+                    target.duplicates += 1
+                continue
+            elif (check_low and rowid <= 0) or (high is not None and rowid > high):
+                if len(target.impossible) < _IDS_KEPT:
+                    target.impossible.append(rowid)
+                target.impossible_count += 1
+                read.page_rowids.discard(rowid)
+                continue
+            else:
+                seen.add(rowid)  # taken now, so a second copy in this batch is a duplicate
+            if not newest:
+                tally.only_here += 1
+                target.found += 1
+            batch.append((rowid, values))
+            if len(batch) >= _INSERT_BATCH:
+                self._flush(target, tally, newest, batch)
+                batch = []
+        self._flush(target, tally, newest, batch)
+
+    def _flush(self, target: _TableReport, tally: _ViewTally, newest: bool,
+               batch: list[tuple[int | None, list[Any]]]) -> None:
+        if not batch:
+            return
+        sink = self.counter if target.excluded else self.writer
+        inserted, refused = sink.write(target, [values for _, values in batch])
+        if refused:  # a refused row gives its rowid back: an older view's version may fit
+            seen = self.seen[target.name]
+            kept = set(inserted)
+            seen.difference_update(
+                rowid for i, (rowid, _) in enumerate(batch) if i not in kept and rowid is not None)
+        if not newest:
+            tally.ids += [rowid for rowid, _ in (batch[i] for i in inserted)
+                          if rowid is not None][: max(0, _IDS_KEPT - len(tally.ids))]
+        tally.copied += len(inserted)
+        target.copied += len(inserted)
+        if newest:
+            target.rejected += len(refused)
+            target.rejections += refused[: max(0, 5 - len(target.rejections))]
+        else:
+            tally.refused += len(refused)
+
+
+def _rowid_bounds(plans: list[_Plan]) -> dict[str, int]:
+    """The highest rowid each AUTOINCREMENT table can hold: its ``sqlite_sequence`` value
+    (the highest any view has), where that is sane, i.e. at least the largest rowid SQLite
+    finds in the table of every view that can seek it. A sequence damaged downwards would
+    otherwise refuse genuine rows; one damaged upwards only bounds nothing."""
+    bounds = {}
+    for name in {n for plan in plans for n in plan.source_seq}:
+        seq = max(plan.source_seq.get(name, 0) for plan in plans)
+        tops = [plan.max_rowid[name] for plan in plans if name in plan.max_rowid]
+        if seq > 0 and all(top <= seq for top in tops):
+            bounds[name] = seq
+    return bounds
+
+
+def _same_columns(read: _TableShape, target: _TableShape) -> bool:
+    """Records of ``read`` fit ``target`` position by position (columns are only ever added
+    at the end, so an older table's columns are a prefix of the newer one's)."""
+    shorter = min(len(read.columns), len(target.columns))
+    return read.columns[:shorter] == target.columns[:shorter]
+
+
+def _salvage(view: _View, vplan: _Plan, plan: _Plan, merge: _Merge, say: Progress) -> None:
+    """Read every table of ``view`` into the merge: through SQLite, the rest of a table
+    SQLite stops reading page by page, then the pages no tree reaches."""
+    claimed: set[int] = set()
+    targets: dict[str, _TableReport] = {}
+    for read in vplan.reports():
+        target = plan.copy.get(read.name) or plan.excluded.get(read.name)
+        if target is None or not _same_columns(read.shape, target.shape):
+            view.notes.append(f"table {read.name} as the {view.name} view holds it does not "
+                              "match the newest schema; its rows there were not read")
             continue
-        batch.append(values)
+        targets[read.name] = target
+        rows = _sql_rows(view, read) if read is target else _sql_rows_not_in(
+            view, read, merge.seen.get(read.name, set()))
+        merge.copy(target, read, view.name, rows)
+        if read.error is not None:
+            where = "" if read is target else f" ({view.name})"
+            say(f"reading {read.name} page by page{where}", target.found, None)
+            merge.copy(target, read, view.name, _page_rows(view, read, claimed))
+    damaged = [r for r in vplan.reports() if r.damaged and r.name in targets]
+    if not damaged:
+        return
+    say("searching unreferenced pages", 0, None)
+    pending: dict[str, tuple[_TableReport, list[tuple[int | None, list[Any]]]]] = {}
+    for owner, rowid, values in _orphan_rows(view, vplan, claimed, damaged):
+        batch = pending.setdefault(owner.name, (owner, []))[1]
+        batch.append((rowid, values))
         if len(batch) >= _INSERT_BATCH:
-            writer.write(report, batch)
-            batch = []
-        if report.found % 10000 == 0:
-            say(f"reading {report.name}", report.found, report.source_count)
-    writer.write(report, batch)
+            merge.copy(targets[owner.name], owner, view.name, pending.pop(owner.name)[1])
+    for owner, rows_left in pending.values():
+        merge.copy(targets[owner.name], owner, view.name, rows_left)
 
 
 # Sessions referenced by recovered rows whose own row was lost get a placeholder row.
@@ -1721,10 +2014,17 @@ def recover_state_db(
 
     The report: ``tables`` — per copied table ``found`` (rows read), ``copied``, ``rejected``
     (constraint violations), ``lost`` with ``lost_exact``/``lost_basis`` (an estimate unless
-    exact), ``method`` (``sql`` or ``sql+pages``/``pages`` when the file format had to be
-    read), ``verified`` (counts match); ``excluded`` — the runtime ledgers, found but not
-    copied; ``rebuilt``; ``placeholder_sessions`` (sessions whose row was lost but whose
-    messages were not); ``readable`` (False only when nothing at all could be read).
+    exact; None when it cannot be counted), ``method`` (``sql`` or ``sql+pages``/``pages``
+    when the file format had to be read), ``sources`` (rows copied from each view),
+    ``only_in`` (per older view: rows only it holds, kept, and some of their ids),
+    ``impossible_ids`` (found, not copied), ``verified`` (counts match; ``unverified`` says
+    why not); ``excluded`` — the runtime ledgers, found but not copied; ``views`` (what was
+    read, newest first); ``journal`` (None, or what the hot rollback journal's rollback
+    restored and what it could not); ``wal`` (frames applied, and a damaged frame with the
+    commits, frames and rows after it); ``notes`` (plain sentences on all of it);
+    ``verified`` and ``output_verified`` (the output holds what was written); ``rebuilt``;
+    ``placeholder_sessions`` (sessions whose row was lost but whose messages were not);
+    ``readable`` (False only when nothing at all could be read).
     """
     src_path = Path(source).expanduser().absolute()
     check_test_isolation(src_path)
@@ -1764,7 +2064,8 @@ def _recover(
     src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress,
     defer_index: bool = False,
 ) -> dict[str, Any]:
-    plan = _plan(src)
+    plan = _plan(src.primary)
+    older = [(view, _plan(view)) for view in src.views[1:]]
     partial = tmp / "output.db"
     out: sqlite3.Connection | None = None
     if out_path is not None:
@@ -1781,36 +2082,18 @@ def _recover(
             except sqlite3.Error as exc:
                 del plan.copy[report.name]
                 src.notes.append(f"table {report.name} was not copied: {exc}")
-    writer, counter = _Writer(out), _Writer(None)
-
-    def sink_for(report: _TableReport) -> _Writer:
-        return counter if report.excluded else writer  # ledgers are counted, never copied
-
-    claimed: set[int] = set()
+    bounds = _rowid_bounds([plan, *(p for _, p in older)])
+    merge = _Merge(_Writer(out), _Writer(None), bounds, src.primary.name, say)
     try:
-        for report in [*plan.copy.values(), *plan.excluded.values()]:
-            rows = (values for _, values in _sql_rows(src, report))
-            _copy_table(report, rows, sink_for(report), say)
-            if report.error is not None:
-                say(f"reading {report.name} page by page", report.found, None)
-                pages = (v for _, v in _page_rows(src, report, claimed))
-                _copy_table(report, pages, sink_for(report), say)
-        damaged = [r for r in [*plan.copy.values(), *plan.excluded.values()] if r.damaged]
-        if damaged:
-            say("searching unreferenced pages", 0, None)
-            pending: dict[str, tuple[_TableReport, list[list[Any]]]] = {}
-            for owner, _rowid, values in _orphan_rows(src, plan, claimed, damaged):
-                batch = pending.setdefault(owner.name, (owner, []))[1]
-                batch.append(values)
-                if len(batch) >= _INSERT_BATCH:
-                    _copy_table(owner, pending.pop(owner.name)[1], sink_for(owner), say)
-            for owner, rows_left in pending.values():
-                _copy_table(owner, rows_left, sink_for(owner), say)
+        _salvage(src.primary, plan, plan, merge, say)
+        for view, vplan in older:
+            say(f"reading the {view.name} view", 0, None)
+            _salvage(view, vplan, plan, merge, say)
         placeholders: list[str] = []
         checks: dict[str, Any] = {}
         if out is not None:
             placeholders, checks = _finish_output(out, plan, say, defer_index)
-        result = _assemble(src, src_path, out_path, plan, out, placeholders, checks)
+        result = _assemble(src, src_path, out_path, plan, out, placeholders, checks, bounds)
         if out is not None and out_path is not None:
             out.close()
             out = None
@@ -1837,18 +2120,54 @@ def _publish(partial: Path, output: Path) -> None:
         os.close(dir_fd)
 
 
+def _doubts(src: _Source, report: _TableReport, primary: str) -> list[str]:
+    """Why the rows lost from this table cannot be counted exactly, even where every page
+    read (plain sentences, for the report)."""
+    doubts = []
+    for view, tally in report.views.items():
+        if view != primary and tally.copied:
+            doubts.append(f"the views of the source disagree: {tally.copied} rows only "
+                          f"{_VIEW_WORDS[view]} holds were kept; rows no view holds cannot be "
+                          "counted")
+    read = report.views.get(primary, _ViewTally()).read
+    if report.source_count is not None and report.source_count != read:
+        doubts.append(f"SQLite counts {report.source_count} rows in the table but its b-tree "
+                      f"yields {read}")
+    if report.impossible_count:
+        doubts.append(f"{report.impossible_count} rows with impossible ids were found "
+                      "(pages reused or damaged)")
+    if src.journal.damaged or src.journal.header_damaged:
+        doubts.append("the rollback journal could not be fully rolled back")
+    if src.wal.unreplaced:
+        doubts.append("pages of damaged -wal frames kept their older content")
+    return doubts
+
+
 def _table_entry(
-    report: _TableReport, out: sqlite3.Connection | None, plan: _Plan, placeholders: int
+    src: _Source, report: _TableReport, out: sqlite3.Connection | None, plan: _Plan,
+    placeholders: int,
 ) -> dict[str, Any]:
+    primary = src.primary.name
     entry: dict[str, Any] = {"found": report.found}
     if not report.excluded:
         entry["copied"] = report.copied if out is not None else None
         entry["rejected"] = report.rejected
         if report.skipped:
             entry["skipped"] = report.skipped
-    entry.update(_loss(report, plan.source_seq.get(report.name)))
+    entry.update(_loss(report, plan.source_seq.get(report.name), _doubts(src, report, primary)))
     entry["method"] = report.method
     entry["source_count"] = report.source_count
+    entry["sources"] = {view: tally.copied for view, tally in report.views.items()}
+    only_in = {view: {"found": tally.only_here,
+                      "copied": tally.copied if out is not None else None,
+                      "refused": tally.refused, "ids": tally.ids}
+               for view, tally in report.views.items() if view != primary and tally.only_here}
+    if only_in:
+        entry["only_in"] = only_in
+    if report.duplicates:
+        entry["duplicates"] = report.duplicates
+    if report.impossible_count:
+        entry["impossible_ids"] = {"count": report.impossible_count, "ids": report.impossible}
     if report.error is not None:
         entry["error"] = report.error
     if report.bad_pages:
@@ -1859,16 +2178,72 @@ def _table_entry(
         entry["rejections"] = report.rejections
     if report.unknown:
         entry["unknown_table"] = True
+    problems = []
     if out is not None and not report.excluded:
         entry["output_count"] = out.execute(
             f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
         ).fetchone()[0] if table_exists(out, report.name) else 0
         expected = report.copied + (placeholders if report.name == "sessions" else 0)
-        entry["verified"] = entry["output_count"] == expected and (
-            report.source_count is None or report.source_count == report.found
-        )
-    elif report.source_count is not None:
-        entry["verified"] = report.source_count == report.found
+        if entry["output_count"] != expected:
+            entry["output_verified"] = False
+            problems.append(f"the output holds {entry['output_count']} rows where {expected} "
+                            "were written")
+    read = report.views.get(primary, _ViewTally()).read
+    if report.source_count is not None and report.source_count != read:
+        problems.append(f"SQLite counts {report.source_count} rows in the source's table "
+                        f"but reading it yields {read}")
+    if out is not None or report.source_count is not None:
+        entry["verified"] = not problems
+    if problems:
+        entry["unverified"] = problems
+    return entry
+
+
+def _journal_entry(src: _Source, in_use: bool) -> dict[str, Any] | None:
+    journal = src.journal
+    if not journal.hot:
+        return None
+    entry = {
+        "rolled_back_pages": journal.rolled_back_pages,
+        "damaged_records": [{"record": n, "page": p} for n, p in journal.damaged][:100],
+        "header_damaged": journal.header_damaged,
+        "transaction_in_progress": in_use,
+    }
+    what = ("of a transaction still in progress" if in_use else "left by an interrupted "
+            "transaction: a killed restore, repair promotion or write")
+    if journal.header_damaged:
+        src.notes.append(f"the source has a rollback journal {what}; its header is damaged: "
+                         "nothing could be rolled back, so pages may hold uncommitted content")
+    else:
+        src.notes.append(f"the source has a hot rollback journal {what}; it was rolled back on "
+                         f"the private copy first ({journal.rolled_back_pages} pages), so the "
+                         "rows read are the committed state; the source is unchanged")
+    if journal.damaged:
+        pages = ", ".join(str(p) for _, p in journal.damaged[:10])
+        src.notes.append(f"{len(journal.damaged)} records of the rollback journal fail their "
+                         f"checksum (pages {pages}): those pages could not be restored and may "
+                         "hold uncommitted content, so their rows are taken last, only where no "
+                         "restored page holds them; every record that verifies was rolled back")
+    return entry
+
+
+def _wal_entry(src: _Source) -> dict[str, Any]:
+    scan = src.wal.scan
+    entry: dict[str, Any] = {
+        "frames": scan.frames, "applied": src.wal.frames, "readable_by_sqlite": scan.readable,
+        "stale_frames": scan.stale_frames, "uncommitted_frames": scan.torn_frames,
+    }
+    if scan.problem:
+        entry.update(damaged_frames=scan.damaged[:100], later_commits=scan.later_commits,
+                     later_frames=scan.later_frames, rows_after_damage=src.wal_rows,
+                     unreplaced_pages=src.wal.unreplaced)
+        src.notes.append(scan.describe(src.wal_rows) + "; those commits verify and were "
+                         "folded in")
+        if src.wal.unreplaced:
+            pages = ", ".join(str(p) for p in src.wal.unreplaced[:10])
+            src.notes.append(f"pages {pages} of damaged -wal frames are not rewritten by a "
+                             "later commit and keep their older content; where that leaves "
+                             "the image inconsistent, tables are read page by page")
     return entry
 
 
@@ -1880,20 +2255,27 @@ def _assemble(
     out: sqlite3.Connection | None,
     placeholders: list[str],
     checks: dict[str, Any],
+    bounds: Mapping[str, int],
 ) -> dict[str, Any]:
+    holders = describe_lock_holders(src_path)
+    journal = _journal_entry(src, bool(holders))
+    wal = _wal_entry(src)
     tables = {
-        name: _table_entry(r, out, plan, len(placeholders)) for name, r in plan.copy.items()
+        name: _table_entry(src, r, out, plan, len(placeholders)) for name, r in plan.copy.items()
     }
-    excluded = {name: _table_entry(r, None, plan, 0) for name, r in plan.excluded.items()}
+    excluded = {name: _table_entry(src, r, None, plan, 0) for name, r in plan.excluded.items()}
     for name in RUNTIME_LEDGER_TABLES:
         excluded.setdefault(name, {"found": 0, "present": False})
+    for name, report in [*plan.copy.items(), *plan.excluded.items()]:
+        _table_notes(src, name, report, bounds)
     version = None
-    if src.sql is not None:
+    if src.primary.sql is not None:
         with contextlib.suppress(sqlite3.Error):
-            version = read_version(src.sql)
+            version = read_version(src.primary.sql)
     found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
     lost_values = [t.get("lost") for t in tables.values()]
-    holders = describe_lock_holders(src_path)
+    unverified = [f"{name}: {problem}" for name, t in tables.items()
+                  for problem in t.get("unverified", [])]
     return {
         "source": str(src_path),
         "output": str(out_path) if out_path is not None else None,
@@ -1901,8 +2283,11 @@ def _assemble(
         "source_in_use": holders,
         "schema_version": version,
         "schema_read_by": plan.schema_method,
-        "page_size": src.image.page_size,
-        "pages": src.image.page_count,
+        "page_size": src.primary.image.page_size,
+        "pages": src.primary.image.page_count,
+        "views": [view.name for view in src.views],
+        "journal": journal,
+        "wal": wal,
         "wal_frames_applied": src.wal.frames,
         "notes": src.notes,
         "tables": tables,
@@ -1912,11 +2297,40 @@ def _assemble(
         "rows_found": found,
         "rows_lost": None if None in lost_values else sum(v or 0 for v in lost_values),
         "complete": all(t.get("lost") == 0 for t in tables.values()),
-        "readable": found > 0 or not any(
-            r.damaged for r in [*plan.copy.values(), *plan.excluded.values()]
-        ),
+        "verified": not unverified,
+        "output_verified": all(t.get("output_verified", True) for t in tables.values()),
+        "unverified": unverified,
+        "readable": found > 0 or not any(r.damaged for r in plan.reports()),
         "checks": checks,
     }
+
+
+def _table_notes(src: _Source, name: str, report: _TableReport, bounds: Mapping[str, int]
+                 ) -> None:
+    """The report's notes on where a table's rows came from and what was set aside."""
+    primary = src.primary.name
+    for view, tally in report.views.items():
+        if view == primary or not tally.only_here:
+            continue
+        refused = f" ({tally.refused} refused: a newer row holds their key)" if (
+            tally.refused) else ""
+        ids = ", ".join(str(i) for i in tally.ids[:10])
+        why = {
+            VIEW_FILE: "the -wal's version of their pages differs; they may include rows "
+                       "deleted after the last checkpoint",
+            VIEW_TORN: "no restored page holds them; they may be content the interrupted "
+                       "transaction never committed: check them",
+        }.get(view, "no verified content holds them: check them")
+        src.notes.append(f"{name}: {tally.only_here} rows only {_VIEW_WORDS[view]} holds, "
+                         f"{tally.copied} kept{refused} ({why}; ids {ids})")
+    if report.impossible_count:
+        limit = f"above its sequence {bounds[name]} or " if name in bounds else ""
+        ids = ", ".join(str(i) for i in report.impossible[:10])
+        src.notes.append(f"{name}: {report.impossible_count} rows with impossible ids "
+                         f"({limit}≤ 0) were found and not copied: {ids}")
+    if report.error is not None and src.wal.scan.problem and report.views.get(primary):
+        src.notes.append(f"{name}: the image with the later -wal commits folded in is "
+                         f"inconsistent ({report.error}); the rest was read page by page")
 
 
 def collect_profile_stats(

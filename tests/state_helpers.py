@@ -21,6 +21,8 @@ from pathlib import Path
 from hermes_state import SessionDB
 from hermes_state_common import DELIVERY_OBLIGATIONS_SQL
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 def populate(db: SessionDB, sessions: int = 3, messages: int = 6) -> list[str]:
     """Sessions in one lineage with titles, usage, tool calls, CJK text and an archived
@@ -240,3 +242,141 @@ def has_hot_journal(path: Path) -> bool:
             return fh.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
     except FileNotFoundError:
         return False
+
+
+# --- interrupted transactions and damaged sidecars --------------------------------------------
+
+
+def store_of(path: Path, prefix: str, sessions: int, per_session: int, seed: int) -> None:
+    """A store whose rows all carry ``prefix`` (so two stores' rows can be told apart), with
+    message sizes from ``seed`` (some spill to overflow pages)."""
+    rng = random.Random(seed)
+    with SessionDB(path) as db:
+        for s in range(sessions):
+            sid = f"{prefix}-{s}"
+            db.create_session(sid, "cli")
+            db.replace_messages(sid, [
+                {"role": "user", "content": f"{prefix} {s}.{i} " + "x" * rng.randint(50, 2500)
+                 + ("y" * 6000 if i % 53 == 0 else "")}
+                for i in range(per_session)
+            ])
+
+
+def kill_restore_midway(home: Path, db_path: Path, snapshot: Path,
+                        journal_bytes: int = 3 << 20) -> None:
+    """Run ``hermes-state restore`` of ``snapshot`` onto ``db_path`` in another process and
+    kill it (SIGKILL) while it promotes: once the live file's rollback journal has grown past
+    ``journal_bytes`` (so the page cache has spilled snapshot pages into the live file). What
+    is left is SQLite's own torn state: a main file mixing both databases, and a hot journal."""
+    journal = db_path.with_name(db_path.name + "-journal")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "restore",
+         str(snapshot)],
+        env=_child_env(HERMES_HOME=str(home)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                if journal.stat().st_size > journal_bytes:
+                    proc.kill()
+                    break
+            time.sleep(0.0005)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -9, "the restore finished before it could be killed"
+    assert journal.stat().st_size > journal_bytes
+
+
+# Appends argv[3] messages to session argv[2] of the store at argv[1] through SessionDB,
+# printing each acknowledged id, then dies without closing: the -wal keeps every commit.
+_APPEND_AND_DIE = """
+import os, sys
+from hermes_state import SessionDB
+db = SessionDB(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    print(db.append_message(sys.argv[2], "user", f"acked {i} " + "y" * (100 + 37 * i)), flush=True)
+os._exit(0)
+"""
+
+# Appends to session argv[2] through SessionDB until a write fails as corrupt, printing each
+# acknowledged id, then "corrupt" and the error; closes the handle (quarantined: no checkpoint).
+_APPEND_UNTIL_CORRUPT = """
+import sys
+from hermes_state import SessionDB, StateDbCorruptError
+db = SessionDB(sys.argv[1])
+try:
+    for i in range(3000):
+        print(db.append_message(sys.argv[2], "user", f"acked {i} " + "z" * 300), flush=True)
+except StateDbCorruptError as exc:
+    print("corrupt", exc, flush=True)
+db.close()
+"""
+
+
+def _child_env(**overrides: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
+
+def _acknowledged(code: str, *args: str) -> tuple[list[int], str]:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=120, env=_child_env())
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    return [int(x) for x in lines if x.isdigit()], done.stdout
+
+
+def append_and_die(db_path: Path, session_id: str, count: int) -> list[int]:
+    """``count`` messages appended by another process that then dies without closing; returns
+    the ids it was acknowledged."""
+    ids, _ = _acknowledged(_APPEND_AND_DIE, str(db_path), session_id, str(count))
+    assert len(ids) == count
+    return ids
+
+
+def append_until_corrupt(db_path: Path, session_id: str) -> list[int]:
+    """Append from another process until SessionDB reports corruption; returns the ids it was
+    acknowledged before that."""
+    ids, out = _acknowledged(_APPEND_UNTIL_CORRUPT, str(db_path), session_id)
+    assert "corrupt" in out, "the writer never met the damage"
+    return ids
+
+
+def point_freelist_at_live_pages(db_path: Path, table: str, seed: int) -> list[int]:
+    """Damage the freelist trunk page of a closed store: its leaf entries are replaced by
+    pages of ``table``'s b-tree (some twice), so SQLite hands out live pages as free ones.
+    Returns the pages named."""
+    rng = random.Random(seed)
+    leaves = btree_pages(db_path, table)["leaf"]
+    with open(db_path, "r+b") as fh:
+        header = fh.read(100)
+        page_size = int.from_bytes(header[16:18], "big")
+        trunk = int.from_bytes(header[32:36], "big")
+        assert trunk, "the store has no free pages"
+        fh.seek((trunk - 1) * page_size)
+        page = bytearray(fh.read(page_size))
+        count = int.from_bytes(page[4:8], "big")
+        named = [rng.choice(leaves) for _ in range(count)]
+        for i, pgno in enumerate(named):
+            page[8 + 4 * i: 12 + 4 * i] = pgno.to_bytes(4, "big")
+        fh.seek((trunk - 1) * page_size)
+        fh.write(page)
+    return named
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Flip one bit of the byte at ``offset`` of a closed file."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x10]))
+
+
+def wal_frame_offset(wal: Path, frame: int, page_size: int = 4096) -> int:
+    """Where frame ``frame`` (from 1) of a -wal starts: its 24-byte header, then the page."""
+    return 32 + (frame - 1) * (24 + page_size)

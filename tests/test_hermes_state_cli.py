@@ -13,8 +13,20 @@ from typing import Any
 
 import pytest
 
+from conftest import file_state, leave_committed_wal
 from hermes_state import SessionDB
-from state_helpers import btree_pages, file_hashes, overwrite_pages, populate, sha256
+from state_helpers import (
+    append_and_die,
+    btree_pages,
+    file_hashes,
+    flip_byte,
+    kill_restore_midway,
+    overwrite_pages,
+    populate,
+    sha256,
+    store_of,
+    wal_frame_offset,
+)
 
 
 def cli(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -228,3 +240,65 @@ def test_maintenance_never_creates_or_upgrades_a_store(hermes_home: Path, tmp_pa
     result = cli(hermes_home, "--db", str(old), "sessions", "prune")
     assert result.returncode == 1 and "upgrades the store" in result.stderr
     assert sha256(old) == before
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_doctor_reports_a_damaged_wal_frame_and_recover_salvages_the_commits_after_it(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "base", 1, 100, seed)
+    acknowledged = append_and_die(db_path, "base-0", 20)
+    wal = db_path.with_name("state.db-wal")
+    rng = random.Random(seed)
+    frame = rng.randrange(2, 10)
+    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(4096))
+    before = file_state(db_path)
+
+    doctor = cli(hermes_home, "doctor", "--json")
+    assert doctor.returncode == 1, doctor.stdout
+    report = as_json(doctor)
+    damage = report["wal_damage"]
+    assert damage["damaged_frames"] == [frame] and damage["later_commits"] >= 19
+    assert damage["rows_after_damage"]["messages"] >= 19
+    assert any(f"damaged at frame {frame}" in p for p in report["problems"])
+    assert any("sessions recover" in step for step in report["next"])
+    text = cli(hermes_home, "doctor")
+    assert f"! the -wal is damaged at frame {frame}" in text.stdout
+
+    out = tmp_path / "recovered.db"
+    result = cli(hermes_home, "sessions", "recover", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"note: the -wal is damaged at frame {frame}" in result.stdout
+    assert file_state(db_path) == before  # neither command wrote the file or its -wal
+    with SessionDB(out, read_only=True) as copy:
+        ids = {m["id"] for m in copy.get_messages("base-0")}
+    assert set(acknowledged) <= ids and len(ids) == 120
+
+
+def test_doctor_finds_nothing_wrong_with_a_wal_of_committed_frames(
+    store: list[str], hermes_home: Path, db_path: Path
+) -> None:
+    leave_committed_wal(db_path)
+    result = cli(hermes_home, "doctor", "--json")
+    assert result.returncode == 0, result.stdout
+    assert "wal_damage" not in as_json(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_recover_says_it_rolled_back_the_hot_journal_of_a_killed_restore(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 3, 700, seed)
+    store_of(tmp_path / "snapshot.db", "snap", 3, 700, seed + 100)
+    with SessionDB(db_path, read_only=True) as db:
+        count = db.message_count()
+    kill_restore_midway(hermes_home, db_path, tmp_path / "snapshot.db")
+
+    result = cli(hermes_home, "sessions", "recover", "--inspect-only")
+    assert result.returncode == 0, result.stderr
+    assert "note: the source has a hot rollback journal" in result.stdout
+    messages = next(line for line in result.stdout.splitlines() if line.startswith("messages"))
+    assert messages.split()[1:4] == [str(count), "-", "0"]
+    report = as_json(cli(hermes_home, "--json", "sessions", "recover", "--inspect-only"))
+    assert report["journal"]["rolled_back_pages"] > 10

@@ -7,6 +7,8 @@ import random
 import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,18 @@ from hermes_state import (
 )
 from state_helpers import (
     add_ledgers_and_outbox,
+    append_and_die,
+    append_until_corrupt,
     btree_pages,
     file_hashes,
+    flip_byte,
+    kill_restore_midway,
     overwrite_pages,
+    point_freelist_at_live_pages,
     populate,
     process_holding,
+    store_of,
+    wal_frame_offset,
 )
 
 LEDGERS = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
@@ -339,3 +348,222 @@ def test_a_table_this_schema_does_not_know_is_copied_with_its_own_definition(
     assert report["tables"]["plugin_notes"]["unknown_table"]
     assert report["tables"]["plugin_notes"]["copied"] == 2
     assert count(tmp_path / "out.db", "plugin_notes") == 2
+
+
+# --- interrupted transactions and damaged sidecars --------------------------------------------
+
+SEEDS = [1, 2, 3]
+
+
+def message_rows(path: Path) -> dict[int, tuple]:
+    """id → (session_id, role, content) of every message of a readable store (immutable, so
+    nothing beside the file is created or changed)."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return {r[0]: r[1:] for r in conn.execute(
+            "SELECT id, session_id, role, content FROM messages")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_recover_reads_the_committed_state_behind_a_killed_restore(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 3, 700, seed)
+    store_of(tmp_path / "snapshot.db", "snap", 3, 700, seed + 100)
+    committed = message_rows(db_path)
+    kill_restore_midway(hermes_home, db_path, tmp_path / "snapshot.db")
+    before = file_hashes(hermes_home)
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    assert file_hashes(hermes_home) == before  # the source and its journal are untouched
+    assert message_rows(out) == committed  # every committed row, and not one of the snapshot's
+    with SessionDB(out, read_only=True) as copy:
+        assert {s["id"] for s in copy.search_sessions(limit=-1)} == {f"live-{n}" for n in range(3)}
+    assert report["journal"]["rolled_back_pages"] > 10
+    assert not report["journal"]["damaged_records"] and not report["journal"]["header_damaged"]
+    assert any("hot rollback journal" in note for note in report["notes"])
+    entry = report["tables"]["messages"]
+    assert entry["found"] == entry["copied"] == len(committed) and entry["lost"] == 0
+    assert report["complete"] and report["verified"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 4, 8])
+def test_recover_keeps_every_row_the_main_file_holds_when_the_wal_reused_live_pages(
+    seed: int, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 6, 400, seed)
+    with SessionDB(db_path) as db:
+        db.delete_session("live-5")  # its pages go to the freelist
+    point_freelist_at_live_pages(db_path, "messages", seed)
+    acknowledged = append_until_corrupt(db_path, "live-0")
+    assert db_path.with_name("state.db-wal").stat().st_size > 0  # quarantine kept the -wal
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copyfile(db_path, alone / "state.db")  # the main file without its -wal
+    recover_state_db(alone / "state.db", tmp_path / "main-file.db")
+    held = message_rows(tmp_path / "main-file.db")
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    salvaged = message_rows(out)
+    assert set(acknowledged) <= set(salvaged)  # every acknowledged append...
+    assert set(held) <= set(salvaged)  # ...and every row the main file alone holds
+    entry = report["tables"]["messages"]
+    only = entry["only_in"]["file"]
+    assert only["found"] == only["copied"] > 0 and set(only["ids"]) <= set(held)
+    assert all(salvaged[i] == held[i] for i in only["ids"])
+    assert entry["sources"]["file"] == only["copied"]
+    assert entry["lost"] is None and not entry["lost_exact"] and not report["complete"]
+    assert any("only the main file holds" in note for note in report["notes"])
+    # Impossible rowids (pages of other tables read as messages) are reported, never copied.
+    conn = sqlite3.connect(f"file:{out}?immutable=1", uri=True)
+    sequence = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+    conn.close()
+    assert all(0 < i <= sequence[0] for i in salvaged)
+    # What was lost is shown as unknown, not as an exact 0, and a count of the source that
+    # disagrees with its rows is said plainly, on the command line too.
+    shown = subprocess.run(
+        [sys.executable, "-m", "hermes_state_cli", "sessions", "recover", "--source",
+         str(db_path), "--inspect-only"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("messages"))
+    assert line.split()[3] == "?" and "only the main file holds" in shown.stdout
+    if not entry.get("verified", True):
+        assert report["unverified"] and not report["verified"] and report["output_verified"]
+        assert "! not verified: messages: SQLite counts" in shown.stdout
+        assert "do not agree" in shown.stderr
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_recover_salvages_the_commits_after_a_damaged_wal_frame(
+    seed: int, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "base", 1, 150, seed)
+    before = message_rows(db_path)
+    acknowledged = append_and_die(db_path, "base-0", 20)
+    wal = db_path.with_name("state.db-wal")
+    rng = random.Random(seed)
+    frame = rng.randrange(2, 12)
+    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(4096))
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    salvaged = message_rows(out)
+    assert set(before) | set(acknowledged) == set(salvaged)
+    assert [salvaged[i][2] for i in acknowledged] == [
+        f"acked {n} " + "y" * (100 + 37 * n) for n in range(20)]
+    damage = report["wal"]
+    assert damage["damaged_frames"] == [frame] and damage["readable_by_sqlite"] < frame
+    assert damage["later_commits"] >= 19 and damage["rows_after_damage"]["messages"] >= 19
+    assert any("the -wal is damaged at frame" in note for note in report["notes"])
+    entry = report["tables"]["messages"]
+    if not damage["unreplaced_pages"]:  # the damaged frame's page was rewritten later
+        assert entry["lost"] == 0 and entry["lost_exact"] and report["complete"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_damaged_journal_costs_only_the_pages_of_its_damaged_records(
+    seed: int, hermes_home: Path, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "live", 3, 700, seed)
+    store_of(tmp_path / "snapshot.db", "snap", 3, 700, seed + 100)
+    committed = message_rows(db_path)
+    pristine = tmp_path / "pristine.db"
+    shutil.copyfile(db_path, pristine)
+    kill_restore_midway(hermes_home, db_path, tmp_path / "snapshot.db")
+    journal = db_path.with_name("state.db-journal")
+    records = ff.read_journal(journal).records
+    leaves = set(btree_pages(pristine, "messages")["leaf"])
+    index, (page, at) = next((n, r) for n, r in enumerate(records)
+                             if r[0] in leaves and n > len(records) // 4)
+    flip_byte(journal, at + 4096 - 200)  # a byte the record's checksum samples
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    assert report["journal"]["damaged_records"] == [{"record": index, "page": page}]
+    assert any(f"pages {page}" in note and "fail their checksum" in note
+               for note in report["notes"])
+    entry = report["tables"]["messages"]
+    assert entry["lost"] is None and not entry["lost_exact"] and not report["complete"]
+    salvaged = message_rows(out)
+    with ff.DatabaseImage(pristine) as image:
+        on_page = ff.table_rowids(image, page)  # what the damaged record would have restored
+    assert set(committed) - set(salvaged) <= on_page  # only that page's rows can be missing
+    assert all(salvaged[i] == committed[i] for i in set(committed) - on_page)
+    # What the unrestored page holds comes last, and every row only it gave is named.
+    unrestored = entry.get("only_in", {}).get("unrestored-journal-pages", {"ids": []})
+    assert set(salvaged) - set(committed) <= set(unrestored["ids"])
+    assert all(salvaged[i] == committed[i] for i in set(salvaged) - set(unrestored["ids"]))
+
+
+def last_commit_frames(wal: Path, page_size: int = 4096) -> list[tuple[int, int]]:
+    """(frame number, page) of the frames of the last commit of a -wal, read from its frame
+    headers (page number at offset 0, database size at offset 4: non-zero on a commit)."""
+    frames = []
+    data = wal.read_bytes()
+    for number in range(1, (len(data) - 32) // (24 + page_size) + 1):
+        at = wal_frame_offset(wal, number, page_size)
+        frames.append((number, int.from_bytes(data[at : at + 4], "big"),
+                       int.from_bytes(data[at + 4 : at + 8], "big")))
+    commits = [n for n, _, size in frames if size]
+    start = commits[-2] if len(commits) > 1 else 0
+    return [(n, pgno) for n, pgno, _ in frames[start : commits[-1]]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_row_only_a_damaged_frame_holds_is_kept_last_and_named(
+    seed: int, db_path: Path, tmp_path: Path
+) -> None:
+    store_of(db_path, "base", 1, 120, seed)
+    acknowledged = append_and_die(db_path, "base-0", 10 + seed)
+    wal = db_path.with_name("state.db-wal")
+    data = wal.read_bytes()
+    # The frame of the last commit that holds the messages leaf with the last message (its
+    # text is in the page): damage a byte of the page's free space, so its content still
+    # reads, but no checksum vouches for it.
+    text = f"acked {len(acknowledged) - 1} ".encode()
+    for number, pgno in last_commit_frames(wal):
+        page = data[wal_frame_offset(wal, number) + 24 :][:4096]
+        cells = int.from_bytes(page[3:5], "big")
+        if page[0] == 0x0D and acknowledged[-1] in leaf_rowids(page) and text in page:
+            free = 8 + 2 * cells
+            assert free < int.from_bytes(page[5:7], "big")
+            flip_byte(wal, wal_frame_offset(wal, number) + 24 + free)
+            break
+    else:
+        raise AssertionError("no frame of the last commit holds the last message")
+
+    out = tmp_path / "recovered.db"
+    report = recover_state_db(db_path, out)
+    salvaged = message_rows(out)
+    assert [salvaged[i][2] for i in acknowledged] == [
+        f"acked {n} " + "y" * (100 + 37 * n) for n in range(len(acknowledged))]
+    assert report["wal"]["damaged_frames"] == [number]
+    assert report["wal"]["unreplaced_pages"] == [pgno]
+    entry = report["tables"]["messages"]
+    assert acknowledged[-1] in entry["only_in"]["damaged-wal-frames"]["ids"]
+    assert entry["lost"] is None and not report["complete"]
+    assert any("damaged -wal frames holds" in note and "check them" in note
+               for note in report["notes"])
+
+
+def leaf_rowids(page: bytes) -> set[int]:
+    """The rowids of a table leaf page's cells (payload size varint, then the rowid varint)."""
+    rowids = set()
+    for i in range(int.from_bytes(page[3:5], "big")):
+        at = int.from_bytes(page[8 + 2 * i : 10 + 2 * i], "big")
+        for _ in range(2):
+            value, start = 0, at
+            while page[at] & 0x80:
+                value, at = (value << 7) | (page[at] & 0x7F), at + 1
+            value, at = (value << 7) | page[at], at + 1
+            assert at - start <= 8
+        rowids.add(value)
+    return rowids
