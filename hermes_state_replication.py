@@ -408,10 +408,12 @@ def replicate(
     sync_interval: float = 1.0,
     leave_checkpoints: bool = False,
     stop: threading.Event | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Replicate ``db_path`` to ``url`` with Litestream until asked to stop: SIGINT or SIGTERM
     to this process, or ``stop`` set. Litestream is then stopped gracefully (its final sync
-    ships what is pending) and this returns.
+    ships what is pending) and this returns. ``on_start`` gets the record once Litestream
+    runs.
 
     Raises :class:`ReplicationError`: ``quarantined`` when the store's quarantine marker is
     there at the start or appears (Litestream is killed, nothing more is shipped),
@@ -449,6 +451,8 @@ def replicate(
         }
         try:
             _write_record(db_path, record)
+            if on_start is not None:
+                on_start(record)
             _supervise(proc, db_path, stop or threading.Event())
         except BaseException as exc:
             if proc.poll() is None:
