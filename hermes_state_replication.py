@@ -293,20 +293,14 @@ def _write_record(db_path: Path, record: dict[str, Any]) -> None:
 
 def forget_replica(db_path: Path) -> bool:
     """Remove the record (the store then has no replica configured); True when there was one.
-    :class:`ReplicationError` (``already_running``) while its replicator is running."""
-    record = read_record(db_path)
-    if record is not None and litestream_alive(record):
-        raise ReplicationError(
-            f"{db_path} is being replicated (Litestream pid {record.get('litestream_pid')})",
-            reason="already_running",
-            path=db_path,
-        )
-    with contextlib.suppress(FileNotFoundError):
-        db_path.with_name(db_path.name + LOCK_SUFFIX).unlink()
-    try:
-        record_path(db_path).unlink()
-    except FileNotFoundError:
+    :class:`ReplicationError` (``already_running``) while a replicator holds the store."""
+    if not record_path(db_path).exists():
         return False
+    with _replicator_lock(db_path):
+        try:
+            record_path(db_path).unlink()
+        except FileNotFoundError:
+            return False
     return True
 
 
@@ -322,10 +316,9 @@ def litestream_alive(record: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if cmdline.parent.parent.joinpath("self").exists():
+    if Path("/proc/self").exists():
         try:
-            return b"litestream" in cmdline.read_bytes()
+            return b"litestream" in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return False
     return True

@@ -36,8 +36,9 @@ from state_helpers import btree_pages, overwrite_pages, populate, process_holdin
 SYNC = 0.25  # the sync interval every replicating test configures
 SYNC_ARG = "250ms"
 # How long past the sync interval a commit may take to reach the replica on a loaded
-# two-core machine (Litestream looks for new frames every interval, then ships them).
-MARGIN_S = 2.0
+# two-core machine (Litestream looks for new frames every interval, then ships them; two
+# writers flat out kept the oldest unshipped commit within 1.3 s here).
+MARGIN_S = 2.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +406,7 @@ def test_rows_acknowledged_before_the_sync_interval_survive_a_kill_9_of_everythi
                 env=subprocess_env(), stdout=out, stderr=err,
             ))
     wait_for(lambda: all((acks / f"w{w}").read_text().startswith("ready") for w in range(2)))
-    time.sleep(3.0 + random.Random(seed).random())  # the storm
+    time.sleep(3.5 + random.Random(seed).random())  # the storm
     killed_at = time.monotonic()
     rep.kill()
     for proc in writers:
