@@ -824,6 +824,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout.close()
         return 0
+    except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
+        _warn("interrupted")
+        return 130
     except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
         _warn(str(exc))
         try:

@@ -41,7 +41,6 @@ the handles checkpointing again, so the WAL never grows without bound behind a d
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import json
 import os
@@ -379,12 +378,15 @@ def _replicator_lock(db_path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the supervisor dies (Linux), so Litestream
-    never replicates a store unwatched."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_supervisor() -> Callable[[], None] | None:
+    """What the child runs before exec on Linux: ask for SIGKILL when the supervisor (the
+    thread that started it) ends, so Litestream never replicates a store unwatched."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # here, not at the top: every process that opens a store imports this module
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _stderr_fd() -> int | None:
@@ -429,7 +431,7 @@ def replicate(
             stdin=subprocess.DEVNULL,
             stdout=_stderr_fd(),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_supervisor(),
         )
         record: dict[str, Any] = {
             "url": url,
