@@ -422,6 +422,9 @@ def replicate(
     marker = quarantine.read_marker(db_path)
     if marker is not None:
         raise _quarantined(db_path, marker)
+    if url.startswith("file:"):  # a new replica directory is as private as the store
+        Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).mkdir(
+            parents=True, exist_ok=True, mode=0o700)
     with _replicator_lock(db_path), tempfile.TemporaryDirectory(prefix="hermes-replicate-") as tmp:
         config = Path(tmp) / "litestream.yml"
         config.write_text(litestream_config(db_path, url, sync_interval=sync_interval),

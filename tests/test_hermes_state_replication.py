@@ -336,26 +336,27 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
     assert done.returncode == 2, done.stderr
 
 
+@pytest.mark.parametrize("kind", ["file", "s3"])
 def test_the_generated_configuration_is_what_litestream_reads(
-    hermes_home: Path, litestream: Path, tmp_path: Path
+    hermes_home: Path, litestream: Path, tmp_path: Path, kind: str
 ) -> None:
     db_path = tmp_path / 'a "quoted" $HOME dir: 東京 #x' / "state.db"
     db_path.parent.mkdir()
     store(db_path)
-    url = (tmp_path / "replica $dir").as_uri()
+    url = ((tmp_path / "replica $dir").as_uri() if kind == "file" else
+           "s3://my-bucket/hermes/state?endpoint=http://127.0.0.1:9000&region=us-east-1")
     done = run_cli("--db", str(db_path), "replicate", "--to", url, "--sync-interval", "1.5s",
                    "--config-only")
     assert done.returncode == 0, done.stderr
     config = tmp_path / "litestream.yml"
     config.write_text(done.stdout, encoding="utf-8")
-    assert "sync-interval: 1500ms" in done.stdout
+    assert "sync-interval: 1500ms" in done.stdout and url in done.stdout
     listed = subprocess.run(
         [str(litestream), "databases", "-no-expand-env", "-config", str(config), "-json"],
         capture_output=True, text=True, timeout=30,
     )
     assert listed.returncode == 0, listed.stderr
-    [entry] = json.loads(listed.stdout)
-    assert entry["path"] == str(db_path) and entry["replica"] == "file"
+    assert json.loads(listed.stdout) == [{"path": str(db_path), "replica": kind}]
     assert not replication.record_path(db_path).exists()  # printing starts nothing
 
 
@@ -591,6 +592,7 @@ def test_one_replicator_per_store(
     db_path = hermes_home / "state.db"
     store(db_path)
     first = replicators(db_path, replica)
+    assert (tmp_path / "replica $HOME dir").stat().st_mode & 0o777 == 0o700  # private
     second = run_cli("--db", str(db_path), "replicate", "--to", (tmp_path / "other").as_uri())
     assert second.returncode == 1 and "already being replicated" in second.stderr
     assert first.proc.poll() is None
