@@ -73,11 +73,12 @@ class Replicator:
 
     def __init__(self, db_path: Path, url: str, log: Path, *extra: str) -> None:
         self.db_path, self.log = db_path, log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "replicate",
-             "--to", url, "--sync-interval", SYNC_ARG, *extra],
-            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=log.open("w"),
-        )
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "replicate",
+                 "--to", url, "--sync-interval", SYNC_ARG, *extra],
+                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=err,
+            )
         wait_for(lambda: self.record_pid() is not None or self.proc.poll() is not None)
         assert self.proc.poll() is None, self.stderr()
 
@@ -129,13 +130,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0) -> Any:
         time.sleep(0.05)
 
 
-def restored_copy(litestream: Path, url: str, dest: Path, *flags: str) -> Path | None:
+def restored_copy(litestream: Path, url: str, dest: Path) -> Path | None:
     """Litestream's own restore of the replica into the new file ``dest`` (no checks: for
     watching what the replica holds); None when it has nothing (yet)."""
     for p in (dest, dest.with_name(dest.name + "-wal"), dest.with_name(dest.name + "-shm")):
         p.unlink(missing_ok=True)
-    done = subprocess.run([str(litestream), "restore", "-no-expand-env", *flags, "-o",
-                           str(dest), url], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(litestream), "restore", "-no-expand-env", "-o", str(dest),
+                           url], capture_output=True, text=True, timeout=60)
     return dest if done.returncode == 0 else None
 
 
