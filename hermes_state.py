@@ -22,7 +22,11 @@ Write discipline (one place, :meth:`SessionDB._write`):
   WAL-reset bug range, automatic checkpoints are off on every connection a handle opens, and
   every checkpoint a handle runs (after 50 writes, :meth:`SessionDB.checkpoint`, in
   ``close()``) runs from a helper connection while the handle holds the write lock, so no
-  checkpoint overlaps a write of any hermes_state process.
+  checkpoint overlaps a write of any hermes_state process;
+* while checkpoints are left to Litestream (``hermes_state_replication``: the
+  ``HERMES_STATE_CHECKPOINTS`` setting, or a replicator started with ``--leave-checkpoints``
+  that is still running), a handle runs none of those checkpoints and every connection's
+  automatic checkpoints are off; the setting is read at open and at every checkpoint decision.
 
 Quarantine. Plain ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` (not FTS-only), met by a write, a read
 or the open itself, raises :class:`StateDbCorruptError` at once (no retry) and quarantines the
@@ -83,6 +87,7 @@ import hermes_state_messages as messages
 import hermes_state_peers as peers
 import hermes_state_portability as portability
 import hermes_state_quarantine as quarantine
+import hermes_state_replication as replication
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_session_model as session_model
@@ -332,6 +337,8 @@ def _earlier_quarantine(path: Path) -> BaseException | None:
 
 # Switches off automatic checkpoints for one connection (no file is read or written).
 WAL_AUTOCHECKPOINT_OFF_SQL = "PRAGMA wal_autocheckpoint = 0"
+# Gives one connection back SQLite's default automatic checkpoint (at 1000 WAL pages).
+WAL_AUTOCHECKPOINT_DEFAULT_SQL = "PRAGMA wal_autocheckpoint = 1000"
 # The checkpoint that never waits for readers or writers; its result row is inspected.
 CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
 # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, which the sqlite3 module exposes from Python 3.12 on.
@@ -368,6 +375,10 @@ class SessionDB:
         self.profile_home = self.path.parent if in_home else common.get_hermes_home().absolute()
         self.read_only = read_only
         self.wal_reset_exposed = common.wal_reset_exposed()
+        # Read-only handles never checkpoint, whoever does.
+        self._leave_checkpoints = (
+            not read_only and replication.checkpoints_left_to_litestream(self.path)
+        )
         self.last_checkpoint: tuple[int, int, int] | None = None
         self.write_retries = 0
         self._lock = threading.RLock()
@@ -392,13 +403,14 @@ class SessionDB:
         """Every connection of the handle (its own, the checkpoint helper, the close guard,
         the snapshot reader), configured by ``common.configure_connection``.
 
-        Inside the WAL-reset bug range none of them ever checkpoints on its own: automatic
-        checkpoints are off from the first statement (the setting touches no file)."""
+        Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
+        them ever checkpoints on its own: automatic checkpoints are off from the first
+        statement (the setting touches no file)."""
         uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
         conn = common.configure_connection(sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
         ))
-        if self.wal_reset_exposed:
+        if self.wal_reset_exposed or self._leave_checkpoints:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
 
@@ -477,7 +489,8 @@ class SessionDB:
     # --- closing ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal."""
+        """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal;
+        so does one whose checkpoints are left to Litestream."""
         self._stop_rebuild.set()
         if self._rebuild_thread is not None:
             self._rebuild_thread.join()
@@ -486,7 +499,7 @@ class SessionDB:
                 return
             self._closed = True
             _LIVE_HANDLES.discard(self)
-            if not self.read_only and not self.quarantined:
+            if not self.read_only and not self.quarantined and self._own_checkpoints():
                 with contextlib.suppress(sqlite3.Error):
                     self._checkpoint()
             self._close_connections()
@@ -694,16 +707,41 @@ class SessionDB:
 
     def _count_write(self) -> None:
         self._writes += 1
-        if self._writes % _CHECKPOINT_EVERY_N_WRITES == 0:
+        if self._writes % _CHECKPOINT_EVERY_N_WRITES == 0 and self._own_checkpoints():
             try:
                 self._checkpoint()
             except sqlite3.Error as exc:
                 logger.debug("checkpoint of %s skipped: %s", self.path, exc)
 
+    def _own_checkpoints(self) -> bool:
+        """False while this file's checkpoints are left to Litestream. Called under the lock
+        at every checkpoint decision; when the answer changes, the connections' automatic
+        checkpoints follow it. A setting that turned invalid after the open keeps the last
+        answer: this runs after a committed write, which must not look failed."""
+        try:
+            leave = replication.checkpoints_left_to_litestream(self.path)
+        except errors.ReplicationError as exc:
+            logger.warning("%s; keeping the previous checkpoint setting", exc)
+            return not self._leave_checkpoints
+        if leave != self._leave_checkpoints:
+            self._leave_checkpoints = leave
+            off = leave or self.wal_reset_exposed
+            for conn in filter(None, (self._conn, self._helper)):
+                conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL if off else WAL_AUTOCHECKPOINT_DEFAULT_SQL)
+        return not leave
+
     def checkpoint(self) -> tuple[int, int, int]:
         """Run a PASSIVE WAL checkpoint now, through the write wrapper (retried while another
         process holds the lock it needs). Returns SQLite's result row: (busy, frames in the
-        WAL, frames checkpointed)."""
+        WAL, frames checkpointed). :class:`ReplicationError` while checkpoints are left to
+        Litestream."""
+        with self._lock:
+            if not self.read_only and not self._own_checkpoints():
+                raise errors.ReplicationError(
+                    f"the checkpoints of {self.path} are left to Litestream",
+                    reason="checkpoints_left_to_litestream",
+                    path=self.path,
+                )
         self._write(lambda conn: self._checkpoint(), transactional=False)
         assert self.last_checkpoint is not None
         return self.last_checkpoint

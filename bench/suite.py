@@ -12,13 +12,17 @@ Run ``python -m bench`` (``--help`` for options).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +33,9 @@ from typing import Any
 
 import hermes_state
 import hermes_state_messages as messages
+import hermes_state_replication as replication
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
-from hermes_state import SessionDB, recover_state_db
+from hermes_state import ReplicationError, SessionDB, recover_state_db
 
 __all__ = ["main", "Figure"]
 
@@ -548,9 +553,135 @@ def bench_scaling(stores: Stores, sizes: list[int], p95s: dict[int, dict[str, fl
     return figures
 
 
+# --- B9: replication with Litestream ----------------------------------------------------------
+
+
+@contextmanager
+def replicating(path: Path, replica_dir: Path, *extra: str) -> Iterator[str]:
+    """``hermes-state replicate`` of ``path`` to the file replica ``replica_dir``, from
+    Litestream's first shipped snapshot until the block ends (then stopped as Ctrl-C would:
+    a final sync, then exit); yields the replica's URL."""
+    url = replica_dir.as_uri()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes_state_cli", "--db", str(path), "replicate", "--to", url,
+         *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not any(replica_dir.rglob("*.ltx")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the replicator did not start (status {proc.poll()})")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def _replicated_append_rate(sessions: list[CorpusSession], batch: list, *extra: str) -> float:
+    """appends/s into a fresh store, replicated (``extra``: replicate's options) or not
+    (``extra`` is ``("off",)``)."""
+    with scratch_dir() as d:
+        path = d / "state.db"
+        fresh_store(path, sessions)
+        with contextlib.ExitStack() as stack:
+            if extra != ("off",):
+                stack.enter_context(replicating(path, d / "replica", *extra))
+            with SessionDB(path) as db:
+                start = time.perf_counter()
+                for sid, kwargs in batch:
+                    db.append_message(sid, **kwargs)
+                elapsed = time.perf_counter() - start
+    return len(batch) / elapsed
+
+
+# Whether the follower already holds the probe message.
+LAG_PROBE_SQL = "SELECT 1 FROM messages WHERE content = ?"
+
+
+def _present(follower: Path, content: str) -> bool:
+    try:
+        conn = sqlite3.connect(f"{follower.as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        return conn.execute(LAG_PROBE_SQL, (content,)).fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def replication_lags(binary: Path, samples: int, sync_interval: str) -> list[float]:
+    """Seconds from the commit of one message to its presence in a copy restored from the
+    replica (``litestream restore -f``, polling the replica every 50 ms), one message at a
+    time, at random moments of the sync cycle."""
+    rng = random.Random(9)
+    lags = []
+    with scratch_dir() as d:
+        path, follower = d / "state.db", d / "follower.db"
+        with SessionDB(path) as db:
+            db.create_session("lag", "cli")
+        with replicating(path, d / "replica", "--sync-interval", sync_interval) as url:
+            follow = subprocess.Popen(
+                [str(binary), "restore", "-f", "-follow-interval", "50ms", "-o", str(follower),
+                 url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            try:
+                with SessionDB(path) as db:
+                    for n in range(samples):
+                        time.sleep(rng.uniform(0.1, 0.6))
+                        probe = f"lag probe {n}"
+                        db.append_message("lag", "user", probe)
+                        committed = time.perf_counter()
+                        deadline = committed + 60
+                        while not _present(follower, probe) and time.perf_counter() < deadline:
+                            time.sleep(0.005)
+                        lags.append(time.perf_counter() - committed)
+            finally:
+                follow.kill()
+                follow.wait()
+    return lags
+
+
+def bench_replication(corpus: list[CorpusSession], repeats: int, n_messages: int = 1000,
+                      lag_samples: int = 30) -> list[Figure]:
+    """Append throughput with ``hermes-state replicate`` running against without (same
+    run, alternated), with and without --leave-checkpoints; and the replication lag."""
+    try:
+        binary = replication.find_litestream()
+        replication.litestream_version(binary)
+    except ReplicationError as exc:
+        print(f"B9 skipped: {exc}", file=sys.stderr)
+        return []
+    batch, sessions = append_batch(corpus, n_messages)
+    figures = []
+    for label, extra in (("", ()), (", --leave-checkpoints", ("--leave-checkpoints",))):
+        on, off, ratios = paired(lambda: _replicated_append_rate(sessions, batch, *extra),
+                                 lambda: _replicated_append_rate(sessions, batch, "off"),
+                                 repeats)
+        # The median of the paired ratios: on a shared machine it drifts less than the
+        # ratio of the two medians.
+        figures.append(Figure(
+            "B9", f"append_message replicated{label}", on, off, "appends/s",
+            statistics.median(ratios), (min(ratios), max(ratios)),
+            "report (raw column: not replicated)", None, {"messages": len(batch)},
+        ))
+    for interval in ("1s", "250ms"):
+        lags = replication_lags(binary, lag_samples, interval)
+        figures.append(Figure(
+            "B9", f"replication lag, commit to restored copy ({interval} sync)",
+            percentile(lags, 0.5) * 1e3, None, "ms", None, None, "report (p50; p95 in notes)",
+            None, {"p50_ms": round(percentile(lags, 0.5) * 1e3),
+                   "p95_ms": round(percentile(lags, 0.95) * 1e3),
+                   "max_ms": round(max(lags) * 1e3), "samples": len(lags)},
+        ))
+    return figures
+
+
 # --- driver ----------------------------------------------------------------------------------
 
-BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8")
+BENCHMARKS = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9")
 
 
 def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
@@ -582,6 +713,8 @@ def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
             figures += bench_portability(stores, sizes[-1])
         if "B8" in only and len(sizes) > 1:
             figures += bench_scaling(stores, sizes, p95s, repeats)
+        if "B9" in only:
+            figures += bench_replication(corpus, repeats)
     return figures
 
 
