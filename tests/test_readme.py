@@ -32,3 +32,11 @@ def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> N
     ]
     ci = CI_SCRIPT.read_text(encoding="utf-8")
     assert "pip install --quiet -e '.[test]'" in ci and ci.rstrip().endswith("pytest")
+
+
+def test_every_module_of_the_package_is_installed() -> None:
+    """A top-level module missing from ``py-modules`` imports from a checkout but not from an
+    install (the console script run elsewhere would fail)."""
+    listed = set(re.findall(r'"(hermes_state\w*)"', (README.parent / "pyproject.toml").read_text()))
+    present = {p.stem for p in README.parent.glob("hermes_state*.py")}
+    assert present <= listed, sorted(present - listed)
