@@ -93,9 +93,11 @@ from hermes_state_portability import (
     restore_state_db,
 )
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_wal import apply_wal_with_fallback
 
 __all__ = [
     "SessionDB",
+    "apply_wal_with_fallback",
     "collect_profile_stats",
     "backup_state_db",
     "restore_state_db",
