@@ -86,6 +86,7 @@ from hermes_state_common import (
 )
 import hermes_state_errors as errors
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
+from hermes_state_async import AsyncSessionDB
 from hermes_state_portability import (
     backup_state_db,
     recover_state_db,
@@ -97,6 +98,7 @@ from hermes_state_wal import apply_wal_with_fallback
 
 __all__ = [
     "SessionDB",
+    "AsyncSessionDB",
     "apply_wal_with_fallback",
     "collect_profile_stats",
     "backup_state_db",
