@@ -71,6 +71,7 @@ import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
 import hermes_state_messages as messages
 import hermes_state_portability as portability
+import hermes_state_rewind as rewind
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
@@ -861,6 +862,12 @@ class SessionDB:
         ids = self._replace_messages(session_id, messages, seen_through_id=bound)
         self._seen.rewrote(session_id, ids)
         return ids
+
+    # --- rewind -------------------------------------------------------------------------------
+
+    list_recent_user_messages = _reads(rewind.list_recent_user_messages)
+    rewind_to_message = _writes(rewind.rewind_to_message, "transcript")
+    restore_rewound = _writes(rewind.restore_rewound, "transcript")
 
     # --- titles -------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ the newest id it read or wrote (see the class).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sqlite3
@@ -58,8 +59,10 @@ __all__ = [
     "insert_message",
     "append_message",
     "append_located",
+    "SELECT_MESSAGES_SQL",
     "get_messages",
     "newest_id",
+    "decode_content",
     "get_messages_as_conversation",
     "read_conversation",
     "message_fields",
@@ -368,6 +371,22 @@ def get_messages(
 def newest_id(rows: Iterable[Mapping[str, Any]]) -> int:
     """The newest ``id`` among message rows (0 for none): what a read of them has seen."""
     return max((int(r["id"]) for r in rows), default=0)
+
+
+# Structured content (a list of parts, a dict) as the previous store wrote it: JSON text after
+# one of these prefixes, of one length (the older one used a NUL). This store writes text only.
+STRUCTURED_CONTENT_PREFIXES = ("\x01json:", "\x00json:")
+
+
+def decode_content(content: Any) -> Any:
+    """A message's ``content`` as its writer gave it: text as it is, structured content written
+    by the previous store decoded back to its list or dict (text that does not decode stays)."""
+    if isinstance(content, str) and content.startswith(STRUCTURED_CONTENT_PREFIXES):
+        try:
+            return json.loads(content[len(STRUCTURED_CONTENT_PREFIXES[0]):])
+        except ValueError:
+            return content
+    return content
 
 
 CONVERSATION_SQL = """
