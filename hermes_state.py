@@ -839,12 +839,17 @@ class SessionDB:
         return rows
 
     def get_messages_as_conversation(
-        self, session_id: str, include_ancestors: bool = False, include_row_ids: bool = False
+        self,
+        session_id: str,
+        include_ancestors: bool = False,
+        include_inactive: bool = False,
+        *,
+        include_row_ids: bool = False,
     ) -> list[dict[str, Any]]:
-        """The OpenAI-format replay list of the session's active rows; ``include_ancestors``
-        prepends its lineage, root first; ``_row_id`` on request."""
+        """The OpenAI-format replay list of the session (see
+        hermes_state_messages.read_conversation); ``_row_id`` on request."""
         turns, newest = self._read(lambda c: messages.read_conversation(
-            c, session_id, include_ancestors, include_row_ids))
+            c, session_id, include_ancestors, include_inactive, include_row_ids=include_row_ids))
         for read_id, newest_id in newest.items():
             self._seen.saw(read_id, newest_id)
         return turns

@@ -11,9 +11,13 @@
   never count as a resume.
 * A reasoning-only successful reply keeps ``content`` empty; its text lives in
   ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
-* :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
-  bytes sent differ from ``content``; each turn carries its ``message_uid`` and the runtime
-  ``_``-keys; display metadata stays out.
+* :func:`get_messages_as_conversation` is the OpenAI-format replay list, in the row keys of the
+  previous store (``timestamp``, ``tool_name``, ``message_id`` for the platform's id,
+  ``observed``, ``effect_disposition``; an empty ``reasoning`` is not restored): ``content`` is
+  ``api_content`` when the bytes sent differ from ``content`` — replay is byte-exact, nothing is
+  stripped from the text; each turn carries its ``message_uid`` and the runtime ``_``-keys;
+  display metadata stays out. Two kinds of turn are left out of it: the prompt of a background
+  review with the reply to it, and, across a lineage, a prompt a continuation replays.
 
 **What the caller saw.** Rewriting a session's live rows (:func:`replace_messages` here,
 ``archive_and_compact`` in ``hermes_state_compression``) is done by a caller that read the
@@ -42,7 +46,7 @@ import sqlite3
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
@@ -60,6 +64,7 @@ __all__ = [
     "append_message",
     "append_located",
     "SELECT_MESSAGES_SQL",
+    "BACKGROUND_REVIEW_PROMPTS",
     "get_messages",
     "newest_id",
     "decode_content",
@@ -389,98 +394,189 @@ def decode_content(content: Any) -> Any:
     return content
 
 
+# A session's rows for replay, live ones only unless the second parameter is true.
 CONVERSATION_SQL = """
 SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, finish_reason,
        reasoning, reasoning_content, reasoning_details, codex_reasoning_items,
-       codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid
-FROM messages WHERE session_id = ? AND active = 1 ORDER BY id
+       codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid,
+       timestamp, platform_message_id, observed, effect_disposition
+FROM messages WHERE session_id = ? AND (active = 1 OR ?) ORDER BY id
 """
+
+#: How the prompts of a background review (of the skill library, of memory) begin. Older agents
+#: wrote those turns into the session they reviewed; replaying them would take the session over.
+BACKGROUND_REVIEW_PROMPTS = (
+    "Review the conversation above and update the skill library",
+    "Review the conversation above and consider saving to memory",
+)
 
 
 def get_messages_as_conversation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_ancestors: bool = False,
+    include_inactive: bool = False,
+    *,
     include_row_ids: bool = False,
 ) -> list[dict[str, Any]]:
-    """The OpenAI-format replay list of the session's active rows (see the module docstring);
-    ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
-    return read_conversation(conn, session_id, include_ancestors, include_row_ids)[0]
+    """The OpenAI-format replay list of the session (see :func:`read_conversation`)."""
+    return read_conversation(
+        conn, session_id, include_ancestors, include_inactive, include_row_ids=include_row_ids
+    )[0]
 
 
 def read_conversation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_ancestors: bool = False,
+    include_inactive: bool = False,
+    *,
     include_row_ids: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """:func:`get_messages_as_conversation`, and the newest row id it returned of each session
-    it read (0 for none)."""
+    """The replay list of the session's live rows (every row with ``include_inactive``), and
+    the newest row id it returned of each session it read (0 for none).
+
+    ``include_ancestors`` puts the sessions of its parent chain first, root first, and shows a
+    prompt replayed into a continuation once: a user turn whose content equals one since the
+    last assistant turn with content or tool calls is left out. A background-review prompt
+    (:data:`BACKGROUND_REVIEW_PROMPTS`, a user or system turn) is left out with the assistant
+    turn right after it and the tool results answering that turn's calls. ``_row_id`` on
+    request."""
     ids = [session_id]
     if include_ancestors:
         ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
-    return conversation(conn, ids, include_row_ids=include_row_ids)
-
-
-def conversation(
-    conn: sqlite3.Connection, session_ids: Iterable[str], *, include_row_ids: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The OpenAI-format replay list of the sessions' active rows, in the order given, and
-    the newest row id it holds of each session (0 for none)."""
-    out: list[dict[str, Any]] = []
-    newest: dict[str, int] = {}
-    for session_id in session_ids:
-        caller_uids: dict[str, Any] = {}
-        seen_results: dict[str, int] = {}
-        newest[session_id] = 0
-        for (
-            row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
-            finish_reason, reasoning, reasoning_content, reasoning_details,
-            codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
-            call_uid,
-        ) in conn.execute(CONVERSATION_SQL, (session_id,)):
-            turn: dict[str, Any] = {
-                "role": role,
-                "content": content if api_content is None else api_content,
-            }
-            if tool_calls is not None:
-                turn["tool_calls"] = decode_json(tool_calls)
-            if tool_call_id is not None:
-                turn["tool_call_id"] = tool_call_id
-            if role == "tool" and tool_name is not None:
-                turn["name"] = tool_name
-            if role == "assistant":
-                if finish_reason is not None:
-                    turn["finish_reason"] = finish_reason
-                if reasoning is not None:
-                    turn["reasoning"] = reasoning
-                if reasoning_content is not None:
-                    turn["reasoning_content"] = reasoning_content
-                if reasoning_details is not None:
-                    turn["reasoning_details"] = decode_json(reasoning_details)
-                if codex_reasoning_items is not None:
-                    turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
-                if codex_message_items is not None:
-                    turn["codex_message_items"] = decode_json(codex_message_items)
-            turn["message_uid"] = message_uid
-            if absorbed is not None:
-                turn["_absorbed_message_uids"] = decode_json(absorbed)
-            if call_uids is not None:
-                caller_uids = decode_json(call_uids)
-                seen_results = {}
-                turn["_tool_call_uids"] = caller_uids
-            if role == "tool" and tool_call_id is not None:
-                occurrence = seen_results.get(tool_call_id, 0)
-                seen_results[tool_call_id] = occurrence + 1
-                if call_uid is None and isinstance(caller_uids, dict):
-                    call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
-            if call_uid is not None:
-                turn["_tool_call_uid"] = call_uid
-            if include_row_ids:
-                turn["_row_id"] = row_id
-            newest[session_id] = row_id
-            out.append(turn)
+    read = [(sid, row_id, turn) for sid in ids
+            for row_id, turn in _turns(conn, sid, include_inactive)]
+    read = _without_review_turns(read)
+    if include_ancestors:
+        read = _without_replayed_prompts(read)
+    newest = dict.fromkeys(ids, 0)
+    out = []
+    for sid, row_id, turn in read:
+        newest[sid] = max(newest[sid], row_id)
+        if include_row_ids:
+            turn["_row_id"] = row_id
+        out.append(turn)
     return out, newest
+
+
+def _turns(
+    conn: sqlite3.Connection, session_id: str, include_inactive: bool
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row id, replay turn) of each row of one session, in order.
+
+    ``content`` is ``api_content`` when the bytes sent differ; each turn carries its
+    ``message_uid`` and the runtime ``_``-keys; display metadata stays out. Optional keys
+    appear only when the row has a value: ``reasoning`` only when non-empty, ``observed`` only
+    when true; reasoning and ``codex_*`` items, and ``finish_reason``, only on assistant turns."""
+    caller_uids: dict[str, Any] = {}
+    seen_results: dict[str, int] = {}
+    for (
+        row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
+        finish_reason, reasoning, reasoning_content, reasoning_details,
+        codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
+        call_uid, timestamp, platform_message_id, observed, effect_disposition,
+    ) in conn.execute(CONVERSATION_SQL, (session_id, int(bool(include_inactive)))):
+        turn: dict[str, Any] = {
+            "role": role,
+            "content": decode_content(content) if api_content is None else api_content,
+            "timestamp": timestamp,
+        }
+        if tool_calls is not None:
+            turn["tool_calls"] = decode_json(tool_calls)
+        if tool_call_id is not None:
+            turn["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            turn["tool_name"] = tool_name
+        if effect_disposition is not None:
+            turn["effect_disposition"] = effect_disposition
+        if platform_message_id is not None:
+            turn["message_id"] = platform_message_id
+        if observed:
+            turn["observed"] = True
+        if role == "assistant":
+            if finish_reason is not None:
+                turn["finish_reason"] = finish_reason
+            if reasoning:
+                turn["reasoning"] = reasoning
+            if reasoning_content is not None:
+                turn["reasoning_content"] = reasoning_content
+            if reasoning_details is not None:
+                turn["reasoning_details"] = decode_json(reasoning_details)
+            if codex_reasoning_items is not None:
+                turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
+            if codex_message_items is not None:
+                turn["codex_message_items"] = decode_json(codex_message_items)
+        turn["message_uid"] = message_uid
+        if absorbed is not None:
+            turn["_absorbed_message_uids"] = decode_json(absorbed)
+        if call_uids is not None:
+            caller_uids = decode_json(call_uids)
+            seen_results = {}
+            turn["_tool_call_uids"] = caller_uids
+        if role == "tool" and tool_call_id is not None:
+            occurrence = seen_results.get(tool_call_id, 0)
+            seen_results[tool_call_id] = occurrence + 1
+            if call_uid is None and isinstance(caller_uids, dict):
+                call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
+        if call_uid is not None:
+            turn["_tool_call_uid"] = call_uid
+        yield row_id, turn
+
+
+_Read = list[tuple[str, int, dict[str, Any]]]
+
+
+def _is_review_prompt(turn: Mapping[str, Any]) -> bool:
+    content = turn["content"]
+    return (
+        turn["role"] in ("user", "system")
+        and isinstance(content, str)
+        and content.lstrip().startswith(BACKGROUND_REVIEW_PROMPTS)
+    )
+
+
+def _without_review_turns(read: _Read) -> _Read:
+    """Leave out each background-review prompt, the assistant turn right after it, and the tool
+    results that answer that turn's calls (a result without its call breaks a replay)."""
+    out: _Read = []
+    after_prompt = False
+    dropped_calls: list[str] = []
+    for entry in read:
+        turn = entry[2]
+        if _is_review_prompt(turn):
+            after_prompt = True
+            continue
+        if after_prompt and turn["role"] == "assistant":
+            after_prompt = False
+            dropped_calls = _tool_call_ids(turn.get("tool_calls"))
+            continue
+        after_prompt = False
+        if turn["role"] == "tool" and turn.get("tool_call_id") in dropped_calls:
+            continue
+        if turn["role"] != "tool":
+            dropped_calls = []
+        out.append(entry)
+    return out
+
+
+def _without_replayed_prompts(read: _Read) -> _Read:
+    """Leave out a user turn whose content equals a user turn's since the last assistant turn
+    with content or tool calls: the prompt a continuation replays shows once."""
+    out: _Read = []
+    pending: list[Any] = []
+    for entry in read:
+        turn = entry[2]
+        if turn["role"] == "user" and turn["content"] is not None:
+            if turn["content"] in pending:
+                continue
+            pending.append(turn["content"])
+        elif turn["role"] == "assistant" and (turn["content"] or turn.get("tool_calls")):
+            pending = []
+        out.append(entry)
+    return out
 
 
 # --- rewriting -------------------------------------------------------------------------------
@@ -495,14 +591,17 @@ _IGNORED_KEYS = frozenset({"_row_id", "id", "session_id"})
 
 
 def message_fields(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The insert fields of a message dict in append, export or replay format."""
+    """The insert fields of a message dict in append, export or replay format (the replay's
+    ``message_id`` is the platform's id, used when ``platform_message_id`` has none)."""
     fields: dict[str, Any] = {}
     for key, value in message.items():
-        if key in _IGNORED_KEYS:
+        if key in _IGNORED_KEYS or key == "message_id":
             continue
         if key == "name":
             key = "tool_name"
         fields[_CONVERSATION_ALIASES.get(key, key)] = value
+    if not fields.get("platform_message_id") and message.get("message_id") is not None:
+        fields["platform_message_id"] = message["message_id"]
     return fields
 
 
