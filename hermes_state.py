@@ -858,15 +858,19 @@ class SessionDB:
         self,
         session_id: str,
         messages: Iterable[Mapping[str, Any]],
+        active_only: bool = False,
         *,
         seen_through_id: int | None = None,
-    ) -> list[int]:
-        """Replace the session's active generation (see hermes_state_messages.replace_messages);
-        with no ``seen_through_id``, the newest row this handle read or wrote is the bound."""
+    ) -> None:
+        """Replace the session's messages, only its live ones with ``active_only`` (see
+        hermes_state_messages.replace_messages); with no ``seen_through_id``, the newest row
+        this handle read or wrote is the bound."""
         bound = self._seen.bound(session_id, seen_through_id)
-        ids = self._replace_messages(session_id, messages, seen_through_id=bound)
+        ids = self._replace_messages(session_id, messages, active_only, seen_through_id=bound)
         self._seen.rewrote(session_id, ids)
-        return ids
+
+    has_archived_messages = _reads(messages.has_archived_messages)
+    has_platform_message_id = _reads(messages.has_platform_message_id)
 
     # --- rewind -------------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@
   stripped from the text; each turn carries its ``message_uid`` and the runtime ``_``-keys;
   display metadata stays out. Two kinds of turn are left out of it: the prompt of a background
   review with the reply to it, and, across a lineage, a prompt a continuation replays.
+* :func:`replace_messages` removes a session's rows (only the live ones with ``active_only``)
+  and writes the given ones by the insert rules callers rely on (:func:`replacement_fields`).
 
 **What the caller saw.** Rewriting a session's live rows (:func:`replace_messages` here,
 ``archive_and_compact`` in ``hermes_state_compression``) is done by a caller that read the
@@ -31,7 +33,9 @@ it knows, and counts as seen. Every other row above the bound stays live after t
 :func:`take_unseen` lifts it out (every column but ``id``) before the rewrite and
 :func:`put_back` inserts it again afterwards, in its order, so it keeps its ``message_uid``,
 timestamp, tool-call uids and flags and only its physical id changes (as any copy's does), and
-the FTS triggers follow both steps. ``None`` means the caller vouches for every row present.
+the FTS triggers follow both steps. A replacement that removes every row (not
+``active_only``) removes archived and rewound rows only up to the bound; those above it stay as
+they are. ``None`` means the caller vouches for every row present.
 
 :class:`SeenThrough` is what a handle remembers when its caller passes no bound: per session,
 the newest id it read or wrote (see the class).
@@ -39,6 +43,7 @@ the newest id it read or wrote (see the class).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -74,7 +79,10 @@ __all__ = [
     "check_bound",
     "take_unseen",
     "put_back",
+    "replacement_fields",
     "replace_messages",
+    "has_archived_messages",
+    "has_platform_message_id",
     "tool_call_count_of",
 ]
 
@@ -673,38 +681,194 @@ def put_back(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> tuple
     return count, calls
 
 
+# What a message keeps only on an assistant row.
+_ASSISTANT_ONLY_FIELDS = (
+    "reasoning",
+    "reasoning_content",
+    "reasoning_details",
+    "codex_reasoning_items",
+    "codex_message_items",
+)
+# The smallest step between two timestamps a rewrite stamps itself.
+_STAMP_STEP_S = 1e-6
+
+
+def _stamp(value: Any, index: int) -> float | None:
+    """A message's own timestamp as epoch seconds (None: it has none)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(
+            f"messages[{index}].timestamp must be a number or a datetime, "
+            f"got {type(value).__name__}"
+        )
+    if not math.isfinite(value):
+        raise InvalidInputError(f"messages[{index}].timestamp must be finite, got {value!r}")
+    return float(value)
+
+
+def _platform_id(value: Any, index: int) -> str | None:
+    if value is None or value == "":
+        return None  # no id (nor a ``message_id`` to fall back on)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # platforms that number their messages
+    raise InvalidInputError(
+        f"messages[{index}] has a platform message id of type {type(value).__name__}"
+    )
+
+
+def _tool_calls(value: Any) -> Any:
+    """Tool calls given as JSON text (a stored row passed back) are read as JSON; text that is
+    not JSON is no tool call."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return []
+
+
+def _given_calls(tool_calls: Any) -> int:
+    """Tool calls a written message counts for: a list its length, any other value one."""
+    if tool_calls is None:
+        return 0
+    return len(tool_calls) if isinstance(tool_calls, (list, tuple)) else 1
+
+
+def replacement_fields(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The insert fields of the messages :func:`replace_messages` writes, by the rules callers
+    of the previous store rely on:
+
+    * ``role`` defaults to ``'unknown'``;
+    * a message's own ``timestamp`` (a number or a ``datetime``) is kept; one without is stamped
+      now, or 1 µs after the previous message's when that is later, so order survives;
+    * reasoning fields and ``codex_*`` items are kept on assistant rows only;
+    * the platform's id is ``platform_message_id``, else ``message_id`` (an int becomes text);
+    * ``tool_calls`` given as JSON text is parsed;
+    * ``_``-prefixed keys the store has no field for are runtime markers and are not stored;
+      any other unknown key is refused.
+
+    Anything else malformed raises :class:`InvalidInputError` before a row is written."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidInputError(
+            f"messages must be a list of message dicts, got {type(messages).__name__}"
+        )
+    clock = now()
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidInputError(
+                f"messages[{index}] must be a dict, got {type(message).__name__}"
+            )
+        fields = {key: value for key, value in message_fields(message).items()
+                  if key in MESSAGE_FIELDS or not key.startswith("_")}
+        unknown = sorted(set(fields) - set(MESSAGE_FIELDS))
+        if unknown:
+            raise InvalidInputError(f"messages[{index}] has unknown fields: {', '.join(unknown)}")
+        role = fields.get("role")
+        if role is None:
+            role = fields["role"] = "unknown"
+        elif not isinstance(role, str) or not role:
+            raise InvalidInputError(f"messages[{index}].role must be a non-empty string")
+        stamp = _stamp(fields.get("timestamp"), index)
+        fields["timestamp"] = clock if stamp is None else stamp
+        clock = max(clock, fields["timestamp"]) + _STAMP_STEP_S
+        if role != "assistant":
+            for name in _ASSISTANT_ONLY_FIELDS:
+                fields.pop(name, None)
+        if "platform_message_id" in fields:
+            fields["platform_message_id"] = _platform_id(fields["platform_message_id"], index)
+        if "tool_calls" in fields:
+            fields["tool_calls"] = _tool_calls(fields["tool_calls"])
+        out.append(fields)
+    return out
+
+
+# The rows a replacement removes: the live ones, and with :every_row also the archived and
+# rewound ones up to :bound (rows above it are not the caller's to remove).
+DELETE_REPLACED_SQL = """
+DELETE FROM messages
+WHERE session_id = :session_id AND (active = 1 OR (:every_row AND id <= :bound))
+"""
+
+
 def replace_messages(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     messages: Iterable[Mapping[str, Any]],
+    active_only: bool = False,
     *,
     seen_through_id: int | None = None,
 ) -> list[int]:
-    """Replace the active generation of a session (the caller's transaction); returns the ids
-    of the rows written for ``messages``, in order.
+    """Replace the messages of a session (the caller's transaction); returns the ids of the
+    rows written for ``messages``, in order.
 
-    Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
-    given); archived generations are left alone. Live rows the caller did not see — above
-    ``seen_through_id``, their uid not among ``messages`` — are not deleted: they stay live
-    after the new rows (see the module docstring); None covers every row present. The
-    counters are recomputed from the live rows, as appending would have left them; rows given
-    with ``active=False`` join the archive and count for nothing.
+    Removes the session's rows — only the live ones (``active = 1``) with ``active_only``,
+    keeping rewound and compaction-archived rows — and inserts ``messages`` as new rows by the
+    rules of :func:`replacement_fields`, each keeping the ``message_uid`` it carries (a new one
+    is issued only where none is given). Rows the caller did not see are never removed: live
+    rows above ``seen_through_id`` whose uid is not among ``messages`` stay live after the new
+    rows (see the module docstring), archived and rewound rows above it stay as they are; None
+    covers every row present. ``message_count`` becomes the number of live rows written (rows
+    given with ``active=False`` join the archive and count for nothing) and ``tool_call_count``
+    their tool calls (a list counts its length, any other value one), plus the rows kept live.
     """
     bound = check_bound(seen_through_id)
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
-    given = [message_fields(message) for message in messages]
+    given = replacement_fields(messages)
     unseen = take_unseen(conn, session_id, bound, given)
-    conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+    conn.execute(DELETE_REPLACED_SQL, {
+        "session_id": session_id,
+        "every_row": not active_only,
+        "bound": _MAX_ROW_ID if bound is None else bound,
+    })
     ids, active, calls = [], 0, 0
     for fields in given:
         ids.append(insert_message(conn, session_id, fields, count=False))
         if fields.get("active") is None or fields.get("active"):
             active += 1
-            calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+            calls += _given_calls(fields.get("tool_calls"))
     kept, kept_calls = put_back(conn, unseen)
     conn.execute(RECOUNT_SQL, (active + kept, calls + kept_calls, session_id))
     return ids
+
+
+# Whether any row of a session is out of the live transcript (rewound or archived).
+HAS_ARCHIVED_SQL = "SELECT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND active = 0)"
+
+
+def has_archived_messages(conn: sqlite3.Connection, /, session_id: str) -> bool:
+    """True when any row of the session has ``active = 0`` (rewound or compaction-archived);
+    False for a session without such rows or without any."""
+    return bool(conn.execute(HAS_ARCHIVED_SQL, (session_id,)).fetchone()[0])
+
+
+# Whether any row of a session, live or not, carries a platform's message id.
+HAS_PLATFORM_ID_SQL = """
+SELECT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND platform_message_id = ?)
+"""
+
+
+def has_platform_message_id(
+    conn: sqlite3.Connection, /, session_id: str, platform_message_id: str
+) -> bool:
+    """True when any row of the session, active or not, has that ``platform_message_id`` (the
+    check before re-persisting a user turn after a transient failure). An empty or None id is
+    no id: False; an int is compared as its text."""
+    if platform_message_id is None or platform_message_id == "":
+        return False
+    if isinstance(platform_message_id, bool) or not isinstance(platform_message_id, (str, int)):
+        raise InvalidInputError(
+            f"platform_message_id must be a string, got {type(platform_message_id).__name__}"
+        )
+    params = (session_id, str(platform_message_id))
+    return bool(conn.execute(HAS_PLATFORM_ID_SQL, params).fetchone()[0])
 
 
 # --- what a handle has seen ------------------------------------------------------------------

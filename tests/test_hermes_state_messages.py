@@ -201,10 +201,9 @@ def test_replace_messages_keeps_uids_and_recounts(db: SessionDB, s: str) -> None
     db.append_message(s, "user", "dropped")
     before = db.get_messages(s)
     kept = before[:4]
-    new_ids = db.replace_messages(s, kept)
+    assert db.replace_messages(s, kept) is None
     after = db.get_messages(s)
-    assert [m["id"] for m in after] == new_ids
-    assert min(new_ids) > max(m["id"] for m in before)
+    assert min(m["id"] for m in after) > max(m["id"] for m in before)
     for old, new in zip(kept, after):
         for key in ("message_uid", "content", "tool_calls", "tool_call_uids", "tool_call_uid",
                     "timestamp", "role"):
