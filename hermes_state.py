@@ -66,6 +66,7 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
+import hermes_state_context_window as context_window
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lockowners as lockowners
@@ -872,11 +873,13 @@ class SessionDB:
     has_archived_messages = _reads(messages.has_archived_messages)
     has_platform_message_id = _reads(messages.has_platform_message_id)
 
-    # --- rewind -------------------------------------------------------------------------------
+    # --- rewind and context windows -----------------------------------------------------------
 
     list_recent_user_messages = _reads(rewind.list_recent_user_messages)
     rewind_to_message = _writes(rewind.rewind_to_message, "transcript")
     restore_rewound = _writes(rewind.restore_rewound, "transcript")
+    get_messages_around = _reads(context_window.get_messages_around)
+    get_anchored_view = _reads(context_window.get_anchored_view)
 
     # --- titles -------------------------------------------------------------------------------
 

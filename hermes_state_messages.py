@@ -73,6 +73,7 @@ __all__ = [
     "get_messages",
     "newest_id",
     "decode_content",
+    "hydrated_message",
     "get_messages_as_conversation",
     "read_conversation",
     "message_fields",
@@ -400,6 +401,16 @@ def decode_content(content: Any) -> Any:
         except ValueError:
             return content
     return content
+
+
+def hydrated_message(row: Sequence[Any]) -> dict[str, Any]:
+    """A full row (``SELECT_MESSAGES_SQL``) as :func:`get_messages` returns it, with structured
+    content decoded and ``tool_calls`` that are not JSON read as ``[]``."""
+    message = row_to_message(row)
+    message["content"] = decode_content(message["content"])
+    if isinstance(message["tool_calls"], str):  # decode_json keeps text that does not parse
+        message["tool_calls"] = []
+    return message
 
 
 # A session's rows for replay, live ones only unless the second parameter is true.
