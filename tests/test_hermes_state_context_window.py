@@ -187,7 +187,7 @@ def model_view(every: list[dict[str, Any]], anchor: int, window: int, bookend: i
         "messages_before": at - max(at - w, 0),
         "messages_after": len(slice_) - 1 - (at - max(at - w, 0)),
         "bookend_start": below[:b],
-        "bookend_end": above[len(above) - b:] if b else [],
+        "bookend_end": above[max(len(above) - b, 0):] if b else [],
     }
 
 
