@@ -75,7 +75,6 @@ from hermes_state_common import (
     get_hermes_home,
     hermes_root,
     journal_path,
-    placeholders,
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
@@ -2146,7 +2145,7 @@ def _doubts(src: _Source, report: _TableReport, primary: str) -> list[str]:
 
 # The output's own FTS markers (a deferred rebuild sets them) are not rows recover copied.
 OUTPUT_META_COUNT_SQL = (
-    f"SELECT COUNT(*) FROM state_meta WHERE key NOT IN ({placeholders(len(_FTS_MARKERS))})"
+    f"SELECT COUNT(*) FROM state_meta WHERE key NOT IN ({', '.join('?' * len(_FTS_MARKERS))})"
 )
 
 
