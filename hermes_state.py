@@ -829,7 +829,9 @@ class SessionDB:
         args = (query, source_filter, exclude_sources, role_filter, limit, offset, sort,
                 include_inactive)
         try:
-            return self._read(lambda c: search.search_messages(c, *args))
+            hits = self._read(lambda c: search.search_messages(c, *args))
+            search.note_index_damage(None if self.read_only or self.quarantined else self._write)
+            return hits
         except errors.FtsCorruptError:
             logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
             if not self.read_only and not self.quarantined:

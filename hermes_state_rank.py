@@ -68,6 +68,7 @@ import sqlite3
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, get_meta, set_meta
@@ -93,6 +94,8 @@ __all__ = [
     "drain_queue",
     "reset_index",
     "index_health",
+    "damage_noticed",
+    "mark_index_damaged",
     "read_stats",
     "bm25_score",
     "formula_matches_fts5",
@@ -257,6 +260,25 @@ def _set_index(conn: sqlite3.Connection, index: _Index, **changes: object) -> No
 def _mark_damaged(conn: sqlite3.Connection, index: _Index, exc: BaseException) -> None:
     logger.warning("search impact index damaged (%s); ranking falls back to FTS5", exc)
     _set_index(conn, index, damaged=True)
+
+
+# Set when a read finds the impact index damaged; reads cannot write the marker themselves.
+_damage_noticed: ContextVar[bool] = ContextVar("hermes_impact_damage_noticed", default=False)
+
+
+def damage_noticed() -> bool:
+    """Whether a search of this context found the impact index damaged since the last call."""
+    noticed = _damage_noticed.get()
+    _damage_noticed.set(False)
+    return noticed
+
+
+def mark_index_damaged(conn: sqlite3.Connection) -> None:
+    """Mark the impact index damaged (the caller's write transaction): the next write
+    replaces it (see :func:`drain_queue`)."""
+    index = _index_meta(conn)
+    if index is not None and not index.damaged:
+        _set_index(conn, index, damaged=True)
 
 
 def _index_error(exc: BaseException) -> bool:
@@ -451,6 +473,8 @@ def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index 
             conn.execute(f"DELETE FROM {name}")
             for row in rows:
                 conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+        # FTS5 can open the table again; this makes it drop what it still holds in memory.
+        conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
         conn.execute("DELETE FROM search_impact")
         conn.execute("DELETE FROM search_impact_gone")
         conn.execute(REQUEUE_ALL_SQL)
@@ -923,6 +947,7 @@ def top_k(
         if not _index_error(exc):
             raise
         logger.warning("search impact index unreadable (%s); ranking with FTS5", exc)
+        _damage_noticed.set(True)
         return None
 
 
@@ -934,7 +959,10 @@ def _top_k(
     wanted: int,
 ) -> list[int] | None:
     index = _index_meta(conn)
-    if index is None or index.damaged or not _consistent(conn, index):
+    if index is None or index.damaged:
+        return None
+    if not _consistent(conn, index):
+        _damage_noticed.set(True)  # a copy that kept one table without the other
         return None
     unindexed = _unindexed(conn)
     if unindexed is None:

@@ -90,6 +90,10 @@ __all__ = [
     "sanitize_fts5_query",
     "plan_search",
     "make_snippet",
+    "snippet_pattern",
+    "sort_order",
+    "search_filters",
+    "note_index_damage",
     "search_messages",
 ]
 
@@ -376,6 +380,7 @@ class SearchPlan:
     # ranks (see hermes_state_rank); None for OR, NOT, prefixes, CJK, non-ASCII words.
     conjunction: rank.Conjunction | None = None
     cjk_short: bool = False  # a CJK run of fewer than 3 characters: newest first, like LIKE
+    cjk_groups: tuple[LikeGroup, ...] = ()  # the CJK alternatives, for their substring rows
 
     def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
         """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
@@ -397,6 +402,7 @@ def plan_search(query: object) -> SearchPlan | None:
     prefixes: dict[str, None] = {}
     conj = None
     cjk_short = False
+    cjk_groups: list[LikeGroup] = []
     alternatives = _split(items, "OR")
     for alternative in alternatives:
         positive, negated = _positive_and_negated(alternative)
@@ -405,6 +411,7 @@ def plan_search(query: object) -> SearchPlan | None:
         prefixes.update((t.text, None) for t in positive if t.prefix)
         if any(has_cjk(t.text) for t in positive):
             cjk.append(alternative)
+            cjk_groups.append(groups[-1])
             cjk_short = cjk_short or any(
                 len(run.group(0)) < 3 for t in positive for run in iter_cjk_runs(t.text))
         else:
@@ -421,6 +428,7 @@ def plan_search(query: object) -> SearchPlan | None:
         prefixes=tuple(prefixes),
         conjunction=conj,
         cjk_short=cjk_short,
+        cjk_groups=tuple(cjk_groups),
     )
 
 
@@ -708,22 +716,26 @@ def _word_hits(
     if plan.cjk_match:
         routes.append(("messages_fts_cjk", plan.cjk_match, None,
                        order or ("newest" if plan.cjk_short else None)))
+    def route(position: int, wanted: int) -> list[tuple[int, float]]:
+        if position == len(routes):  # CJK text inside longer words, as substrings mean it
+            return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
+        table, match, conj, route_order = routes[position]
+        return _route_ids(conn, table, match, conj, filters, params, wanted, route_order)
+
+    count = len(routes) + bool(plan.cjk_groups)
     if order is None:
         seen: dict[int, None] = {}
-        for table, match, conj, route_order in routes:
+        for position in range(count):
             if len(seen) >= wanted:
                 break
-            ids = _route_ids(conn, table, match, conj, filters, params, wanted + len(seen),
-                             route_order)
-            for row_id, _ in ids:
+            for row_id, _ in route(position, wanted + len(seen)):
                 if len(seen) < wanted:
                     seen.setdefault(row_id, None)
         return list(seen)
     merged: dict[int, tuple[float, int, int]] = {}
     sign = -1.0 if order == "newest" else 1.0
-    for position, (table, match, conj, route_order) in enumerate(routes):
-        for rank_in_route, (row_id, ts) in enumerate(
-                _route_ids(conn, table, match, conj, filters, params, wanted, route_order)):
+    for position in range(count):
+        for rank_in_route, (row_id, ts) in enumerate(route(position, wanted)):
             key = (sign * ts, position, rank_in_route)
             if row_id not in merged or key < merged[row_id]:
                 merged[row_id] = key
@@ -731,26 +743,26 @@ def _word_hits(
         :wanted]
 
 
-def _substring_hits(
-    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
-    order: str | None,
-) -> list[int]:
-    """Rows holding the query's text inside a word (user and assistant text, through the
-    trigram index), newest first (oldest with ``sort="oldest"``). Only asked when no row
-    holds it as a word; a group of the user's own "quoted phrases" asks for that phrase."""
+def _substring_rows(
+    conn: sqlite3.Connection, groups: Sequence[LikeGroup], filters: str, params: list[str],
+    wanted: int, order: str | None,
+) -> list[tuple[int, float]]:
+    """Rows of user and assistant text holding a group's text anywhere, through the trigram
+    index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
+    user's own "quoted phrases" asks for that phrase and is left out."""
     direction = "ASC" if order == "oldest" else "DESC"
     sign = 1.0 if order == "oldest" else -1.0
     found: dict[int, float] = {}
-    for group in plan.like_groups:
+    for group in groups:
         if not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content")
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
         index_pattern = max(group.index_patterns, key=len)
         for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
-            found[row_id] = sign * ts
-    return [row_id for row_id, _ in sorted(found.items(), key=lambda kv: (kv[1], sign * kv[0]))][
-        :wanted]
+            found[row_id] = ts
+    ordered = sorted(found.items(), key=lambda kv: (sign * kv[1], sign * kv[0]))
+    return ordered[:wanted]
 
 
 def _like_hits(
@@ -829,6 +841,14 @@ def _hits(
     return hits
 
 
+def note_index_damage(write: Callable[[Callable[[sqlite3.Connection], Any]], Any] | None) -> None:
+    """After a search: when it found the impact index damaged, mark it so through ``write`` (a
+    retried write transaction; None for a handle that must not write), so that the next write
+    rebuilds it. Searches meanwhile rank with FTS5."""
+    if rank.damage_noticed() and write is not None:
+        write(rank.mark_index_damaged)
+
+
 def search_messages(
     conn: sqlite3.Connection,
     query: object,
@@ -871,8 +891,8 @@ def search_messages(
             ids = _word_hits(conn, plan, filters, params, wanted, order)
             if ids:
                 return _hits(conn, ids[offset:wanted], plan, WORD)
-            ids = _substring_hits(conn, plan, filters, params, wanted, order)
-            return _hits(conn, ids[offset:wanted], plan, SUBSTRING)
+            rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+            return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
         except (sqlite3.Error, MemoryError) as exc:
             damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
             if damaged and damage_is_fts_only(conn, exc):
