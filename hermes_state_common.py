@@ -856,14 +856,16 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 """
 
 # The impact index behind ranked search (see hermes_state_rank). search_impact holds, for each
-# message, its high-impact postings (text the library computes when it writes the row) and the
-# epoch of the index they were written for; search_impact_fts (contentless) indexes them, each
-# posting's term beside it, and also holds the token _epoch_<n> of its own epoch. Only the library writes those two, never a trigger, so a
-# damaged impact index cannot fail a canonical write. Triggers feed two plain queues the library
-# drains: search_impact_queue, messages whose postings are missing or stale (changed, written by
-# another client, older than the index), and search_impact_gone, deleted messages whose postings
-# are still indexed. search_time_blocks bounds the message times of each block of 4,096 ids, for
-# searches sorted by time; a trigger keeps it for rows written by any client.
+# message, its high-impact postings (text the library computes and writes just before the
+# message itself) and the epoch of the index they were written for; search_impact_fts
+# (contentless) indexes them, each posting's term beside it, and holds the token _epoch_<n> of
+# its own epoch. Only the library writes those two, never a trigger, so a damaged impact index
+# cannot fail a canonical write. Triggers feed two plain queues the library drains:
+# search_impact_queue, messages whose postings are missing or stale (inserted without them by
+# another client or as a raw copy, changed, older than the index), and search_impact_gone,
+# deleted messages whose postings are still indexed. search_time_blocks bounds the message
+# times of each block of 4,096 ids, for searches sorted by time; a trigger keeps it for rows
+# written by any client.
 IMPACT_DEFAULT_AVGDL = 256.0
 TIME_BLOCK_SHIFT = 12
 SEARCH_INDEX_SQL = f"""

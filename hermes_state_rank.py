@@ -230,7 +230,7 @@ class _Index:
     damaged: bool = False
 
     def meta(self, **changes: object) -> dict[str, object]:
-        value = {"epoch": self.epoch, "avgdl": self.avgdl, "indexed": self.indexed,
+        value: dict[str, object] = {"epoch": self.epoch, "avgdl": self.avgdl, "indexed": self.indexed,
                  "damaged": self.damaged}
         value.update(changes)
         return value
@@ -239,10 +239,10 @@ class _Index:
 @functools.lru_cache(maxsize=16)
 def _parse_meta(value: str | None) -> _Index | None:
     try:
-        meta = json.loads(value) if value else None
+        meta = json.loads(value or "null")
         return _Index(int(meta["epoch"]), float(meta["avgdl"]), int(meta.get("indexed", 0)),
                       bool(meta.get("damaged")))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
@@ -405,14 +405,16 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     """Index up to ``limit`` queued rows, newest first, and purge as many deleted ones (the
     caller's transaction); returns how many rows were handled. A damaged or inconsistent
     index is replaced by a new, empty one first (:func:`reset_index`)."""
-    index = _index_meta(conn)
-    if index is None:
+    found = _index_meta(conn)
+    if found is None:
         return 0
+    index = found
     try:
         if index.damaged or not _consistent(conn, index):
-            index = reset_index(conn)
-            if index is None:
+            fresh = reset_index(conn)
+            if fresh is None:
                 return 0
+            index = fresh
         done = 0
         for row_id, epoch, postings in conn.execute(GONE_BATCH_SQL, (limit,)).fetchall():
             _unindex(conn, index, row_id, epoch, postings)
@@ -422,10 +424,10 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
         for row_id, epoch, postings, exists, content, tool_name, tool_calls in batch:
             _unindex(conn, index, row_id, epoch, postings)
             if exists:
-                fresh, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-                if fresh and row_id <= index.indexed:
-                    conn.execute(FTS_ADD_SQL, (row_id, _index_text(fresh)))
-                conn.execute(ADD_ROW_SQL, (row_id, index.epoch, fresh))
+                text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+                if text and row_id <= index.indexed:
+                    conn.execute(FTS_ADD_SQL, (row_id, _index_text(text)))
+                conn.execute(ADD_ROW_SQL, (row_id, index.epoch, text))
             conn.execute("DELETE FROM search_impact_queue WHERE id = ?", (row_id,))
             done += 1
     except (sqlite3.Error, MemoryError) as exc:
@@ -707,11 +709,14 @@ WHERE messages_fts MATCH ? AND rowid IN (SELECT value FROM json_each(?))
 FIRST_BATCH_POSTINGS = 32
 MAX_BATCH_POSTINGS = 1024
 # Rows matching a query of several words or a phrase up to which FTS5 ranks them itself: its
-# count is cheap, and ranking that many costs a few milliseconds.
-EXACT_RANK_ROWS = 4_000
+# count is cheap, and ranking that many costs about what a proof does.
+EXACT_RANK_ROWS = 12_000
 # The proof for a query of several words gives up (FTS5 ranks) when it would have to read a
 # word's postings down to this close to the threshold.
 ABORT_MARGIN = 0.03
+# A phrase whose words are all indexed together in fewer rows than this many times the rows
+# wanted is taken for a rare phrase: FTS5 ranks it at once, without counting it first.
+PHRASE_PROBE = 4
 # Pending rows up to which their text is tokenized here; more are scored by FTS5 in one pass.
 TEXT_RESOLVE_ROWS = 48
 # A single word is read this far before its count is asked for: a rare word is then ranked by
@@ -769,6 +774,7 @@ class _Walk:
     pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
     seen: set[int] = field(default_factory=set)
     resolved: int = 0
+    fts_scores: bool = True  # scores carry idf, so FTS5's own may resolve pending rows
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -856,7 +862,7 @@ class _Walk:
         ids = sorted(self.passing(candidates))
         if not ids:
             return bool(candidates)
-        if len(ids) <= TEXT_RESOLVE_ROWS:
+        if len(ids) <= TEXT_RESOLVE_ROWS or not self.fts_scores:
             self.resolve_texts(ids)
         else:
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
@@ -974,14 +980,27 @@ def _top_k(
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf, and a rare one is ranked by FTS5 at once.
     single = len(distinct) == 1 and len(distinct[0]) == 1
+    # A single word: no idf at all (it scales every score alike).
+    scale_free = single
     idf_of = {p: 1.0 for p in distinct}
+    everywhere: list[int] = []
     if not single:
-        hits = {p: _count(conn, "messages_fts", _phrase_match(p)) for p in distinct}
-        if min(hits.values()) <= EXACT_RANK_ROWS:
+        # Rows indexed under every word of the query (cheap to list, they need no idf yet):
+        # too few, and the best rows cannot be proven from the index.
+        words = dict.fromkeys(t for p in distinct for t in p)
+        expression = " AND ".join(f'"{t}"' for t in words)
+        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
+        if len(everywhere) < wanted * (PHRASE_PROBE if len(distinct) == 1 else 1):
             return None
-        idf_of = {p: stats.idf(n) for p, n in hits.items()}
+    if not scale_free:
+        # Then the count of the whole query decides (cheap when a word is rare): FTS5 ranks a
+        # few thousand rows faster than any proof. The phrases' counts give their idf.
+        if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
+            return None
+        idf_of = {p: stats.idf(_count(conn, "messages_fts", _phrase_match(p)))
+                  for p in distinct}
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], seen=set(unindexed))
+                 [idf_of[p] for p in conj.phrases], seen=set(unindexed), fts_scores=not scale_free)
     if unindexed:
         matching = conn.execute(MATCHING_SQL, (conj.match, json.dumps(unindexed))).fetchall()
         walk.resolve_texts(sorted(walk.passing(r[0] for r in matching)))
@@ -995,10 +1014,12 @@ def _top_k(
     walk.score_rows(batch)
     weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:
-        # Every row indexed under every word of the query; any other row has a phrase below
-        # the threshold, which bounds it far lower than the postings' frontiers alone would.
-        words = dict.fromkeys(t for p in distinct for t in p)
-        walk.visit(" AND ".join(f'"{t}"' for t in words))
+        # Score the rows indexed under every word; any other row has a phrase below the
+        # threshold, which bounds it far lower than the postings' frontiers alone would.
+        new = [r for r in everywhere if r not in walk.seen]
+        walk.seen.update(new)
+        if new:
+            walk.settle(new)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     # Each phrase is read through its longest word: likely its rarest, with fewest postings.
@@ -1037,21 +1058,21 @@ def _top_k(
             if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
                 return None
         read += len(postings)
-        new = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
-        walk.seen.update(row_id for _, row_id in new)
+        fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
+        walk.seen.update(row_id for _, row_id in fresh)
         if single:
-            walk.offer_single(new, kth)
+            walk.offer_single(fresh, kth)
         else:
             if kth is not None and len(phrase) == 1:
                 best: dict[str, float] = {}
-                for token, _ in new:
+                for token, _ in fresh:
                     if token not in best:
                         best[token] = _token_best(walk, phrase, token, weight, cursors)
-                new = [(t, r) for t, r in new if best[t] >= kth]
-            if new:
-                walk.settle([row_id for _, row_id in new])
+                fresh = [(t, r) for t, r in fresh if best[t] >= kth]
+            if fresh:
+                walk.settle([row_id for _, row_id in fresh])
     ranked = sorted((-score, -negated) for score, negated in walk.top)
-    if single and _near_tie([s for s, _ in ranked]):
+    if scale_free and _near_tie([s for s, _ in ranked]):
         # Scores that differ in their last bits could become equal once multiplied by the
         # idf, as FTS5 does; recompute them that way.
         idf = stats.idf(_count(conn, "messages_fts", _phrase_match(distinct[0])))

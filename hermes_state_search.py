@@ -466,7 +466,7 @@ def _needles_re(
     """One pattern for all needles. With ``words`` a needle matches whole tokens only (as a
     word query matches), a prefix needle any token it begins, marked whole."""
     prefix_set = set(prefixes)
-    alternatives = {}
+    alternatives: dict[str, None] = {}
     for needle in needles:
         rx = _needle_regex(needle)
         if not rx:
@@ -592,13 +592,17 @@ def search_filters(
     return sql, params
 
 
-# Relevance on one index: FTS5's own bm25(), ties by id.
+# Relevance on one index: FTS5's own bm25(), ties by id. FTS5 ranks on its own first (a prefix
+# of the order, no join per match); the filters then keep what they keep of that prefix.
 RANKED_SQL = """
-SELECT f.rowid FROM {table} f JOIN messages m ON m.id = f.rowid
-JOIN sessions s ON s.id = m.session_id
-WHERE {table} MATCH ? {filters}
-ORDER BY bm25({table}), f.rowid LIMIT ?
+WITH ranked AS MATERIALIZED (
+    SELECT rowid AS id, bm25({table}) AS score FROM {table} WHERE {table} MATCH ?
+    ORDER BY score, rowid LIMIT ?)
+SELECT r.id FROM ranked r JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id
+WHERE 1 {filters}
+ORDER BY r.score, r.id LIMIT ?
 """
+COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
 # Time order: the rows of one block of ids, read block by block (see search_time_blocks).
 TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks"
 BLOCK_HITS_SQL = """
@@ -623,7 +627,15 @@ def _ranked(
         if ids is not None:
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
-    return [row[0] for row in conn.execute(sql, (match, *params, wanted))]
+    prefix = 2 * wanted + 16
+    while True:
+        ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
+        if len(ids) >= wanted or prefix >= 2**31:
+            return ids
+        # Too few passed the filters: unless the prefix was everything, rank further.
+        if conn.execute(COUNT_SQL.format(table=table), (match,)).fetchone()[0] <= prefix:
+            return ids
+        prefix *= 8
 
 
 def _by_time(
