@@ -6,53 +6,61 @@ scores a row
 
     score = Σᵢ idfᵢ · fᵢ·(k₁+1) / (fᵢ + k₁·(1 − b + b·D/avgdl)),   k₁ = 1.2, b = 0.75,
 
-fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in tokens
-(all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½)) (at least
-10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that, in the same
-floating-point order, from N and the token total read from the index's own averages record;
-:func:`formula_matches_fts5` checks it against this SQLite once per process, and a SQLite that
-scores differently never takes the fast route.
+fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in
+tokens (all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½))
+(at least 10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that,
+in the same floating-point order, from N and the token total of the index's own averages
+record; :func:`formula_matches_fts5` checks it against this SQLite once per process, and a
+SQLite that scores differently never takes the fast route.
 
 **Why an index of its own.** FTS5 computes ``bm25()`` for every matching row before it sorts,
-about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends only
-on its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
-for a common word are its short messages and the long ones that repeat it. So when the library
-writes a message it also writes the message's high-impact postings: every term (ASCII letters
-and digits, as FTS5 folds them) whose impact, computed with the index's reference length A, is
-at least :data:`THRESHOLD`. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``
-with kkkk = ⌊(1 − impact)·10⁴⌋: within a term the tokens sort best first, so ``fts5vocab`` reads
-a term's postings in falling impact and can stop early, and f and D give the exact score of
-every row under a token. About one posting in seven qualifies (all of a short message, the
-repeated words of a long one).
+about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends on
+its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
+for a common word are its short messages and the long ones that repeat it. So the library
+writes, with each message, the message's high-impact postings: every term (ASCII letters and
+digits, folded as FTS5 folds them) whose impact under the index's reference length A reaches
+:data:`THRESHOLD` — all of a short message, the repeated words of a long one, about one
+posting in seven. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
+kkkk = ⌊(1 − impact)·10⁴⌋, beside the plain token ``term``: within a term the keyed tokens
+sort best first, so the table's ``fts5vocab`` instance view reads a term's postings, with their
+rows, in falling impact and can stop early; f and D give each row's exact share; and rows
+indexed under every word of a query are one FTS5 AND of the plain tokens.
 
 **The query** (:func:`top_k`): a conjunction of phrases whose tokens are all ASCII, with the
-caller's filters. A threshold algorithm reads each phrase's postings best first (for a phrase,
-those of one of its words: a phrase occurs at most as often as each of its words), computes the
-exact score of each new row — from the row's postings when they tell everything, else from its
-text, tokenized as FTS5 tokenizes it — and stops when the k-th best row that passes the filters
-scores more than any row not read yet could: such a row's impact is at most that of the next
-token, or, past a term's last token, below the threshold. Scores use the current avgdl; A only
-orders the tokens, and the bound allows for the difference (for impact at most x under A, the
-impact under avgdl is at most x when A ≥ avgdl, else x/(x + r·(1 − x)) with r = A/avgdl).
-When that proof cannot be made — a rare word, a very selective filter, a walk longer than
-:data:`MAX_WALK_POSTINGS` — :func:`top_k` returns None and the caller ranks with FTS5 itself: the
-answer is the same, only slower.
+caller's filters. A single word is read best first, each row scored from its token, until the
+k-th best row passing the filters beats every posting not read yet — whose impact is at most
+the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
+whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
+idf; the rows indexed under every word are scored from their postings; every other row has a
+phrase below the threshold, which bounds it, and the phrases' postings are read best first
+(for a phrase, those of its longest word: a phrase occurs at most as often as each of its
+words) until that bound falls below the k-th best. A row whose postings leave a frequency
+unknown waits with its best case, and is scored from its text — tokenized as FTS5 tokenizes it
+— or, many at once, by FTS5 itself, only if that best case can still enter the top. Scores use
+the current avgdl; A only orders the tokens, and the bounds allow for the difference (impact at
+most x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
+a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
+ranks with FTS5: the answer is the same.
 
-**Coverage.** A message the library writes is indexed in the same transaction
-(:func:`index_message`). Rows that are not — written by another client, changed afterwards,
-older than the index — are in ``search_impact_queue``: a trigger queues changed rows, and each
-insert queues any unindexed rows below it. Rows above the last indexed or queued one are
-unindexed too. Searches score up to :data:`QUEUE_SCAN_LIMIT` such rows exactly; with more, they
-rank with FTS5 until :func:`drain_queue` (run a chunk at a time by writes and by searches of a
-writable handle) has indexed them. Deleted rows' postings are purged the same way
-(``search_impact_gone``); until then they are simply never found in ``messages``.
+**Coverage.** The library writes a message's postings just before the message itself, under
+the id AUTOINCREMENT will give it (:func:`index_next_message`); a trigger queues any message
+inserted without them (another client, a raw copy), another queues changed rows and a third
+the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``). Postings reach
+``search_impact_fts`` in batches of :data:`FLUSH_ROWS` (FTS5 writes a segment per commit,
+which would cost more than the postings of one message); searches read the rows of the open
+batch directly, and score up to :data:`QUEUE_SCAN_LIMIT` queued rows from their text. With
+more queued, they rank with FTS5 until :func:`drain_queue` — a chunk per write — has indexed
+them. A store upgraded from before the index starts with every message queued.
 
-**Consistency and damage.** Every index has an epoch, stored in ``state_meta``, in each row of
-``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search checks
-that the three agree, so a copy of the file that kept one table without the other (a salvage
+**Consistency and damage.** Every index has an epoch, in ``state_meta``, in each row of
+``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
+checks that they agree, so a copy of the file that kept one table without the other (a salvage
 that skips virtual tables) is never trusted. Errors from the impact index never reach a
-canonical write: the index is marked damaged, the row queued, and :func:`reset_index` (run by
-the next drain) starts a new epoch with every row queued.
+canonical write: the index is marked damaged, the row queued, and the next write replaces the
+index with an empty one of a new epoch, every message queued (:func:`reset_index`). A search
+that finds it damaged or inconsistent says so (:func:`damage_noticed`); a writable handle
+then marks it, through its own retried write.
 """
 
 from __future__ import annotations

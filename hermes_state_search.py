@@ -7,18 +7,21 @@ language that is always valid FTS5 and that keeps the meaning of the plain queri
   FTS5 syntax (``* ^ : ( ) { } [ ] + , ; ~ -`` ...) at the edges of a word are dropped; a word
   that still holds punctuation inside is searched as a phrase of its parts (``chat-send`` →
   ``"chat-send"``, ``gateway/run.py`` → ``"gateway/run.py"``, ``it's`` → ``"it's"``), which
-  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). Unbalanced quotes,
-  control characters and lone surrogates are removed; a term without a letter or digit (``***``,
-  emoji) is dropped. Prefix ``*``, ``^``, ``NEAR()`` and grouping parentheses are not offered.
+  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). A trailing ``*`` (a
+  run of them counts as one) makes a word a prefix query (``deploy*``, ``"gateway/run" *``);
+  a ``*`` at the start of a word is dropped. Unbalanced quotes, control characters and lone
+  surrogates are removed; a term without a letter or digit (``***``, emoji) is dropped. ``^``,
+  ``NEAR()`` and grouping parentheses are not offered.
 * ``AND``, ``OR`` and ``NOT`` (upper case only) stay operators when they stand between two
   terms; a dangling one is dropped (``hello AND`` → ``hello``) and of several in a row the last
   one wins (``a AND NOT b`` → ``a NOT b``). Lower-case ``and``/``or``/``not`` are plain words.
   The result means what FTS5 says it means: adjacent terms (implicit AND) bind tightest, then
   ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
-* At most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS` characters are kept. Whole
-  terms are dropped from the end; a single term longer than the cap is cut and searched as a
-  prefix (``"...cut text" *``), so the text it was cut from still matches. Only the first
-  :data:`MAX_INPUT_CHARS` characters of the input are read, which bounds the work per query.
+* Only the first :data:`MAX_INPUT_CHARS` (2,048) characters of the input are read, which
+  bounds the work per query; at most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS`
+  characters are kept. Whole terms are dropped from the end; a single term longer than the cap
+  (a compound, once quoted) is cut and searched as a prefix (``"...cut text" *``), so the text
+  it was cut from still matches.
 
 :func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
 for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
@@ -34,8 +37,7 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
   are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
   ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
-  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges
-  them by rowid).
+  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes).
   A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
   expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
 * The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
@@ -56,9 +58,33 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   index and is served by the canonical LIKE scan instead.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
-search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
-to centre and mark snippets for hits from ``messages_fts_cjk`` and the LIKE routes, whose
-indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show at all.
+search returns nothing. A plan that is one Latin alternative of required terms, none of them a
+prefix, also carries its ``conjunction``: what ``hermes_state_rank`` ranks through the impact
+index.
+
+:func:`search_messages` answers every query in one order, of which ``offset``/``limit`` is a
+slice (pages never overlap or leave a gap):
+
+* Relevance (``sort=None``): the rows ``messages_fts`` finds, in the order its own ``bm25()``
+  gives under the same filters, ties by id (through the impact index when the plan has a
+  conjunction and the proof is cheap, else FTS5 ranks them: the order is the same); then rows
+  only ``messages_fts_cjk`` finds for the Latin words (glued to CJK text), by that index's
+  ``bm25()``; then the CJK alternatives' rows, by ``bm25()`` — newest first when a CJK run is
+  shorter than three characters, which the index matches by substring, as LIKE would — then
+  their rows holding the CJK text inside a longer word (trigram index), newest first. A later
+  route is only asked once the earlier ones are exhausted before ``offset + limit``.
+* ``sort="newest"``/``"oldest"``: the same rows merged by message time, ties by relevance then
+  id; a query made of short CJK runs alone stays newest first. Time order reads blocks of 4,096
+  ids in the order of their time bounds (``search_time_blocks``) and stops at the first block
+  that cannot hold a row as new (old) as the last one kept.
+* Substring hits: only when none of the above finds a row, the rows holding the query's text
+  inside a word (user and assistant text, through the trigram index), newest first, each
+  marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
+  indexes are stale.
+
+Snippets are cut from the column that holds the match (content, else tool calls, else tool
+name) by :func:`make_snippet`, centred on it: word hits mark whole words (a prefix marks the
+whole word it begins), CJK and substring hits the text wherever it occurs.
 """
 
 from __future__ import annotations
