@@ -227,7 +227,7 @@ def impact_postings(
 # Rows the library has written postings for but not yet put into search_impact_fts: they are
 # indexed in one batch (FTS5 writes a new segment at every commit, which costs more than the
 # postings of one row), and searches read them directly meanwhile.
-FLUSH_ROWS = 64
+FLUSH_ROWS = 256
 
 
 @dataclass(frozen=True)
