@@ -619,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show archived compression generations")
 
     p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
-    p.add_argument("query", help="words, \"quoted phrases\", AND/OR/NOT; any text is safe")
+    p.add_argument("query", help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
     p.add_argument("--source", action="append", help="only this source (repeatable)")
     p.add_argument("--role", action="append", help="only this role (repeatable)")
     p.add_argument("--limit", type=int, default=20)
