@@ -219,6 +219,8 @@ def cmd_search(args: argparse.Namespace) -> int:
             role_filter=args.role or None,
             limit=args.limit,
             offset=args.offset,
+            sort=args.sort,
+            include_inactive=args.include_inactive,
         )
     if args.json:
         _print_json(hits)
@@ -808,11 +810,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show archived compression generations")
 
     p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
-    p.add_argument("query", help="words, \"quoted phrases\", AND/OR/NOT; any text is safe")
+    p.add_argument("query", help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
     p.add_argument("--source", action="append", help="only this source (repeatable)")
     p.add_argument("--role", action="append", help="only this role (repeatable)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--sort", choices=("newest", "oldest"),
+                   help="by message time (default: relevance, FTS5's bm25)")
+    p.add_argument("--include-inactive", action="store_true",
+                   help="also rows rewound away (every row of the record)")
 
     p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
     p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")
