@@ -53,6 +53,7 @@ from hermes_state_errors import is_sqlite_lock_error
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
+    "FTS_TRIGGER_NAMES",
     "CJK_CHAR_CLASS",
     "cjk_index_text",
     "cjk_bigrams",
@@ -83,7 +84,7 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 
 def has_cjk(text: str | None) -> bool:
-    return bool(text) and not text.isascii() and _CJK_RUN_RE.search(text) is not None
+    return text is not None and not text.isascii() and _CJK_RUN_RE.search(text) is not None
 
 
 def cjk_bigrams(run: str) -> list[str]:

@@ -301,11 +301,28 @@ def update_token_counts(
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
     transaction. ``model`` fills the session's model only while it is NULL."""
-    counts = {k: v for k, v in locals().items() if k not in ("conn", "session_id", "model",
-                                                              "absolute", "task")}
-    tokens = {f: _check_count(f, counts.get(f, 0)) for f in TOKEN_FIELDS}
-    costs = {f: _check_cost(f, counts.get(f)) for f in COST_FIELDS}
-    labels = {f: counts.get(f) for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if counts.get(f) is not None}
+    given_tokens = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_tokens": cache_read_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens,
+        "api_call_count": api_call_count,
+    }
+    given_costs = {"estimated_cost_usd": estimated_cost_usd, "actual_cost_usd": actual_cost_usd}
+    given_labels = {
+        "cost_status": cost_status,
+        "cost_source": cost_source,
+        "pricing_version": pricing_version,
+        "billing_provider": billing_provider,
+        "billing_base_url": billing_base_url,
+        "billing_mode": billing_mode,
+    }
+    tokens = {f: _check_count(f, given_tokens[f]) for f in TOKEN_FIELDS}
+    costs = {f: _check_cost(f, given_costs[f]) for f in COST_FIELDS}
+    labels = {
+        f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
+    }
     row = conn.execute(
         "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
         (session_id,),
@@ -318,9 +335,9 @@ def update_token_counts(
         if value is not None:
             sets.append(f"{f} = ?" if absolute else f"{f} = COALESCE({f}, 0) + ?")
             params.append(value)
-    for f, value in labels.items():
+    for f, label in labels.items():
         sets.append(f"{f} = ?")
-        params.append(clean_optional(value))
+        params.append(clean_optional(label))
     if model is not None:
         sets.append("model = COALESCE(model, ?)")
         params.append(clean_optional(model))

@@ -104,9 +104,9 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
         fresh_store(path, sessions)
         prep = sqlite3.connect(path)
         rows = [
-            (sid, messages._prepare(prep, sid, kwargs), messages.tool_call_count_of(
-                kwargs["role"], kwargs.get("tool_calls")))
+            (sid, row.values(), row.tool_call_count)
             for sid, kwargs in batch
+            for row in [messages.MessageRow.from_fields(prep, sid, kwargs)]
         ]
         if not triggers:
             for name in hermes_state.common.FTS_TRIGGER_NAMES:

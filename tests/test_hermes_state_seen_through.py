@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import hermes_state_messages
+import hermes_state_seen
 from hermes_state import InvalidInputError, SessionDB
 from hermes_state_gateway import OWNER_MARKER_KEY
-from hermes_state_messages import SeenThrough
+from hermes_state_seen import SeenThrough
 
 OPS = ("archive_and_compact", "replace_messages")
 
@@ -327,7 +327,7 @@ def test_the_rewrite_itself_moves_the_remembered_bound(
 def test_an_evicted_session_falls_back_to_the_rows_present(
     db_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
 ) -> None:
-    monkeypatch.setattr(hermes_state_messages, "SEEN_SESSIONS", 2)
+    monkeypatch.setattr(hermes_state_seen, "SEEN_SESSIONS", 2)
     with SessionDB(db_path, rebuild_fts=False) as db:
         for sid in ("a", "b", "c"):
             seed_session(db, sid)
