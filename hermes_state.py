@@ -6,19 +6,14 @@ class body is a table of methods built from them by two factories, :func:`_reads
 :func:`_writes`, each generated method showing its sibling's own parameters and result to type
 checkers. What varies between methods is said in the table, never in a method body:
 
-* the write kind (``"write"``, ``"transcript"``, ``"activity"``): its retry policy
-  (``hermes_state_writes``: patience, backoff, what an error does to a write);
+* the write kind (``"write"``, ``"transcript"``, ``"activity"``), which picks the retry
+  policy of ``hermes_state_writes`` (patience, backoff, what an error does to a write);
 * a :class:`~hermes_state_quarantine.Spool`: where a transcript write refused on a quarantined
-  file keeps its messages;
+  file keeps its messages (a file proven corrupt is never written again: see that module);
 * a :class:`~hermes_state_seen.Seen` in place of the function: what the handle remembers of
   the messages a call read or wrote (the bound of later rewrites);
 * a :class:`Fallback`: what a method answers instead of raising some errors (a probe that
   switches a feature off, an activity stamp skipped, a search past a damaged index).
-
-Writes run through :meth:`SessionDB._write` (one retried ``BEGIN IMMEDIATE`` transaction, then
-the after-commit checkpoint count); statements SQLite refuses inside a transaction through
-:meth:`SessionDB._outside_transaction`. Damage is handled by ``hermes_state_quarantine``: a
-file proven corrupt is never written again by this process or, through its marker, the next.
 
 A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
 SQLite would delete that ``-wal`` on the first read.
@@ -40,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import hermes_state_common as common
 import hermes_state_compression as compression
@@ -72,12 +67,8 @@ from hermes_state_common import (
     resolve_profile_home,
 )
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
-from hermes_state_portability import (
-    backup_state_db,
-    recover_state_db,
-    repair_state_db,
-    restore_state_db,
-)
+from hermes_state_portability import backup_state_db, recover_state_db, repair_state_db
+from hermes_state_portability import restore_state_db
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
 from hermes_state_workspace import workspace_key
 
@@ -121,17 +112,11 @@ _JITTER = random.Random()
 
 def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
     """The policy of a ``kind`` of write, from this module's constants as they are now."""
-    patience = {
-        "write": _WRITE_PATIENCE_S,
-        "transcript": _TRANSCRIPT_WRITE_PATIENCE_S,
-        "activity": _ACTIVITY_WRITE_PATIENCE_S,
-    }[kind]
-    return writes.RetryPolicy(
-        patience_s=patience,
-        fast_window_s=_FAST_RETRY_WINDOW_S,
-        fast_pause_s=(_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S),
-        slow_pause_s=(_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S),
-    )
+    patience = {"write": _WRITE_PATIENCE_S, "transcript": _TRANSCRIPT_WRITE_PATIENCE_S,
+                "activity": _ACTIVITY_WRITE_PATIENCE_S}[kind]
+    fast = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
+    slow = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
+    return writes.RetryPolicy(patience, _FAST_RETRY_WINDOW_S, fast, slow)
 
 
 # --- the method factories ----------------------------------------------------------------------
@@ -154,13 +139,8 @@ class Fallback(Generic[T_co]):
 # What a failing store does (a closed handle included) — not what a bad argument does: an
 # InvalidInputError still reaches the caller.
 _STORE_ERRORS: tuple[type[BaseException], ...] = (
-    sqlite3.Error,
-    errors.StateDbLockedError,
-    errors.StateDbCorruptError,
-    errors.StateDbFullError,
-    errors.StateDbIOError,
-    errors.StateDbClosedError,
-    errors.StateDbUnavailableError,
+    sqlite3.Error, errors.StateDbLockedError, errors.StateDbCorruptError, errors.StateDbFullError,
+    errors.StateDbIOError, errors.StateDbClosedError, errors.StateDbUnavailableError,
 )
 
 
@@ -219,65 +199,47 @@ def _finish(
     return method
 
 
-@overload
-def _reads(fn: seen.Seen[P, Any, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]: ...
-@overload
-def _reads(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]: ...
-def _reads(fn: Any, *, fallback: Fallback[Any] | None = None) -> Any:
-    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
+def _parts(
+    fn: Callable[..., Any],
+) -> tuple[seen.Seen[..., Any, Any] | None, Callable[..., Any], Callable[..., Any]]:
+    """(hook, like, run) of a factory's function: a Seen, or a plain sibling function."""
     if isinstance(fn, seen.Seen):
-        hook: seen.Seen[..., Any, Any] = fn
+        return fn, fn.like, fn.run
+    return None, fn, fn
 
-        def remembering(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
-            session_id, kwargs = hook.prepare(self._seen, args, kwargs)
-            result = self._read(lambda conn: hook.run(conn, *args, **kwargs))
-            return hook.after(self._seen, session_id, result)
 
-        return _finish(remembering, hook.like, fallback)
+def _reads(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]:
+    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
+    hook, like, run = _parts(fn)
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
-        return self._read(lambda conn: fn(conn, *args, **kwargs))
+        if hook is None:
+            return self._read(lambda conn: run(conn, *args, **kwargs))
+        session_id, kwargs = hook.prepare(self._seen, args, kwargs)
+        result = self._read(lambda conn: run(conn, *args, **kwargs))
+        return hook.after(self._seen, session_id, result)
 
-    return _finish(method, fn, fallback)
+    return cast("Method[P, T]", _finish(method, like, fallback))
 
 
-@overload
-def _writes(
-    fn: seen.Seen[P, Any, T],
-    kind: writes.WriteKind = "write",
-    *,
-    spool: quarantine.Spool | None = None,
-    fallback: Fallback[T] | None = None,
-) -> Method[P, T]: ...
-@overload
 def _writes(
     fn: Sibling[P, T],
     kind: writes.WriteKind = "write",
     *,
     spool: quarantine.Spool | None = None,
     fallback: Fallback[T] | None = None,
-) -> Method[P, T]: ...
-def _writes(
-    fn: Any,
-    kind: writes.WriteKind = "write",
-    *,
-    spool: quarantine.Spool | None = None,
-    fallback: Fallback[Any] | None = None,
-) -> Any:
+) -> Method[P, T]:
     """A SessionDB method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
     :meth:`SessionDB._write`). With ``spool``, the messages of a write refused because the
     file is corrupt are spooled and the raised :class:`StateDbCorruptError` names the file in
     ``spooled_to``."""
-    hook: seen.Seen[..., Any, Any] | None = fn if isinstance(fn, seen.Seen) else None
-    like: Callable[..., Any] = fn if hook is None else hook.like
-    run: Callable[..., Any] = fn if hook is None else hook.run
+    hook, like, run = _parts(fn)
     signature = inspect.signature(like)
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
         # A retried transaction calls fn again: one-shot iterators must survive that.
         args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        session_id = ""
         if hook is not None:
             session_id, kwargs = hook.prepare(self._seen, args, kwargs)
         try:
@@ -288,17 +250,16 @@ def _writes(
             raise
         return result if hook is None else hook.after(self._seen, session_id, result)
 
-    return _finish(method, like, fallback)
+    return cast("Method[P, T]", _finish(method, like, fallback))
 
 
-# Transcript writes that name their session and messages as most do.
+# What transcript writes spool: most name their session and messages as append_message does.
 _TRANSCRIPT = quarantine.Spool()
+_COMPACTION = quarantine.Spool(messages="compacted_messages")
 # SQLite refuses VACUUM inside a transaction.
 VACUUM_SQL = "VACUUM"
 # Switches off automatic checkpoints for one connection (no file is read or written).
 WAL_AUTOCHECKPOINT_OFF_SQL = "PRAGMA wal_autocheckpoint = 0"
-# The checkpoint that never waits for readers or writers; its result row is inspected.
-CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
 
 
 class SessionDB:
@@ -383,25 +344,13 @@ class SessionDB:
             self._quarantine(earlier)
             return self._conn
         try:
-            self._outside_transaction(self._configure_writable)
+            self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
             schema.ensure_schema(self._conn, self._write)
             common.tighten_modes(self.path)
         except BaseException:
             self._close_connections()
             raise
         return self._conn
-
-    def _configure_writable(self, conn: sqlite3.Connection) -> None:
-        """Connection settings, outside any transaction (both pragmas are no-ops inside one)
-        but retried: switching a new file to WAL needs its lock.
-
-        A file from a newer library is refused first: switching its journal mode would
-        already rewrite its header."""
-        schema.refuse_newer(conn, self.path)
-        conn.execute("PRAGMA foreign_keys = ON")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise errors.HermesStateError(f"{self.path} refused WAL mode (journal_mode={mode})")
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
@@ -413,26 +362,13 @@ class SessionDB:
             )
         conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
         try:
-            version = schema.read_version(conn)
+            schema.require_current(conn, self.path)
         except sqlite3.Error as exc:
             conn.close()
-            if errors.is_sqlite_lock_error(exc):
-                raise errors.StateDbUnavailableError(
-                    f"session store {self.path} stayed locked for {_READ_BUSY_TIMEOUT_S:g} s",
-                    reason="busy",
-                    path=self.path,
-                ) from exc
-            raise self._translate(exc) from exc
-        if version != SCHEMA_VERSION:
+            raise self._read_error(exc) from exc
+        except BaseException:
             conn.close()
-            reason = "uninitialized" if version is None else "incompatible"
-            raise errors.StateDbUnavailableError(
-                f"session store {self.path} has schema version {version}, "
-                f"this library reads {SCHEMA_VERSION}",
-                reason=reason,
-                path=self.path,
-                schema_version=version,
-            )
+            raise
         return conn
 
     # --- closing ------------------------------------------------------------------------------
@@ -560,7 +496,8 @@ class SessionDB:
                     waited = time.monotonic() - start
                     pause = writes.delay(waited, policy, _JITTER)
                     if pause is None:
-                        raise self._locked_error(waited, attempts) from exc
+                        home = self.profile_home
+                        raise writes.locked_error(self.path, home, waited, attempts) from exc
                     self.write_retries += 1
                     logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
                                  self.path, attempts, pause)
@@ -588,19 +525,6 @@ class SessionDB:
             except sqlite3.Error as exc:
                 logger.debug("checkpoint of %s skipped: %s", self.path, exc)
 
-    def _locked_error(self, waited: float, attempts: int) -> errors.StateDbLockedError:
-        holders = lockowners.describe_lock_holders(self.path)
-        line = "; ".join(holders) if holders else "no lock holder could be named"
-        logger.warning("write to %s gave up after %.1f s: %s", self.path, waited, line)
-        common.append_error_log(f"database is locked: {self.path}: {line}", self.profile_home)
-        return errors.StateDbLockedError(
-            f"{self.path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
-            path=self.path,
-            waited_s=waited,
-            attempts=attempts,
-            holders=holders,
-        )
-
     def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._write(fn, "transcript")
 
@@ -624,7 +548,9 @@ class SessionDB:
     def _read_error(self, exc: sqlite3.Error) -> Exception:
         if self.read_only and errors.is_sqlite_lock_error(exc):
             return errors.StateDbUnavailableError(
-                f"session store {self.path} is busy", reason="busy", path=self.path
+                f"session store {self.path} stayed locked for {_READ_BUSY_TIMEOUT_S:g} s",
+                reason="busy",
+                path=self.path,
             )
         return self._translate(exc)
 
@@ -665,28 +591,13 @@ class SessionDB:
         return self.last_checkpoint
 
     def _checkpoint(self) -> None:
-        """One PASSIVE checkpoint, not retried; every checkpoint of the handle runs here.
-
-        Inside the WAL-reset bug range it runs only while this handle holds the write lock,
-        so that no writer of any process can reset the WAL under it; a connection cannot
-        checkpoint inside its own transaction, so a helper connection does. (The checkpoint
-        SQLite runs when the last connection to the file closes is safe as it is: SQLite
-        runs it only after taking the database's EXCLUSIVE lock, which no other connection
-        holds while one exists.)"""
-        if not self.wal_reset_exposed:
-            row = self._conn.execute(CHECKPOINT_SQL).fetchone()
-        else:
-            if self._helper is None:
-                self._helper = self._connect("rw", 0.0)
-            with common.transaction(self._conn):
-                row = self._helper.execute(CHECKPOINT_SQL).fetchone()
-        self.last_checkpoint = (row[0], row[1], row[2])
-        busy, log_frames, checkpointed = self.last_checkpoint
-        if busy or checkpointed < log_frames:
-            logger.debug(
-                "checkpoint of %s: %d of %d WAL frames copied (busy=%d)",
-                self.path, checkpointed, log_frames, busy,
-            )
+        """One PASSIVE checkpoint (see hermes_state_writes.passive_checkpoint): every
+        checkpoint of the handle runs here, from a helper connection inside the WAL-reset bug
+        range."""
+        if self.wal_reset_exposed and self._helper is None:
+            self._helper = self._connect("rw", 0.0)
+        helper = self._helper if self.wal_reset_exposed else None
+        self.last_checkpoint = writes.passive_checkpoint(self._conn, helper)
 
     # --- FTS maintenance ----------------------------------------------------------------------
 
@@ -742,15 +653,7 @@ class SessionDB:
                 f"another process is rebuilding the FTS index of {self.path}"
             )
 
-    def fts_status(self) -> dict[str, Any]:
-        """The FTS markers and trigger set, without checking the index contents."""
-        state = self._read(fts.index_state)
-        return {
-            "stale": state.stale,
-            "rebuild_high_water": state.high_water,
-            "rebuild_progress": state.progress,
-            "missing_triggers": self._read(fts.missing_triggers),
-        }
+    fts_status = _reads(fts.status)
 
     def check_fts_integrity(self) -> dict[str, str | None]:
         """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs
@@ -872,9 +775,7 @@ class SessionDB:
 
     # --- compression --------------------------------------------------------------------------
 
-    archive_and_compact = _writes(
-        seen.ARCHIVE_AND_COMPACT, "transcript", spool=quarantine.Spool(messages="compacted_messages")
-    )
+    archive_and_compact = _writes(seen.ARCHIVE_AND_COMPACT, "transcript", spool=_COMPACTION)
     publish_compression_child = _writes(
         compression.publish_compression_child, "transcript",
         spool=quarantine.Spool(session="child_session_id"),

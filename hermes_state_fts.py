@@ -163,6 +163,17 @@ def index_state(conn: sqlite3.Connection) -> IndexState:
     )
 
 
+def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
+    """The FTS markers and trigger set, without checking the index contents."""
+    state = index_state(conn)
+    return {
+        "stale": state.stale,
+        "rebuild_high_water": state.high_water,
+        "rebuild_progress": state.progress,
+        "missing_triggers": missing_triggers(conn),
+    }
+
+
 def missing_triggers(conn: sqlite3.Connection) -> list[str]:
     present = {
         r[0]

@@ -54,6 +54,7 @@ from hermes_state_common import (
     table_exists,
 )
 from hermes_state_errors import (
+    HermesStateError,
     StateDbUnavailableError,
     is_corruption_error,
     is_sqlite_lock_error,
@@ -63,6 +64,8 @@ __all__ = [
     "MIGRATIONS",
     "read_version",
     "refuse_newer",
+    "configure_writable",
+    "require_current",
     "ensure_schema",
     "expected_columns",
     "expected_indexes",
@@ -112,6 +115,37 @@ def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | No
             schema_version=found,
         )
     return found
+
+
+# Both settings are no-ops inside a transaction.
+FOREIGN_KEYS_ON_SQL = "PRAGMA foreign_keys = ON"
+JOURNAL_MODE_WAL_SQL = "PRAGMA journal_mode = WAL"
+
+
+def configure_writable(conn: sqlite3.Connection, /, path: Path) -> None:
+    """The settings of a writable handle's connection, run outside any transaction: foreign
+    keys on, the WAL journal (switching a new file to WAL needs its lock, so the caller
+    retries). A file from a newer library is refused first: switching its journal mode would
+    already rewrite its header."""
+    refuse_newer(conn, path)
+    conn.execute(FOREIGN_KEYS_ON_SQL)
+    mode = conn.execute(JOURNAL_MODE_WAL_SQL).fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise HermesStateError(f"{path} refused WAL mode (journal_mode={mode})")
+
+
+def require_current(conn: sqlite3.Connection, /, path: Path) -> None:
+    """What a read-only handle needs: a database at exactly :data:`SCHEMA_VERSION` (it can
+    neither create nor migrate one), else :class:`StateDbUnavailableError`."""
+    version = read_version(conn)
+    if version != SCHEMA_VERSION:
+        raise StateDbUnavailableError(
+            f"session store {path} has schema version {version}, "
+            f"this library reads {SCHEMA_VERSION}",
+            reason="uninitialized" if version is None else "incompatible",
+            path=path,
+            schema_version=version,
+        )
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:

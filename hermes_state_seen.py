@@ -15,6 +15,7 @@ read returned or the write committed: a retried or failed write records nothing.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -124,7 +125,8 @@ class Seen(Generic[P, U, T]):
     ``run(conn, ...)`` is what runs in the read or the write transaction; ``after(seen,
     session_id, result)`` records what it saw and returns what the method returns, once the
     read returned or the write committed; ``like`` is the public function the method stands
-    for (same parameters as ``run``, its result what ``after`` returns). ``rewrite``: the call
+    for (same parameters as ``run``, checked; its result what ``after`` returns), and what a
+    ``Seen`` called as a function is. ``rewrite``: the call
     takes ``seen_through_id``, filled from the memory when the caller passes none. Every such
     function takes the session id as its first parameter after the connection."""
 
@@ -132,6 +134,14 @@ class Seen(Generic[P, U, T]):
     run: Callable[Concatenate[sqlite3.Connection, P], U]
     after: Callable[[SeenThrough, str, U], T]
     rewrite: bool = False
+
+    def __post_init__(self) -> None:
+        if _parameters(self.like) != _parameters(self.run):
+            raise TypeError(f"{self.run.__name__} must take the parameters of {self.like.__name__}")
+
+    def __call__(self, conn: sqlite3.Connection, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Called without a handle, it is the function it stands for."""
+        return self.like(conn, *args, **kwargs)
 
     def prepare(
         self, seen: SeenThrough, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -142,6 +152,10 @@ class Seen(Generic[P, U, T]):
             given = kwargs.get("seen_through_id")
             kwargs = {**kwargs, "seen_through_id": seen.bound(session_id, given)}
         return session_id, kwargs
+
+
+def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
 # The session's row just before a given one, whatever its generation.
@@ -165,6 +179,7 @@ def located(
         previous = conn.execute(PREVIOUS_ROW_SQL, (session_id, row_id)).fetchone()
         return row_id, None if previous is None else int(previous[0])
 
+    append_located.__signature__ = inspect.signature(append)  # type: ignore[attr-defined]
     return append_located
 
 

@@ -33,15 +33,30 @@ seed names them, and tests shorten them at run time).
 from __future__ import annotations
 
 import enum
+import logging
 import random
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
-from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
+from hermes_state_common import append_error_log, transaction
+from hermes_state_errors import StateDbLockedError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_lockowners import describe_lock_holders
 
-__all__ = ["WriteKind", "RetryPolicy", "delay", "Verdict", "classify"]
+__all__ = [
+    "WriteKind",
+    "RetryPolicy",
+    "delay",
+    "locked_error",
+    "Verdict",
+    "classify",
+    "CHECKPOINT_SQL",
+    "passive_checkpoint",
+]
+
+logger = logging.getLogger("hermes_state")
 
 #: What a write carries, which sets its patience (see the module docstring).
 WriteKind = Literal["write", "transcript", "activity"]
@@ -66,6 +81,22 @@ def delay(elapsed: float, policy: RetryPolicy, rng: random.Random) -> float | No
         return None
     low, high = policy.fast_pause_s if elapsed < policy.fast_window_s else policy.slow_pause_s
     return max(min(rng.uniform(low, high), remaining), 0.001)
+
+
+def locked_error(db_path: Path, home: Path, waited: float, attempts: int) -> StateDbLockedError:
+    """The error of a write whose patience ran out, naming the processes holding the lock; the
+    same line goes to a WARNING and to ``<home>/logs/errors.log``."""
+    holders = describe_lock_holders(db_path)
+    line = "; ".join(holders) if holders else "no lock holder could be named"
+    logger.warning("write to %s gave up after %.1f s: %s", db_path, waited, line)
+    append_error_log(f"database is locked: {db_path}: {line}", home)
+    return StateDbLockedError(
+        f"{db_path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
+        path=db_path,
+        waited_s=waited,
+        attempts=attempts,
+        holders=holders,
+    )
 
 
 class Verdict(enum.Enum):
@@ -95,3 +126,31 @@ def classify(
     if not index_detached and fts_only(exc):
         return Verdict.DETACH_INDEX
     return Verdict.QUARANTINE if corrupt else Verdict.RAISE
+
+
+# The checkpoint that never waits for readers or writers; its result row is inspected.
+CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
+
+
+def passive_checkpoint(
+    conn: sqlite3.Connection, helper: sqlite3.Connection | None
+) -> tuple[int, int, int]:
+    """One PASSIVE checkpoint, not retried; SQLite's result row (busy, frames in the WAL,
+    frames checkpointed).
+
+    With an SQLite inside the WAL-reset bug range the handle passes a ``helper`` connection:
+    the checkpoint then runs from it while ``conn`` holds the write lock, so that no writer of
+    any process can reset the WAL under it (a connection cannot checkpoint inside its own
+    transaction). The checkpoint SQLite runs when the last connection to the file closes is
+    safe as it is: SQLite runs it only after taking the database's EXCLUSIVE lock, which no
+    other connection holds while one exists."""
+    if helper is None:
+        row = conn.execute(CHECKPOINT_SQL).fetchone()
+    else:
+        with transaction(conn):
+            row = helper.execute(CHECKPOINT_SQL).fetchone()
+    busy, log_frames, checkpointed = int(row[0]), int(row[1]), int(row[2])
+    if busy or checkpointed < log_frames:
+        logger.debug("checkpoint: %d of %d WAL frames copied (busy=%d)",
+                     checkpointed, log_frames, busy)
+    return busy, log_frames, checkpointed
