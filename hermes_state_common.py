@@ -253,7 +253,7 @@ def tighten_modes(db_path: Path) -> None:
 CELL_SIZE_CHECK_SQL = "PRAGMA cell_size_check = ON"
 
 
-def configure_connection(conn: sqlite3.Connection) -> sqlite3.Connection:
+def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:
     """Apply the settings every connection on a store gets, whoever opens it; returns ``conn``.
 
     ``cell_size_check``: by default SQLite trusts the cell sizes a b-tree page records, so a
@@ -363,7 +363,7 @@ _savepoint_ids = itertools.count(1)
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(conn: sqlite3.Connection, /) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
 
     Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
@@ -413,18 +413,18 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value
 """
 
 
-def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
+def get_meta(conn: sqlite3.Connection, /, key: str) -> str | None:
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]
 
 
-def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+def set_meta(conn: sqlite3.Connection, /, key: str, value: object) -> None:
     """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+def table_exists(conn: sqlite3.Connection, /, name: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
     ).fetchone()

@@ -175,7 +175,9 @@ def _pick_uid(value: Any, occurrence: int) -> str | None:
     return picked if isinstance(picked, str) else None
 
 
-def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: str) -> str | None:
+def _pair_tool_result(
+    conn: sqlite3.Connection, /, session_id: str, tool_call_id: str
+) -> str | None:
     params = {"session_id": session_id, "call_id": tool_call_id}
     row = conn.execute(LAST_CALLER_SQL, params).fetchone()
     if row is None:
@@ -231,6 +233,7 @@ def _tool_call_uids(role: str, tool_calls: Any, given: Any) -> Any:
 
 def _tool_call_uid(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     role: str,
     tool_call_id: str | None,
@@ -540,6 +543,7 @@ def row_to_message(row: Sequence[Any]) -> dict[str, Any]:
 
 def get_messages(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_inactive: bool = False,
     limit: int | None = None,

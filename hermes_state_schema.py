@@ -86,7 +86,7 @@ class WriteFn(Protocol):
 _UNTRACKED_VERSION = 1
 
 
-def read_version(conn: sqlite3.Connection) -> int | None:
+def read_version(conn: sqlite3.Connection, /) -> int | None:
     """The schema version of the database; None for an empty (uninitialised) database."""
     try:
         row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
@@ -103,7 +103,7 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     return None
 
 
-def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | None:
+def refuse_newer(conn: sqlite3.Connection, /, path: Path | None = None) -> int | None:
     """The schema version (see :func:`read_version`); a database written by a newer library
     raises :class:`StateDbUnavailableError` (reason "incompatible") and is left untouched."""
     found = read_version(conn)
@@ -148,7 +148,7 @@ def require_current(conn: sqlite3.Connection, /, path: Path) -> None:
         )
 
 
-def _set_version(conn: sqlite3.Connection, version: int) -> None:
+def _set_version(conn: sqlite3.Connection, /, version: int) -> None:
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
 
@@ -172,7 +172,7 @@ def expected_columns() -> dict[str, list[tuple[str, str, int, str | None]]]:
         mem.close()
 
 
-def _live_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+def _live_columns(conn: sqlite3.Connection, /, table: str) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))}
 
 
@@ -197,7 +197,7 @@ WHERE m.type = 'table' AND m.name IN (SELECT value FROM json_each(?))
 LIVE_INDEXES_SQL = "SELECT name FROM sqlite_master WHERE type = 'index'"
 
 
-def lacks_declared_schema(conn: sqlite3.Connection) -> bool:
+def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     """True when a table, column or index ``SCHEMA_SQL`` declares is missing (reads only)."""
     tables = expected_columns()
     live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
@@ -207,11 +207,11 @@ def lacks_declared_schema(conn: sqlite3.Connection) -> bool:
     return not expected_indexes() <= {r[0] for r in conn.execute(LIVE_INDEXES_SQL)}
 
 
-def _has_rows(conn: sqlite3.Connection, table: str) -> bool:
+def _has_rows(conn: sqlite3.Connection, /, table: str) -> bool:
     return conn.execute(f"SELECT 1 FROM {quote_identifier(table)} LIMIT 1").fetchone() is not None
 
 
-def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
+def _reconcile_columns(conn: sqlite3.Connection, /) -> list[str]:
     """Add every column ``SCHEMA_SQL`` declares that the live tables lack; returns them.
 
     Idempotent, and tolerant of a column that appeared meanwhile: a failed ADD is only an
@@ -247,7 +247,7 @@ def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
 _TITLE_SUFFIX_RE = re.compile(r"^(.*) #(\d+)$")
 
 
-def _migrate_unique_titles(conn: sqlite3.Connection) -> None:
+def _migrate_unique_titles(conn: sqlite3.Connection, /) -> None:
     """Titles became unique. Older files may hold duplicates: the oldest session keeps the title,
     later ones are renumbered in lineage style (``T #2``, ``T #3``…), so no title is lost."""
     dupes = conn.execute(
@@ -294,7 +294,7 @@ def _call_uids(tool_calls: str) -> str | None:
     return json.dumps(mapping, separators=(",", ":")) if mapping else None
 
 
-def _migrate_message_uids(conn: sqlite3.Connection) -> None:
+def _migrate_message_uids(conn: sqlite3.Connection, /) -> None:
     """Every message gets its lasting ``message_uid`` (uuid4 hex), and every assistant row that
     calls tools its ``tool_call_uids``; existing ones are kept. Tool results are paired with
     them when read (their ``tool_call_uid`` stays NULL, which means "derive it")."""
@@ -320,13 +320,13 @@ SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
 """
 
 
-def _drop_fts_triggers(conn: sqlite3.Connection) -> None:
+def _drop_fts_triggers(conn: sqlite3.Connection, /) -> None:
     legacy = [r[0] for r in conn.execute(FTS_FEEDING_TRIGGERS_SQL)]
     for name in {*FTS_TRIGGER_NAMES, *legacy}:
         conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
 
 
-def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
+def _drop_fts_table(conn: sqlite3.Connection, /, name: str) -> None:
     """Drop an old FTS table. FTS5 must open a table to drop it, which it cannot once the
     table's structure record is damaged; such an index is reset to an empty one first (its
     contents are about to be rebuilt from the rows anyway)."""
@@ -340,7 +340,7 @@ def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
         conn.execute(drop)
 
 
-def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
+def _migrate_fts_indexes(conn: sqlite3.Connection, /) -> None:
     """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
     indexes are filled by the chunked rebuild (see hermes_state_fts)."""
     _drop_fts_triggers(conn)
@@ -353,7 +353,7 @@ def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     fts.start_rebuild(conn)
 
 
-def restore_data_invariants(conn: sqlite3.Connection) -> None:
+def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
     """Make the data rules older files may break true again: unique titles (the unique index
     is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
     of any version into the current schema (recover)."""
@@ -361,7 +361,7 @@ def restore_data_invariants(conn: sqlite3.Connection) -> None:
     _migrate_message_uids(conn)
 
 
-def _finish(conn: sqlite3.Connection) -> None:
+def _finish(conn: sqlite3.Connection, /) -> None:
     for statement in split_sql(INDEXES_SQL):
         conn.execute(statement)
 
@@ -381,7 +381,7 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
-def _create_fresh(conn: sqlite3.Connection) -> bool:
+def _create_fresh(conn: sqlite3.Connection, /) -> bool:
     if read_version(conn) is not None:
         return False
     for statement in split_sql(SCHEMA_SQL):
@@ -390,7 +390,7 @@ def _create_fresh(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def _bootstrap(conn: sqlite3.Connection) -> None:
+def _bootstrap(conn: sqlite3.Connection, /) -> None:
     """Tables and columns first. An old generation's FTS triggers go too: the data migrations
     below rewrite rows, and a legacy index that is damaged or already gone would make every
     such rewrite fail, while the FTS migration rebuilds the indexes from the rows anyway."""
@@ -403,7 +403,7 @@ def _bootstrap(conn: sqlite3.Connection) -> None:
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
 
 
-def _complete_current(conn: sqlite3.Connection) -> None:
+def _complete_current(conn: sqlite3.Connection, /) -> None:
     """A current-version file that lacks part of the declaration (written before a column or
     index was declared) gets it; the version stays."""
     if read_version(conn) != SCHEMA_VERSION or not lacks_declared_schema(conn):
@@ -414,7 +414,7 @@ def _complete_current(conn: sqlite3.Connection) -> None:
     _finish(conn)
 
 
-def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
+def _run_migration(conn: sqlite3.Connection, /, migration: Migration) -> None:
     if (read_version(conn) or 0) >= migration.version:
         return
     migration.apply(conn)
@@ -423,7 +423,7 @@ def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
     _set_version(conn, migration.version)
 
 
-def _finish_upgrade(conn: sqlite3.Connection) -> None:
+def _finish_upgrade(conn: sqlite3.Connection, /) -> None:
     """The last step when no migration carries the current version: indexes, then the bump.
     (Indexes come last because the unique title index needs the title migration first.)"""
     if (read_version(conn) or 0) >= SCHEMA_VERSION:
@@ -432,7 +432,7 @@ def _finish_upgrade(conn: sqlite3.Connection) -> None:
     _set_version(conn, SCHEMA_VERSION)
 
 
-def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
+def ensure_schema(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
     """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was found at.
 
     ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.

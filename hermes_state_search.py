@@ -560,7 +560,7 @@ def search_filters(
     return sql, params
 
 
-def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+def _hits(conn: sqlite3.Connection, /, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     return [
         dict(zip(("id", "session_id", "role", "timestamp", "source", "model",
@@ -573,7 +573,7 @@ def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dic
 HIT_TOOL_TEXT_SQL = "SELECT tool_calls, tool_name FROM messages WHERE id = ?"
 
 
-def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[str]) -> str:
+def _snippet(conn: sqlite3.Connection, /, hit: dict[str, Any], needles: Sequence[str]) -> str:
     """The snippet of a hit whose ``snippet`` column holds its content: made from the content,
     or from the tool calls or tool name when the match is there and not in the content."""
     content = hit["snippet"] or ""
@@ -586,7 +586,7 @@ def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[st
 
 
 def _ranked_hits(
-    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
+    conn: sqlite3.Connection, /, table: str, sql: str, match: str, params: list[str], wanted: int
 ) -> list[dict[str, Any]]:
     """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
     newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
@@ -607,7 +607,7 @@ def _ranked_hits(
 
 
 def _index_hits(
-    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
+    conn: sqlite3.Connection, /, plan: SearchPlan, filters: str, params: list[str], wanted: int
 ) -> list[dict[str, Any]]:
     """Hits from the FTS indexes, best first, then trigram substring hits, newest first."""
     hits: list[dict[str, Any]] = []
@@ -643,7 +643,7 @@ def _index_hits(
 
 
 def _like_hits(
-    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
+    conn: sqlite3.Connection, /, plan: SearchPlan, filters: str, params: list[str],
     limit: int, offset: int,
 ) -> list[dict[str, Any]]:
     exact, exact_params = plan.like_where(_LIKE_TEXT)
@@ -654,7 +654,7 @@ def _like_hits(
     return hits
 
 
-def _add_context(conn: sqlite3.Connection, hit: dict[str, Any]) -> dict[str, Any]:
+def _add_context(conn: sqlite3.Connection, /, hit: dict[str, Any]) -> dict[str, Any]:
     context = []
     for sql in (CONTEXT_BEFORE_SQL, CONTEXT_AFTER_SQL):
         row = conn.execute(sql, (CONTEXT_CHARS, hit["session_id"], hit["id"])).fetchone()
@@ -667,6 +667,7 @@ def _add_context(conn: sqlite3.Connection, hit: dict[str, Any]) -> dict[str, Any
 
 def search_messages(
     conn: sqlite3.Connection,
+    /,
     query: object,
     source_filter: str | Iterable[str] | None = None,
     exclude_sources: str | Iterable[str] | None = None,

@@ -133,7 +133,7 @@ CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
 
 
 def passive_checkpoint(
-    conn: sqlite3.Connection, helper: sqlite3.Connection | None
+    conn: sqlite3.Connection, /, helper: sqlite3.Connection | None
 ) -> tuple[int, int, int]:
     """One PASSIVE checkpoint, not retried; SQLite's result row (busy, frames in the WAL,
     frames checkpointed).
