@@ -810,3 +810,24 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
     assert len(on_files) > 15
     for name, statements in on_files:
         assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
+
+
+def test_reading_quarantined_changes_nothing_and_the_handle_adopts_before_its_next_write(
+    damaged: Path,
+) -> None:
+    bystander = SessionDB(damaged)
+    db = SessionDB(damaged)
+    with pytest.raises(StateDbCorruptError) as met:
+        db.append_message("s", "user", "x")
+    for _ in range(3):
+        assert bystander.quarantined  # what the process knows of the file, read
+    assert bystander._quarantined is None, "reading the property took nothing on"
+    trace = Statements(bystander._conn)
+    with pytest.raises(StateDbCorruptError) as refused:
+        bystander.set_meta("k", "v")
+    assert trace.take() == [], "refused before any statement"
+    assert refused.value.__cause__ is met.value.__cause__, "the error that proved the damage"
+    before = file_state(damaged)
+    bystander.close()
+    db.close()
+    assert file_state(damaged) == before, "no checkpoint at close either"
