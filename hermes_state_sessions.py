@@ -303,21 +303,15 @@ def update_token_counts(
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
     transaction. ``model`` fills the session's model only while it is NULL."""
     given_tokens = {
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "cache_read_tokens": cache_read_tokens,
-        "cache_write_tokens": cache_write_tokens,
-        "reasoning_tokens": reasoning_tokens,
-        "api_call_count": api_call_count,
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens, "api_call_count": api_call_count,
     }
     given_costs = {"estimated_cost_usd": estimated_cost_usd, "actual_cost_usd": actual_cost_usd}
     given_labels = {
-        "cost_status": cost_status,
-        "cost_source": cost_source,
-        "pricing_version": pricing_version,
-        "billing_provider": billing_provider,
-        "billing_base_url": billing_base_url,
-        "billing_mode": billing_mode,
+        "cost_status": cost_status, "cost_source": cost_source,
+        "pricing_version": pricing_version, "billing_provider": billing_provider,
+        "billing_base_url": billing_base_url, "billing_mode": billing_mode,
     }
     tokens = {f: _check_count(f, given_tokens[f]) for f in TOKEN_FIELDS}
     costs = {f: _check_cost(f, given_costs[f]) for f in COST_FIELDS}
