@@ -790,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-        p = group.add_parser(name, help=help_text, description=help_text)
+        p: argparse.ArgumentParser = group.add_parser(name, help=help_text, description=help_text)
         _common_options(p, suppress=True)
         p.set_defaults(func=func)
         return p

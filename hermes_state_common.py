@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -27,7 +26,7 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,6 @@ __all__ = [
     "child_process_env",
     "configure_connection",
     "transaction",
-    "spool_transcript",
-    "spool_pending_message",
 ]
 
 SCHEMA_VERSION = 32
@@ -256,7 +253,7 @@ def tighten_modes(db_path: Path) -> None:
 CELL_SIZE_CHECK_SQL = "PRAGMA cell_size_check = ON"
 
 
-def configure_connection(conn: sqlite3.Connection) -> sqlite3.Connection:
+def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:
     """Apply the settings every connection on a store gets, whoever opens it; returns ``conn``.
 
     ``cell_size_check``: by default SQLite trusts the cell sizes a b-tree page records, so a
@@ -353,90 +350,6 @@ def append_error_log(line: str, home: Path | None = None) -> None:
         pass
 
 
-# Where writes go when the database cannot take them (a quarantined file): transcripts to
-# <home>/sessions/, the gateway's accepted but unpersisted inputs to <home>/pending_messages/.
-SESSIONS_SPOOL_DIR = "sessions"
-PENDING_MESSAGES_DIR = "pending_messages"
-_SPOOL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def spool_file_name(key: str) -> str:
-    """The spool file of ``key`` (a session id or key): ``<key>.jsonl`` when the key is a safe
-    file name, else its safe characters (at most 64) and a digest of the whole key, so no key
-    names a path outside its spool directory and two keys never share a file."""
-    key = str(key)
-    if _SPOOL_NAME_RE.fullmatch(key):
-        return f"{key}.jsonl"
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:64].lstrip("._-")
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{safe}~{digest}.jsonl" if safe else f"~{digest}.jsonl"
-
-
-def _append_jsonl(
-    directory: Path, key: str, records: Iterable[Mapping[str, Any]]
-) -> Path:
-    """Append ``records`` to ``directory/spool_file_name(key)``, one JSON object per line.
-
-    The directory is created private (0700) and must not be a symlink; the file is private
-    (0600), opened ``O_APPEND|O_NOFOLLOW`` so concurrent appenders never interleave inside a
-    line and a planted symlink is refused; the data and the directory entry are fsynced
-    before returning."""
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISLNK(directory.lstat().st_mode):
-            raise UnsafePathError(f"refusing a symlink as a spool directory: {directory}",
-                                  path=directory)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / spool_file_name(key)
-    data = "".join(
-        clean_text(json.dumps(dict(r), ensure_ascii=False, default=str)) + "\n" for r in records
-    ).encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
-
-
-def spool_transcript(
-    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
-) -> Path:
-    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (see :func:`spool_file_name`; one
-    JSON object per line, fsync; ``home`` defaults to this context's) and return that file.
-
-    Where a transcript goes when the database cannot take it (a quarantined file): the
-    caller's turn is kept on disk instead of in a retry queue.
-    """
-    directory = (get_hermes_home() if home is None else home) / SESSIONS_SPOOL_DIR
-    return _append_jsonl(directory, session_id, records)
-
-
-def spool_pending_message(
-    key: str, message: Mapping[str, Any], home: Path | None = None
-) -> Path:
-    """Append one accepted input to the gateway's spool, ``<home>/pending_messages/<key>.jsonl``
-    (same file discipline as :func:`spool_transcript`), and return that file.
-
-    ``key`` is what the gateway files the input under (the session id, or its session key
-    when no session exists yet); ``message`` is stored as given, as one JSON line (lone
-    surrogates removed, other values that are not JSON as their ``str``). For the gateway's
-    exception path while the store is quarantined: the input waits on disk for an operator or
-    a restarted process on a repaired file to replay it, never in an in-memory retry queue.
-    """
-    directory = (get_hermes_home() if home is None else home) / PENDING_MESSAGES_DIR
-    return _append_jsonl(directory, key, [message])
-
-
 def now() -> float:
     return time.time()
 
@@ -450,7 +363,7 @@ _savepoint_ids = itertools.count(1)
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(conn: sqlite3.Connection, /) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
 
     Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
@@ -500,18 +413,18 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value
 """
 
 
-def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
+def get_meta(conn: sqlite3.Connection, /, key: str) -> str | None:
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]
 
 
-def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+def set_meta(conn: sqlite3.Connection, /, key: str, value: object) -> None:
     """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+def table_exists(conn: sqlite3.Connection, /, name: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
     ).fetchone()

@@ -208,6 +208,7 @@ WHERE id = :child AND EXISTS (
 
 def _insert_generation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     messages: Iterable[Mapping[str, Any]],
     count: bool,
@@ -224,6 +225,7 @@ def _insert_generation(
 
 def archive_generation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
@@ -244,6 +246,7 @@ def archive_generation(
 
 def archive_and_compact(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
@@ -375,7 +378,7 @@ UPDATE compression_locks SET expires_at = ? WHERE session_id = ? AND holder = ?
 
 
 def try_acquire_compression_lock(
-    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+    conn: sqlite3.Connection, /, session_id: str, holder: str, ttl_seconds: float = 300.0
 ) -> bool:
     """Take the session's compression lock for ``ttl_seconds`` (the caller's transaction).
 
@@ -396,7 +399,7 @@ def try_acquire_compression_lock(
 
 
 def refresh_compression_lock(
-    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+    conn: sqlite3.Connection, /, session_id: str, holder: str, ttl_seconds: float = 300.0
 ) -> bool:
     """Extend ``holder``'s lock to ``ttl_seconds`` from now; False when ``holder`` does not
     hold it (any more). A lapsed lock nobody took over yet is still the holder's."""
@@ -405,7 +408,7 @@ def refresh_compression_lock(
     return cursor.rowcount > 0
 
 
-def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str) -> bool:
+def release_compression_lock(conn: sqlite3.Connection, /, session_id: str, holder: str) -> bool:
     """Release ``holder``'s lock; False when ``holder`` did not hold it."""
     cursor = conn.execute(
         "DELETE FROM compression_locks WHERE session_id = ? AND holder = ?", (session_id, holder)
@@ -413,7 +416,7 @@ def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: 
     return cursor.rowcount > 0
 
 
-def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str) -> str | None:
+def get_compression_lock_holder(conn: sqlite3.Connection, /, session_id: str) -> str | None:
     """The holder of the session's lock while it binds; None when there is no lock or it could
     be reclaimed (expired, or its holder is provably gone)."""
     row = conn.execute(SELECT_LOCK_SQL, (session_id,)).fetchone()

@@ -153,7 +153,9 @@ def find_latest_gateway_session_for_peer(
     key."""
     if not session_key:
         return None
-    searches = [(PEER_BY_KEY_SQL, (stored_text(session_key), stored_text(source)))]
+    searches: list[tuple[str, tuple[str | None, ...]]] = [
+        (PEER_BY_KEY_SQL, (stored_text(session_key), stored_text(source)))
+    ]
     if chat_id and chat_type:
         peer = tuple("" if v is None else stored_text(v)
                      for v in (user_id, chat_id, chat_type, thread_id))

@@ -304,7 +304,7 @@ def _comparable_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _comparable_usage(rows: Iterable[Mapping[str, Any]]) -> list[tuple]:
+def _comparable_usage(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     return sorted(
         tuple(sorted((k, v) for k, v in row.items() if k != "session_id")) for row in rows
     )
@@ -475,7 +475,7 @@ def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict
     spool.executescript(SPOOL_SCHEMA_SQL)
     sessions: list[tuple[int, dict[str, Any]]] = []
     blocks: dict[Any, int] = {}
-    batch: list[tuple] = []
+    batch: list[tuple[Any, ...]] = []
     spool.execute("BEGIN")
     for n, raw in enumerate(fp, start=1):
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw

@@ -337,7 +337,10 @@ def index_next_message(
     the text ``messages_fts`` indexes: content, tool name, stored tool-call JSON. They go in
     first, under the id the message will get, so the insert trigger sees the row is indexed;
     :func:`after_insert` checks the id. None when there is no usable index (the trigger then
-    queues the message)."""
+    queues the message). A search of this context that found the index damaged marks it so
+    here, in the write, and :func:`after_insert` then replaces it."""
+    if damage_noticed():
+        mark_index_damaged(conn)
     try:
         value, row_id, waiting = conn.execute(NEXT_MESSAGE_SQL).fetchone()
     except sqlite3.OperationalError:

@@ -98,7 +98,7 @@ def _check_session_id(session_id: Any) -> str:
     return session_id
 
 
-def require_session(conn: sqlite3.Connection, session_id: str) -> None:
+def require_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
         raise SessionNotFoundError(session_id)
 
@@ -130,14 +130,14 @@ def create_session(
 
 
 def ensure_session(
-    conn: sqlite3.Connection, session_id: str, source: str = "unknown", model: str | None = None
+    conn: sqlite3.Connection, /, session_id: str, source: str = "unknown", model: str | None = None
 ) -> str:
     """The session id, creating a minimal session row when there is none."""
     return create_session(conn, session_id, source, model=model)
 
 
 def _insert_session(
-    conn: sqlite3.Connection, session_id: str, source: str, columns: Mapping[str, Any]
+    conn: sqlite3.Connection, /, session_id: str, source: str, columns: Mapping[str, Any]
 ) -> bool:
     _check_session_id(session_id)
     if not isinstance(source, str) or not source:
@@ -165,7 +165,7 @@ def _insert_session(
     return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
 
 
-def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] | None:
     if isinstance(session_id, str) and clean_optional(session_id) != session_id:
         return None  # no stored id has a lone surrogate
     cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -178,7 +178,7 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
 PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
 
 
-def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
+def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -> str | None:
     """The session id equal to, or uniquely starting with, the argument (compared exactly:
     case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
     if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
@@ -190,7 +190,7 @@ def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> s
     return rows[0][0] if len(rows) == 1 else None
 
 
-def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | None) -> bool:
+def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> bool:
     """End the session; the first end reason is kept. True when this call ended it."""
     cursor = conn.execute(
         "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
@@ -204,7 +204,7 @@ def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | Non
 REOPEN_SQL = "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?"
 
 
-def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
+def reopen_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     """Clear the end so a later end applies; resuming lifts the conversation's archive only
     when the idle clean-up set it, never a deliberate one."""
     if conn.execute(REOPEN_SQL, (session_id,)).rowcount == 0:
@@ -212,12 +212,12 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
     lift_auto_archive(conn, session_id)
 
 
-def update_system_prompt(conn: sqlite3.Connection, session_id: str, prompt: str | None) -> None:
+def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: str | None) -> None:
     update_session_columns(conn, session_id, {"system_prompt": prompt})
 
 
 def update_session_columns(
-    conn: sqlite3.Connection, session_id: str, values: Mapping[str, Any]
+    conn: sqlite3.Connection, /, session_id: str, values: Mapping[str, Any]
 ) -> None:
     sets = ", ".join(f"{quote_identifier(k)} = ?" for k in values)
     cursor = conn.execute(
@@ -279,6 +279,7 @@ def _check_cost(name: str, value: Any) -> float | None:
 
 def update_token_counts(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     input_tokens: int = 0,
     output_tokens: int = 0,
@@ -301,11 +302,22 @@ def update_token_counts(
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
     transaction. ``model`` fills the session's model only while it is NULL."""
-    counts = {k: v for k, v in locals().items() if k not in ("conn", "session_id", "model",
-                                                              "absolute", "task")}
-    tokens = {f: _check_count(f, counts.get(f, 0)) for f in TOKEN_FIELDS}
-    costs = {f: _check_cost(f, counts.get(f)) for f in COST_FIELDS}
-    labels = {f: counts.get(f) for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if counts.get(f) is not None}
+    given_tokens = {
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens, "api_call_count": api_call_count,
+    }
+    given_costs = {"estimated_cost_usd": estimated_cost_usd, "actual_cost_usd": actual_cost_usd}
+    given_labels = {
+        "cost_status": cost_status, "cost_source": cost_source,
+        "pricing_version": pricing_version, "billing_provider": billing_provider,
+        "billing_base_url": billing_base_url, "billing_mode": billing_mode,
+    }
+    tokens = {f: _check_count(f, given_tokens[f]) for f in TOKEN_FIELDS}
+    costs = {f: _check_cost(f, given_costs[f]) for f in COST_FIELDS}
+    labels = {
+        f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
+    }
     row = conn.execute(
         "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
         (session_id,),
@@ -318,9 +330,9 @@ def update_token_counts(
         if value is not None:
             sets.append(f"{f} = ?" if absolute else f"{f} = COALESCE({f}, 0) + ?")
             params.append(value)
-    for f, value in labels.items():
+    for f, label in labels.items():
         sets.append(f"{f} = ?")
-        params.append(clean_optional(value))
+        params.append(clean_optional(label))
     if model is not None:
         sets.append("model = COALESCE(model, ?)")
         params.append(clean_optional(model))
@@ -344,7 +356,7 @@ def update_token_counts(
     )
 
 
-def get_model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def get_model_usage(conn: sqlite3.Connection, /, session_id: str) -> list[dict[str, Any]]:
     cursor = conn.execute(
         "SELECT * FROM session_model_usage WHERE session_id = ?"
         " ORDER BY first_used_at, model, task",
@@ -464,6 +476,7 @@ _NOT_ARCHIVED = " AND COALESCE(s.archived, 0) = 0"
 
 def list_sessions_rich(
     conn: sqlite3.Connection,
+    /,
     source: str | None = None,
     exclude_sources: Iterable[str] | None = None,
     limit: int = 20,
@@ -498,6 +511,7 @@ def list_sessions_rich(
 
 def search_sessions(
     conn: sqlite3.Connection,
+    /,
     source: str | None = None,
     limit: int = 20,
     offset: int = 0,
@@ -516,7 +530,7 @@ def search_sessions(
 
 
 def session_count(
-    conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False
+    conn: sqlite3.Connection, /, source: str | None = None, include_archived: bool = False
 ) -> int:
     """Session rows, optionally of one source; archived ones only when asked."""
     filters, params = source_filters(source, None)
@@ -526,7 +540,7 @@ def session_count(
     return int(conn.execute(sql, params).fetchone()[0])
 
 
-def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+def message_count(conn: sqlite3.Connection, /, session_id: str | None = None) -> int:
     """Active messages of one session, or of the whole store."""
     if session_id is None:
         return int(conn.execute("SELECT COUNT(*) FROM messages WHERE active = 1").fetchone()[0])
@@ -576,7 +590,7 @@ FROM sessions
 """
 
 
-def stats(conn: sqlite3.Connection, top: int = 10) -> dict[str, Any]:
+def stats(conn: sqlite3.Connection, /, top: int = 10) -> dict[str, Any]:
     """Store-wide statistics: totals, sessions and messages by source, tokens and cost by
     model, and the ``top`` sessions by tokens. A plain read (works on read-only handles)."""
     (
@@ -646,13 +660,13 @@ def sanitize_title(title: str | None) -> str | None:
     return cleaned
 
 
-def _check_title_free(conn: sqlite3.Connection, session_id: str, title: str) -> None:
+def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) -> None:
     owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
     if owner is not None and owner[0] != session_id:
         raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
 
 
-def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
+def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: str | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
@@ -662,7 +676,7 @@ def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | No
     return cursor.rowcount > 0
 
 
-def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str, float]]:
+def _lineage_titles(conn: sqlite3.Connection, /, base: str) -> list[tuple[str, str, float]]:
     """(id, title, started_at) of sessions titled ``base`` or ``base #N``."""
     rows = conn.execute(
         "SELECT id, title, started_at FROM sessions"
@@ -677,12 +691,12 @@ def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str,
     return out
 
 
-def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+def get_session_title(conn: sqlite3.Connection, /, session_id: str) -> str | None:
     row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
     return None if row is None else row[0]
 
 
-def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict[str, Any] | None:
+def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, Any] | None:
     cleaned = sanitize_title(title)
     if cleaned is None:
         return None
@@ -690,7 +704,7 @@ def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict[str, Any]
     return None if row is None else get_session(conn, row[0])
 
 
-def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
+def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | None:
     """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
     cleaned = sanitize_title(title)
     if cleaned is None:
@@ -701,7 +715,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None
     return max(candidates, key=lambda c: (c[2], c[0]))[0]
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: str) -> str:
     """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
     cleaned = sanitize_title(title) or ""
     match = _TITLE_SUFFIX_RE.match(cleaned)
@@ -739,13 +753,13 @@ DELETE_SESSION_SQL = (
 )
 
 
-def _live_work(conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+def _live_work(conn: sqlite3.Connection, /, session_id: str) -> tuple[int, int]:
     """(live admissions, live worker executions) of the session."""
     admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
     return int(admissions), int(executions)
 
 
-def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
+def delete_session(conn: sqlite3.Connection, /, session_id: str) -> bool:
     """Delete a session, its messages, usage and terminal ledger rows; orphan its children
     (they are never deleted). False when there is no such session.
 
@@ -768,7 +782,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
 AUTO_PRUNE_KEY = "auto_prune_last_run_at"
 
 
-def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: float) -> bool:
+def claim_auto_prune(conn: sqlite3.Connection, /, min_interval_hours: float) -> bool:
     """True (and the run remembered in ``state_meta``) when the automatic prune is due."""
     last = get_meta(conn, AUTO_PRUNE_KEY)
     if last is not None and now() - float(last) < min_interval_hours * 3600:
@@ -798,7 +812,7 @@ WHERE s.ended_at IS NOT NULL
 
 
 def prune_sessions(
-    conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None
+    conn: sqlite3.Connection, /, older_than_days: float = 90, source: str | None = None
 ) -> int:
     """Delete ended sessions idle for ``older_than_days``; returns how many.
 
@@ -899,7 +913,7 @@ WHERE id IN (SELECT value FROM json_each(?))
 """
 
 
-def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bool) -> None:
+def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived: bool) -> None:
     """Archive (deliberately) or unarchive the session's conversation.
 
     Archiving sets ``archived=1`` and clears ``auto_archived``, so resuming or compressing
@@ -920,7 +934,7 @@ WHERE auto_archived = 1 AND id IN (SELECT value FROM json_each(?))
 """
 
 
-def lift_auto_archive(conn: sqlite3.Connection, session_id: str, *, check: bool = False) -> int:
+def lift_auto_archive(conn: sqlite3.Connection, /, session_id: str, *, check: bool = False) -> int:
     """Lift the idle clean-up's archive from the session's conversation (a deliberate archive
     stays); returns how many sessions changed. ``check`` first looks at the session's own flag
     and does nothing when it is clear (the cheap path for every appended user turn)."""
@@ -943,13 +957,13 @@ WHERE COALESCE(archived, 0) = 0 AND id IN (SELECT value FROM json_each(?))
 """
 
 
-def _has_live_work(conn: sqlite3.Connection, session_id: str) -> bool:
+def _has_live_work(conn: sqlite3.Connection, /, session_id: str) -> bool:
     admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
     return bool(admissions or executions)
 
 
 def auto_archive_idle_sessions(
-    conn: sqlite3.Connection, idle_days: float, *, source: str | None = None
+    conn: sqlite3.Connection, /, idle_days: float, *, source: str | None = None
 ) -> int:
     """The idle clean-up: archive (``archived=1``, ``auto_archived=1``) conversations idle for
     more than ``idle_days``; returns how many sessions it archived.

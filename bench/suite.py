@@ -115,10 +115,10 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
         index = json.loads(meta)
         rows = []
         for sid, kwargs in batch:
-            values = messages._prepare(prep, sid, kwargs)
+            row = messages.MessageRow.from_fields(prep, sid, kwargs)
+            values = row.values()
             postings, _ = rank.impact_postings(*values[messages._INDEXED_TEXT], index["avgdl"])
-            calls = messages.tool_call_count_of(kwargs["role"], kwargs.get("tool_calls"))
-            rows.append((sid, values, calls, postings, rank._index_text(postings)))
+            rows.append((sid, values, row.tool_call_count, postings, rank._index_text(postings)))
         if not triggers:
             for name in hermes_state.common.FTS_TRIGGER_NAMES:
                 prep.execute(f"DROP TRIGGER {name}")

@@ -343,8 +343,8 @@ def mode(path: Path) -> int:
 
 
 def test_pending_messages_are_appended_one_private_json_line_each(hermes_home: Path) -> None:
-    first = common.spool_pending_message("chat:42", {"role": "user", "content": "héllo\ud800"})
-    again = common.spool_pending_message("chat:42", {"role": "user", "content": "\x00second"})
+    first = quarantine.spool_pending_message("chat:42", {"role": "user", "content": "héllo\ud800"})
+    again = quarantine.spool_pending_message("chat:42", {"role": "user", "content": "\x00second"})
     assert first == again and first.parent == hermes_home / "pending_messages"
     assert [json.loads(line) for line in first.read_text().splitlines()] == [
         {"role": "user", "content": "héllo"}, {"role": "user", "content": "\x00second"}]
@@ -357,11 +357,11 @@ def test_pending_messages_are_appended_one_private_json_line_each(hermes_home: P
 def test_a_spool_key_never_names_a_path_outside_its_directory(
     hermes_home: Path, key: str
 ) -> None:
-    path = common.spool_pending_message(key, {"k": key})
+    path = quarantine.spool_pending_message(key, {"k": key})
     assert path.parent == hermes_home / "pending_messages"
     assert len(path.name) <= 128 and path.name.endswith(".jsonl")
     assert json.loads(path.read_text())["k"] == common.clean_text(key)
-    other = common.spool_pending_message(key + "!", {"k": 1})
+    other = quarantine.spool_pending_message(key + "!", {"k": 1})
     assert other != path  # two keys never share a file
 
 
@@ -372,10 +372,10 @@ def test_spools_refuse_a_planted_symlink(hermes_home: Path, tmp_path: Path) -> N
     spool.mkdir()
     (spool / "s1.jsonl").symlink_to(victim)
     with pytest.raises(OSError):
-        common.spool_pending_message("s1", {"x": 1})
+        quarantine.spool_pending_message("s1", {"x": 1})
     (hermes_home / "sessions").symlink_to(tmp_path)
     with pytest.raises(UnsafePathError):
-        common.spool_transcript("s1", [{"x": 1}])
+        quarantine.spool_transcript("s1", [{"x": 1}])
     assert victim.read_text() == "untouched"
 
 
@@ -810,3 +810,24 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
     assert len(on_files) > 15
     for name, statements in on_files:
         assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
+
+
+def test_reading_quarantined_changes_nothing_and_the_handle_adopts_before_its_next_write(
+    damaged: Path,
+) -> None:
+    bystander = SessionDB(damaged)
+    db = SessionDB(damaged)
+    with pytest.raises(StateDbCorruptError) as met:
+        db.append_message("s", "user", "x")
+    for _ in range(3):
+        assert bystander.quarantined  # what the process knows of the file, read
+    assert bystander._quarantined is None, "reading the property took nothing on"
+    trace = Statements(bystander._conn)
+    with pytest.raises(StateDbCorruptError) as refused:
+        bystander.set_meta("k", "v")
+    assert trace.take() == [], "refused before any statement"
+    assert refused.value.__cause__ is met.value.__cause__, "the error that proved the damage"
+    before = file_state(damaged)
+    bystander.close()
+    db.close()
+    assert file_state(damaged) == before, "no checkpoint at close either"

@@ -31,7 +31,12 @@ def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> N
         "pip install -e '.[test]' && pytest",
     ]
     ci = CI_SCRIPT.read_text(encoding="utf-8")
-    assert "pip install --quiet -e '.[test]'" in ci and ci.rstrip().endswith("pytest")
+    assert "pip install --quiet -e '.[test]'" in ci
+    lines = ci.rstrip().splitlines()
+    assert lines[-1] == "mypy --strict $modules", "the type check comes last"
+    tests_run, modules_read = lines.index("pytest"), lines.index("modules=$(python - <<'EOF'")
+    assert tests_run < modules_read, "the test suite runs first"
+    assert '["tool"]["setuptools"]["py-modules"]' in "\n".join(lines[modules_read:])
 
 
 def test_every_module_of_the_package_is_installed() -> None:
