@@ -690,6 +690,10 @@ class SessionDB:
             return errors.StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
         if errors.is_sqlite_lock_error(exc):
             return errors.StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
+        if errors.is_readonly_error(exc):
+            return errors.StateDbReadOnlyError(
+                f"{self.path} may not be written: {exc}", path=self.path
+            )
         return exc
 
     def _locked_error(self, waited: float, attempts: int) -> errors.StateDbLockedError:
