@@ -919,6 +919,7 @@ class SessionDB:
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
+    list_prune_candidates = _reads(sessions.list_prune_candidates)
     prune_sessions = _writes(sessions.prune_sessions)
 
     def vacuum(self) -> None:
