@@ -1019,13 +1019,15 @@ class SessionDB:
         role_filter: Iterable[str] | None = None,
         limit: int = 20,
         offset: int = 0,
+        sort: str | None = None,
         include_inactive: bool = False,
     ) -> list[dict[str, Any]]:
-        """Full-text search over every session (see hermes_state_search.search_messages).
+        """Full-text search over every session (see hermes_state_search.search_messages):
+        best matches first, or ``sort="newest"`` / ``"oldest"`` by the message's time.
 
         Never raises for any query text. An index found damaged is detached (``fts_stale``)
         and the search answers from canonical rows instead."""
-        args = (query, source_filter, exclude_sources, role_filter, limit, offset,
+        args = (query, source_filter, exclude_sources, role_filter, limit, offset, sort,
                 include_inactive)
         try:
             return self._read(lambda c: search.search_messages(c, *args))

@@ -64,6 +64,7 @@ indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import unicodedata
@@ -87,6 +88,8 @@ __all__ = [
     "SearchPlan",
     "sanitize_fts5_query",
     "plan_search",
+    "SORTS",
+    "search_sort",
     "make_snippet",
     "search_messages",
 ]
@@ -480,13 +483,13 @@ SELECT {_HIT_COLUMNS.format(
     snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
 FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY rank, m.id LIMIT ?
+ORDER BY {{order}} LIMIT ?
 """
 CJK_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
 FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts_cjk MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY rank, m.id LIMIT ?
+ORDER BY {{order}} LIMIT ?
 """
 
 # Ranking costs time in proportion to the matches ranked, and a common word matches a large
@@ -507,15 +510,48 @@ SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
 FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
 JOIN sessions s ON s.id = m.session_id
 WHERE t.content LIKE ? AND {{exact}} {{filters}}
-ORDER BY t.rowid DESC LIMIT ?
+ORDER BY {{order}} LIMIT ?
 """
 # The canonical fallback: no index at all, newest first.
 LIKE_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
 FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE {{exact}} {{filters}}
-ORDER BY m.timestamp DESC, m.id DESC LIMIT ? OFFSET ?
+ORDER BY {{order}} LIMIT ? OFFSET ?
 """
+# The ORDER BY of each route for each sort: "relevance" ranks (the routes without a rank, the
+# trigram and canonical ones, give the newest first); "newest" and "oldest" order by the
+# message's timestamp, then rank, then id.
+SORTS = ("relevance", "newest", "oldest")
+_RANKED_ORDER = {
+    "relevance": "rank, m.id",
+    "newest": "m.timestamp DESC, rank, m.id DESC",
+    "oldest": "m.timestamp, rank, m.id",
+}
+_TRIGRAM_ORDER = {
+    "relevance": "t.rowid DESC",
+    "newest": "m.timestamp DESC, m.id DESC",
+    "oldest": "m.timestamp, m.id",
+}
+_CANONICAL_ORDER = {**_TRIGRAM_ORDER, "relevance": "m.timestamp DESC, m.id DESC"}
+
+
+def search_sort(sort: object) -> str:
+    """One of :data:`SORTS`: ``newest`` or ``oldest`` (any case, spaces around ignored),
+    anything else (None included) is ``relevance``."""
+    word = sort.strip().lower() if isinstance(sort, str) else None
+    return word if word in ("newest", "oldest") else "relevance"
+
+
+def _sort_key(sort: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """Python's order for hits merged from several routes, as the routes' ORDER BY."""
+    if sort == "relevance":
+        return lambda h: (h["rank"] if h["rank"] is not None else math.inf,)
+    sign = -1 if sort == "newest" else 1
+    return lambda h: (sign * (h["timestamp"] or 0),
+                      h["rank"] if h["rank"] is not None else math.inf, sign * h["id"])
+
+
 _LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
              " || char(10) || COALESCE(m.tool_calls, ''))"
 
@@ -586,9 +622,13 @@ def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[st
 
 
 def _ranked_hits(
-    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
+    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int,
+    *, windowed: bool = True,
 ) -> list[dict[str, Any]]:
-    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
+    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above, or
+    over the whole history when not ``windowed`` (an order by time must see every match)."""
+    if not windowed:
+        return _hits(conn, sql, (match, 0, *params, wanted))
     newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
     count_sql = COUNT_IN_WINDOW_SQL.format(table=table)
     span = RANK_WINDOW_START
@@ -607,23 +647,28 @@ def _ranked_hits(
 
 
 def _index_hits(
-    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
+    sort: str = "relevance",
 ) -> list[dict[str, Any]]:
-    """Hits from the FTS indexes, best first, then trigram substring hits, newest first."""
+    """Hits from the FTS indexes, best first, then trigram substring hits where those left the
+    page short, newest first; with a ``sort`` by time, all of them in that order."""
     hits: list[dict[str, Any]] = []
+    ranked, windowed = _RANKED_ORDER[sort], sort == "relevance"
     if plan.fts_match:
-        sql = FTS_SEARCH_SQL.format(filters=filters)
-        hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted)
+        sql = FTS_SEARCH_SQL.format(filters=filters, order=ranked)
+        hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted,
+                             windowed=windowed)
     # Latin words glued to CJK text are tokens of messages_fts_cjk only: asked for there when
     # messages_fts did not already fill the page, so a plain Latin search costs one query.
     latin_glued = plan.latin_cjk_match if len(hits) < wanted else None
     cjk_match = " OR ".join(m for m in (plan.cjk_match, latin_glued) if m)
     if cjk_match:
-        sql = CJK_SEARCH_SQL.format(filters=filters)
-        for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted):
+        sql = CJK_SEARCH_SQL.format(filters=filters, order=ranked)
+        for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted,
+                                windowed=windowed):
             hit["snippet"] = _snippet(conn, hit, plan.needles)
             hits.append(hit)
-    hits.sort(key=lambda h: h["rank"])
+    hits.sort(key=_sort_key(sort))
     best: dict[int, dict[str, Any]] = {}
     for hit in hits:
         best.setdefault(hit["id"], hit)  # a row both indexes found keeps its better rank
@@ -634,20 +679,23 @@ def _index_hits(
         exact, exact_params = group.where("m.content")
         index_pattern = max(group.index_patterns, key=len)
         found = {h["id"] for h in hits}
-        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters)
+        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters,
+                                        order=_TRIGRAM_ORDER[sort])
         for hit in _hits(conn, sql, (index_pattern, *exact_params, *params, wanted)):
             if hit["id"] not in found:
                 hit["snippet"] = _snippet(conn, hit, plan.needles)
                 hits.append(hit)
+    if sort != "relevance":
+        hits.sort(key=_sort_key(sort))
     return hits
 
 
 def _like_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
-    limit: int, offset: int,
+    limit: int, offset: int, sort: str = "relevance",
 ) -> list[dict[str, Any]]:
     exact, exact_params = plan.like_where(_LIKE_TEXT)
-    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters)
+    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, order=_CANONICAL_ORDER[sort])
     hits = _hits(conn, sql, (*exact_params, *params, limit, offset))
     for hit in hits:
         hit["snippet"] = _snippet(conn, hit, plan.needles)
@@ -673,6 +721,7 @@ def search_messages(
     role_filter: str | Iterable[str] | None = None,
     limit: int = 20,
     offset: int = 0,
+    sort: object = None,
     include_inactive: bool = False,
     *,
     use_index: bool = True,
@@ -681,13 +730,15 @@ def search_messages(
 
     Returns ``id, session_id, role, timestamp, snippet`` (matches marked ``>>>…<<<``),
     ``context`` (the previous and next message of the same session, ``{role, content}`` with
-    content cut to 200 characters), ``source, model, session_started``; best matches first.
+    content cut to 200 characters), ``source, model, session_started``; best matches first,
+    or by the message's time with ``sort`` ``"newest"`` / ``"oldest"`` (:func:`search_sort`:
+    then by rank; an order by time ranks every match, not only the most recent ones).
     Archived generations are left out unless ``include_inactive``. Any text is a valid query;
     one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an index
     proves damaged (the caller detaches it and searches again with ``use_index=False``).
     """
     plan = plan_search(query)
-    limit, offset = max(int(limit), 0), max(int(offset), 0)
+    limit, offset, order = max(int(limit), 0), max(int(offset), 0), search_sort(sort)
     if plan is None or limit == 0:
         return []
     filters, params = search_filters(source_filter, exclude_sources, role_filter,
@@ -695,7 +746,7 @@ def search_messages(
     hits = None
     if use_index and index_state(conn).usable:
         try:
-            hits = _index_hits(conn, plan, filters, params, offset + limit)[offset:]
+            hits = _index_hits(conn, plan, filters, params, offset + limit, order)[offset:]
         except (sqlite3.Error, MemoryError) as exc:
             damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
             if damaged and damage_is_fts_only(conn, exc):
@@ -704,5 +755,5 @@ def search_messages(
                 raise
             hits = None  # a query the index refused: answer from canonical rows
     if hits is None:
-        hits = _like_hits(conn, plan, filters, params, limit, offset)
+        hits = _like_hits(conn, plan, filters, params, limit, offset, order)
     return [_add_context(conn, hit) for hit in hits[:limit]]

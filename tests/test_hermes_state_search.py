@@ -4,6 +4,7 @@ written is found, the result shape, ranking, filters and pagination on every rou
 from __future__ import annotations
 
 import itertools
+import random
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -478,7 +479,8 @@ def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
     plan = search.plan_search("鯨")
     assert plan is not None and plan.cjk_match is not None
     filters, params = search.search_filters(["cli"], None, ["user"], False)
-    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters)
+    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters,
+                                                               order="rank, m.id")
     with sqlite3.connect(db_path) as raw:
         steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, *params, 20))]
     raw.close()
@@ -504,3 +506,70 @@ def test_a_common_word_is_ranked_among_recent_matches_and_a_rare_one_over_everyt
     assert min(h["id"] for h in common) > oldest + 100
     everything = db.search_messages("alpha", limit=500)
     assert len(everything) == 201 and oldest in [h["id"] for h in everything]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorting by time
+# ---------------------------------------------------------------------------------------------
+
+
+def _timed_store(db: SessionDB, seed: int) -> dict[int, float]:
+    """Matches whose timestamps do not follow their ids (as after an import): Latin, CJK and
+    both in one row, some in a second session of another source; returns id -> timestamp."""
+    rng = random.Random(seed)
+    db.create_session("s1", "cli")
+    db.create_session("s2", "telegram")
+    stamps = {}
+    for n in range(300):
+        when = 1_700_000_000 + rng.randrange(10**7) + n / 1000
+        text = rng.choice(["alpha report", "東京の天気", "alpha 東京", "unrelated words"])
+        row = db.append_message(rng.choice(["s1", "s2"]), rng.choice(["user", "assistant"]),
+                                f"{text} {n}", timestamp=when)
+        stamps[row] = when
+    return stamps
+
+
+def _by_time(db: SessionDB, stamps: dict[int, float], needle: str, newest: bool) -> list[int]:
+    """The oracle: every row holding ``needle``, ordered by its timestamp."""
+    with db._lock:
+        rows = db._conn.execute("SELECT id, content FROM messages").fetchall()
+    ids = [row_id for row_id, content in rows if needle in content]
+    return sorted(ids, key=lambda i: stamps[i], reverse=newest)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_sort_by_time_orders_every_match_by_its_timestamp_on_every_route(
+    db: SessionDB, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "RANK_WINDOW_START", 16)  # the ranked window is small...
+    monkeypatch.setattr(search, "RANK_CANDIDATES", 8)
+    stamps = _timed_store(db, seed)
+    for needle in ("alpha", "東京"):
+        for sort, newest in (("newest", True), ("oldest", False)):
+            expected = _by_time(db, stamps, needle, newest)
+            assert len(expected) > 100
+            hits = db.search_messages(needle, limit=15, sort=sort)  # ...a sort sees them all
+            assert found(hits) == expected[:15], (needle, sort)
+            page = db.search_messages(needle, limit=10, offset=15, sort=sort)
+            assert found(page) == expected[15:25]
+            both = db.search_messages(needle, limit=500, sort=sort, source_filter=["telegram"])
+            with db._lock:
+                telegram = {r[0] for r in db._conn.execute(
+                    "SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id"
+                    " WHERE s.source = 'telegram'")}
+            assert found(both) == [i for i in expected if i in telegram]
+    mark_stale(db)  # the canonical route orders the same way
+    expected = _by_time(db, stamps, "alpha", False)
+    assert found(db.search_messages("alpha", limit=20, sort="oldest")) == expected[:20]
+    assert found(db.search_messages("alpha", limit=20, sort="newest")) == expected[::-1][:20]
+
+
+def test_sort_words_are_read_loosely_and_anything_else_ranks(db: SessionDB) -> None:
+    _timed_store(db, 4)
+    newest = found(db.search_messages("alpha", limit=30, sort="newest"))
+    assert found(db.search_messages("alpha", limit=30, sort="  NEWEST ")) == newest
+    ranked = found(db.search_messages("alpha", limit=30))
+    assert ranked != newest
+    for other in (None, "relevance", "best", 5, ""):
+        assert found(db.search_messages("alpha", limit=30, sort=other)) == ranked
+    assert search.search_sort(" Oldest") == "oldest" and search.search_sort([]) == "relevance"
