@@ -116,6 +116,7 @@ from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
 from hermes_state_workspace import workspace_key
 
 __all__ = [
+    "__version__",
     "SessionDB",
     "collect_profile_stats",
     "backup_state_db",
@@ -135,6 +136,9 @@ __all__ = [
     "workspace_key",
     *errors.__all__,
 ]
+
+#: The package version (the one place it is written: the build reads it from here).
+__version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
 T = TypeVar("T")
