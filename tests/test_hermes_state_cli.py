@@ -88,7 +88,7 @@ def test_doctor_on_a_fresh_home_reports_and_succeeds_without_creating_anything(
 ) -> None:
     result = cli(hermes_home, "doctor")
     assert result.returncode == 0, result.stderr
-    assert "no store yet" in result.stdout and "sqlite_version" in result.stdout
+    assert "no store yet" in result.stdout and "SQLite: " in result.stdout
     assert list(hermes_home.iterdir()) == []
 
 
