@@ -10,6 +10,12 @@ document on stdout for scripts. Exit status: 0 success, 1 failure (or, for check
 problem found), 2 bad usage. Advice on what to do next lives here, not in the library's
 exception messages.
 
+Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
+stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
+the question; without it, a stdin that is not a terminal refuses (exit 2) rather than delete
+unseen. What is deleted is bounded by what was listed (``prune_sessions(only_ids=...)``), so a
+session that qualifies only after the list was made is never deleted unseen.
+
 Output for people (tables cut to the terminal's width, local times with their UTC offset,
 counts and costs in words) is made by ``hermes_state_cli_format``. Every option's help states
 its default; values are checked by the argparse type functions here before anything is
@@ -400,19 +406,88 @@ def cmd_import(args: argparse.Namespace) -> int:
 # --- sessions: maintenance ----------------------------------------------------------------
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
-    with _writable(args) as db:
-        pruned = db.prune_sessions(args.older_than_days, source=args.source)
+# What a deletion's list holds of each session (the rows list_prune_candidates returns).
+DOOMED_FIELDS = (
+    "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+)
+def _doomed_summary(rows: Sequence[dict[str, Any]]) -> str:
+    messages = sum(r.get("message_count") or 0 for r in rows)
+    return f"{fmt.plural(len(rows), 'session')} ({fmt.plural(messages, 'message')})"
+
+
+class _NotConfirmed(Exception):
+    """A deletion nobody confirmed: stdin is not a terminal and ``--yes`` was not given."""
+
+
+def _confirm(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str) -> bool:
+    """Whether to delete ``rows``: ``--yes``, or ``y`` answered on the terminal after the list
+    (on stderr: stdout keeps the result). End of input is a no."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise _NotConfirmed(f"{what}: {_doomed_summary(rows)}; nothing deleted without "
+                            "confirmation and stdin is not a terminal: pass --yes to delete, "
+                            "or --dry-run to list them")
+    _print_lines(fmt.doomed_table(rows), sys.stderr)
+    print(f"{what}: {_doomed_summary(rows)}. Delete? [y/N] ", end="", file=sys.stderr,
+          flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _dry_run(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str) -> int:
     if args.json:
-        _print_json({"pruned": pruned})
+        _print_json({"dry_run": True, "sessions": rows,
+                     "messages": sum(r.get("message_count") or 0 for r in rows)})
     else:
-        print(f"pruned {pruned} session(s)")
+        if rows:
+            _print_lines(fmt.doomed_table(rows))
+        print(f"{what}: {_doomed_summary(rows)}; nothing deleted (--dry-run)")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    what = f"ended sessions idle for more than {args.older_than_days:g} days" + (
+        f" from {args.source}" if args.source else "")
+    with _read_only(args) as db:
+        doomed = db.list_prune_candidates(args.older_than_days, source=args.source)
+    if args.dry_run:
+        return _dry_run(args, doomed, f"would delete {what}")
+    if not doomed:
+        if args.json:
+            _print_json({"pruned": 0, "deleted": [], "kept": []})
+        else:
+            print(f"nothing to prune: no {what}")
+        return 0
+    if not _confirm(args, doomed, f"to delete: {what}"):
+        _warn("nothing deleted")
+        return 1
+    shown = [r["id"] for r in doomed]
+    with _writable(args) as db:
+        pruned = db.prune_sessions(args.older_than_days, source=args.source, only_ids=shown)
+        kept = [sid for sid in shown if db.get_session(sid) is not None]
+    deleted = [sid for sid in shown if sid not in set(kept)]
+    if args.json:
+        _print_json({"pruned": pruned, "deleted": deleted, "kept": kept})
+    else:
+        print(f"deleted {fmt.plural(pruned, 'session')}")
+        if kept:
+            print(f"kept {fmt.plural(len(kept), 'listed session')} that changed since the list "
+                  f"was made (new activity or live work): {', '.join(kept)}")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with _writable(args) as db:
+    with _read_only(args) as db:
         session_id = _resolve_session(db, args.session)
+        row = db.get_session(session_id) or {"id": session_id}
+    session = {key: row.get(key) for key in DOOMED_FIELDS}
+    what = f"session {session_id} and its messages (its child sessions are kept)"
+    if args.dry_run:
+        return _dry_run(args, [session], f"would delete {what}")
+    if not _confirm(args, [session], f"to delete: {what}"):
+        _warn("nothing deleted")
+        return 1
+    with _writable(args) as db:
         deleted = db.delete_session(session_id)
     if args.json:
         _print_json({"session_id": session_id, "deleted": deleted})
@@ -848,6 +923,13 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                         help="print one JSON document for scripts")
 
 
+def _deletion_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list what would be deleted and delete nothing")
+    parser.add_argument("--yes", "-y", action="store_true",
+                        help="delete without asking (needed when stdin is not a terminal)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=_HelpFormatter)
@@ -910,14 +992,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("jsonl", "json"),
                    help="the file's format (default: from its name or first line)")
 
-    p = command(ssub, "prune", cmd_prune, "delete ended sessions idle for some days")
+    p = command(ssub, "prune", cmd_prune,
+                "delete ended sessions idle for some days; lists them and asks first")
     p.add_argument("--older-than-days", type=days_arg, default=90, metavar="DAYS",
                    help="idle for more than this many days (last message, else start)")
     p.add_argument("--source", help="only sessions of this source (default: all)")
+    _deletion_options(p)
 
     p = command(ssub, "delete", cmd_delete,
-                "delete one session and its messages (its children are kept)")
+                "delete one session and its messages (its children are kept); asks first")
     p.add_argument("session", help="id, unique id prefix or title")
+    _deletion_options(p)
 
     p = command(ssub, "stats", cmd_stats, "counts, tokens and cost (read-only)")
     p.add_argument("--all-profiles", action="store_true",
@@ -1003,6 +1088,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
         _warn("interrupted")
         return 130
+    except _NotConfirmed as exc:
+        _warn(str(exc))
+        return 2
     except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
         _warn(str(exc))
         try:

@@ -108,6 +108,26 @@ def test_a_write_protected_wal_refuses_the_open_and_is_left_as_it_was(db_path: P
     assert file_state(db_path) == before and stat.S_IMODE(wal.stat().st_mode) == 0o444
 
 
+def test_the_command_line_refuses_to_delete_from_a_write_protected_store(
+    db_path: Path, hermes_home: Path
+) -> None:
+    a_store(db_path)
+    db_path.chmod(0o444)
+    before = file_state(db_path)
+    args = ["-m", "hermes_state_cli", "--db", str(db_path)]
+    refused = run_as_owner(*args, "sessions", "delete", "s1", "--yes")
+    assert refused.returncode == 1
+    assert "write-protected" in refused.stderr and "Traceback" not in refused.stderr
+    # The listing's read-only open may leave an empty -wal (SQLite's own); no byte is written.
+    assert file_state(db_path)["state.db"] == before["state.db"]
+    wal = db_path.with_name("state.db-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    assert stat.S_IMODE(db_path.stat().st_mode) == 0o444
+    listed = run_as_owner(*args, "sessions", "list", "--format", "jsonl")
+    assert listed.returncode == 0, listed.stderr
+    assert '"id": "s1"' in listed.stdout
+
+
 def test_sqlite_refusing_a_write_is_a_typed_error(db_path: Path) -> None:
     a_store(db_path)
     with SessionDB(db_path) as db:
