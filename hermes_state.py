@@ -79,6 +79,7 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_compression_failures as compression_failures
+import hermes_state_context_window as context_window
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
@@ -88,6 +89,7 @@ import hermes_state_peers as peers
 import hermes_state_portability as portability
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
+import hermes_state_rewind as rewind
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_session_model as session_model
@@ -106,6 +108,7 @@ from hermes_state_common import (
 )
 import hermes_state_errors as errors
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
+from hermes_state_async import AsyncSessionDB
 from hermes_state_portability import (
     backup_state_db,
     recover_state_db,
@@ -113,11 +116,14 @@ from hermes_state_portability import (
     restore_state_db,
 )
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_wal import apply_wal_with_fallback
 from hermes_state_workspace import workspace_key
 
 __all__ = [
     "__version__",
     "SessionDB",
+    "AsyncSessionDB",
+    "apply_wal_with_fallback",
     "collect_profile_stats",
     "backup_state_db",
     "restore_state_db",
@@ -971,12 +977,17 @@ class SessionDB:
         return rows
 
     def get_messages_as_conversation(
-        self, session_id: str, include_ancestors: bool = False, include_row_ids: bool = False
+        self,
+        session_id: str,
+        include_ancestors: bool = False,
+        include_inactive: bool = False,
+        *,
+        include_row_ids: bool = False,
     ) -> list[dict[str, Any]]:
-        """The OpenAI-format replay list of the session's active rows; ``include_ancestors``
-        prepends its lineage, root first; ``_row_id`` on request."""
+        """The OpenAI-format replay list of the session (see
+        hermes_state_messages.read_conversation); ``_row_id`` on request."""
         turns, newest = self._read(lambda c: messages.read_conversation(
-            c, session_id, include_ancestors, include_row_ids))
+            c, session_id, include_ancestors, include_inactive, include_row_ids=include_row_ids))
         for read_id, newest_id in newest.items():
             self._seen.saw(read_id, newest_id)
         return turns
@@ -985,15 +996,27 @@ class SessionDB:
         self,
         session_id: str,
         messages: Iterable[Mapping[str, Any]],
+        active_only: bool = False,
         *,
         seen_through_id: int | None = None,
-    ) -> list[int]:
-        """Replace the session's active generation (see hermes_state_messages.replace_messages);
-        with no ``seen_through_id``, the newest row this handle read or wrote is the bound."""
+    ) -> None:
+        """Replace the session's messages, only its live ones with ``active_only`` (see
+        hermes_state_messages.replace_messages); with no ``seen_through_id``, the newest row
+        this handle read or wrote is the bound."""
         bound = self._seen.bound(session_id, seen_through_id)
-        ids = self._replace_messages(session_id, messages, seen_through_id=bound)
+        ids = self._replace_messages(session_id, messages, active_only, seen_through_id=bound)
         self._seen.rewrote(session_id, ids)
-        return ids
+
+    has_archived_messages = _reads(messages.has_archived_messages)
+    has_platform_message_id = _reads(messages.has_platform_message_id)
+
+    # --- rewind and context windows -----------------------------------------------------------
+
+    list_recent_user_messages = _reads(rewind.list_recent_user_messages)
+    rewind_to_message = _writes(rewind.rewind_to_message, "transcript")
+    restore_rewound = _writes(rewind.restore_rewound, "transcript")
+    get_messages_around = _reads(context_window.get_messages_around)
+    get_anchored_view = _reads(context_window.get_anchored_view)
 
     # --- titles -------------------------------------------------------------------------------
 

@@ -6,10 +6,13 @@ condition only; advice on what to do next belongs to the command line, not to th
 
 SQLite errors are classified by result code (``sqlite_errorcode``, the extended code), never by
 message text: message text changes between SQLite versions and locales, result codes do not.
+The one exception is :func:`is_malformed_db_error`, a helper for errors callers meet on their
+own ``sqlite3`` connections, whose contract is the message text (see there).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +51,7 @@ __all__ = [
     "is_hot_journal_error",
     "hot_journal_error",
     "HOT_JOURNAL_REASON",
+    "is_malformed_db_error",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -385,3 +389,25 @@ def is_disk_full_error(exc: BaseException) -> bool:
     """True for SQLITE_FULL (the disk or ``max_page_count`` is exhausted)."""
     code = _error_code(exc)
     return code is not None and (code & 0xFF) == SQLITE_FULL
+
+
+# The two texts SQLite gives a damaged file's errors, as callers' own tooling keys on them.
+_MALFORMED_TEXTS = ("malformed database schema", "database disk image is malformed")
+
+
+def is_malformed_db_error(exc: BaseException) -> bool:
+    """True for a ``sqlite3.DatabaseError`` whose text contains ``malformed database schema`` or
+    ``database disk image is malformed`` (case-insensitive).
+
+    For errors from the caller's own raw ``sqlite3`` connections (a doctor deciding whether a
+    schema repair is worth trying); the library's own errors are already typed
+    (:class:`StateDbCorruptError`). Unlike every other test here it matches text, because the
+    text is its contract: callers hand it errors their own code may have re-raised from a
+    message (no result code kept) and key their repair on exactly these two texts. A result
+    code would also take in ``file is not a database`` (``SQLITE_NOTADB``), which no schema
+    repair can help.
+    """
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    text = str(exc).lower()
+    return any(marker in text for marker in _MALFORMED_TEXTS)

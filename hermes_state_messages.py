@@ -11,9 +11,15 @@
   never count as a resume.
 * A reasoning-only successful reply keeps ``content`` empty; its text lives in
   ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
-* :func:`conversation` is the OpenAI-format replay list: ``content`` is ``api_content`` when the
-  bytes sent differ from ``content``; each turn carries its ``message_uid`` and the runtime
-  ``_``-keys; display metadata stays out.
+* :func:`get_messages_as_conversation` is the OpenAI-format replay list, in the row keys of the
+  previous store (``timestamp``, ``tool_name``, ``message_id`` for the platform's id,
+  ``observed``, ``effect_disposition``; an empty ``reasoning`` is not restored): ``content`` is
+  ``api_content`` when the bytes sent differ from ``content`` — replay is byte-exact, nothing is
+  stripped from the text; each turn carries its ``message_uid`` and the runtime ``_``-keys;
+  display metadata stays out. Two kinds of turn are left out of it: the prompt of a background
+  review with the reply to it, and, across a lineage, a prompt a continuation replays.
+* :func:`replace_messages` removes a session's rows (only the live ones with ``active_only``)
+  and writes the given ones by the insert rules callers rely on (:func:`replacement_fields`).
 
 **What the caller saw.** Rewriting a session's live rows (:func:`replace_messages` here,
 ``archive_and_compact`` in ``hermes_state_compression``) is done by a caller that read the
@@ -27,7 +33,9 @@ it knows, and counts as seen. Every other row above the bound stays live after t
 :func:`take_unseen` lifts it out (every column but ``id``) before the rewrite and
 :func:`put_back` inserts it again afterwards, in its order, so it keeps its ``message_uid``,
 timestamp, tool-call uids and flags and only its physical id changes (as any copy's does), and
-the FTS triggers follow both steps. ``None`` means the caller vouches for every row present.
+the FTS triggers follow both steps. A replacement that removes every row (not
+``active_only``) removes archived and rewound rows only up to the bound; those above it stay as
+they are. ``None`` means the caller vouches for every row present.
 
 :class:`SeenThrough` is what a handle remembers when its caller passes no bound: per session,
 the newest id it read or wrote (see the class).
@@ -35,13 +43,15 @@ the newest id it read or wrote (see the class).
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
 import re
 import sqlite3
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
@@ -58,15 +68,22 @@ __all__ = [
     "insert_message",
     "append_message",
     "append_located",
+    "SELECT_MESSAGES_SQL",
+    "BACKGROUND_REVIEW_PROMPTS",
     "get_messages",
     "newest_id",
+    "decode_content",
+    "hydrated_message",
     "get_messages_as_conversation",
     "read_conversation",
     "message_fields",
     "check_bound",
     "take_unseen",
     "put_back",
+    "replacement_fields",
     "replace_messages",
+    "has_archived_messages",
+    "has_platform_message_id",
     "tool_call_count_of",
 ]
 
@@ -370,98 +387,215 @@ def newest_id(rows: Iterable[Mapping[str, Any]]) -> int:
     return max((int(r["id"]) for r in rows), default=0)
 
 
+# Structured content (a list of parts, a dict) as the previous store wrote it: JSON text after
+# one of these prefixes, of one length (the older one used a NUL). This store writes text only.
+STRUCTURED_CONTENT_PREFIXES = ("\x01json:", "\x00json:")
+
+
+def decode_content(content: Any) -> Any:
+    """A message's ``content`` as its writer gave it: text as it is, structured content written
+    by the previous store decoded back to its list or dict (text that does not decode stays)."""
+    if isinstance(content, str) and content.startswith(STRUCTURED_CONTENT_PREFIXES):
+        try:
+            return json.loads(content[len(STRUCTURED_CONTENT_PREFIXES[0]):])
+        except ValueError:
+            return content
+    return content
+
+
+def hydrated_message(row: Sequence[Any]) -> dict[str, Any]:
+    """A full row (``SELECT_MESSAGES_SQL``) as :func:`get_messages` returns it, with structured
+    content decoded and ``tool_calls`` that are not JSON read as ``[]``."""
+    message = row_to_message(row)
+    message["content"] = decode_content(message["content"])
+    if isinstance(message["tool_calls"], str):  # decode_json keeps text that does not parse
+        message["tool_calls"] = []
+    return message
+
+
+# A session's rows for replay, live ones only unless the second parameter is true.
 CONVERSATION_SQL = """
 SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, finish_reason,
        reasoning, reasoning_content, reasoning_details, codex_reasoning_items,
-       codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid
-FROM messages WHERE session_id = ? AND active = 1 ORDER BY id
+       codex_message_items, message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid,
+       timestamp, platform_message_id, observed, effect_disposition
+FROM messages WHERE session_id = ? AND (active = 1 OR ?) ORDER BY id
 """
+
+#: How the prompts of a background review (of the skill library, of memory) begin. Older agents
+#: wrote those turns into the session they reviewed; replaying them would take the session over.
+BACKGROUND_REVIEW_PROMPTS = (
+    "Review the conversation above and update the skill library",
+    "Review the conversation above and consider saving to memory",
+)
 
 
 def get_messages_as_conversation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_ancestors: bool = False,
+    include_inactive: bool = False,
+    *,
     include_row_ids: bool = False,
 ) -> list[dict[str, Any]]:
-    """The OpenAI-format replay list of the session's active rows (see the module docstring);
-    ``include_ancestors=True`` prepends its lineage, root first; ``_row_id`` on request."""
-    return read_conversation(conn, session_id, include_ancestors, include_row_ids)[0]
+    """The OpenAI-format replay list of the session (see :func:`read_conversation`)."""
+    return read_conversation(
+        conn, session_id, include_ancestors, include_inactive, include_row_ids=include_row_ids
+    )[0]
 
 
 def read_conversation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_ancestors: bool = False,
+    include_inactive: bool = False,
+    *,
     include_row_ids: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """:func:`get_messages_as_conversation`, and the newest row id it returned of each session
-    it read (0 for none)."""
+    """The replay list of the session's live rows (every row with ``include_inactive``), and
+    the newest row id it returned of each session it read (0 for none).
+
+    ``include_ancestors`` puts the sessions of its parent chain first, root first, and shows a
+    prompt replayed into a continuation once: a user turn whose content equals one since the
+    last assistant turn with content or tool calls is left out. A background-review prompt
+    (:data:`BACKGROUND_REVIEW_PROMPTS`, a user or system turn) is left out with the assistant
+    turn right after it and the tool results answering that turn's calls. ``_row_id`` on
+    request."""
     ids = [session_id]
     if include_ancestors:
         ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
-    return conversation(conn, ids, include_row_ids=include_row_ids)
-
-
-def conversation(
-    conn: sqlite3.Connection, session_ids: Iterable[str], *, include_row_ids: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The OpenAI-format replay list of the sessions' active rows, in the order given, and
-    the newest row id it holds of each session (0 for none)."""
-    out: list[dict[str, Any]] = []
-    newest: dict[str, int] = {}
-    for session_id in session_ids:
-        caller_uids: dict[str, Any] = {}
-        seen_results: dict[str, int] = {}
-        newest[session_id] = 0
-        for (
-            row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
-            finish_reason, reasoning, reasoning_content, reasoning_details,
-            codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
-            call_uid,
-        ) in conn.execute(CONVERSATION_SQL, (session_id,)):
-            turn: dict[str, Any] = {
-                "role": role,
-                "content": content if api_content is None else api_content,
-            }
-            if tool_calls is not None:
-                turn["tool_calls"] = decode_json(tool_calls)
-            if tool_call_id is not None:
-                turn["tool_call_id"] = tool_call_id
-            if role == "tool" and tool_name is not None:
-                turn["name"] = tool_name
-            if role == "assistant":
-                if finish_reason is not None:
-                    turn["finish_reason"] = finish_reason
-                if reasoning is not None:
-                    turn["reasoning"] = reasoning
-                if reasoning_content is not None:
-                    turn["reasoning_content"] = reasoning_content
-                if reasoning_details is not None:
-                    turn["reasoning_details"] = decode_json(reasoning_details)
-                if codex_reasoning_items is not None:
-                    turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
-                if codex_message_items is not None:
-                    turn["codex_message_items"] = decode_json(codex_message_items)
-            turn["message_uid"] = message_uid
-            if absorbed is not None:
-                turn["_absorbed_message_uids"] = decode_json(absorbed)
-            if call_uids is not None:
-                caller_uids = decode_json(call_uids)
-                seen_results = {}
-                turn["_tool_call_uids"] = caller_uids
-            if role == "tool" and tool_call_id is not None:
-                occurrence = seen_results.get(tool_call_id, 0)
-                seen_results[tool_call_id] = occurrence + 1
-                if call_uid is None and isinstance(caller_uids, dict):
-                    call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
-            if call_uid is not None:
-                turn["_tool_call_uid"] = call_uid
-            if include_row_ids:
-                turn["_row_id"] = row_id
-            newest[session_id] = row_id
-            out.append(turn)
+    read = [(sid, row_id, turn) for sid in ids
+            for row_id, turn in _turns(conn, sid, include_inactive)]
+    read = _without_review_turns(read)
+    if include_ancestors:
+        read = _without_replayed_prompts(read)
+    newest = dict.fromkeys(ids, 0)
+    out = []
+    for sid, row_id, turn in read:
+        newest[sid] = max(newest[sid], row_id)
+        if include_row_ids:
+            turn["_row_id"] = row_id
+        out.append(turn)
     return out, newest
+
+
+def _turns(
+    conn: sqlite3.Connection, session_id: str, include_inactive: bool
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row id, replay turn) of each row of one session, in order.
+
+    ``content`` is ``api_content`` when the bytes sent differ; each turn carries its
+    ``message_uid`` and the runtime ``_``-keys; display metadata stays out. Optional keys
+    appear only when the row has a value: ``reasoning`` only when non-empty, ``observed`` only
+    when true; reasoning and ``codex_*`` items, and ``finish_reason``, only on assistant turns."""
+    caller_uids: dict[str, Any] = {}
+    seen_results: dict[str, int] = {}
+    for (
+        row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
+        finish_reason, reasoning, reasoning_content, reasoning_details,
+        codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
+        call_uid, timestamp, platform_message_id, observed, effect_disposition,
+    ) in conn.execute(CONVERSATION_SQL, (session_id, int(bool(include_inactive)))):
+        turn: dict[str, Any] = {
+            "role": role,
+            "content": decode_content(content) if api_content is None else api_content,
+            "timestamp": timestamp,
+        }
+        if tool_calls is not None:
+            turn["tool_calls"] = decode_json(tool_calls)
+        if tool_call_id is not None:
+            turn["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            turn["tool_name"] = tool_name
+        if effect_disposition is not None:
+            turn["effect_disposition"] = effect_disposition
+        if platform_message_id is not None:
+            turn["message_id"] = platform_message_id
+        if observed:
+            turn["observed"] = True
+        if role == "assistant":
+            if finish_reason is not None:
+                turn["finish_reason"] = finish_reason
+            if reasoning:
+                turn["reasoning"] = reasoning
+            if reasoning_content is not None:
+                turn["reasoning_content"] = reasoning_content
+            if reasoning_details is not None:
+                turn["reasoning_details"] = decode_json(reasoning_details)
+            if codex_reasoning_items is not None:
+                turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
+            if codex_message_items is not None:
+                turn["codex_message_items"] = decode_json(codex_message_items)
+        turn["message_uid"] = message_uid
+        if absorbed is not None:
+            turn["_absorbed_message_uids"] = decode_json(absorbed)
+        if call_uids is not None:
+            caller_uids = decode_json(call_uids)
+            seen_results = {}
+            turn["_tool_call_uids"] = caller_uids
+        if role == "tool" and tool_call_id is not None:
+            occurrence = seen_results.get(tool_call_id, 0)
+            seen_results[tool_call_id] = occurrence + 1
+            if call_uid is None and isinstance(caller_uids, dict):
+                call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
+        if call_uid is not None:
+            turn["_tool_call_uid"] = call_uid
+        yield row_id, turn
+
+
+_Read = list[tuple[str, int, dict[str, Any]]]
+
+
+def _is_review_prompt(turn: Mapping[str, Any]) -> bool:
+    content = turn["content"]
+    return (
+        turn["role"] in ("user", "system")
+        and isinstance(content, str)
+        and content.lstrip().startswith(BACKGROUND_REVIEW_PROMPTS)
+    )
+
+
+def _without_review_turns(read: _Read) -> _Read:
+    """Leave out each background-review prompt, the assistant turn right after it, and the tool
+    results that answer that turn's calls (a result without its call breaks a replay)."""
+    out: _Read = []
+    after_prompt = False
+    dropped_calls: list[str] = []
+    for entry in read:
+        turn = entry[2]
+        if _is_review_prompt(turn):
+            after_prompt = True
+            continue
+        if after_prompt and turn["role"] == "assistant":
+            after_prompt = False
+            dropped_calls = _tool_call_ids(turn.get("tool_calls"))
+            continue
+        after_prompt = False
+        if turn["role"] == "tool" and turn.get("tool_call_id") in dropped_calls:
+            continue
+        if turn["role"] != "tool":
+            dropped_calls = []
+        out.append(entry)
+    return out
+
+
+def _without_replayed_prompts(read: _Read) -> _Read:
+    """Leave out a user turn whose content equals a user turn's since the last assistant turn
+    with content or tool calls: the prompt a continuation replays shows once."""
+    out: _Read = []
+    pending: list[Any] = []
+    for entry in read:
+        turn = entry[2]
+        if turn["role"] == "user" and turn["content"] is not None:
+            if turn["content"] in pending:
+                continue
+            pending.append(turn["content"])
+        elif turn["role"] == "assistant" and (turn["content"] or turn.get("tool_calls")):
+            pending = []
+        out.append(entry)
+    return out
 
 
 # --- rewriting -------------------------------------------------------------------------------
@@ -476,14 +610,17 @@ _IGNORED_KEYS = frozenset({"_row_id", "id", "session_id"})
 
 
 def message_fields(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The insert fields of a message dict in append, export or replay format."""
+    """The insert fields of a message dict in append, export or replay format (the replay's
+    ``message_id`` is the platform's id, used when ``platform_message_id`` has none)."""
     fields: dict[str, Any] = {}
     for key, value in message.items():
-        if key in _IGNORED_KEYS:
+        if key in _IGNORED_KEYS or key == "message_id":
             continue
         if key == "name":
             key = "tool_name"
         fields[_CONVERSATION_ALIASES.get(key, key)] = value
+    if not fields.get("platform_message_id") and message.get("message_id") is not None:
+        fields["platform_message_id"] = message["message_id"]
     return fields
 
 
@@ -555,38 +692,194 @@ def put_back(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> tuple
     return count, calls
 
 
+# What a message keeps only on an assistant row.
+_ASSISTANT_ONLY_FIELDS = (
+    "reasoning",
+    "reasoning_content",
+    "reasoning_details",
+    "codex_reasoning_items",
+    "codex_message_items",
+)
+# The smallest step between two timestamps a rewrite stamps itself.
+_STAMP_STEP_S = 1e-6
+
+
+def _stamp(value: Any, index: int) -> float | None:
+    """A message's own timestamp as epoch seconds (None: it has none)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(
+            f"messages[{index}].timestamp must be a number or a datetime, "
+            f"got {type(value).__name__}"
+        )
+    if not math.isfinite(value):
+        raise InvalidInputError(f"messages[{index}].timestamp must be finite, got {value!r}")
+    return float(value)
+
+
+def _platform_id(value: Any, index: int) -> str | None:
+    if value is None or value == "":
+        return None  # no id (nor a ``message_id`` to fall back on)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # platforms that number their messages
+    raise InvalidInputError(
+        f"messages[{index}] has a platform message id of type {type(value).__name__}"
+    )
+
+
+def _tool_calls(value: Any) -> Any:
+    """Tool calls given as JSON text (a stored row passed back) are read as JSON; text that is
+    not JSON is no tool call."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return []
+
+
+def _given_calls(tool_calls: Any) -> int:
+    """Tool calls a written message counts for: a list its length, any other value one."""
+    if tool_calls is None:
+        return 0
+    return len(tool_calls) if isinstance(tool_calls, (list, tuple)) else 1
+
+
+def replacement_fields(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The insert fields of the messages :func:`replace_messages` writes, by the rules callers
+    of the previous store rely on:
+
+    * ``role`` defaults to ``'unknown'``;
+    * a message's own ``timestamp`` (a number or a ``datetime``) is kept; one without is stamped
+      now, or 1 µs after the previous message's when that is later, so order survives;
+    * reasoning fields and ``codex_*`` items are kept on assistant rows only;
+    * the platform's id is ``platform_message_id``, else ``message_id`` (an int becomes text);
+    * ``tool_calls`` given as JSON text is parsed;
+    * ``_``-prefixed keys the store has no field for are runtime markers and are not stored;
+      any other unknown key is refused.
+
+    Anything else malformed raises :class:`InvalidInputError` before a row is written."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidInputError(
+            f"messages must be a list of message dicts, got {type(messages).__name__}"
+        )
+    clock = now()
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidInputError(
+                f"messages[{index}] must be a dict, got {type(message).__name__}"
+            )
+        fields = {key: value for key, value in message_fields(message).items()
+                  if key in MESSAGE_FIELDS or not key.startswith("_")}
+        unknown = sorted(set(fields) - set(MESSAGE_FIELDS))
+        if unknown:
+            raise InvalidInputError(f"messages[{index}] has unknown fields: {', '.join(unknown)}")
+        role = fields.get("role")
+        if role is None:
+            role = fields["role"] = "unknown"
+        elif not isinstance(role, str) or not role:
+            raise InvalidInputError(f"messages[{index}].role must be a non-empty string")
+        stamp = _stamp(fields.get("timestamp"), index)
+        fields["timestamp"] = clock if stamp is None else stamp
+        clock = max(clock, fields["timestamp"]) + _STAMP_STEP_S
+        if role != "assistant":
+            for name in _ASSISTANT_ONLY_FIELDS:
+                fields.pop(name, None)
+        if "platform_message_id" in fields:
+            fields["platform_message_id"] = _platform_id(fields["platform_message_id"], index)
+        if "tool_calls" in fields:
+            fields["tool_calls"] = _tool_calls(fields["tool_calls"])
+        out.append(fields)
+    return out
+
+
+# The rows a replacement removes: the live ones, and with :every_row also the archived and
+# rewound ones up to :bound (rows above it are not the caller's to remove).
+DELETE_REPLACED_SQL = """
+DELETE FROM messages
+WHERE session_id = :session_id AND (active = 1 OR (:every_row AND id <= :bound))
+"""
+
+
 def replace_messages(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     messages: Iterable[Mapping[str, Any]],
+    active_only: bool = False,
     *,
     seen_through_id: int | None = None,
 ) -> list[int]:
-    """Replace the active generation of a session (the caller's transaction); returns the ids
-    of the rows written for ``messages``, in order.
+    """Replace the messages of a session (the caller's transaction); returns the ids of the
+    rows written for ``messages``, in order.
 
-    Each message keeps the ``message_uid`` it carries (a new one is issued only where none is
-    given); archived generations are left alone. Live rows the caller did not see — above
-    ``seen_through_id``, their uid not among ``messages`` — are not deleted: they stay live
-    after the new rows (see the module docstring); None covers every row present. The
-    counters are recomputed from the live rows, as appending would have left them; rows given
-    with ``active=False`` join the archive and count for nothing.
+    Removes the session's rows — only the live ones (``active = 1``) with ``active_only``,
+    keeping rewound and compaction-archived rows — and inserts ``messages`` as new rows by the
+    rules of :func:`replacement_fields`, each keeping the ``message_uid`` it carries (a new one
+    is issued only where none is given). Rows the caller did not see are never removed: live
+    rows above ``seen_through_id`` whose uid is not among ``messages`` stay live after the new
+    rows (see the module docstring), archived and rewound rows above it stay as they are; None
+    covers every row present. ``message_count`` becomes the number of live rows written (rows
+    given with ``active=False`` join the archive and count for nothing) and ``tool_call_count``
+    their tool calls (a list counts its length, any other value one), plus the rows kept live.
     """
     bound = check_bound(seen_through_id)
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
-    given = [message_fields(message) for message in messages]
+    given = replacement_fields(messages)
     unseen = take_unseen(conn, session_id, bound, given)
-    conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+    conn.execute(DELETE_REPLACED_SQL, {
+        "session_id": session_id,
+        "every_row": not active_only,
+        "bound": _MAX_ROW_ID if bound is None else bound,
+    })
     ids, active, calls = [], 0, 0
     for fields in given:
         ids.append(insert_message(conn, session_id, fields, count=False))
         if fields.get("active") is None or fields.get("active"):
             active += 1
-            calls += tool_call_count_of(str(fields.get("role")), fields.get("tool_calls"))
+            calls += _given_calls(fields.get("tool_calls"))
     kept, kept_calls = put_back(conn, unseen)
     conn.execute(RECOUNT_SQL, (active + kept, calls + kept_calls, session_id))
     return ids
+
+
+# Whether any row of a session is out of the live transcript (rewound or archived).
+HAS_ARCHIVED_SQL = "SELECT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND active = 0)"
+
+
+def has_archived_messages(conn: sqlite3.Connection, /, session_id: str) -> bool:
+    """True when any row of the session has ``active = 0`` (rewound or compaction-archived);
+    False for a session without such rows or without any."""
+    return bool(conn.execute(HAS_ARCHIVED_SQL, (session_id,)).fetchone()[0])
+
+
+# Whether any row of a session, live or not, carries a platform's message id.
+HAS_PLATFORM_ID_SQL = """
+SELECT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND platform_message_id = ?)
+"""
+
+
+def has_platform_message_id(
+    conn: sqlite3.Connection, /, session_id: str, platform_message_id: str
+) -> bool:
+    """True when any row of the session, active or not, has that ``platform_message_id`` (the
+    check before re-persisting a user turn after a transient failure). An empty or None id is
+    no id: False; an int is compared as its text."""
+    if platform_message_id is None or platform_message_id == "":
+        return False
+    if isinstance(platform_message_id, bool) or not isinstance(platform_message_id, (str, int)):
+        raise InvalidInputError(
+            f"platform_message_id must be a string, got {type(platform_message_id).__name__}"
+        )
+    params = (session_id, str(platform_message_id))
+    return bool(conn.execute(HAS_PLATFORM_ID_SQL, params).fetchone()[0])
 
 
 # --- what a handle has seen ------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Many profiles in one process: one shared store per profile home, held by explicit owners.
 
-A gateway or ``hermes serve`` process serving several profiles keeps one store per profile home in a :class:`ProfileStoreRegistry`, each opened on
-``<profile home>/state.db`` and bound to that home (``store.profile_home``). Whatever is done
+A gateway or ``hermes serve`` process serving several profiles keeps one store per profile
+home in a :class:`ProfileStoreRegistry`, each opened on ``<profile home>/state.db`` and bound
+to that home (``store.profile_home``). Whatever is done
 for a profile — opening its store, reading its config (``profile_config_path``), building a
 child's environment (``child_process_env(home=store.profile_home)``), or assembling an agent
 inside :meth:`ProfileStoreRegistry.holding` — uses that home, never the default root, even when

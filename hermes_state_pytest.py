@@ -2,7 +2,8 @@
 
 It provides the ``live_system_guard_bypass`` marker of the test-isolation guard that lives
 beside it (``hermes_state_testguard``): a test carrying it may open the real default home's
-(or a real profile's) ``state.db``, which the guard otherwise refuses with ``RuntimeError``. Use it only for tests that must touch a live system.
+(or a real profile's) ``state.db``, which the guard otherwise refuses with ``RuntimeError``.
+Use it only for tests that must touch a live system.
 """
 
 from __future__ import annotations

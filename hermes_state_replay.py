@@ -7,7 +7,9 @@ here opens a database.
 ``reasoning_details``. :func:`route_reasoning_carriers` turns a replay list, as the store returns
 it, into a new provider-ready list in which every assistant turn re-sends the stored reasoning in
 the fields its route reads, and nothing else leaves the process: ``message_uid``, ``_``-prefixed
-runtime keys, display metadata, ``codex_*`` items and any other non-provider key are dropped.
+runtime keys, display metadata, ``codex_*`` items, the store's row metadata (``timestamp``,
+``message_id``, ``observed``, ``effect_disposition``) and any other non-provider key are
+dropped. A tool result's ``tool_name`` (the store's name for it) is sent as ``name``.
 When a turn carries ``api_content``, that exact string is sent as ``content`` (it is what went
 over the wire last time, kept byte for byte for the prompt cache). The route is one row of
 :data:`REASONING_ROUTES`, chosen in this order:
@@ -349,6 +351,9 @@ def _carried(message: Mapping[str, Any], carriers: AbstractSet[str], pad: bool) 
 
 def _provider_message(message: Mapping[str, Any]) -> dict[str, Any]:
     out = {key: copy.deepcopy(message[key]) for key in PROVIDER_KEYS if key in message}
+    tool_name = message.get("tool_name")
+    if message.get("role") == "tool" and "name" not in out and isinstance(tool_name, str):
+        out["name"] = tool_name
     api_content = message.get("api_content")
     if isinstance(api_content, str):
         out["content"] = api_content

@@ -779,14 +779,14 @@ def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: float) -> boo
     return True
 
 
-def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
-    """Delete every message of the session (all generations); the row stays, zeroed."""
+def clear_messages(conn: sqlite3.Connection, /, session_id: str) -> None:
+    """Delete every message of the session (all generations); the row stays, both counters
+    zeroed. An unknown session raises :class:`SessionNotFoundError`."""
     require_session(conn, session_id)
-    deleted = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
+    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
     conn.execute(
         "UPDATE sessions SET message_count = 0, tool_call_count = 0 WHERE id = ?", (session_id,)
     )
-    return deleted
 
 
 # Ended sessions whose last activity (latest message, else start) is before the cutoff.

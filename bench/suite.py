@@ -220,7 +220,7 @@ def bench_conversation(repeats: int, n_messages: int = 20_000) -> Figure:
             conn = raw_connect(path)
             start = time.perf_counter()
             out = []
-            for row in conn.execute(messages.CONVERSATION_SQL, ("long",)):
+            for row in conn.execute(messages.CONVERSATION_SQL, ("long", 0)):
                 row = list(row)
                 for i in RAW_CONVERSATION_JSON:
                     if row[i] is not None:

@@ -197,10 +197,11 @@ def test_deleting_rows_in_every_way_keeps_the_indexes_consistent(
 
 
 def test_replacing_messages_keeps_the_indexes_consistent(store: SessionDB) -> None:
-    new = store.replace_messages("s1", [
+    store.replace_messages("s1", [
         {"role": "user", "content": "replaced armadillo"},
         {"role": "assistant", "content": "大阪に変更"},
     ])
+    new = [m["id"] for m in store.get_messages("s1")]
     assert store.check_fts_integrity() == CLEAN
     assert ids(store.search_messages("armadillo")) == [new[0]]
     assert ids(store.search_messages("大阪")) == [new[1]]
@@ -368,7 +369,9 @@ def test_every_write_that_meets_a_damaged_index_detaches_it_and_succeeds(
         full_store.replace_messages("s1", [{"role": "user", "content": "replaced zebra"}])
         assert len(ids(full_store.search_messages("zebra"))) == 2
     elif write == "clear_messages":
-        assert full_store.clear_messages("s1") == 300
+        assert full_store.message_count("s1") == 300
+        assert full_store.clear_messages("s1") is None
+        assert full_store.message_count("s1") == 0
     else:
         assert full_store.delete_session("s1")
     assert not full_store.quarantined
@@ -411,8 +414,9 @@ def test_a_read_only_handle_answers_from_the_messages_and_writes_nothing(
 
 def test_a_rebuild_cut_short_is_finished_by_the_next_open(db: SessionDB, db_path: Path) -> None:
     db.create_session("s1", "cli")
-    rows = db.replace_messages("s1", [
+    db.replace_messages("s1", [
         {"role": "user", "content": f"row{n} 東京{n}"} for n in range(50)])
+    rows = [m["id"] for m in db.get_messages("s1")]
     db.close()
     rebuilder = raw(db_path)
     with common.transaction(rebuilder):

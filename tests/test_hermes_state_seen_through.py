@@ -172,12 +172,11 @@ def test_a_replacement_keeps_unseen_rows_live_after_the_rows_given(
     read = seed_session(db)
     later = append_elsewhere(db_path, "s", "late")
     given = [{**read[1], "active": False, "compacted": True}] if with_archived else []
-    ids = db.replace_messages("s", [*given, summary()], seen_through_id=read[-1]["id"])
+    assert db.replace_messages("s", [*given, summary()], seen_through_id=read[-1]["id"]) is None
 
     live = db.get_messages("s")
     assert [m["content"] for m in live] == ["summary", "late"]
     assert live[-1]["message_uid"] == later[0]["message_uid"]
-    assert len(ids) == len(given) + 1, "the ids of the rows given, not of the rows moved"
     archived = [m for m in db.get_messages("s", include_inactive=True) if not m["active"]]
     assert [(m["content"], m["compacted"]) for m in archived] == (
         [("question 1", True)] if with_archived else [])

@@ -461,7 +461,7 @@ def test_clear_messages_keeps_the_row_and_zeroes_counters(db: SessionDB) -> None
     db.append_message("s", "user", "a")
     db.append_message("s", "assistant", None, tool_calls=[{"id": "1"}, {"id": "2"}])
     db.append_message("other", "user", "untouched")
-    assert db.clear_messages("s") == 2
+    assert db.clear_messages("s") is None
     row = db.get_session("s")
     assert (row["message_count"], row["tool_call_count"], row["title"]) == (0, 0, "keep me")
     assert db.get_messages("s") == []
