@@ -239,6 +239,17 @@ def prepare_db_file(db_path: Path) -> bool:
     return created
 
 
+def _protected_mode(path: Path) -> int | None:
+    """The mode of ``path`` when it is a file that may not be written, else None."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode) or mode & stat.S_IWUSR and os.access(path, os.W_OK):
+        return None
+    return mode
+
+
 def refuse_write_protected(db_path: Path) -> None:
     """Raise :class:`StateDbReadOnlyError` when the database file or an existing sidecar may
     not be written: its owner took the write bit away, or this process may not write it
@@ -246,11 +257,9 @@ def refuse_write_protected(db_path: Path) -> None:
     process that could write anyway (root): a ``chmod a-w`` is the owner saying "no writes",
     and SQLite would otherwise write straight through it."""
     for path in (db_path, *sidecar_paths(db_path)):
-        try:
-            mode = path.lstat().st_mode
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(mode) and (not mode & stat.S_IWUSR or not os.access(path, os.W_OK)):
+        # os.access is False for a file gone since the lstat too (a sidecar another
+        # process's SQLite removed): only a second look that agrees refuses.
+        if _protected_mode(path) is not None and (mode := _protected_mode(path)) is not None:
             raise StateDbReadOnlyError(
                 f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}): the store is "
                 "not opened for writing and nothing was changed",
