@@ -43,6 +43,7 @@ import hermes_state_common as common
 import hermes_state_fileformat as ff
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
+import hermes_state_search as search
 from hermes_state import (
     SessionDB,
     __version__,
@@ -410,6 +411,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 DOOMED_FIELDS = (
     "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
 )
+
+
 def _doomed_summary(rows: Sequence[dict[str, Any]]) -> str:
     messages = sum(r.get("message_count") or 0 for r in rows)
     return f"{fmt.plural(len(rows), 'session')} ({fmt.plural(messages, 'message')})"
@@ -458,6 +461,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         else:
             print(f"nothing to prune: no {what}")
         return 0
+    common.refuse_write_protected(_resolve_db(args))  # before asking, not after
     if not _confirm(args, doomed, f"to delete: {what}"):
         _warn("nothing deleted")
         return 1
@@ -465,7 +469,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with _writable(args) as db:
         pruned = db.prune_sessions(args.older_than_days, source=args.source, only_ids=shown)
         kept = [sid for sid in shown if db.get_session(sid) is not None]
-    deleted = [sid for sid in shown if sid not in set(kept)]
+    deleted = sorted(set(shown) - set(kept))
     if args.json:
         _print_json({"pruned": pruned, "deleted": deleted, "kept": kept})
     else:
@@ -484,6 +488,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     what = f"session {session_id} and its messages (its child sessions are kept)"
     if args.dry_run:
         return _dry_run(args, [session], f"would delete {what}")
+    common.refuse_write_protected(_resolve_db(args))
     if not _confirm(args, [session], f"to delete: {what}"):
         _warn("nothing deleted")
         return 1
@@ -867,7 +872,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 _MAX_COUNT = 2**63 - 1
 # The roles messages are stored with.
 ROLES = ("user", "assistant", "system", "tool")
-SEARCH_SORTS = ("relevance", "newest", "oldest")
+SEARCH_SORTS = search.SORTS
 LIST_FORMATS = ("table", "json", "jsonl", "csv")
 
 

@@ -49,6 +49,8 @@ def a_store(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
         db.append_message("s1", "user", "before the chmod")
+        db.create_session("s0", "cli", started_at=0)
+        db.end_session("s0", "user_exit")
 
 
 APPEND = """
@@ -115,9 +117,11 @@ def test_the_command_line_refuses_to_delete_from_a_write_protected_store(
     db_path.chmod(0o444)
     before = file_state(db_path)
     args = ["-m", "hermes_state_cli", "--db", str(db_path)]
-    refused = run_as_owner(*args, "sessions", "delete", "s1", "--yes")
-    assert refused.returncode == 1
-    assert "write-protected" in refused.stderr and "Traceback" not in refused.stderr
+    commands = (["delete", "s1", "--yes"], ["delete", "s1"], ["prune", "-y"], ["prune"])
+    for command in commands:
+        refused = run_as_owner(*args, "sessions", *command)  # said before any question
+        assert refused.returncode == 1, (command, refused.stderr)
+        assert "write-protected" in refused.stderr and "Traceback" not in refused.stderr
     # The listing's read-only open may leave an empty -wal (SQLite's own); no byte is written.
     assert file_state(db_path)["state.db"] == before["state.db"]
     wal = db_path.with_name("state.db-wal")
