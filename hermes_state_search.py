@@ -483,13 +483,13 @@ SELECT {_HIT_COLUMNS.format(
     snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
 FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY {{order}} LIMIT ?
+ORDER BY rank, m.id LIMIT ?
 """
 CJK_SEARCH_SQL = f"""
 SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
 FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
 WHERE messages_fts_cjk MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY {{order}} LIMIT ?
+ORDER BY rank, m.id LIMIT ?
 """
 
 # Ranking costs time in proportion to the matches ranked, and a common word matches a large
@@ -502,6 +502,20 @@ ORDER BY {{order}} LIMIT ?
 RANK_WINDOW_START = 1024
 RANK_CANDIDATES = 256
 COUNT_IN_WINDOW_SQL = "SELECT COUNT(*) FROM {table} WHERE {table} MATCH ? AND rowid > ?"
+# A sort by time orders every match of an index (no window) by the message's time and rank:
+# only ids and ranks, since a snippet made by FTS5 for each match is what would cost; the
+# rows shown are then read by id and their snippets made from their text.
+TIMED_IDS_SQL = """
+SELECT m.id, bm25({table}) AS rank
+FROM {table} f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
+WHERE {table} MATCH ? {filters}
+ORDER BY {order} LIMIT ?
+"""
+HITS_BY_ID_SQL = f"""
+SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
+FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE m.id IN (SELECT value FROM json_each(?))
+"""
 NEWEST_MESSAGE_SQL = "SELECT COALESCE(MAX(id), 0) FROM messages"
 # One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
 # the exact, escaped conditions of the group then filter the canonical content.
@@ -523,8 +537,7 @@ ORDER BY {{order}} LIMIT ? OFFSET ?
 # trigram and canonical ones, give the newest first); "newest" and "oldest" order by the
 # message's timestamp, then rank, then id.
 SORTS = ("relevance", "newest", "oldest")
-_RANKED_ORDER = {
-    "relevance": "rank, m.id",
+_TIMED_ORDER = {
     "newest": "m.timestamp DESC, rank, m.id DESC",
     "oldest": "m.timestamp, rank, m.id",
 }
@@ -622,13 +635,9 @@ def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[st
 
 
 def _ranked_hits(
-    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int,
-    *, windowed: bool = True,
+    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
 ) -> list[dict[str, Any]]:
-    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above, or
-    over the whole history when not ``windowed`` (an order by time must see every match)."""
-    if not windowed:
-        return _hits(conn, sql, (match, 0, *params, wanted))
+    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
     newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
     count_sql = COUNT_IN_WINDOW_SQL.format(table=table)
     span = RANK_WINDOW_START
@@ -646,6 +655,23 @@ def _ranked_hits(
         span *= 4
 
 
+def _route_hits(
+    conn: sqlite3.Connection, table: str, template: str, match: str, filters: str,
+    params: list[str], wanted: int, sort: str,
+) -> list[dict[str, Any]]:
+    """The first ``wanted`` hits of ``match`` on one index (``template`` its hit query): the
+    best within the recency window, or, sorted by time, the first of every match. A hit whose
+    snippet FTS5 did not make carries its content there (see :func:`_snippet`)."""
+    if sort == "relevance":
+        return _ranked_hits(conn, table, template.format(filters=filters), match, params, wanted)
+    ids_sql = TIMED_IDS_SQL.format(table=table, filters=filters, order=_TIMED_ORDER[sort])
+    ranks = dict(conn.execute(ids_sql, (match, *params, wanted)).fetchall())
+    hits = _hits(conn, HITS_BY_ID_SQL, (json.dumps(list(ranks)),))
+    for hit in hits:
+        hit["rank"] = ranks[hit["id"]]
+    return sorted(hits, key=_sort_key(sort))
+
+
 def _index_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
     sort: str = "relevance",
@@ -653,19 +679,21 @@ def _index_hits(
     """Hits from the FTS indexes, best first, then trigram substring hits where those left the
     page short, newest first; with a ``sort`` by time, all of them in that order."""
     hits: list[dict[str, Any]] = []
-    ranked, windowed = _RANKED_ORDER[sort], sort == "relevance"
     if plan.fts_match:
-        sql = FTS_SEARCH_SQL.format(filters=filters, order=ranked)
-        hits += _ranked_hits(conn, "messages_fts", sql, plan.fts_match, params, wanted,
-                             windowed=windowed)
+        for hit in _route_hits(conn, "messages_fts", FTS_SEARCH_SQL, plan.fts_match, filters,
+                               params, wanted, sort):
+            if sort != "relevance":
+                hit["snippet"] = _snippet(conn, hit, plan.needles)
+            hits.append(hit)
     # Latin words glued to CJK text are tokens of messages_fts_cjk only: asked for there when
-    # messages_fts did not already fill the page, so a plain Latin search costs one query.
-    latin_glued = plan.latin_cjk_match if len(hits) < wanted else None
+    # messages_fts did not already fill the page, so a plain Latin search costs one query (a
+    # sort by time always asks: a glued match may be the newest).
+    short = len(hits) < wanted or sort != "relevance"
+    latin_glued = plan.latin_cjk_match if short else None
     cjk_match = " OR ".join(m for m in (plan.cjk_match, latin_glued) if m)
     if cjk_match:
-        sql = CJK_SEARCH_SQL.format(filters=filters, order=ranked)
-        for hit in _ranked_hits(conn, "messages_fts_cjk", sql, cjk_match, params, wanted,
-                                windowed=windowed):
+        for hit in _route_hits(conn, "messages_fts_cjk", CJK_SEARCH_SQL, cjk_match, filters,
+                               params, wanted, sort):
             hit["snippet"] = _snippet(conn, hit, plan.needles)
             hits.append(hit)
     hits.sort(key=_sort_key(sort))

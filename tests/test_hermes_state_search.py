@@ -479,8 +479,7 @@ def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
     plan = search.plan_search("鯨")
     assert plan is not None and plan.cjk_match is not None
     filters, params = search.search_filters(["cli"], None, ["user"], False)
-    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters,
-                                                               order="rank, m.id")
+    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters)
     with sqlite3.connect(db_path) as raw:
         steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, *params, 20))]
     raw.close()
@@ -550,6 +549,9 @@ def test_a_sort_by_time_orders_every_match_by_its_timestamp_on_every_route(
             assert len(expected) > 100
             hits = db.search_messages(needle, limit=15, sort=sort)  # ...a sort sees them all
             assert found(hits) == expected[:15], (needle, sort)
+            assert all(f"{search.MATCH_START}{needle}{search.MATCH_END}" in h["snippet"]
+                       for h in hits)
+            assert all(set(h) == RESULT_KEYS for h in hits)
             page = db.search_messages(needle, limit=10, offset=15, sort=sort)
             assert found(page) == expected[15:25]
             both = db.search_messages(needle, limit=500, sort=sort, source_filter=["telegram"])
