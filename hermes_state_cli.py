@@ -214,7 +214,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             offset=args.offset,
             include_archived=args.include_archived,
         )
-    form = "json" if args.json else args.format
+    form = args.format or ("json" if args.json else "table")
     if form == "json":
         _print_json(rows)
     elif form == "jsonl":
@@ -960,9 +960,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
     p.add_argument("--include-archived", action="store_true",
                    help="also list archived conversations")
-    p.add_argument("--format", choices=LIST_FORMATS, default="table",
+    p.add_argument("--format", choices=LIST_FORMATS,
                    help="table for people (cut to the terminal's width, COLUMNS), or json, "
-                        "jsonl, csv for scripts; --json is --format json")
+                        "jsonl, csv for scripts (default: table; --json is --format json)")
+    p.set_defaults(check=_check_list)
 
     p = command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
     p.add_argument("session", help="id, unique id prefix or title")
@@ -1070,6 +1071,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-only", action="store_true",
                    help="print Litestream's configuration instead of running it")
     return parser
+
+
+def _check_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.json and args.format not in (None, "json"):
+        parser.error(f"--json and --format {args.format} ask for different outputs")
 
 
 def _check_restore(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -98,7 +98,7 @@ def test_every_option_has_help_and_every_value_states_its_default() -> None:
             assert "default" in text, f"{name}: {text!r}"
     helps = {name.strip(): text for name, _, text in options}
     assert "(default: 20)" in helps["sessions list --limit"]
-    assert "(default: table)" in helps["sessions list --format"]
+    assert "(default: table;" in helps["sessions list --format"]
     assert "(default: relevance)" in helps["sessions search --sort"]
     assert "(default: 90)" in helps["sessions prune --older-than-days"]
     assert "(default: all)" in helps["sessions show --tail"]
@@ -222,6 +222,7 @@ def test_show_tail_shows_the_last_messages(titled: list[str]) -> None:
     (["sessions", "search", "x", "--role", "admin"], "argument --role: invalid choice"),
     (["sessions", "search", "x", "--sort", "random"], "argument --sort: invalid choice"),
     (["sessions", "list", "--format", "xml"], "argument --format: invalid choice"),
+    (["sessions", "list", "--json", "--format", "csv"], "--json and --format csv ask for"),
 ])
 def test_bad_values_are_refused_before_anything_is_opened(
     hermes_home: Path, args: list[str], message: str
