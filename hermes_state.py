@@ -1050,14 +1050,17 @@ class SessionDB:
         include_inactive: bool = False,
     ) -> list[dict[str, Any]]:
         """Full-text search over every session (see hermes_state_search.search_messages):
-        best matches first, or ``sort="newest"`` / ``"oldest"`` by the message's time.
+        relevance by FTS5's bm25(), or ``sort="newest"``/``"oldest"``; pages are slices of
+        one order.
 
         Never raises for any query text. An index found damaged is detached (``fts_stale``)
         and the search answers from canonical rows instead."""
         args = (query, source_filter, exclude_sources, role_filter, limit, offset, sort,
                 include_inactive)
         try:
-            return self._read(lambda c: search.search_messages(c, *args))
+            hits = self._read(lambda c: search.search_messages(c, *args))
+            search.note_index_damage(None if self.read_only or self.quarantined else self._write)
+            return hits
         except errors.FtsCorruptError:
             logger.warning("FTS index of %s damaged during a search; detaching it", self.path)
             if not self.read_only and not self.quarantined:

@@ -872,7 +872,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 _MAX_COUNT = 2**63 - 1
 # The roles messages are stored with.
 ROLES = ("user", "assistant", "system", "tool")
-SEARCH_SORTS = search.SORTS
+SEARCH_SORTS = ("relevance", *search.SORTS)
 LIST_FORMATS = ("table", "json", "jsonl", "csv")
 
 
@@ -973,15 +973,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show archived compression generations")
 
     p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
-    p.add_argument("query", help="words, \"quoted phrases\", AND/OR/NOT; any text is safe")
+    p.add_argument("query",
+                   help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
     p.add_argument("--source", action="append",
                    help="only this source; repeat for several (default: all)")
     p.add_argument("--role", action="append", choices=ROLES,
                    help="only messages of this role; repeat for several (default: all)")
     p.add_argument("--include-inactive", action="store_true",
-                   help="also search archived compression generations")
+                   help="also rows rewound away (every row of the record)")
     p.add_argument("--sort", choices=SEARCH_SORTS, default="relevance",
-                   help="best matches first, or by the message's time")
+                   help="relevance (FTS5's bm25), or by the message's time")
     p.add_argument("--limit", "-n", type=count_arg, default=20, help="at most this many")
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
 

@@ -53,7 +53,7 @@ __all__ = [
     "spool_pending_message",
 ]
 
-SCHEMA_VERSION = 31
+SCHEMA_VERSION = 32
 DB_FILENAME = "state.db"
 CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
@@ -885,7 +885,81 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
     ON delivery_obligations(status, created_at);
 """
 
-SCHEMA_SQL = TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL
+# The impact index behind ranked search (see hermes_state_rank). search_impact holds, for each
+# message, its high-impact postings (text the library computes and writes just before the
+# message itself) and the epoch of the index they were written for; search_impact_fts
+# (contentless) indexes them, each posting's term beside it, and holds the token _epoch_<n> of
+# its own epoch. Only the library writes those two, never a trigger, so a damaged impact index
+# cannot fail a canonical write. Triggers feed two plain queues the library drains:
+# search_impact_queue, messages whose postings are missing or stale (inserted without them by
+# another client or as a raw copy, changed, older than the index), and search_impact_gone,
+# deleted messages whose postings are still indexed. search_time_blocks bounds the message
+# times of each block of 4,096 ids, for searches sorted by time; a trigger keeps it for rows
+# written by any client.
+IMPACT_DEFAULT_AVGDL = 256.0
+TIME_BLOCK_SHIFT = 12
+SEARCH_INDEX_SQL = f"""
+CREATE TABLE IF NOT EXISTS search_impact (
+    id INTEGER PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    postings TEXT NOT NULL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_fts USING fts5(
+    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_vocab
+    USING fts5vocab(search_impact_fts, 'instance');
+CREATE TABLE IF NOT EXISTS search_impact_queue (id INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS search_impact_gone (id INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS search_time_blocks (
+    block INTEGER PRIMARY KEY,
+    first_at REAL NOT NULL,
+    last_at REAL NOT NULL
+);
+INSERT OR IGNORE INTO state_meta (key, value)
+    VALUES ('search_impact',
+            json_object('epoch', abs(random() % 2000000000) + 1,
+                        'avgdl', {IMPACT_DEFAULT_AVGDL}, 'indexed', 0));
+INSERT INTO search_impact_fts (rowid, postings)
+    SELECT 0, '_epoch_' || json_extract(value, '$.epoch') FROM state_meta
+    WHERE key = 'search_impact';
+"""
+
+SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
+                        "search_impact_on_delete", "search_time_on_insert",
+                        "search_time_on_update")
+_TIME_BLOCK_UPSERT = f"""
+    INSERT INTO search_time_blocks (block, first_at, last_at)
+        VALUES (new.id >> {TIME_BLOCK_SHIFT}, new.timestamp, new.timestamp)
+    ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
+                                      last_at = max(last_at, excluded.last_at);"""
+SEARCH_TRIGGERS_SQL = f"""
+CREATE TRIGGER IF NOT EXISTS search_impact_on_insert AFTER INSERT ON messages
+WHEN NOT EXISTS (SELECT 1 FROM search_impact WHERE id = new.id)
+BEGIN
+    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS search_impact_on_update
+AFTER UPDATE OF content, tool_name, tool_calls ON messages
+BEGIN
+    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (old.id);
+END;
+CREATE TRIGGER IF NOT EXISTS search_impact_on_delete AFTER DELETE ON messages
+BEGIN
+    DELETE FROM search_impact_queue WHERE id = old.id;
+    INSERT OR IGNORE INTO search_impact_gone (id) VALUES (old.id);
+END;
+CREATE TRIGGER IF NOT EXISTS search_time_on_insert AFTER INSERT ON messages
+BEGIN{_TIME_BLOCK_UPSERT}
+END;
+CREATE TRIGGER IF NOT EXISTS search_time_on_update AFTER UPDATE OF timestamp ON messages
+BEGIN{_TIME_BLOCK_UPSERT}
+END;
+"""
+
+SCHEMA_SQL = (
+    TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL + SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL
+)
 
 # The runtime ledgers: never copied by recover (a partial ledger could replay or adopt work).
 RUNTIME_LEDGER_TABLES = (

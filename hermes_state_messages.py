@@ -55,6 +55,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import hermes_state_fts as fts
+import hermes_state_rank as rank
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import InvalidInputError, SessionNotFoundError
 from hermes_state_sessions import lift_auto_archive, session_ancestors
@@ -129,6 +130,8 @@ JSON_FIELDS = frozenset(
 _FLAG_FIELDS = ("observed", "active", "compacted")
 _INT_FIELDS = ("token_count",)
 _COLUMNS = ("session_id", *MESSAGE_FIELDS, "search_cjk")
+# content, tool_name, tool_calls in a prepared row: the text messages_fts indexes.
+_INDEXED_TEXT = slice(_COLUMNS.index("content"), _COLUMNS.index("tool_calls") + 1)
 
 INSERT_MESSAGE_SQL = (
     f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -291,8 +294,10 @@ def insert_message(
             raise SessionNotFoundError(session_id)
     elif not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
-    cursor = conn.execute(INSERT_MESSAGE_SQL, values)
-    return int(cursor.lastrowid or 0)
+    prepared = rank.index_next_message(conn, *values[_INDEXED_TEXT])
+    row_id = int(conn.execute(INSERT_MESSAGE_SQL, values).lastrowid or 0)
+    rank.after_insert(conn, prepared, row_id)
+    return row_id
 
 
 def append_message(

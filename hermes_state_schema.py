@@ -48,7 +48,10 @@ from hermes_state_common import (
     INDEXES_SQL,
     SCHEMA_SQL,
     SCHEMA_VERSION,
+    SEARCH_INDEX_SQL,
+    SEARCH_TRIGGERS_SQL,
     TABLES_SQL,
+    TIME_BLOCK_SHIFT,
     quote_identifier,
     split_sql,
     table_exists,
@@ -319,6 +322,23 @@ def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     fts.start_rebuild(conn)
 
 
+# The time bounds of the rows a file already holds; triggers keep them from then on.
+TIME_BLOCKS_FROM_MESSAGES_SQL = f"""
+INSERT OR REPLACE INTO search_time_blocks (block, first_at, last_at)
+SELECT id >> {TIME_BLOCK_SHIFT}, min(timestamp), max(timestamp) FROM messages GROUP BY 1
+"""
+
+
+def _migrate_search_index(conn: sqlite3.Connection) -> None:
+    """The impact index for ranked search and the time blocks. The rows already there are
+    queued: the library computes their postings a chunk at a time, and searches treat them as
+    not yet indexed until then (see hermes_state_rank)."""
+    for statement in split_sql(SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL):
+        conn.execute(statement)
+    conn.execute("INSERT OR IGNORE INTO search_impact_queue (id) SELECT id FROM messages")
+    conn.execute(TIME_BLOCKS_FROM_MESSAGES_SQL)
+
+
 def restore_data_invariants(conn: sqlite3.Connection) -> None:
     """Make the data rules older files may break true again: unique titles (the unique index
     is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
@@ -344,6 +364,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "unique session titles", _migrate_unique_titles),
     Migration(18, "lasting message uids", _migrate_message_uids),
     Migration(31, "three FTS5 indexes with gated triggers", _migrate_fts_indexes),
+    Migration(32, "impact index for ranked search, time blocks", _migrate_search_index),
 )
 
 

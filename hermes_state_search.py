@@ -7,18 +7,21 @@ language that is always valid FTS5 and that keeps the meaning of the plain queri
   FTS5 syntax (``* ^ : ( ) { } [ ] + , ; ~ -`` ...) at the edges of a word are dropped; a word
   that still holds punctuation inside is searched as a phrase of its parts (``chat-send`` →
   ``"chat-send"``, ``gateway/run.py`` → ``"gateway/run.py"``, ``it's`` → ``"it's"``), which
-  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). Unbalanced quotes,
-  control characters and lone surrogates are removed; a term without a letter or digit (``***``,
-  emoji) is dropped. Prefix ``*``, ``^``, ``NEAR()`` and grouping parentheses are not offered.
+  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). A trailing ``*`` (a
+  run of them counts as one) makes a word a prefix query (``deploy*``, ``"gateway/run" *``);
+  a ``*`` at the start of a word is dropped. Unbalanced quotes, control characters and lone
+  surrogates are removed; a term without a letter or digit (``***``, emoji) is dropped. ``^``,
+  ``NEAR()`` and grouping parentheses are not offered.
 * ``AND``, ``OR`` and ``NOT`` (upper case only) stay operators when they stand between two
   terms; a dangling one is dropped (``hello AND`` → ``hello``) and of several in a row the last
   one wins (``a AND NOT b`` → ``a NOT b``). Lower-case ``and``/``or``/``not`` are plain words.
   The result means what FTS5 says it means: adjacent terms (implicit AND) bind tightest, then
   ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
-* At most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS` characters are kept. Whole
-  terms are dropped from the end; a single term longer than the cap is cut and searched as a
-  prefix (``"...cut text" *``), so the text it was cut from still matches. Only the first
-  :data:`MAX_INPUT_CHARS` characters of the input are read, which bounds the work per query.
+* Only the first :data:`MAX_INPUT_CHARS` (2,048) characters of the input are read, which
+  bounds the work per query; at most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS`
+  characters are kept. Whole terms are dropped from the end; a single term longer than the cap
+  (a compound, once quoted) is cut and searched as a prefix (``"...cut text" *``), so the text
+  it was cut from still matches.
 
 :func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
 for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
@@ -34,8 +37,7 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
   are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
   ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
-  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes; the caller merges
-  them by rowid).
+  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes).
   A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
   expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
 * The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
@@ -56,9 +58,33 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   index and is served by the canonical LIKE scan instead.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
-search returns nothing. ``needles`` are the positive terms' texts, used by :func:`make_snippet`
-to centre and mark snippets for hits from ``messages_fts_cjk`` and the LIKE routes, whose
-indexed text FTS5's own ``snippet()`` would show bigram-expanded or cannot show at all.
+search returns nothing. A plan that is one Latin alternative of required terms, none of them a
+prefix, also carries its ``conjunction``: what ``hermes_state_rank`` ranks through the impact
+index.
+
+:func:`search_messages` answers every query in one order, of which ``offset``/``limit`` is a
+slice (pages never overlap or leave a gap):
+
+* Relevance (``sort=None``): the rows ``messages_fts`` finds, in the order its own ``bm25()``
+  gives under the same filters, ties by id (through the impact index when the plan has a
+  conjunction and the proof is cheap, else FTS5 ranks them: the order is the same); then rows
+  only ``messages_fts_cjk`` finds for the Latin words (glued to CJK text), by that index's
+  ``bm25()``; then the CJK alternatives' rows, by ``bm25()`` — newest first when a CJK run is
+  shorter than three characters, which the index matches by substring, as LIKE would — then
+  their rows holding the CJK text inside a longer word (trigram index), newest first. A later
+  route is only asked once the earlier ones are exhausted before ``offset + limit``.
+* ``sort="newest"``/``"oldest"``: the same rows merged by message time, ties by relevance then
+  id; a query made of short CJK runs alone stays newest first. Time order reads blocks of 4,096
+  ids in the order of their time bounds (``search_time_blocks``) and stops at the first block
+  that cannot hold a row as new (old) as the last one kept.
+* Substring hits: only when none of the above finds a row, the rows holding the query's text
+  inside a word (user and assistant text, through the trigram index), newest first, each
+  marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
+  indexes are stale.
+
+Snippets are cut from the column that holds the match (content, else tool calls, else tool
+name) by :func:`make_snippet`, centred on it: word hits mark whole words (a prefix marks the
+whole word it begins), CJK and substring hits the text wherever it occurs.
 """
 
 from __future__ import annotations
@@ -72,7 +98,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hermes_state_common import clean_text, escape_like
+import hermes_state_rank as rank
+from hermes_state_common import TIME_BLOCK_SHIFT, clean_text, escape_like
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
 
@@ -88,15 +115,17 @@ __all__ = [
     "SearchPlan",
     "sanitize_fts5_query",
     "plan_search",
-    "SORTS",
-    "search_sort",
     "make_snippet",
+    "snippet_pattern",
+    "sort_order",
+    "search_filters",
+    "note_index_damage",
     "search_messages",
 ]
 
 MAX_QUERY_TERMS = 32
-MAX_QUERY_CHARS = 256
-MAX_INPUT_CHARS = 64 * MAX_QUERY_CHARS
+MAX_INPUT_CHARS = 2048
+MAX_QUERY_CHARS = MAX_INPUT_CHARS
 SNIPPET_WIDTH = 120
 MATCH_START = ">>>"
 MATCH_END = "<<<"
@@ -162,12 +191,14 @@ _LIKE_LITERALS = "%_"
 
 
 def _word_term(chunk: str) -> _Term | None:
+    # A trailing run of "*" (after any other punctuation is cut off) asks for a prefix.
+    prefix = _strip_edges(chunk, keep="*").endswith("*")
     word = _strip_edges(chunk)
     if not _usable(word):
         return None
     bare = word not in _KEYWORDS and all(_is_word_char(ch) for ch in word)
     like = _strip_edges(chunk, keep=_LIKE_LITERALS)
-    return _Term(word, quoted=not bare, like=None if like == word else like)
+    return _Term(word, quoted=not bare, prefix=prefix, like=None if like == word else like)
 
 
 def _phrase_term(content: str) -> _Term | None:
@@ -370,6 +401,12 @@ class SearchPlan:
     like_groups: tuple[LikeGroup, ...]  # the whole query for LIKE, OR of the groups
     needles: tuple[str, ...]  # the positive terms' texts, for make_snippet
     latin_cjk_match: str | None = None  # fts_match's alternatives, spelled for messages_fts_cjk
+    prefixes: tuple[str, ...] = ()  # the needles that are prefix terms (word*)
+    # The whole query as phrases that must all occur, when it is one: what the impact index
+    # ranks (see hermes_state_rank); None for OR, NOT, prefixes, CJK, non-ASCII words.
+    conjunction: rank.Conjunction | None = None
+    cjk_short: bool = False  # a CJK run of fewer than 3 characters: newest first, like LIKE
+    cjk_groups: tuple[LikeGroup, ...] = ()  # the CJK alternatives, for their substring rows
 
     def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
         """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
@@ -388,11 +425,25 @@ def plan_search(query: object) -> SearchPlan | None:
     cjk: list[list[_Item]] = []
     groups: list[LikeGroup] = []
     needles: dict[str, None] = {}
-    for alternative in _split(items, "OR"):
+    prefixes: dict[str, None] = {}
+    conj = None
+    cjk_short = False
+    cjk_groups: list[LikeGroup] = []
+    alternatives = _split(items, "OR")
+    for alternative in alternatives:
         positive, negated = _positive_and_negated(alternative)
         groups.append(_like_group(positive, negated))
         needles.update((t.text, None) for t in positive)
-        (cjk if any(has_cjk(t.text) for t in positive) else latin).append(alternative)
+        prefixes.update((t.text, None) for t in positive if t.prefix)
+        if any(has_cjk(t.text) for t in positive):
+            cjk.append(alternative)
+            cjk_groups.append(groups[-1])
+            cjk_short = cjk_short or any(
+                len(run.group(0)) < 3 for t in positive for run in iter_cjk_runs(t.text))
+        else:
+            latin.append(alternative)
+            if len(alternatives) == 1 and not negated and not any(t.prefix for t in positive):
+                conj = rank.conjunction(t.text for t in positive)
     return SearchPlan(
         query=_render(items),
         fts_match=" OR ".join(_render(alt) for alt in latin) or None,
@@ -400,6 +451,10 @@ def plan_search(query: object) -> SearchPlan | None:
         like_groups=tuple(groups),
         needles=tuple(needles),
         latin_cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in latin) or None,
+        prefixes=tuple(prefixes),
+        conjunction=conj,
+        cjk_short=cjk_short,
+        cjk_groups=tuple(cjk_groups),
     )
 
 
@@ -427,8 +482,25 @@ def _needle_regex(needle: str) -> str | None:
     return re.escape(needle) if needle.strip() else None
 
 
-def _needles_re(needles: Iterable[str]) -> re.Pattern[str] | None:
-    alternatives = {rx for rx in map(_needle_regex, needles) if rx}
+# What unicode61 keeps inside a token, for word boundaries in snippets of word hits.
+_TOKEN_CHAR = r"[^\W_]"
+
+
+def _needles_re(
+    needles: Iterable[str], *, words: bool = False, prefixes: Iterable[str] = ()
+) -> re.Pattern[str] | None:
+    """One pattern for all needles. With ``words`` a needle matches whole tokens only (as a
+    word query matches), a prefix needle any token it begins, marked whole."""
+    prefix_set = set(prefixes)
+    alternatives: dict[str, None] = {}
+    for needle in needles:
+        rx = _needle_regex(needle)
+        if not rx:
+            continue
+        if words:
+            tail = _TOKEN_CHAR + "*" if needle in prefix_set else ""
+            rx = f"(?<!{_TOKEN_CHAR}){rx}{tail}(?!{_TOKEN_CHAR})"
+        alternatives[rx] = None
     if not alternatives:
         return None
     # Longer needles first, so that at any position the longest one is marked.
@@ -436,16 +508,22 @@ def _needles_re(needles: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{rx})" for rx in ordered), re.IGNORECASE)
 
 
-def make_snippet(text: str, needles: Sequence[str], *, width: int = SNIPPET_WIDTH) -> str:
+def make_snippet(
+    text: str,
+    needles: Sequence[str] | re.Pattern[str] | None,
+    *,
+    width: int = SNIPPET_WIDTH,
+) -> str:
     """``width`` characters of ``text`` centred on the first match of any needle.
 
     Needles match case-insensitively, and any run of spaces or punctuation inside a needle
-    matches any such run in the text (as a phrase query would). Every match inside the window
-    is wrapped in ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and
-    ellipses are not counted in ``width``. Without a match the snippet is the start of the text.
+    matches any such run in the text (as a phrase query would); a compiled pattern (see
+    :func:`snippet_pattern`) may be given instead. Every match inside the window is wrapped in
+    ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and ellipses are not
+    counted in ``width``. Without a match the snippet is the start of the text.
     """
     width = max(width, 1)
-    pattern = _needles_re(needles)
+    pattern = needles if isinstance(needles, re.Pattern) else _needles_re(needles or ())
     first = pattern.search(text) if pattern else None
     start = 0
     if first is not None:
@@ -468,114 +546,32 @@ def make_snippet(text: str, needles: Sequence[str], *, width: int = SNIPPET_WIDT
     return "".join(out)
 
 
+def snippet_pattern(plan: SearchPlan, *, words: bool) -> re.Pattern[str] | None:
+    """The pattern a hit's snippet marks: whole words for word hits (CJK runs stay substrings,
+    as the CJK index finds them), the needles' text anywhere for substring hits."""
+    latin = [n for n in plan.needles if not has_cjk(n)]
+    cjk = [n for n in plan.needles if has_cjk(n)]
+    parts = [_needles_re(latin, words=words, prefixes=plan.prefixes), _needles_re(cjk)]
+    rxs = [p.pattern for p in parts if p is not None]
+    return re.compile("|".join(rxs), re.IGNORECASE) if rxs else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Running a search
 # ---------------------------------------------------------------------------------------------
 
 CONTEXT_CHARS = 200
-
-# The columns of a hit; {snippet} and {rank} depend on the route.
-_HIT_COLUMNS = """m.id, m.session_id, m.role, m.timestamp, s.source, s.model,
-       s.started_at, {snippet} AS snippet, {rank} AS rank"""
-
-FTS_SEARCH_SQL = f"""
-SELECT {_HIT_COLUMNS.format(
-    snippet="snippet(messages_fts, -1, '>>>', '<<<', '...', 24)", rank="bm25(messages_fts)")}
-FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-WHERE messages_fts MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY rank, m.id LIMIT ?
-"""
-CJK_SEARCH_SQL = f"""
-SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="bm25(messages_fts_cjk)")}
-FROM messages_fts_cjk f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-WHERE messages_fts_cjk MATCH ? AND f.rowid > ? {{filters}}
-ORDER BY rank, m.id LIMIT ?
-"""
-
-# Ranking costs time in proportion to the matches ranked, and a common word matches a large
-# share of the history. So the ranked queries look at the newest messages first: the window
-# starts at RANK_WINDOW_START message ids and grows (by what is missing, up to 16×) until it
-# holds RANK_CANDIDATES
-# matches (counting is cheap: FTS5 walks its doclist within the rowid range without ranking)
-# and enough hits after the filters — or until it is the whole history. A rare term is
-# therefore ranked over everything; a common one over its most recent few hundred matches.
-RANK_WINDOW_START = 1024
-RANK_CANDIDATES = 256
-COUNT_IN_WINDOW_SQL = "SELECT COUNT(*) FROM {table} WHERE {table} MATCH ? AND rowid > ?"
-# A sort by time orders every match of an index (no window) by the message's time and rank:
-# only ids and ranks, since a snippet made by FTS5 for each match is what would cost; the
-# rows shown are then read by id and their snippets made from their text.
-TIMED_IDS_SQL = """
-SELECT m.id, bm25({table}) AS rank
-FROM {table} f JOIN messages m ON m.id = f.rowid JOIN sessions s ON s.id = m.session_id
-WHERE {table} MATCH ? {filters}
-ORDER BY {order} LIMIT ?
-"""
-HITS_BY_ID_SQL = f"""
-SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
-FROM messages m JOIN sessions s ON s.id = m.session_id
-WHERE m.id IN (SELECT value FROM json_each(?))
-"""
-NEWEST_MESSAGE_SQL = "SELECT COALESCE(MAX(id), 0) FROM messages"
-# One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
-# the exact, escaped conditions of the group then filter the canonical content.
-TRIGRAM_SEARCH_SQL = f"""
-SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
-FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
-JOIN sessions s ON s.id = m.session_id
-WHERE t.content LIKE ? AND {{exact}} {{filters}}
-ORDER BY {{order}} LIMIT ?
-"""
-# The canonical fallback: no index at all, newest first.
-LIKE_SEARCH_SQL = f"""
-SELECT {_HIT_COLUMNS.format(snippet="m.content", rank="NULL")}
-FROM messages m JOIN sessions s ON s.id = m.session_id
-WHERE {{exact}} {{filters}}
-ORDER BY {{order}} LIMIT ? OFFSET ?
-"""
-# The ORDER BY of each route for each sort: "relevance" ranks (the routes without a rank, the
-# trigram and canonical ones, give the newest first); "newest" and "oldest" order by the
-# message's timestamp, then rank, then id.
-SORTS = ("relevance", "newest", "oldest")
-_TIMED_ORDER = {
-    "newest": "m.timestamp DESC, rank, m.id DESC",
-    "oldest": "m.timestamp, rank, m.id",
-}
-_TRIGRAM_ORDER = {
-    "relevance": "t.rowid DESC",
-    "newest": "m.timestamp DESC, m.id DESC",
-    "oldest": "m.timestamp, m.id",
-}
-_CANONICAL_ORDER = {**_TRIGRAM_ORDER, "relevance": "m.timestamp DESC, m.id DESC"}
+SORTS = ("newest", "oldest")
+WORD = "word"
+SUBSTRING = "substring"
 
 
-def search_sort(sort: object) -> str:
-    """One of :data:`SORTS`: ``newest`` or ``oldest`` (any case, spaces around ignored),
-    anything else (None included) is ``relevance``."""
-    word = sort.strip().lower() if isinstance(sort, str) else None
-    return word if word in ("newest", "oldest") else "relevance"
-
-
-def _sort_key(sort: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """Python's order for hits merged from several routes, as the routes' ORDER BY."""
-    if sort == "relevance":
-        return lambda h: (h["rank"] if h["rank"] is not None else math.inf,)
-    sign = -1 if sort == "newest" else 1
-    return lambda h: (sign * (h["timestamp"] or 0),
-                      h["rank"] if h["rank"] is not None else math.inf, sign * h["id"])
-
-
-_LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
-             " || char(10) || COALESCE(m.tool_calls, ''))"
-
-CONTEXT_BEFORE_SQL = """
-SELECT role, substr(content, 1, ?) FROM messages
-WHERE session_id = ? AND id < ? AND active = 1 ORDER BY id DESC LIMIT 1
-"""
-CONTEXT_AFTER_SQL = """
-SELECT role, substr(content, 1, ?) FROM messages
-WHERE session_id = ? AND id > ? AND active = 1 ORDER BY id LIMIT 1
-"""
+def sort_order(sort: object) -> str | None:
+    """``"newest"``, ``"oldest"`` or None (relevance): the text compared stripped and in lower
+    case, anything else meaning relevance."""
+    if isinstance(sort, str) and sort.strip().lower() in SORTS:
+        return sort.strip().lower()
+    return None
 
 
 def _as_list(values: str | Iterable[str] | None) -> list[str] | None:
@@ -586,6 +582,16 @@ def _as_list(values: str | Iterable[str] | None) -> list[str] | None:
     return [str(v) for v in values]
 
 
+# The whole record without duplicates: live rows, and rows of an archived generation whose
+# message has no live copy in its session (summarized away). A rewound row (inactive, not
+# compacted, in a session that has been rewound) is left out. Stores written before archives
+# were marked compacted have never been rewound, so their inactive rows are archives too.
+WHOLE_RECORD_SQL = """ AND (m.active = 1 OR (
+    (m.compacted = 1 OR COALESCE(s.rewind_count, 0) = 0)
+    AND NOT EXISTS (SELECT 1 FROM messages a WHERE a.session_id = m.session_id
+                    AND a.active = 1 AND a.message_uid = m.message_uid)))"""
+
+
 def search_filters(
     source_filter: str | Iterable[str] | None,
     exclude_sources: str | Iterable[str] | None,
@@ -593,14 +599,17 @@ def search_filters(
     include_inactive: bool,
 ) -> tuple[str, list[str]]:
     """SQL conditions on ``m`` (messages) and ``s`` (sessions). Each list travels as one JSON
-    parameter, so any length works and nothing is formatted into SQL text."""
+    parameter, so any length works and nothing is formatted into SQL text. ``source_filter``
+    and ``exclude_sources`` apply when not None (an empty list selects nothing / excludes
+    nothing), ``role_filter`` when not empty."""
     sql, params = "", []
     if not include_inactive:
-        sql += " AND m.active = 1"
+        sql += WHOLE_RECORD_SQL
+    roles = _as_list(role_filter)
     for values, condition in (
         (_as_list(source_filter), "s.source IN"),
         (_as_list(exclude_sources), "s.source NOT IN"),
-        (_as_list(role_filter), "m.role IN"),
+        (roles or None, "m.role IN"),
     ):
         if values is None or (condition.endswith("NOT IN") and not values):
             continue
@@ -609,136 +618,273 @@ def search_filters(
     return sql, params
 
 
-def _hits(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    cursor = conn.execute(sql, params)
-    return [
-        dict(zip(("id", "session_id", "role", "timestamp", "source", "model",
-                  "session_started", "snippet", "rank"), row, strict=True))
-        for row in cursor
-    ]
+# Relevance on one index: FTS5's own bm25(), ties by id. FTS5 ranks on its own first (a prefix
+# of the order, no join per match); the filters then keep what they keep of that prefix.
+RANKED_SQL = """
+WITH ranked AS MATERIALIZED (
+    SELECT rowid AS id, bm25({table}) AS score FROM {table} WHERE {table} MATCH ?
+    ORDER BY score, rowid LIMIT ?)
+SELECT r.id FROM ranked r JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id
+WHERE 1 {filters}
+ORDER BY r.score, r.id LIMIT ?
+"""
+COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
+# Time order: the rows of one block of ids, read block by block (see search_time_blocks).
+TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks"
+BLOCK_HITS_SQL = """
+SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE {table} MATCH ? AND f.rowid BETWEEN ? AND ? {filters}
+"""
+# FTS5's scores for chosen rows (ties on time), the rowid test kept out of FTS5's reach.
+SCORES_SQL = """
+SELECT rowid, bm25({table}) FROM {table}
+WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM json_each(?))
+"""
 
 
-# A hit's other indexed text: the CJK and LIKE routes also find matches in tool calls and names.
-HIT_TOOL_TEXT_SQL = "SELECT tool_calls, tool_name FROM messages WHERE id = ?"
-
-
-def _snippet(conn: sqlite3.Connection, hit: dict[str, Any], needles: Sequence[str]) -> str:
-    """The snippet of a hit whose ``snippet`` column holds its content: made from the content,
-    or from the tool calls or tool name when the match is there and not in the content."""
-    content = hit["snippet"] or ""
-    pattern = _needles_re(needles)
-    if pattern is not None and pattern.search(content) is None:
-        for text in conn.execute(HIT_TOOL_TEXT_SQL, (hit["id"],)).fetchone() or ():
-            if text and pattern.search(text):
-                return make_snippet(text, needles)
-    return make_snippet(content, needles)
-
-
-def _ranked_hits(
-    conn: sqlite3.Connection, table: str, sql: str, match: str, params: list[str], wanted: int
-) -> list[dict[str, Any]]:
-    """The best ``wanted`` hits of ``match`` on ``table`` within the recency window above."""
-    newest = conn.execute(NEWEST_MESSAGE_SQL).fetchone()[0]
-    count_sql = COUNT_IN_WINDOW_SQL.format(table=table)
-    span = RANK_WINDOW_START
+def _ranked(
+    conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
+    filters: str, params: list[str], wanted: int,
+) -> list[int]:
+    """The first ``wanted`` rows of ``table`` for ``match`` in relevance order."""
+    if conj is not None:
+        ids = rank.top_k(conn, conj, filters, params, wanted)
+        if ids is not None:
+            return ids
+    sql = RANKED_SQL.format(table=table, filters=filters)
+    prefix = 2 * wanted + 16
     while True:
-        floor = max(newest - span, 0)
-        if floor:
-            found = conn.execute(count_sql, (match, floor)).fetchone()[0]
-            if found < RANK_CANDIDATES:
-                # Widen in proportion to what is missing (at least 2×, at most 16×).
-                span *= min(max(2 * RANK_CANDIDATES // max(found, 1), 2), 16)
-                continue
-        hits = _hits(conn, sql, (match, floor, *params, wanted))
-        if len(hits) >= wanted or floor == 0:
-            return hits
-        span *= 4
+        ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
+        if len(ids) >= wanted or prefix >= 2**31:
+            return ids
+        # Too few passed the filters: unless the prefix was everything, rank further.
+        if conn.execute(COUNT_SQL.format(table=table), (match,)).fetchone()[0] <= prefix:
+            return ids
+        prefix *= 8
 
 
-def _route_hits(
-    conn: sqlite3.Connection, table: str, template: str, match: str, filters: str,
-    params: list[str], wanted: int, sort: str,
-) -> list[dict[str, Any]]:
-    """The first ``wanted`` hits of ``match`` on one index (``template`` its hit query): the
-    best within the recency window, or, sorted by time, the first of every match. A hit whose
-    snippet FTS5 did not make carries its content there (see :func:`_snippet`)."""
-    if sort == "relevance":
-        return _ranked_hits(conn, table, template.format(filters=filters), match, params, wanted)
-    ids_sql = TIMED_IDS_SQL.format(table=table, filters=filters, order=_TIMED_ORDER[sort])
-    ranks = dict(conn.execute(ids_sql, (match, *params, wanted)).fetchall())
-    hits = _hits(conn, HITS_BY_ID_SQL, (json.dumps(list(ranks)),))
-    for hit in hits:
-        hit["rank"] = ranks[hit["id"]]
-    return sorted(hits, key=_sort_key(sort))
+def _by_time(
+    conn: sqlite3.Connection, table: str, match: str, filters: str, params: list[str],
+    wanted: int, newest: bool,
+) -> list[tuple[int, float]]:
+    """The first ``wanted`` rows of ``table`` for ``match`` by message time (newest or oldest
+    first), ties by relevance, then id; as (id, timestamp).
+
+    Blocks of ids are read in the order of their time bounds, and reading stops at the first
+    block that cannot hold a row as new (old) as the last one kept: for a history written in
+    time order that is a block or two, for any history it is exact."""
+    try:
+        blocks = conn.execute(TIME_BLOCKS_SQL).fetchall()
+    except sqlite3.OperationalError:  # a file without time blocks: one block of everything
+        blocks = [(-1, -math.inf, math.inf)]
+    sign = -1.0 if newest else 1.0  # keys ascend from the best row
+    blocks.sort(key=lambda b: (sign * (b[2] if newest else b[1]), b[0]))
+    sql = BLOCK_HITS_SQL.format(table=table, filters=filters)
+    found: list[tuple[float, int]] = []  # (sign * timestamp, id), the best rows so far
+    for block, first_at, last_at in blocks:
+        if len(found) >= wanted and sign * (last_at if newest else first_at) > found[-1][0]:
+            break  # no row here, nor in the blocks after, is as new (old) as the last kept
+        lo, hi = (0, 2**62) if block < 0 else (block << TIME_BLOCK_SHIFT,
+                                                 ((block + 1) << TIME_BLOCK_SHIFT) - 1)
+        rows = conn.execute(sql, (match, lo, hi, *params))
+        found = sorted(found + [(sign * ts, row_id) for row_id, ts in rows])
+        if len(found) > wanted:  # keep every row tied with the last one kept
+            cut = found[wanted - 1][0]
+            found = [f for f in found if f[0] <= cut]
+    times = [key for key, _ in found]
+    tied = [row_id for j, (key, row_id) in enumerate(found)
+            if (j and times[j - 1] == key) or (j + 1 < len(found) and times[j + 1] == key)]
+    scores: dict[int, float] = {}
+    if tied:  # rows of the same time in relevance order (FTS5's scores), then by id
+        args = (match, min(tied), max(tied), json.dumps(tied))
+        scores = dict(conn.execute(SCORES_SQL.format(table=table), args).fetchall())
+    ordered = sorted(found, key=lambda f: (f[0], scores.get(f[1], 0.0), f[1]))[:wanted]
+    return [(row_id, sign * key) for key, row_id in ordered]
 
 
-def _index_hits(
+def _route_ids(
+    conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
+    filters: str, params: list[str], wanted: int, order: str | None,
+) -> list[tuple[int, float]]:
+    """One route's first ``wanted`` rows, in its order, as (id, sort key)."""
+    if order is None:
+        return [(row_id, float(n)) for n, row_id in
+                enumerate(_ranked(conn, table, match, conj, filters, params, wanted))]
+    return _by_time(conn, table, match, filters, params, wanted, order == "newest")
+
+
+# One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
+# the exact, escaped conditions of the group then filter the canonical content.
+TRIGRAM_SEARCH_SQL = """
+SELECT m.id, m.timestamp FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE t.content LIKE ? AND {exact} {filters}
+ORDER BY m.timestamp {direction}, m.id {direction} LIMIT ?
+"""
+# The canonical fallback, with no index at all.
+LIKE_SEARCH_SQL = """
+SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE {exact} {filters}
+ORDER BY m.timestamp {direction}, m.id {direction} LIMIT ? OFFSET ?
+"""
+_LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
+             " || char(10) || COALESCE(m.tool_calls, ''))"
+
+
+def _word_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
-    sort: str = "relevance",
-) -> list[dict[str, Any]]:
-    """Hits from the FTS indexes, best first, then trigram substring hits where those left the
-    page short, newest first; with a ``sort`` by time, all of them in that order."""
-    hits: list[dict[str, Any]] = []
+    order: str | None,
+) -> list[int]:
+    """The first ``wanted`` rows of the word routes in the query's one order.
+
+    Relevance: rows ``messages_fts`` finds, by its bm25(); then rows only the CJK index finds
+    for the Latin words (a word glued to CJK text is a token of that index only), by its
+    bm25(); then rows of the CJK alternatives, by bm25() — newest first for a CJK run shorter
+    than three characters, which that index matches by substring. Each later route is asked
+    only when the earlier ones are exhausted before ``wanted``, so every page is a slice of
+    the same order. By time: all of them merged by message time."""
+    if plan.cjk_short and not plan.fts_match:
+        order = "newest"  # a short CJK query alone: newest first, whatever the sort
+    routes: list[tuple[str, str, rank.Conjunction | None, str | None]] = []
     if plan.fts_match:
-        for hit in _route_hits(conn, "messages_fts", FTS_SEARCH_SQL, plan.fts_match, filters,
-                               params, wanted, sort):
-            if sort != "relevance":
-                hit["snippet"] = _snippet(conn, hit, plan.needles)
-            hits.append(hit)
-    # Latin words glued to CJK text are tokens of messages_fts_cjk only: asked for there when
-    # messages_fts did not already fill the page, so a plain Latin search costs one query (a
-    # sort by time always asks: a glued match may be the newest).
-    short = len(hits) < wanted or sort != "relevance"
-    latin_glued = plan.latin_cjk_match if short else None
-    cjk_match = " OR ".join(m for m in (plan.cjk_match, latin_glued) if m)
-    if cjk_match:
-        for hit in _route_hits(conn, "messages_fts_cjk", CJK_SEARCH_SQL, cjk_match, filters,
-                               params, wanted, sort):
-            hit["snippet"] = _snippet(conn, hit, plan.needles)
-            hits.append(hit)
-    hits.sort(key=_sort_key(sort))
-    best: dict[int, dict[str, Any]] = {}
-    for hit in hits:
-        best.setdefault(hit["id"], hit)  # a row both indexes found keeps its better rank
-    hits = list(best.values())
-    for group in plan.like_groups:
-        if len(hits) >= wanted or not group.index_patterns or not group.substring:
+        routes.append(("messages_fts", plan.fts_match, plan.conjunction, order))
+    if plan.latin_cjk_match:
+        routes.append(("messages_fts_cjk", plan.latin_cjk_match, None, order))
+    if plan.cjk_match:
+        routes.append(("messages_fts_cjk", plan.cjk_match, None,
+                       order or ("newest" if plan.cjk_short else None)))
+    def route(position: int, wanted: int) -> list[tuple[int, float]]:
+        if position == len(routes):  # CJK text inside longer words, as substrings mean it
+            return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
+        table, match, conj, route_order = routes[position]
+        return _route_ids(conn, table, match, conj, filters, params, wanted, route_order)
+
+    count = len(routes) + bool(plan.cjk_groups)
+    if order is None:
+        seen: dict[int, None] = {}
+        for position in range(count):
+            if len(seen) >= wanted:
+                break
+            for row_id, _ in route(position, wanted + len(seen)):
+                if len(seen) < wanted:
+                    seen.setdefault(row_id, None)
+        return list(seen)
+    merged: dict[int, tuple[float, int, int]] = {}
+    sign = -1.0 if order == "newest" else 1.0
+    for position in range(count):
+        for rank_in_route, (row_id, ts) in enumerate(route(position, wanted)):
+            key = (sign * ts, position, rank_in_route)
+            if row_id not in merged or key < merged[row_id]:
+                merged[row_id] = key
+    return [row_id for row_id, _ in sorted(merged.items(), key=lambda kv: (kv[1], kv[0]))][
+        :wanted]
+
+
+def _substring_rows(
+    conn: sqlite3.Connection, groups: Sequence[LikeGroup], filters: str, params: list[str],
+    wanted: int, order: str | None,
+) -> list[tuple[int, float]]:
+    """Rows of user and assistant text holding a group's text anywhere, through the trigram
+    index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
+    user's own "quoted phrases" asks for that phrase and is left out."""
+    direction = "ASC" if order == "oldest" else "DESC"
+    sign = 1.0 if order == "oldest" else -1.0
+    found: dict[int, float] = {}
+    for group in groups:
+        if not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content")
+        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
         index_pattern = max(group.index_patterns, key=len)
-        found = {h["id"] for h in hits}
-        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters,
-                                        order=_TRIGRAM_ORDER[sort])
-        for hit in _hits(conn, sql, (index_pattern, *exact_params, *params, wanted)):
-            if hit["id"] not in found:
-                hit["snippet"] = _snippet(conn, hit, plan.needles)
-                hits.append(hit)
-    if sort != "relevance":
-        hits.sort(key=_sort_key(sort))
-    return hits
+        for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
+            found[row_id] = ts
+    ordered = sorted(found.items(), key=lambda kv: (sign * kv[1], sign * kv[0]))
+    return ordered[:wanted]
 
 
 def _like_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
-    limit: int, offset: int, sort: str = "relevance",
-) -> list[dict[str, Any]]:
+    limit: int, offset: int, order: str | None,
+) -> list[int]:
     exact, exact_params = plan.like_where(_LIKE_TEXT)
-    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, order=_CANONICAL_ORDER[sort])
-    hits = _hits(conn, sql, (*exact_params, *params, limit, offset))
-    for hit in hits:
-        hit["snippet"] = _snippet(conn, hit, plan.needles)
+    direction = "ASC" if order == "oldest" else "DESC"
+    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
+    return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
+
+
+HIT_ROWS_SQL = """
+SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, m.content, m.tool_calls,
+       s.source, s.model, s.started_at
+FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE m.id IN (SELECT value FROM json_each(?))
+"""
+# A hit's neighbours in its session, by time then id, whatever their state.
+CONTEXT_BEFORE_SQL = """
+SELECT role, substr(COALESCE(content, ''), 1, :n) FROM messages
+WHERE session_id = :session AND (timestamp < :ts OR (timestamp = :ts AND id < :id))
+ORDER BY timestamp DESC, id DESC LIMIT 1
+"""
+CONTEXT_AFTER_SQL = """
+SELECT role, substr(COALESCE(content, ''), 1, :n) FROM messages
+WHERE session_id = :session AND (timestamp > :ts OR (timestamp = :ts AND id > :id))
+ORDER BY timestamp, id LIMIT 1
+"""
+
+
+def _snippet_of(
+    content: str | None, tool_name: str | None, tool_calls: str | None,
+    pattern: re.Pattern[str] | None,
+) -> str:
+    """The snippet of the column that holds the match: content, else tool calls, else tool
+    name (the start of the content when none does)."""
+    if pattern is not None:
+        for text in (content, tool_calls, tool_name):
+            if text and pattern.search(text):
+                return make_snippet(text, pattern)
+    return make_snippet(content or "", pattern)
+
+
+def _hits(
+    conn: sqlite3.Connection, ids: Sequence[int], plan: SearchPlan, kind: str,
+) -> list[dict[str, Any]]:
+    """The hit dicts of ``ids``, in that order (see :func:`search_messages`)."""
+    rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (json.dumps(list(ids)),))}
+    pattern = snippet_pattern(plan, words=kind == WORD)
+    hits = []
+    for row_id in ids:
+        row = rows.get(row_id)
+        if row is None:
+            continue
+        _, session_id, role, timestamp, tool_name, content, tool_calls, source, model, \
+            started = row
+        context = []
+        params = {"n": CONTEXT_CHARS, "session": session_id, "ts": timestamp, "id": row_id}
+        before = conn.execute(CONTEXT_BEFORE_SQL, params).fetchone()
+        after = conn.execute(CONTEXT_AFTER_SQL, params).fetchone()
+        if before is not None:
+            context.append({"role": before[0], "content": before[1]})
+        context.append({"role": role, "content": (content or "")[:CONTEXT_CHARS]})
+        if after is not None:
+            context.append({"role": after[0], "content": after[1]})
+        hit = {
+            "id": row_id, "session_id": session_id, "role": role,
+            "snippet": _snippet_of(content, tool_name, tool_calls, pattern),
+            "timestamp": timestamp, "tool_name": tool_name, "source": source, "model": model,
+            "session_started": started, "context": context,
+        }
+        if kind == SUBSTRING:
+            hit["match"] = SUBSTRING
+        hits.append(hit)
     return hits
 
 
-def _add_context(conn: sqlite3.Connection, hit: dict[str, Any]) -> dict[str, Any]:
-    context = []
-    for sql in (CONTEXT_BEFORE_SQL, CONTEXT_AFTER_SQL):
-        row = conn.execute(sql, (CONTEXT_CHARS, hit["session_id"], hit["id"])).fetchone()
-        if row is not None:
-            context.append({"role": row[0], "content": row[1]})
-    hit["context"] = context
-    hit.pop("rank", None)
-    return hit
+def note_index_damage(write: Callable[[Callable[[sqlite3.Connection], Any]], Any] | None) -> None:
+    """After a search: when it found the impact index damaged, mark it so through ``write`` (a
+    retried write transaction; None for a handle that must not write), so that the next write
+    rebuilds it. Searches meanwhile rank with FTS5."""
+    if rank.damage_noticed() and write is not None:
+        write(rank.mark_index_damaged)
 
 
 def search_messages(
@@ -756,32 +902,41 @@ def search_messages(
 ) -> list[dict[str, Any]]:
     """Search every session's messages (see the module docstring for the routes).
 
-    Returns ``id, session_id, role, timestamp, snippet`` (matches marked ``>>>…<<<``),
-    ``context`` (the previous and next message of the same session, ``{role, content}`` with
-    content cut to 200 characters), ``source, model, session_started``; best matches first,
-    or by the message's time with ``sort`` ``"newest"`` / ``"oldest"`` (:func:`search_sort`:
-    then by rank; an order by time ranks every match, not only the most recent ones).
-    Archived generations are left out unless ``include_inactive``. Any text is a valid query;
-    one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an index
-    proves damaged (the caller detaches it and searches again with ``use_index=False``).
+    Returns hits in one order per query and filters — relevance (FTS5's ``bm25()`` over the
+    whole history, ties by id) unless ``sort`` is ``"newest"`` or ``"oldest"`` (message time,
+    then relevance) — of which ``offset``/``limit`` is a slice: pages never overlap or leave a
+    gap. A hit is ``id, session_id, role, snippet`` (the match marked ``>>>…<<<``, the cut
+    centred on it in the column that holds it), ``timestamp, tool_name, source, model,
+    session_started`` and ``context``: the previous message of the session, the hit itself and
+    the next one (``{role, content}``, content cut to 200 characters). A word query returns
+    rows holding the words; only when none does, rows holding the text inside a word, marked
+    ``"match": "substring"`` (as are all hits while the index is unusable). The whole record
+    is searched once: live rows, and archived-generation rows whose message has no live copy;
+    rewound rows only with ``include_inactive``, which returns every row. Any text is a valid
+    query; one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an
+    index proves damaged (the caller detaches it and searches again with ``use_index=False``).
     """
     plan = plan_search(query)
-    limit, offset, order = max(int(limit), 0), max(int(offset), 0), search_sort(sort)
+    limit, offset = max(int(limit), 0), max(int(offset), 0)
     if plan is None or limit == 0:
         return []
+    order = sort_order(sort)
     filters, params = search_filters(source_filter, exclude_sources, role_filter,
                                      include_inactive)
-    hits = None
+    wanted = offset + limit
     if use_index and index_state(conn).usable:
         try:
-            hits = _index_hits(conn, plan, filters, params, offset + limit, order)[offset:]
+            ids = _word_hits(conn, plan, filters, params, wanted, order)
+            if ids:
+                return _hits(conn, ids[offset:wanted], plan, WORD)
+            rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+            return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
         except (sqlite3.Error, MemoryError) as exc:
             damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
             if damaged and damage_is_fts_only(conn, exc):
                 raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
             if damaged or is_sqlite_lock_error(exc):
                 raise
-            hits = None  # a query the index refused: answer from canonical rows
-    if hits is None:
-        hits = _like_hits(conn, plan, filters, params, limit, offset, order)
-    return [_add_context(conn, hit) for hit in hits[:limit]]
+            # a query the index refused: answer from canonical rows
+    ids = _like_hits(conn, plan, filters, params, limit, offset, order)
+    return _hits(conn, ids, plan, SUBSTRING)

@@ -83,6 +83,32 @@ def test_search_finds_messages_with_filters_and_never_fails_on_odd_text(
     assert text.returncode == 0 and "sess-" in text.stdout
 
 
+def test_search_sorts_by_time_and_includes_rewound_rows_when_asked(
+    db_path: Path, hermes_home: Path
+) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        ids = [db.append_message("s1", "user", f"kiwi number {n}", timestamp=100.0 + n)
+               for n in range(4)]
+    with sqlite3.connect(db_path) as raw:  # /undo takes the last row back
+        raw.execute("UPDATE messages SET active = 0 WHERE id = ?", (ids[-1],))
+        raw.execute("UPDATE sessions SET rewind_count = 1 WHERE id = 's1'")
+    raw.close()
+
+    def search(*args: str) -> list[int]:
+        result = cli(hermes_home, "sessions", "search", "kiwi", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return [hit["id"] for hit in as_json(result)]
+
+    assert search("--sort", "newest") == ids[2::-1]
+    assert search("--sort", "oldest", "--limit", "2") == ids[:2]
+    assert search("--sort", "newest", "--include-inactive") == ids[::-1]
+    assert sorted(search()) == ids[:3]  # relevance: equal scores, ties by id
+    assert search() == ids[:3]
+    wrong = cli(hermes_home, "sessions", "search", "kiwi", "--sort", "sideways")
+    assert wrong.returncode != 0 and "--sort" in wrong.stderr
+
+
 def test_doctor_on_a_fresh_home_reports_and_succeeds_without_creating_anything(
     hermes_home: Path,
 ) -> None:

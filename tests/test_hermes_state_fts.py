@@ -469,14 +469,31 @@ def closed_store(db_path: Path) -> Path:
 
 
 def damage_page(path: Path, table: str, page_type: str) -> None:
-    """Overwrite part of a b-tree page of ``table`` in the file itself (no connection open)."""
+    """Overwrite part of a b-tree page of ``table`` in the file itself (no connection open):
+    its root-most interior page, or a leaf a third of the way in — for an FTS5 ``%_data``
+    table, the leaf holding the start of the ``docker`` doclist (the row whose block holds
+    that term), which every ``docker`` search reads, wherever the file put it."""
     conn = raw(path)
     pages = [row[0] for row in conn.execute(
-        "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = ? ORDER BY pageno",
+        "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = ? ORDER BY path",
         (table, page_type))]
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    if page_type == "internal":
+        page, offset = pages[0], 0
+    elif not table.endswith("_data"):
+        page, offset = pages[len(pages) // 3], 8
+    else:
+        (row,) = conn.execute(
+            f"SELECT count(*) FROM {table} WHERE id < (SELECT min(id) FROM {table}"
+            " WHERE id > 10 AND instr(block, CAST('docker' AS BLOB)) > 0)").fetchone()
+        cells = conn.execute("SELECT pageno, ncell FROM dbstat WHERE name = ?"
+                             " AND pagetype = 'leaf' ORDER BY path", (table,)).fetchall()
+        for page, ncell in cells:
+            if row < ncell:
+                break
+            row -= ncell
+        offset = 8
     conn.close()
-    page, offset = (pages[0], 0) if page_type == "internal" else (pages[len(pages) // 3], 8)
     with open(path, "r+b") as fh:
         fh.seek((page - 1) * page_size + offset)
         fh.write(b"\xff" * 64)

@@ -4,7 +4,6 @@ written is found, the result shape, ranking, filters and pagination on every rou
 from __future__ import annotations
 
 import itertools
-import random
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -19,8 +18,8 @@ import hermes_state_search as search
 from hermes_state import SessionDB
 
 RESULT_KEYS = {
-    "id", "session_id", "role", "timestamp", "snippet", "context", "source", "model",
-    "session_started",
+    "id", "session_id", "role", "timestamp", "tool_name", "snippet", "context", "source",
+    "model", "session_started",
 }
 OPERATORS = ("AND", "OR", "NOT")
 
@@ -216,28 +215,44 @@ def test_hostile_queries_never_raise_and_find_the_text_they_name(
 def test_a_result_carries_the_message_its_session_and_its_neighbours(db: SessionDB) -> None:
     db.create_session("s1", "telegram", model="gpt-x")
     db.create_session("other", "cli")
-    first = add(db, "s1", "P" * 300, role="system")
-    add(db, "other", "interleaved from another session mentions nothing")
+    first = add(db, "s1", "P" * 300, role="system", timestamp=100.0)
+    add(db, "other", "interleaved from another session mentions nothing", timestamp=110.0)
     hit = add(db, "s1", "we should fix the flaky kiwi test", role="assistant", timestamp=123.5)
-    add(db, "s1", "N" * 300, role="tool")
+    add(db, "s1", "N" * 300, role="tool", tool_name="terminal", timestamp=130.0)
     (result,) = db.search_messages("kiwi")
     assert set(result) == RESULT_KEYS
     session = db.get_session("s1")
     assert session is not None
     assert result["id"] == hit
     assert (result["session_id"], result["role"], result["timestamp"]) == ("s1", "assistant", 123.5)
-    assert (result["source"], result["model"]) == ("telegram", "gpt-x")
+    assert (result["source"], result["model"], result["tool_name"]) == ("telegram", "gpt-x", None)
     assert result["session_started"] == session["started_at"]
     assert ">>>kiwi<<<" in result["snippet"]
     assert unmark(result["snippet"]) in "we should fix the flaky kiwi test"
     assert result["context"] == [
         {"role": "system", "content": "P" * 200},
+        {"role": "assistant", "content": "we should fix the flaky kiwi test"},
         {"role": "tool", "content": "N" * 200},
     ]
     (at_start,) = db.search_messages("P" * 300)
     assert at_start["id"] == first
     assert at_start["context"] == [
+        {"role": "system", "content": "P" * 200},
         {"role": "assistant", "content": "we should fix the flaky kiwi test"}]
+    (tool,) = db.search_messages("terminal")
+    assert tool["tool_name"] == "terminal" and tool["snippet"] == ">>>terminal<<<"
+
+
+def test_context_follows_message_time_then_id_whatever_the_state(db: SessionDB) -> None:
+    db.create_session("s1", "cli")
+    add(db, "s1", "written first, stamped last", timestamp=300.0)
+    add(db, "s1", "written second, stamped first", timestamp=100.0)
+    hit = add(db, "s1", "the kiwi in the middle", timestamp=200.0)
+    add(db, "s1", "same moment, other words", timestamp=200.0)  # after the hit: a larger id
+    (result,) = db.search_messages("kiwi")
+    assert result["id"] == hit
+    assert [c["content"] for c in result["context"]] == [
+        "written second, stamped first", "the kiwi in the middle", "same moment, other words"]
 
 
 def test_a_message_with_the_term_many_times_ranks_first(db: SessionDB) -> None:
@@ -265,30 +280,57 @@ def test_a_match_in_tool_calls_or_tool_name_is_marked_in_the_snippet(
         assert f">>>{marked}<<<" in hits[row], (query, hits)
 
 
-def _archive(db_path: Path, ids: list[int]) -> None:
-    """Turn rows into an archived generation, as in-place compression leaves them."""
+def _rewind(db_path: Path, session_id: str, ids: list[int]) -> None:
+    """Rewind rows away, as /undo leaves them: inactive, not compacted, and the session's
+    rewind count raised."""
     with sqlite3.connect(db_path, isolation_level=None) as raw:
         raw.executemany("UPDATE messages SET active = 0 WHERE id = ?", [(i,) for i in ids])
+        raw.execute("UPDATE sessions SET rewind_count = rewind_count + 1 WHERE id = ?",
+                    (session_id,))
     raw.close()
 
 
+def _mark_compacted(db_path: Path, session_id: str) -> None:
+    """What compression now records on the rows it archives."""
+    with sqlite3.connect(db_path, isolation_level=None) as raw:
+        raw.execute("UPDATE messages SET compacted = 1 WHERE session_id = ? AND active = 0",
+                    (session_id,))
+    raw.close()
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["archived-before-marking", "compacted"])
 @pytest.mark.parametrize(
-    ("query", "text", "stale"),
-    [("kiwi", "old kiwi turn", False), ("東京", "古い東京の話", False),
-     ("iwitur", "old kiwitur turn", False), ("kiwi", "old kiwi turn", True)],
+    ("query", "kept", "dropped", "stale"),
+    [("kiwi", "kiwi we keep", "old kiwi turn", False),
+     ("東京", "東京の話を続ける", "古い東京の話", False),
+     ("iwitur", "kiwiturn we keep", "old kiwiturn", False),
+     ("kiwi", "kiwi we keep", "old kiwi turn", True)],
     ids=["fts", "cjk", "trigram", "stale"],
 )
-def test_archived_generations_are_hidden_unless_asked_for(
-    db: SessionDB, db_path: Path, query: str, text: str, stale: bool
+def test_the_whole_record_is_searched_once_and_rewound_rows_are_left_out(
+    db: SessionDB, db_path: Path, query: str, kept: str, dropped: str, stale: bool, marked: bool
 ) -> None:
     db.create_session("s1", "cli")
-    archived = add(db, "s1", text)
-    live = add(db, "s1", text)  # the same content re-inserted as the live generation
-    _archive(db_path, [archived])
+    protected = add(db, "s1", kept)
+    summarized = add(db, "s1", dropped)
+    [copy] = db.get_messages("s1")[:1]
+    db.archive_and_compact("s1", [copy])  # keeps ``kept`` under the same message_uid
+    if marked:
+        _mark_compacted(db_path, "s1")
+    live = [m["id"] for m in db.get_messages("s1")]
+    assert protected not in live and len(live) == 1
     if stale:
         mark_stale(db)
-    assert found(db.search_messages(query)) == [live]
-    assert sorted(found(db.search_messages(query, include_inactive=True))) == [archived, live]
+    # The live copy of the protected message, and the summarized-away one from the archive.
+    assert sorted(found(db.search_messages(query, limit=50))) == sorted([*live, summarized])
+    everything = found(db.search_messages(query, include_inactive=True, limit=50))
+    assert sorted(everything) == sorted([protected, summarized, *live])
+
+    db.create_session("s2", "cli")
+    undone = add(db, "s2", dropped)
+    _rewind(db_path, "s2", [undone])
+    assert undone not in found(db.search_messages(query, limit=50))
+    assert undone in found(db.search_messages(query, include_inactive=True, limit=50))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,16 +405,20 @@ def test_pages_are_consistent_on_every_route(route: tuple[SessionDB, str]) -> No
     assert db.search_messages(query, limit=0) == []
 
 
-def test_pages_mix_word_hits_and_substring_hits_without_repeats(db: SessionDB) -> None:
+def test_substring_hits_only_when_no_row_holds_the_word_and_they_say_so(db: SessionDB) -> None:
     db.create_session("s1", "cli")
-    words = [add(db, "s1", "kiwi " * (1 + n % 3) + "end") for n in range(12)]
-    substrings = [add(db, "s1", f"kiwifruit number {n}") for n in range(9)]
-    everything = found(db.search_messages("kiwi", limit=100))
-    assert set(everything[:12]) == set(words) and set(everything[12:]) == set(substrings)
-    pages: list[int] = []
-    for offset in range(0, 21, 4):
-        pages += found(db.search_messages("kiwi", limit=4, offset=offset))
-    assert pages == everything
+    words = [add(db, "s1", "kiwi " * (1 + n % 3) + "end") for n in range(3)]
+    inside = [add(db, "s1", f"kiwifruit number {n}") for n in range(9)]
+    hits = db.search_messages("kiwi", limit=100)
+    assert sorted(found(hits)) == sorted(words)  # no padding with kiwifruit
+    assert all("match" not in hit for hit in hits)
+    assert db.search_messages("kiwi", offset=3) == []
+    substring = db.search_messages("iwifrui", limit=100)
+    assert found(substring) == inside[::-1]  # newest first
+    assert all(hit["match"] == "substring" for hit in substring)
+    assert all(">>>iwifrui<<<" in hit["snippet"] for hit in substring)
+    assert found(db.search_messages("iwifrui", sort="oldest", limit=3)) == inside[:3]
+    assert db.search_messages("iwifrui", role_filter=["assistant"]) == []
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
@@ -477,101 +523,16 @@ def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
          f"鯨の話 {n}"} for n in range(3000)
     ])
     plan = search.plan_search("鯨")
-    assert plan is not None and plan.cjk_match is not None
+    assert plan is not None and plan.cjk_match is not None and plan.cjk_short
     filters, params = search.search_filters(["cli"], None, ["user"], False)
-    sql = "EXPLAIN QUERY PLAN " + search.CJK_SEARCH_SQL.format(filters=filters)
+    sql = "EXPLAIN QUERY PLAN " + search.BLOCK_HITS_SQL.format(
+        table="messages_fts_cjk", filters=filters)
     with sqlite3.connect(db_path) as raw:
-        steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, *params, 20))]
+        steps = [row[-1] for row in raw.execute(sql, (plan.cjk_match, 0, 4096, *params))]
     raw.close()
     assert any(re.fullmatch(r"SCAN f VIRTUAL TABLE INDEX \d+:M\d+.*", s) for s in steps), steps
     assert not any(s.startswith("SCAN m") for s in steps), steps
     hits = db.search_messages("鯨", limit=100, source_filter=["cli"], role_filter=["user"])
     assert len(found(hits)) == 60
-
-
-def test_a_common_word_is_ranked_among_recent_matches_and_a_rare_one_over_everything(
-    db: SessionDB, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(search, "RANK_WINDOW_START", 16)
-    monkeypatch.setattr(search, "RANK_CANDIDATES", 8)
-    db.create_session("s1", "cli")
-    oldest = db.append_message("s1", "user", "alpha alpha alpha zeta")
-    for n in range(200):
-        db.append_message("s1", "user", f"alpha filler number {n} " + "padding " * (n % 7))
-    rare = db.search_messages("zeta")
-    assert [h["id"] for h in rare] == [oldest]
-    common = db.search_messages("alpha", limit=10)
-    assert len(common) == 10 and oldest not in [h["id"] for h in common]
-    assert min(h["id"] for h in common) > oldest + 100
-    everything = db.search_messages("alpha", limit=500)
-    assert len(everything) == 201 and oldest in [h["id"] for h in everything]
-
-
-# ---------------------------------------------------------------------------------------------
-# Sorting by time
-# ---------------------------------------------------------------------------------------------
-
-
-def _timed_store(db: SessionDB, seed: int) -> dict[int, float]:
-    """Matches whose timestamps do not follow their ids (as after an import): Latin, CJK and
-    both in one row, some in a second session of another source; returns id -> timestamp."""
-    rng = random.Random(seed)
-    db.create_session("s1", "cli")
-    db.create_session("s2", "telegram")
-    stamps = {}
-    for n in range(300):
-        when = 1_700_000_000 + rng.randrange(10**7) + n / 1000
-        text = rng.choice(["alpha report", "東京の天気", "alpha 東京", "unrelated words"])
-        row = db.append_message(rng.choice(["s1", "s2"]), rng.choice(["user", "assistant"]),
-                                f"{text} {n}", timestamp=when)
-        stamps[row] = when
-    return stamps
-
-
-def _by_time(db: SessionDB, stamps: dict[int, float], needle: str, newest: bool) -> list[int]:
-    """The oracle: every row holding ``needle``, ordered by its timestamp."""
-    with db._lock:
-        rows = db._conn.execute("SELECT id, content FROM messages").fetchall()
-    ids = [row_id for row_id, content in rows if needle in content]
-    return sorted(ids, key=lambda i: stamps[i], reverse=newest)
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_sort_by_time_orders_every_match_by_its_timestamp_on_every_route(
-    db: SessionDB, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(search, "RANK_WINDOW_START", 16)  # the ranked window is small...
-    monkeypatch.setattr(search, "RANK_CANDIDATES", 8)
-    stamps = _timed_store(db, seed)
-    for needle in ("alpha", "東京"):
-        for sort, newest in (("newest", True), ("oldest", False)):
-            expected = _by_time(db, stamps, needle, newest)
-            assert len(expected) > 100
-            hits = db.search_messages(needle, limit=15, sort=sort)  # ...a sort sees them all
-            assert found(hits) == expected[:15], (needle, sort)
-            assert all(f"{search.MATCH_START}{needle}{search.MATCH_END}" in h["snippet"]
-                       for h in hits)
-            assert all(set(h) == RESULT_KEYS for h in hits)
-            page = db.search_messages(needle, limit=10, offset=15, sort=sort)
-            assert found(page) == expected[15:25]
-            both = db.search_messages(needle, limit=500, sort=sort, source_filter=["telegram"])
-            with db._lock:
-                telegram = {r[0] for r in db._conn.execute(
-                    "SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id"
-                    " WHERE s.source = 'telegram'")}
-            assert found(both) == [i for i in expected if i in telegram]
-    mark_stale(db)  # the canonical route orders the same way
-    expected = _by_time(db, stamps, "alpha", False)
-    assert found(db.search_messages("alpha", limit=20, sort="oldest")) == expected[:20]
-    assert found(db.search_messages("alpha", limit=20, sort="newest")) == expected[::-1][:20]
-
-
-def test_sort_words_are_read_loosely_and_anything_else_ranks(db: SessionDB) -> None:
-    _timed_store(db, 4)
-    newest = found(db.search_messages("alpha", limit=30, sort="newest"))
-    assert found(db.search_messages("alpha", limit=30, sort="  NEWEST ")) == newest
-    ranked = found(db.search_messages("alpha", limit=30))
-    assert ranked != newest
-    for other in (None, "relevance", "best", 5, ""):
-        assert found(db.search_messages("alpha", limit=30, sort=other)) == ranked
-    assert search.search_sort(" Oldest") == "oldest" and search.search_sort([]) == "relevance"
+    assert found(hits) == sorted(found(hits), reverse=True)  # newest first, whatever the sort
+    assert found(db.search_messages("鯨", limit=100, sort="oldest")) == found(hits)

@@ -1,0 +1,1123 @@
+"""Exact BM25 ranking of word queries over the whole history, fast for common words.
+
+**The order.** A word query is ranked the way ``messages_fts``'s own ``bm25()`` ranks it, ties
+by message id. For phrases p₁…pₙ (the query's words and "quoted phrases", in query order) FTS5
+scores a row
+
+    score = Σᵢ idfᵢ · fᵢ·(k₁+1) / (fᵢ + k₁·(1 − b + b·D/avgdl)),   k₁ = 1.2, b = 0.75,
+
+fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in
+tokens (all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½))
+(at least 10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that,
+in the same floating-point order, from N and the token total of the index's own averages
+record; :func:`formula_matches_fts5` checks it against this SQLite once per process, and a
+SQLite that scores differently never takes the fast route.
+
+**Why an index of its own.** FTS5 computes ``bm25()`` for every matching row before it sorts,
+about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends on
+its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
+for a common word are its short messages and the long ones that repeat it. So the library
+writes, with each message, the message's high-impact postings: every term (ASCII letters and
+digits, folded as FTS5 folds them) whose impact under the index's reference length A reaches
+:data:`THRESHOLD` — all of a short message, the repeated words of a long one, about one
+posting in seven. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
+kkkk = ⌊(1 − impact)·10⁴⌋, beside the plain token ``term``: within a term the keyed tokens
+sort best first, so the table's ``fts5vocab`` instance view reads a term's postings, with their
+rows, in falling impact and can stop early; f and D give each row's exact share; and rows
+indexed under every word of a query are one FTS5 AND of the plain tokens.
+
+**The query** (:func:`top_k`): a conjunction of phrases whose tokens are all ASCII, with the
+caller's filters. A single word is read best first, each row scored from its token, until the
+k-th best row passing the filters beats every posting not read yet — whose impact is at most
+the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
+whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
+idf; the rows indexed under every word are scored from their postings; every other row has a
+phrase below the threshold, which bounds it, and the phrases' postings are read best first
+(for a phrase, those of its longest word: a phrase occurs at most as often as each of its
+words) until that bound falls below the k-th best. A row whose postings leave a frequency
+unknown waits with its best case, and is scored from its text — tokenized as FTS5 tokenizes it
+— or, many at once, by FTS5 itself, only if that best case can still enter the top. Scores use
+the current avgdl; A only orders the tokens, and the bounds allow for the difference (impact at
+most x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
+a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
+ranks with FTS5: the answer is the same.
+
+**Coverage.** The library writes a message's postings just before the message itself, under
+the id AUTOINCREMENT will give it (:func:`index_next_message`); a trigger queues any message
+inserted without them (another client, a raw copy), another queues changed rows and a third
+the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``). Postings reach
+``search_impact_fts`` in batches of :data:`FLUSH_ROWS` (FTS5 writes a segment per commit,
+which would cost more than the postings of one message); searches read the rows of the open
+batch directly, and score up to :data:`QUEUE_SCAN_LIMIT` queued rows from their text. With
+more queued, they rank with FTS5 until :func:`drain_queue` — a chunk per write — has indexed
+them. A store upgraded from before the index starts with every message queued.
+
+**Consistency and damage.** Every index has an epoch, in ``state_meta``, in each row of
+``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
+checks that they agree, so a copy of the file that kept one table without the other (a salvage
+that skips virtual tables) is never trusted. Errors from the impact index never reach a
+canonical write: the index is marked damaged, the row queued, and the next write replaces the
+index with an empty one of a new epoch, every message queued (:func:`reset_index`). A search
+that finds it damaged or inconsistent says so (:func:`damage_noticed`); a writable handle
+then marks it, through its own retried write.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import logging
+import math
+import os
+import re
+import sqlite3
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, get_meta, set_meta
+from hermes_state_common import split_sql
+from hermes_state_errors import is_corruption_error
+
+logger = logging.getLogger("hermes_state")
+
+__all__ = [
+    "K1",
+    "B",
+    "THRESHOLD",
+    "QUEUE_SCAN_LIMIT",
+    "MAX_WALK_POSTINGS",
+    "Conjunction",
+    "Bm25Stats",
+    "column_tokens",
+    "impact_postings",
+    "Prepared",
+    "index_next_message",
+    "after_insert",
+    "flush",
+    "drain_queue",
+    "reset_index",
+    "index_health",
+    "damage_noticed",
+    "mark_index_damaged",
+    "read_stats",
+    "bm25_score",
+    "formula_matches_fts5",
+    "conjunction",
+    "top_k",
+]
+
+K1 = 1.2
+B = 0.75
+THRESHOLD = 0.7
+KEY_SCALE = 10_000
+MAX_TERM_CHARS = 64
+QUEUE_SCAN_LIMIT = 64
+DRAIN_PER_WRITE = 16
+MAX_WALK_POSTINGS = 40_000
+MAX_RESOLVED_ROWS = 4_000
+META_KEY = "search_impact"
+# Relative slack on every bound: the proof must survive a last-bit rounding difference.
+_BOUND_SLACK = 1e-9
+
+# ---------------------------------------------------------------------------------------------
+# Tokens, as FTS5's unicode61 tokenizer makes them
+# ---------------------------------------------------------------------------------------------
+
+# Letters and digits are token characters (folded to lower case); every other ASCII byte
+# separates tokens; bytes of non-ASCII characters are kept for a closer look.
+_ASCII_FOLD = bytes(
+    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c >= 128) else 32
+    for c in range(256)
+)
+# Inside a piece with non-ASCII text: runs of letters and numbers (marks break a run here,
+# which unicode61 would keep: a rare difference, for words spelled with combining marks).
+_WORD_RE = re.compile(r"[^\W_]+")
+
+
+def _fold(token: str) -> str:
+    """Lower case without diacritics, as unicode61 folds a token (for Latin letters)."""
+    token = token.lower()
+    if token.isascii():
+        return token
+    decomposed = unicodedata.normalize("NFD", token)
+    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+
+
+def _pieces(text: str) -> list[bytes]:
+    """The text split at ASCII separators, ASCII letters folded; pieces may hold non-ASCII."""
+    return text.encode().translate(_ASCII_FOLD).split()
+
+
+def _split_piece(piece: bytes) -> list[str]:
+    return [_fold(t) for t in _WORD_RE.findall(piece.decode())]
+
+
+def column_tokens(text: str | None) -> list[str]:
+    """The tokens of one column's text, folded as FTS5 folds them."""
+    if not text:
+        return []
+    if text.isascii():
+        return text.encode().translate(_ASCII_FOLD).decode().split()
+    out: list[str] = []
+    for piece in _pieces(text):
+        if piece.isascii():
+            out.append(piece.decode())
+        else:
+            out.extend(_split_piece(piece))
+    return out
+
+
+def _row_counts(text: str) -> tuple[Counter[bytes], int]:
+    """ASCII terms of a row's text with their frequencies, and its length in tokens."""
+    pieces = _pieces(text)
+    if text.isascii():
+        return Counter(pieces), len(pieces)
+    words: list[bytes] = []
+    length = 0
+    for piece in pieces:
+        if piece.isascii():
+            words.append(piece)
+            length += 1
+        else:
+            folded = _split_piece(piece)
+            length += len(folded)
+            words.extend(t.encode() for t in folded if t.isascii())
+    return Counter(words), length
+
+
+def _reference_k(length: int, avgdl: float) -> float:
+    return K1 * (1 - B + B * length / avgdl)
+
+
+def _least_frequency(length: int, avgdl: float) -> int:
+    """The smallest term frequency whose impact reaches THRESHOLD in a row of ``length``."""
+    k = _reference_k(length, avgdl)
+    return max(1, math.ceil(THRESHOLD * k / (1.0 - THRESHOLD) - 1e-9))
+
+
+def impact_postings(
+    content: str | None, tool_name: str | None, tool_calls: str | None, avgdl: float
+) -> tuple[str, int]:
+    """A row's high-impact postings as index text (``term_kkkk_f_D`` tokens), and its length.
+
+    ``avgdl`` is the index's reference length."""
+    text = "\n".join(part for part in (content, tool_name, tool_calls) if part)
+    if not text:
+        return "", 0
+    counts, length = _row_counts(text)
+    least = _least_frequency(length, avgdl)
+    k = _reference_k(length, avgdl)
+    out = [
+        b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
+        for term, f in counts.items()
+        if f >= least and len(term) <= MAX_TERM_CHARS
+    ]
+    return b" ".join(out).decode(), length
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping the index
+# ---------------------------------------------------------------------------------------------
+
+# Rows the library has written postings for but not yet put into search_impact_fts: they are
+# indexed in one batch (FTS5 writes a new segment at every commit, which costs more than the
+# postings of one row), and searches read them directly meanwhile.
+FLUSH_ROWS = 256
+
+
+@dataclass(frozen=True)
+class _Index:
+    epoch: int
+    avgdl: float  # the reference length A
+    indexed: int  # rows of search_impact with an id up to this one are in search_impact_fts
+    damaged: bool = False
+
+    def meta(self, **changes: object) -> dict[str, object]:
+        value: dict[str, object] = {
+            "epoch": self.epoch, "avgdl": self.avgdl, "indexed": self.indexed,
+            "damaged": self.damaged,
+        }
+        value.update(changes)
+        return value
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_meta(value: str | None) -> _Index | None:
+    try:
+        meta = json.loads(value or "null")
+        return _Index(int(meta["epoch"]), float(meta["avgdl"]), int(meta.get("indexed", 0)),
+                      bool(meta.get("damaged")))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _index_meta(conn: sqlite3.Connection) -> _Index | None:
+    try:
+        return _parse_meta(get_meta(conn, META_KEY))
+    except sqlite3.OperationalError:
+        return None
+
+
+def _set_index(conn: sqlite3.Connection, index: _Index, **changes: object) -> None:
+    set_meta(conn, META_KEY, index.meta(**changes))
+
+
+def _mark_damaged(conn: sqlite3.Connection, index: _Index, exc: BaseException) -> None:
+    logger.warning("search impact index damaged (%s); ranking falls back to FTS5", exc)
+    _set_index(conn, index, damaged=True)
+
+
+# Set when a read finds the impact index damaged; reads cannot write the marker themselves.
+_damage_noticed: ContextVar[bool] = ContextVar("hermes_impact_damage_noticed", default=False)
+
+
+def damage_noticed() -> bool:
+    """Whether a search of this context found the impact index damaged since the last call."""
+    noticed = _damage_noticed.get()
+    _damage_noticed.set(False)
+    return noticed
+
+
+def mark_index_damaged(conn: sqlite3.Connection) -> None:
+    """Mark the impact index damaged (the caller's write transaction): the next write
+    replaces it (see :func:`drain_queue`)."""
+    index = _index_meta(conn)
+    if index is not None and not index.damaged:
+        _set_index(conn, index, damaged=True)
+
+
+def _index_error(exc: BaseException) -> bool:
+    """Errors that mean the impact index itself is unusable (garbage in an FTS5 structure can
+    also read as out of memory)."""
+    return isinstance(exc, MemoryError) or is_corruption_error(exc)
+
+
+def _index_text(postings: str) -> str:
+    """What ``search_impact_fts`` indexes for a row: its postings, then each posting's term
+    alone (so "indexed under every word of the query" is a plain FTS5 AND)."""
+    terms = " ".join(token.rsplit("_", 3)[0] for token in postings.split())
+    return postings + " " + terms
+
+
+FTS_ADD_SQL = "INSERT INTO search_impact_fts (rowid, postings) VALUES (?, ?)"
+FTS_REMOVE_SQL = """
+INSERT INTO search_impact_fts (search_impact_fts, rowid, postings) VALUES ('delete', ?, ?)
+"""
+ADD_ROW_SQL = "INSERT OR REPLACE INTO search_impact (id, epoch, postings) VALUES (?, ?, ?)"
+QUEUE_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) VALUES (?)"
+# The index, the id the next message will get (AUTOINCREMENT: one more than any ever used),
+# and whether anything waits in the queues.
+NEXT_MESSAGE_SQL = """
+SELECT (SELECT value FROM state_meta WHERE key = 'search_impact'),
+       coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0) + 1,
+       EXISTS (SELECT 1 FROM search_impact_queue) OR EXISTS (SELECT 1 FROM search_impact_gone)
+"""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Postings written ahead of a message (see :func:`index_next_message`)."""
+
+    row_id: int
+    index: _Index
+    postings: str
+    waiting: bool
+
+
+def index_next_message(
+    conn: sqlite3.Connection, content: str | None, tool_name: str | None,
+    tool_calls: str | None,
+) -> Prepared | None:
+    """Write the postings of the message about to be inserted (the caller's transaction), as
+    the text ``messages_fts`` indexes: content, tool name, stored tool-call JSON. They go in
+    first, under the id the message will get, so the insert trigger sees the row is indexed;
+    :func:`after_insert` checks the id. None when there is no usable index (the trigger then
+    queues the message)."""
+    try:
+        value, row_id, waiting = conn.execute(NEXT_MESSAGE_SQL).fetchone()
+    except sqlite3.OperationalError:
+        return None  # a file without the impact index tables: nothing to keep
+    index = _parse_meta(value)
+    if index is None or index.damaged:
+        return None
+    postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+    conn.execute(ADD_ROW_SQL, (row_id, index.epoch, postings))
+    return Prepared(row_id, index, postings, bool(waiting))
+
+
+def after_insert(conn: sqlite3.Connection, prepared: Prepared | None, row_id: int) -> None:
+    """Finish :func:`index_next_message` once the message has ``row_id``: index a full batch,
+    work a little on the queues."""
+    if prepared is None:
+        drain_queue(conn, DRAIN_PER_WRITE)  # a damaged index is replaced here
+        return
+    if prepared.row_id != row_id:  # never under AUTOINCREMENT; kept honest all the same
+        conn.execute("DELETE FROM search_impact WHERE id = ?", (prepared.row_id,))
+        conn.execute(QUEUE_SQL, (row_id,))
+    if row_id - prepared.index.indexed >= FLUSH_ROWS:
+        flush(conn)
+    if prepared.waiting:
+        drain_queue(conn, DRAIN_PER_WRITE)
+
+
+BUFFERED_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id"
+
+
+def flush(conn: sqlite3.Connection) -> None:
+    """Put the rows written since the last batch into ``search_impact_fts`` (the caller's
+    transaction)."""
+    index = _index_meta(conn)
+    if index is None or index.damaged:
+        return
+    rows = conn.execute(BUFFERED_SQL, (index.indexed,)).fetchall()
+    if not rows:
+        return
+    try:
+        conn.executemany(FTS_ADD_SQL, [(i, _index_text(p)) for i, e, p in rows
+                                       if p and e == index.epoch])
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        _mark_damaged(conn, index, exc)
+        return
+    _set_index(conn, index, indexed=rows[-1][0])
+
+
+QUEUE_BATCH_SQL = """
+SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls
+FROM (SELECT id FROM search_impact_queue ORDER BY id DESC LIMIT ?) AS q
+LEFT JOIN search_impact i ON i.id = q.id
+LEFT JOIN messages m ON m.id = q.id
+"""
+GONE_BATCH_SQL = """
+SELECT g.id, i.epoch, i.postings
+FROM (SELECT id FROM search_impact_gone LIMIT ?) AS g
+LEFT JOIN search_impact i ON i.id = g.id
+"""
+
+
+def _unindex(conn: sqlite3.Connection, index: _Index, row_id: int, epoch: int | None,
+             postings: str | None) -> None:
+    """Remove a row's postings. Only rows of this epoch up to ``indexed`` are in the FTS5
+    table (an older epoch's are not; newer rows wait for the next batch)."""
+    if postings and epoch == index.epoch and row_id <= index.indexed:
+        conn.execute(FTS_REMOVE_SQL, (row_id, _index_text(postings)))
+    if postings is not None:
+        conn.execute("DELETE FROM search_impact WHERE id = ?", (row_id,))
+
+
+def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
+    """Index up to ``limit`` queued rows, newest first, and purge as many deleted ones (the
+    caller's transaction); returns how many rows were handled. A damaged or inconsistent
+    index is replaced by a new, empty one first (:func:`reset_index`)."""
+    found = _index_meta(conn)
+    if found is None:
+        return 0
+    index = found
+    try:
+        if index.damaged or not _consistent(conn, index):
+            fresh = reset_index(conn)
+            if fresh is None:
+                return 0
+            index = fresh
+        done = 0
+        for row_id, epoch, postings in conn.execute(GONE_BATCH_SQL, (limit,)).fetchall():
+            _unindex(conn, index, row_id, epoch, postings)
+            conn.execute("DELETE FROM search_impact_gone WHERE id = ?", (row_id,))
+            done += 1
+        batch = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
+        for row_id, epoch, postings, exists, content, tool_name, tool_calls in batch:
+            _unindex(conn, index, row_id, epoch, postings)
+            if exists:
+                text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+                if text and row_id <= index.indexed:
+                    conn.execute(FTS_ADD_SQL, (row_id, _index_text(text)))
+                conn.execute(ADD_ROW_SQL, (row_id, index.epoch, text))
+            conn.execute("DELETE FROM search_impact_queue WHERE id = ?", (row_id,))
+            done += 1
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        _mark_damaged(conn, index, exc)
+        return 0
+    flush(conn)
+    return done
+
+
+@functools.cache
+def _fresh_index_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
+    """What the shadow tables of a new, empty ``search_impact_fts`` hold on this SQLite."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)")
+        for statement in split_sql(SEARCH_INDEX_SQL):
+            if not statement.startswith("INSERT"):
+                mem.execute(statement)
+        return {
+            name: tuple(mem.execute(f"SELECT * FROM {name}").fetchall())
+            for name in ("search_impact_fts_data", "search_impact_fts_idx",
+                         "search_impact_fts_config")
+        }
+    finally:
+        mem.close()
+
+
+EPOCH_TOKEN = "_epoch_{epoch}"
+REQUEUE_ALL_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) SELECT id FROM messages"
+
+
+def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index | None:
+    """Start a new, empty impact index (a new epoch) with every message queued (the caller's
+    transaction). Its shadow tables are rewritten directly, so an index too damaged for FTS5
+    to open is replaced too. Returns the new index, or None when its tables cannot be written
+    (it stays marked damaged, and ranking uses FTS5)."""
+    old = _index_meta(conn)
+    reference = avgdl or (old.avgdl if old else IMPACT_DEFAULT_AVGDL)
+    fresh = _Index(int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1, reference, 0)
+    conn.execute("SAVEPOINT hermes_impact_reset")
+    try:
+        for name, rows in _fresh_index_rows().items():
+            conn.execute(f"DELETE FROM {name}")
+            for row in rows:
+                conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+        # FTS5 can open the table again; this makes it drop what it still holds in memory.
+        conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
+        conn.execute("DELETE FROM search_impact")
+        conn.execute("DELETE FROM search_impact_gone")
+        conn.execute(REQUEUE_ALL_SQL)
+        conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=fresh.epoch)))
+        _set_index(conn, fresh)
+        conn.execute("RELEASE hermes_impact_reset")
+    except (sqlite3.Error, MemoryError) as exc:
+        conn.execute("ROLLBACK TO hermes_impact_reset")
+        conn.execute("RELEASE hermes_impact_reset")
+        if not _index_error(exc):
+            raise
+        logger.warning("search impact index cannot be reset (%s); ranking uses FTS5", exc)
+        return None
+    logger.info("search impact index reset; its rows are queued for indexing")
+    return fresh
+
+
+EPOCH_SQL = "SELECT 1 FROM search_impact_fts WHERE search_impact_fts MATCH ? AND rowid = 0"
+NEWEST_EPOCH_SQL = "SELECT epoch FROM search_impact ORDER BY id DESC LIMIT 1"
+
+
+def _consistent(conn: sqlite3.Connection, index: _Index) -> bool:
+    """The FTS5 table, the row table and ``state_meta`` belong to the same index."""
+    token = '"' + EPOCH_TOKEN.format(epoch=index.epoch) + '"'
+    if conn.execute(EPOCH_SQL, (token,)).fetchone() is None:
+        return False
+    newest = conn.execute(NEWEST_EPOCH_SQL).fetchone()
+    return newest is None or newest[0] == index.epoch
+
+
+INDEX_HEALTH_SQL = """
+SELECT (SELECT count(*) FROM search_impact_queue), (SELECT count(*) FROM search_impact_gone)
+"""
+
+
+def index_health(conn: sqlite3.Connection) -> dict[str, object]:
+    """The impact index's state: usable, damaged, rows queued, deleted rows to purge."""
+    index = _index_meta(conn)
+    if index is None:
+        return {"usable": False, "damaged": False, "queued": None, "gone": None}
+    try:
+        usable = not index.damaged and _consistent(conn, index)
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        usable = False
+    queued, gone = conn.execute(INDEX_HEALTH_SQL).fetchone()
+    return {"usable": usable, "damaged": index.damaged, "queued": queued, "gone": gone,
+            "epoch": index.epoch, "avgdl": index.avgdl, "indexed": index.indexed}
+
+
+# ---------------------------------------------------------------------------------------------
+# BM25 as FTS5 computes it
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bm25Stats:
+    rows: int  # N: rows in the index
+    tokens: int  # tokens in all columns of all rows
+
+    @property
+    def avgdl(self) -> float:
+        return self.tokens / self.rows
+
+    def idf(self, hits: int) -> float:
+        value = math.log((self.rows - hits + 0.5) / (hits + 0.5))
+        return 1e-6 if value <= 0.0 else value
+
+
+def _varints(blob: bytes) -> list[int]:
+    """SQLite varints (FTS5 writes its records with them)."""
+    values, value, length = [], 0, 0
+    for byte in blob:
+        length += 1
+        if length == 9:
+            values.append((value << 8) | byte)
+            value = length = 0
+            continue
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            values.append(value)
+            value = length = 0
+    return values
+
+
+def read_stats(conn: sqlite3.Connection, table: str = "messages_fts") -> Bm25Stats:
+    """N and the token total from the index's averages record (``%_data`` row 1), which is
+    what FTS5's xRowCount and xColumnTotalSize read."""
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
+    values = _varints(row[0]) if row and row[0] else []
+    if not values:
+        return Bm25Stats(0, 0)
+    return Bm25Stats(values[0], sum(values[1:]))
+
+
+def bm25_score(
+    idfs: Sequence[float], frequencies: Sequence[float], length: int, avgdl: float
+) -> float:
+    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative)."""
+    score = 0.0
+    for idf, f in zip(idfs, frequencies, strict=True):
+        score += idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / avgdl)))
+    return score
+
+
+def _phrase_match(phrase: tuple[str, ...]) -> str:
+    return '"' + " ".join(phrase) + '"'
+
+
+def _count(conn: sqlite3.Connection, table: str, expression: str) -> int:
+    sql = f"SELECT count(*) FROM {table} WHERE {table} MATCH ?"
+    return int(conn.execute(sql, (expression,)).fetchone()[0])
+
+
+def _phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) -> int:
+    """Instances of ``phrase`` in a row: start positions inside one column, overlaps too."""
+    n = len(phrase)
+    if n == 1:
+        return sum(tokens.count(phrase[0]) for tokens in columns)
+    first = phrase[0]
+    found = 0
+    for tokens in columns:
+        for i, token in enumerate(tokens):
+            if token == first and tuple(tokens[i:i + n]) == phrase:
+                found += 1
+    return found
+
+
+_SELF_CHECK_ROWS = (
+    ("alpha beta gamma", None, None),
+    ("alpha alpha alpha delta", "alpha", '{"q": "beta alpha"}'),
+    ("beta " * 40 + "alpha", None, None),
+    ("gamma delta", "beta", None),
+    ("Alpha-Beta, gamma! alpha beta", None, '[{"alpha": 1}]'),
+    ("epsilon", None, None),
+)
+_SELF_CHECK_QUERIES = (
+    ("alpha",), ("alpha", "beta"), ("beta", "gamma", "alpha"), ("alpha beta",), ("gamma",),
+)
+
+
+@functools.cache
+def formula_matches_fts5() -> bool:
+    """True when :func:`bm25_score` equals this SQLite's ``bm25()`` bit for bit (checked on a
+    small table in memory, once per process)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.execute("CREATE VIRTUAL TABLE t USING fts5(content, tool_name, tool_calls)")
+        mem.executemany("INSERT INTO t VALUES (?, ?, ?)", _SELF_CHECK_ROWS)
+        mem.commit()  # FTS5 writes its averages record when the transaction commits
+        stats = read_stats(mem, "t")
+        for query in _SELF_CHECK_QUERIES:
+            phrases = [tuple(column_tokens(p)) for p in query]
+            expression = " ".join(_phrase_match(p) for p in phrases)
+            idfs = [stats.idf(_count(mem, "t", _phrase_match(p))) for p in phrases]
+            sql = "SELECT rowid, bm25(t) FROM t WHERE t MATCH ?"
+            for rowid, expected in mem.execute(sql, (expression,)).fetchall():
+                columns = [column_tokens(c) for c in _SELF_CHECK_ROWS[rowid - 1]]
+                frequencies = [_phrase_frequency(columns, p) for p in phrases]
+                length = sum(map(len, columns))
+                if -bm25_score(idfs, frequencies, length, stats.avgdl) != expected:
+                    logger.warning("this SQLite's bm25() differs from the library's formula; "
+                                   "word search ranks with FTS5 only")
+                    return False
+        return True
+    finally:
+        mem.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Top k
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conjunction:
+    """A query the fast route can rank: phrases (tuples of folded ASCII tokens) that must all
+    occur, in query order, repeats kept (FTS5 scores each occurrence)."""
+
+    phrases: tuple[tuple[str, ...], ...]
+
+    @property
+    def match(self) -> str:
+        return " ".join(_phrase_match(p) for p in self.phrases)
+
+
+def conjunction(texts: Iterable[str]) -> Conjunction | None:
+    """The conjunction of these term texts (words, phrase contents), or None when one of them
+    has a token the impact index does not keep (non-ASCII, too long) or none at all."""
+    phrases = []
+    for text in texts:
+        tokens = tuple(column_tokens(text))
+        if not tokens or not all(t.isascii() and len(t) <= MAX_TERM_CHARS for t in tokens):
+            return None
+        phrases.append(tokens)
+    return Conjunction(tuple(phrases)) if phrases else None
+
+
+# A word's postings best first, with their rows: the fts5vocab 'instance' view of the impact
+# table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
+VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
+INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
+QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
+# The rows of the last, not yet indexed batch (a bounded read: past the cap FTS5 ranks).
+BATCH_ROWS_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id LIMIT ?"
+MAX_BATCH_READ = 1_024
+CANDIDATES_SQL = """
+SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
+"""
+POSTINGS_SQL = """
+SELECT id, epoch, postings FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
+"""
+ROW_TEXT_SQL = """
+SELECT id, content, tool_name, tool_calls FROM messages
+WHERE id IN (SELECT value FROM json_each(?))
+"""
+# FTS5's own scores for chosen rows: the rowid test is kept out of FTS5's reach (+rowid), so
+# FTS5 walks the query once and scores only the rows that pass it.
+RESOLVE_SQL = """
+SELECT rowid, bm25(messages_fts) FROM messages_fts
+WHERE messages_fts MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM json_each(?))
+"""
+MATCHING_SQL = """
+SELECT rowid FROM messages_fts
+WHERE messages_fts MATCH ? AND rowid IN (SELECT value FROM json_each(?))
+"""
+
+FIRST_BATCH_POSTINGS = 32
+MAX_BATCH_POSTINGS = 1024
+# Rows matching a query of several words or a phrase up to which FTS5 ranks them itself: its
+# count is cheap, and ranking that many costs about what a proof does.
+EXACT_RANK_ROWS = 12_000
+# The proof for a query of several words gives up (FTS5 ranks) when it would have to read a
+# word's postings down to this close to the threshold.
+ABORT_MARGIN = 0.03
+# A phrase whose words are all indexed together in fewer rows than this many times the rows
+# wanted is taken for a rare phrase: FTS5 ranks it at once, without counting it first.
+PHRASE_PROBE = 4
+# Pending rows up to which their text is tokenized here; more are scored by FTS5 in one pass.
+TEXT_RESOLVE_ROWS = 48
+# A single word is read this far before its count is asked for: a rare word is then ranked by
+# FTS5 at once, a common one seldom needs more.
+SINGLE_WORD_PROBE_POSTINGS = 1024
+
+
+class _Cursor:
+    """A word's postings, best first: (token, row id) pairs."""
+
+    def __init__(self, conn: sqlite3.Connection, term: str) -> None:
+        self._rows = conn.execute(VOCAB_SQL, (term + "_", term + "`"))
+        self._buffer: list[tuple[str, int]] = []
+        self.batch = FIRST_BATCH_POSTINGS
+        self.next = self._read()
+
+    def close(self) -> None:
+        """End the statement: an unfinished one would keep its read transaction (and the
+        file's locks) open on the store's connection."""
+        self._rows.close()
+
+    def _read(self) -> tuple[str, int] | None:
+        if not self._buffer:
+            self._buffer = self._rows.fetchmany(512)[::-1]
+            if not self._buffer:
+                return None
+        return self._buffer.pop()
+
+    def bound(self) -> float:
+        """Highest reference impact of any posting not read yet."""
+        if self.next is None:
+            return THRESHOLD
+        return 1.0 - int(self.next[0].rsplit("_", 3)[1]) / KEY_SCALE
+
+    def take(self) -> list[tuple[str, int]]:
+        """The next postings, more each time (the first reads are the likeliest to suffice)."""
+        postings: list[tuple[str, int]] = []
+        while self.next is not None and len(postings) < self.batch:
+            postings.append(self.next)
+            self.next = self._read()
+        self.batch = min(self.batch * 2, MAX_BATCH_POSTINGS)
+        return postings
+
+
+@dataclass
+class _Walk:
+    """The state of one top-k search (see the module docstring)."""
+
+    conn: sqlite3.Connection
+    conj: Conjunction
+    filters: str
+    params: Sequence[object]
+    wanted: int
+    index: _Index
+    avgdl: float
+    idfs: list[float]  # per phrase, in query order
+    top: list[tuple[float, int]] = field(default_factory=list)  # min-heap of (score, -id)
+    # Exactly scored rows whose filters are not checked yet: max-heap of (-score, id).
+    unchecked: list[tuple[float, int]] = field(default_factory=list)
+    pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
+    seen: set[int] = field(default_factory=set)
+    resolved: int = 0
+    fts_scores: bool = True  # scores carry idf, so FTS5's own may resolve pending rows
+
+    def kth(self) -> float | None:
+        """The score a row must beat to enter the top (None while it has room)."""
+        self._promote()
+        return self.top[0][0] if len(self.top) >= self.wanted else None
+
+    def offer(self, score: float, row_id: int) -> None:
+        """A row known to pass the filters."""
+        item = (score, -row_id)
+        if len(self.top) < self.wanted:
+            heapq.heappush(self.top, item)
+        elif item > self.top[0]:
+            heapq.heapreplace(self.top, item)
+
+    def propose(self, score: float, row_id: int) -> None:
+        """A row whose filters are checked only if it can still enter the top."""
+        heapq.heappush(self.unchecked, (-score, row_id))
+
+    def _promote(self) -> None:
+        while self.unchecked:
+            best = (-self.unchecked[0][0], -self.unchecked[0][1])
+            if len(self.top) >= self.wanted and best <= self.top[0]:
+                return
+            size = min(len(self.unchecked), max(16, self.wanted - len(self.top)))
+            chunk = [heapq.heappop(self.unchecked) for _ in range(size)]
+            passing = self.passing(row_id for _, row_id in chunk)
+            for negated, row_id in chunk:
+                if row_id in passing:
+                    self.offer(-negated, row_id)
+
+    def score(self, frequencies: Sequence[float], length: int) -> float:
+        return bm25_score(self.idfs, frequencies, length, self.avgdl)
+
+    def share(self, f: float, length: int) -> float:
+        """One phrase's score share per unit of idf: (k₁+1)·f/(f + K(length))."""
+        return bm25_score((1.0,), (f,), length, self.avgdl)
+
+    def most(self, reference: float) -> float:
+        """Highest current score share, (k₁+1)·impact, of a posting whose reference impact is
+        at most ``reference`` (see the module docstring for the bound)."""
+        r = self.index.avgdl / self.avgdl
+        bound = reference if r >= 1.0 else reference / (reference + r * (1.0 - reference))
+        return (K1 + 1.0) * min(1.0, bound * (1.0 + _BOUND_SLACK))
+
+    def reference_for(self, share: float) -> float | None:
+        """The reference impact below which a posting's share (per unit of weight) falls
+        under ``share``: the inverse of :meth:`most` (None: not even at the threshold)."""
+        u = share / ((K1 + 1.0) * (1.0 + _BOUND_SLACK))
+        r = self.index.avgdl / self.avgdl
+        x = u if r >= 1.0 else r * u / (1.0 - u + r * u) if u < 1.0 else 1.0
+        return None if x <= THRESHOLD else x
+
+    @functools.cached_property
+    def terms_re(self) -> re.Pattern[str]:
+        """Finds the query's words among a row's postings: (term, f, D)."""
+        terms = sorted({t for p in self.conj.phrases for t in p}, key=len, reverse=True)
+        return re.compile(r"(?:^| )(" + "|".join(terms) + r")_\d+_(\d+)_(\d+)")
+
+    def passing(self, ids: Iterable[int]) -> set[int]:
+        """The rows among ``ids`` that pass the caller's filters."""
+        sql = CANDIDATES_SQL.format(filters=self.filters)
+        ids = list(ids)
+        if not ids:
+            return set()
+        return {r[0] for r in self.conn.execute(sql, (json.dumps(ids), *self.params))}
+
+    def resolve_texts(self, ids: Sequence[int]) -> None:
+        """Exact scores from the rows' text (rows already known to pass the filters)."""
+        if not ids:
+            return
+        self.resolved += len(ids)
+        rows = self.conn.execute(ROW_TEXT_SQL, (json.dumps(list(ids)),)).fetchall()
+        for row_id, *texts in rows:
+            columns = [column_tokens(t) for t in texts]
+            frequencies = [_phrase_frequency(columns, p) for p in self.conj.phrases]
+            if all(frequencies):
+                self.offer(self.score(frequencies, sum(map(len, columns))), row_id)
+
+    def resolve_pending(self, floor: float | None) -> bool:
+        """Score the pending rows whose best case reaches ``floor`` (all of them for None);
+        False when there were none."""
+        candidates = []
+        while self.pending and (floor is None or -self.pending[0][0] >= floor):
+            candidates.append(heapq.heappop(self.pending)[1])
+        ids = sorted(self.passing(candidates))
+        if not ids:
+            return bool(candidates)
+        if len(ids) <= TEXT_RESOLVE_ROWS or not self.fts_scores:
+            self.resolve_texts(ids)
+        else:
+            args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
+            for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
+                self.offer(-bm25, row_id)
+        return True
+
+    def settle(self, ids: Sequence[int]) -> None:
+        """Score new candidate rows (see :meth:`score_rows`)."""
+        self.score_rows(self.conn.execute(POSTINGS_SQL, (json.dumps(list(ids)),)).fetchall())
+
+    def score_rows(self, rows: Sequence[tuple[int, int | None, str | None]]) -> None:
+        """Score candidate rows: exactly from their postings when those tell every phrase's
+        frequency, else they wait, with their best case, for their text. Rows the postings
+        prove not to match, rows whose best case cannot enter the top, and rows failing the
+        filters are dropped."""
+        exact: dict[int, float] = {}
+        waiting: dict[int, float] = {}
+        kth = self.kth()
+        for row_id, epoch, text in rows:
+            if epoch != self.index.epoch:
+                waiting[row_id] = math.inf
+                continue
+            postings = {t: (int(f), int(n)) for t, f, n in self.terms_re.findall(text or "")}
+            length = next(iter(postings.values()))[1] if postings else 0
+            least = _least_frequency(length, self.index.avgdl)
+            settled = True
+            upper: list[float] = []
+            for phrase in self.conj.phrases:
+                known = [postings[t][0] if t in postings else None for t in phrase]
+                if least == 1 and None in known:
+                    break  # a row this short would have indexed that word: it lacks it
+                upper.append(float(min(least - 1 if f is None else f for f in known)))
+                settled = settled and len(phrase) == 1 and known[0] is not None
+            else:
+                best = self.score(upper, length)
+                if kth is not None and best < kth:
+                    continue
+                (exact if settled else waiting)[row_id] = best
+        for row_id, score in exact.items():
+            self.propose(score, row_id)
+        for row_id, best in waiting.items():
+            heapq.heappush(self.pending, (-best, row_id))
+
+    def offer_single(self, postings: Sequence[tuple[str, int]], kth: float | None) -> None:
+        """Rows of a one-word query: each posting's token gives the row's exact score."""
+        last, score = "", 0.0
+        for token, row_id in postings:
+            if token != last:
+                _, _, f, length = token.rsplit("_", 3)
+                score = self.score([float(f)] * len(self.conj.phrases), int(length))
+                last = token
+            if kth is None or score >= kth:
+                self.propose(score, row_id)
+
+    def visit(self, expression: str) -> None:
+        """Settle the rows of the impact index matching ``expression`` not seen yet."""
+        rows = [r[0] for r in self.conn.execute(INDEXED_ROWS_SQL, (expression,))]
+        new = [r for r in rows if r not in self.seen]
+        self.seen.update(new)
+        if new:
+            self.settle(new)
+
+
+def _unindexed(conn: sqlite3.Connection) -> list[int] | None:
+    """Rows without current postings (None when more than the search scores itself)."""
+    ids = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
+    return None if len(ids) > QUEUE_SCAN_LIMIT else ids
+
+
+def top_k(
+    conn: sqlite3.Connection,
+    conj: Conjunction,
+    filters: str,
+    params: Sequence[object],
+    wanted: int,
+) -> list[int] | None:
+    """The ids of the best ``wanted`` rows matching ``conj`` and the ``filters`` (an SQL
+    condition on ``m`` = messages and ``s`` = sessions, starting with AND), best first, ties by
+    id — or None when the impact index cannot prove them (the caller ranks with FTS5)."""
+    if wanted <= 0:
+        return []
+    if not formula_matches_fts5():
+        return None
+    try:
+        return _top_k(conn, conj, filters, params, wanted)
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        logger.warning("search impact index unreadable (%s); ranking with FTS5", exc)
+        _damage_noticed.set(True)
+        return None
+
+
+def _top_k(
+    conn: sqlite3.Connection,
+    conj: Conjunction,
+    filters: str,
+    params: Sequence[object],
+    wanted: int,
+) -> list[int] | None:
+    index = _index_meta(conn)
+    if index is None or index.damaged:
+        return None
+    if not _consistent(conn, index):
+        _damage_noticed.set(True)  # a copy that kept one table without the other
+        return None
+    unindexed = _unindexed(conn)
+    if unindexed is None:
+        return None
+    stats = read_stats(conn)
+    if stats.rows == 0 or stats.tokens == 0:
+        return []
+    distinct = list(dict.fromkeys(conj.phrases))
+    # A single word: idf scales every score alike, so it is left out until a near tie needs
+    # it. Otherwise each phrase weighs its own idf, and a rare one is ranked by FTS5 at once.
+    single = len(distinct) == 1 and len(distinct[0]) == 1
+    # A single word: no idf at all (it scales every score alike).
+    scale_free = single
+    idf_of = {p: 1.0 for p in distinct}
+    everywhere: list[int] = []
+    if not single:
+        # Rows indexed under every word of the query (cheap to list, they need no idf yet):
+        # too few, and the best rows cannot be proven from the index.
+        words = dict.fromkeys(t for p in distinct for t in p)
+        expression = " AND ".join(f'"{t}"' for t in words)
+        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
+        if len(everywhere) < wanted * (PHRASE_PROBE if len(distinct) == 1 else 1):
+            return None
+    if not scale_free:
+        # Then the count of the whole query decides (cheap when a word is rare): FTS5 ranks a
+        # few thousand rows faster than any proof. The phrases' counts give their idf.
+        if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
+            return None
+        idf_of = {p: stats.idf(_count(conn, "messages_fts", _phrase_match(p)))
+                  for p in distinct}
+    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
+                 [idf_of[p] for p in conj.phrases], seen=set(unindexed), fts_scores=not scale_free)
+    if unindexed:
+        matching = conn.execute(MATCHING_SQL, (conj.match, json.dumps(unindexed))).fetchall()
+        walk.resolve_texts(sorted(walk.passing(r[0] for r in matching)))
+    batch = conn.execute(BATCH_ROWS_SQL, (index.indexed, MAX_BATCH_READ + 1)).fetchall()
+    if len(batch) > MAX_BATCH_READ:
+        return None
+    # Rows not in search_impact_fts yet, read directly; one without any of the query's words
+    # indexed is bounded like every other unseen row.
+    batch = [r for r in batch if r[0] not in walk.seen and walk.terms_re.search(r[2] or "")]
+    walk.seen.update(r[0] for r in batch)
+    walk.score_rows(batch)
+    weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
+    if not single:
+        # Score the rows indexed under every word; any other row has a phrase below the
+        # threshold, which bounds it far lower than the postings' frontiers alone would.
+        new = [r for r in everywhere if r not in walk.seen]
+        walk.seen.update(new)
+        if new:
+            walk.settle(new)
+        if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
+            return None  # the best rows are not all indexed under every word: FTS5 ranks
+    # Each phrase is read through its longest word: likely its rarest, with fewest postings.
+    cursors = {p: _Cursor(conn, max(p, key=len)) for p in distinct}
+    try:
+        floor = walk.most(THRESHOLD)
+        read = 0
+        while True:
+            shares = {p: weight[p] * walk.most(c.bound()) for p, c in cursors.items()}
+            if single:
+                unseen, readable = shares[distinct[0]], distinct
+            else:
+                # The unseen row's phrase below the threshold, whichever it is, weighs least.
+                total = sum(shares.values())
+                below = max(distinct, key=lambda p: total - shares[p] + weight[p] * floor)
+                unseen = total - shares[below] + weight[below] * floor
+                readable = [p for p in distinct if p != below]
+            kth = walk.kth()
+            live = [p for p in readable if cursors[p].next is not None]
+            if (kth is not None and kth > unseen) or not live:
+                if walk.resolve_pending(kth):
+                    continue  # the top moved: check the proof again
+                if kth is not None and kth > unseen:
+                    break
+                return None  # the proof cannot be made: FTS5 ranks
+            if walk.resolved > MAX_RESOLVED_ROWS or read > MAX_WALK_POSTINGS:
+                return None
+            phrase = max(live, key=lambda p: shares[p])
+            if not single and kth is not None:
+                # How far this phrase's postings must be read for the proof: nearly to the end
+                # means reading a common word's whole list, where FTS5 is the faster way.
+                reach = walk.reference_for((kth - unseen + shares[phrase]) / weight[phrase])
+                if reach is None or reach < THRESHOLD + ABORT_MARGIN:
+                    return None
+            postings = cursors[phrase].take()
+            if single and read < SINGLE_WORD_PROBE_POSTINGS <= read + len(postings):
+                if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
+                    return None
+            read += len(postings)
+            fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
+            walk.seen.update(row_id for _, row_id in fresh)
+            if single:
+                walk.offer_single(fresh, kth)
+            else:
+                if kth is not None and len(phrase) == 1:
+                    best: dict[str, float] = {}
+                    for token, _ in fresh:
+                        if token not in best:
+                            best[token] = _token_best(walk, phrase, token, weight, cursors)
+                    fresh = [(t, r) for t, r in fresh if best[t] >= kth]
+                if fresh:
+                    walk.settle([row_id for _, row_id in fresh])
+        ranked = sorted((-score, -negated) for score, negated in walk.top)
+        if scale_free and _near_tie([s for s, _ in ranked]):
+            # Scores that differ in their last bits could become equal once multiplied by the
+            # idf, as FTS5 does; recompute them that way.
+            idf = stats.idf(_count(conn, "messages_fts", _phrase_match(distinct[0])))
+            ranked = sorted((s * idf, i) for s, i in ranked)
+        return [row_id for _, row_id in ranked]
+    finally:
+        for cursor in cursors.values():
+            cursor.close()
+
+
+def _token_best(
+    walk: _Walk,
+    phrase: tuple[str, ...],
+    token: str,
+    weight: dict[tuple[str, ...], float],
+    cursors: dict[tuple[str, ...], _Cursor],
+) -> float:
+    """The best score a row first found under ``token`` (of the one-word ``phrase``) can
+    have: it was not indexed under every word, so another phrase is below the threshold —
+    for a row this short, absent — and the others have not been read down to it."""
+    _, _, f, length = token.rsplit("_", 3)
+    n = int(length)
+    least = _least_frequency(n, walk.index.avgdl)
+    low_share = walk.share(least - 1, n) if least > 1 else -math.inf
+    best = weight[phrase] * walk.share(float(f), n)
+    others = [(weight[q] * walk.most(c.bound()), weight[q] * low_share)
+              for q, c in cursors.items() if q != phrase]
+    return best + sum(high for high, _ in others) - min(high - low for high, low in others)
+
+
+def _near_tie(scores: Sequence[float]) -> bool:
+    return any(a != b and abs(a - b) <= 1e-12 * abs(a) for a, b in zip(scores, scores[1:]))
