@@ -78,6 +78,7 @@ from hermes_state_wal import apply_wal_with_fallback
 from hermes_state_workspace import workspace_key
 
 __all__ = [
+    "__version__",
     "SessionDB",
     "AsyncSessionDB",
     "apply_wal_with_fallback",
@@ -99,6 +100,9 @@ __all__ = [
     "workspace_key",
     *errors.__all__,
 ]
+
+#: The package version (the one place it is written: the build reads it from here).
+__version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
 T = TypeVar("T")
@@ -594,6 +598,10 @@ class SessionDB:
             return errors.StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
         if errors.is_sqlite_lock_error(exc):
             return errors.StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
+        if errors.is_readonly_error(exc):
+            return errors.StateDbReadOnlyError(
+                f"{self.path} may not be written: {exc}", path=self.path
+            )
         return exc
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -767,6 +775,7 @@ class SessionDB:
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
     delete_session = _writes(sessions.delete_session)
+    list_prune_candidates = _reads(sessions.list_prune_candidates)
     prune_sessions = _writes(sessions.prune_sessions)
 
     def vacuum(self) -> None:

@@ -31,7 +31,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from hermes_state_errors import UnsafePathError
+from hermes_state_errors import StateDbReadOnlyError, UnsafePathError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -214,8 +214,11 @@ def prepare_db_file(db_path: Path) -> bool:
     ``-shm`` the main file's mode), tightens existing files with ``chmod`` on the path and
     never opens a descriptor on an existing file: closing any descriptor on a database file
     drops every POSIX lock this process holds on it. Returns True when the file was created.
+    An existing store its owner write-protected raises :class:`StateDbReadOnlyError` first,
+    with nothing changed (:func:`refuse_write_protected`).
     """
     refuse_symlinks(db_path)
+    refuse_write_protected(db_path)
     db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     created = False
     try:
@@ -233,8 +236,38 @@ def prepare_db_file(db_path: Path) -> bool:
     return created
 
 
+def _protected_mode(path: Path) -> int | None:
+    """The mode of ``path`` when it is a file that may not be written, else None."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode) or mode & stat.S_IWUSR and os.access(path, os.W_OK):
+        return None
+    return mode
+
+
+def refuse_write_protected(db_path: Path) -> None:
+    """Raise :class:`StateDbReadOnlyError` when the database file or an existing sidecar may
+    not be written: its owner took the write bit away, or this process may not write it
+    (``os.access``: another owner, a read-only mount). The owner's bit counts even for a
+    process that could write anyway (root): a ``chmod a-w`` is the owner saying "no writes",
+    and SQLite would otherwise write straight through it."""
+    for path in (db_path, *sidecar_paths(db_path)):
+        # os.access is False for a file gone since the lstat too (a sidecar another
+        # process's SQLite removed): only a second look that agrees refuses.
+        if _protected_mode(path) is not None and (mode := _protected_mode(path)) is not None:
+            raise StateDbReadOnlyError(
+                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}): the store is "
+                "not opened for writing and nothing was changed",
+                path=path,
+            )
+
+
 def tighten_modes(db_path: Path) -> None:
-    """chmod 0600 the database and its sidecars where group or others have any access."""
+    """Take group and other permissions away from the database and its sidecars where they
+    have any; the owner's bits stay as they are (a permission the owner removed is never
+    given back)."""
     for path in (db_path, *sidecar_paths(db_path)):
         try:
             st = path.lstat()
@@ -245,7 +278,7 @@ def tighten_modes(db_path: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePathError(f"not a regular file: {path}", path=path)
         if st.st_mode & 0o077:
-            os.chmod(path, 0o600)
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
 
 
 # Has SQLite check each cell's size against its page whenever it loads a b-tree page (a flag

@@ -27,6 +27,7 @@ __all__ = [
     "StateDbUnavailableError",
     "StateDbReplacedError",
     "StateDbInUseError",
+    "StateDbReadOnlyError",
     "InvalidInputError",
     "UnsafePathError",
     "LedgerBusyError",
@@ -46,6 +47,7 @@ __all__ = [
     "is_fts_corruption_code",
     "is_disk_full_error",
     "is_io_error",
+    "is_readonly_error",
     "is_hot_journal_error",
     "hot_journal_error",
     "HOT_JOURNAL_REASON",
@@ -57,6 +59,7 @@ __all__ = [
     "SQLITE_CORRUPT_VTAB",
     "SQLITE_FULL",
     "SQLITE_IOERR",
+    "SQLITE_READONLY",
     "SQLITE_READONLY_ROLLBACK",
 ]
 
@@ -186,6 +189,18 @@ class StateDbInUseError(HermesStateError):
         super().__init__(message)
         self.path = path
         self.holders = list(holders)
+
+
+class StateDbReadOnlyError(HermesStateError):
+    """The store may not be written: its owner write-protected the database file or one of its
+    sidecars (``chmod a-w``; the library never gives a write permission back), the file
+    system is mounted read-only, or SQLite refused a write with ``SQLITE_READONLY`` (any
+    extended code). Raised at a writable open or at the write; nothing was written. ``path``
+    is the protected file where it is known."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class InvalidInputError(HermesStateError, ValueError):
@@ -345,6 +360,13 @@ def is_io_error(exc: BaseException) -> bool:
     """True for SQLITE_IOERR and its extended codes (the OS failed a read, write or lock)."""
     code = _error_code(exc)
     return code is not None and (code & 0xFF) == SQLITE_IOERR
+
+
+def is_readonly_error(exc: BaseException) -> bool:
+    """True for SQLITE_READONLY and its extended codes (a hot journal a read-only connection
+    may not roll back is one of them: see :func:`is_hot_journal_error`)."""
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) == SQLITE_READONLY
 
 
 def is_hot_journal_error(exc: BaseException) -> bool:

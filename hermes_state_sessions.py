@@ -30,7 +30,7 @@ import math
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from hermes_state_common import (
@@ -66,6 +66,8 @@ __all__ = [
     "set_session_title",
     "delete_session",
     "prune_sessions",
+    "list_prune_candidates",
+    "select_prune_ids",
     "stats",
 ]
 
@@ -809,31 +811,70 @@ WHERE s.ended_at IS NOT NULL
                s.started_at) < ?
   {filters}
 """
+PRUNE_CANDIDATE_COLUMNS = (
+    "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+)
+PRUNE_CANDIDATE_ROWS_SQL = f"""
+SELECT {", ".join(PRUNE_CANDIDATE_COLUMNS)} FROM sessions
+WHERE id IN (SELECT value FROM json_each(?))
+ORDER BY started_at, id
+"""
 
 
-def prune_sessions(
-    conn: sqlite3.Connection, /, older_than_days: float = 90, source: str | None = None
-) -> int:
-    """Delete ended sessions idle for ``older_than_days``; returns how many.
+def select_prune_ids(
+    conn: sqlite3.Connection,
+    /,
+    older_than_days: float | None,
+    source: str | None = None,
+    *,
+    only_ids: Collection[str] | None = None,
+) -> list[str]:
+    """The sessions a prune deletes, sorted: the one place that selection is made, so the
+    list a caller is shown and what :func:`prune_sessions` deletes cannot differ.
 
-    A compression chain is pruned as a unit: a session is kept while any session of its chain
-    (its compression ancestors and successors) is still live or active after the cutoff, so
+    Ended sessions idle for ``older_than_days`` (None: any ended session) of ``source``, and
+    of ``only_ids`` when given. A compression chain goes as a unit: a session is kept while
+    any session of its chain (its compression ancestors and successors) is not selected, so
     the ended parent of a live conversation is never pulled from under it. Sessions whose
-    ledgers hold live work are skipped.
-    """
-    cutoff = now() - older_than_days * 86400.0
+    ledgers hold live work are not selected. Reads only."""
+    cutoff = math.inf if older_than_days is None else now() - older_than_days * 86400.0
     filters, params = source_filters(source, None)
-    candidates = {
-        r[0] for r in conn.execute(PRUNE_CANDIDATES_SQL.format(filters=filters), (cutoff, *params))
-    }
+    sql = PRUNE_CANDIDATES_SQL.format(filters=filters)
+    candidates = {r[0] for r in conn.execute(sql, (cutoff, *params))}
+    if only_ids is not None:
+        candidates &= set(only_ids)
     # Busy sessions are taken out first, so that a chain with a busy member is not a subset
     # of what may go and stays whole.
     deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
-    pruned = 0
-    for session_id in sorted(deletable):
-        if compression_chain(conn, session_id) <= deletable:
-            pruned += delete_session(conn, session_id)
-    return pruned
+    return sorted(sid for sid in deletable if compression_chain(conn, sid) <= deletable)
+
+
+def list_prune_candidates(
+    conn: sqlite3.Connection, /, older_than_days: float | None = None, source: str | None = None
+) -> list[dict[str, Any]]:
+    """What ``prune_sessions(older_than_days, source)`` would delete now, oldest first:
+    ``id, source, title, model, started_at, ended_at, message_count, archived``. Reads only."""
+    ids = select_prune_ids(conn, older_than_days, source)
+    cursor = conn.execute(PRUNE_CANDIDATE_ROWS_SQL, (json.dumps(ids),))
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+
+def prune_sessions(
+    conn: sqlite3.Connection,
+    /,
+    older_than_days: float | None = 90,
+    source: str | None = None,
+    *,
+    only_ids: Collection[str] | None = None,
+) -> int:
+    """Delete the sessions :func:`select_prune_ids` selects; returns how many.
+
+    ``only_ids`` bounds the deletion to sessions a caller was shown (by
+    :func:`list_prune_candidates`): one that changed since (new activity, live work) is kept,
+    and one that qualified only since is not deleted unseen. Deleting a selected session only
+    detaches the sessions outside the selection (their parent link), never deletes them."""
+    ids = select_prune_ids(conn, older_than_days, source, only_ids=only_ids)
+    return sum(delete_session(conn, session_id) for session_id in ids)
 
 
 # The seed's ancestors query: the session first, then each parent in turn.

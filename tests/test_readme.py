@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+
+from hermes_state_cli import build_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 CI_SCRIPT = README.parent / ".ci" / "run"
@@ -45,3 +48,15 @@ def test_every_module_of_the_package_is_installed() -> None:
     listed = set(re.findall(r'"(hermes_state\w*)"', (README.parent / "pyproject.toml").read_text()))
     present = {p.stem for p in README.parent.glob("hermes_state*.py")}
     assert present <= listed, sorted(present - listed)
+
+
+def test_the_command_line_examples_are_commands_the_parser_accepts() -> None:
+    section = README.read_text(encoding="utf-8").split("## Command line", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+             for line in block.splitlines() if line.startswith("hermes-state ")]
+    assert len(lines) >= 5
+    parser = build_parser()
+    for line in lines:
+        argv = shlex.split(line.split(" > ")[0])[1:]  # without the shell's redirection
+        parser.parse_args(argv)  # exits (and fails the test) on anything it refuses
