@@ -83,9 +83,10 @@ import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
 import hermes_state_lockowners as lockowners
+import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
 import hermes_state_peers as peers
-import hermes_state_portability as portability
+import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 import hermes_state_schema as schema
@@ -94,6 +95,7 @@ import hermes_state_session_model as session_model
 import hermes_state_sessions as sessions
 import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
+import hermes_state_transfer as transfer
 import hermes_state_workspace as workspace
 from hermes_state_common import (
     SCHEMA_VERSION,
@@ -106,13 +108,9 @@ from hermes_state_common import (
 )
 import hermes_state_errors as errors
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
-from hermes_state_portability import (
-    backup_state_db,
-    recover_state_db,
-    repair_state_db,
-    restore_state_db,
-)
+from hermes_state_maintenance import backup_state_db, repair_state_db, restore_state_db
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_recover import recover_state_db
 from hermes_state_workspace import workspace_key
 
 __all__ = [
@@ -246,6 +244,10 @@ _STORE_ERRORS: tuple[type[BaseException], ...] = (
     errors.StateDbCorruptError,
     errors.StateDbFullError,
     errors.StateDbIOError,
+    errors.StateDbReadOnlyError,
+    errors.StateDbCannotOpenError,
+    errors.StateDbConstraintError,
+    errors.StateDbError,
     errors.StateDbClosedError,
     errors.StateDbUnavailableError,
 )
@@ -406,10 +408,7 @@ class SessionDB:
         Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
         them ever checkpoints on its own: automatic checkpoints are off from the first
         statement (the setting touches no file)."""
-        uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
-        conn = common.configure_connection(sqlite3.connect(
-            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-        ))
+        conn = common.connect(self.path, mode, timeout=timeout)
         if self.wal_reset_exposed or self._leave_checkpoints:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
@@ -679,18 +678,8 @@ class SessionDB:
     def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._write(fn, "transcript")
 
-    def _translate(self, exc: sqlite3.Error) -> Exception:
-        if errors.is_hot_journal_error(exc):  # only read-only connections cannot roll it back
-            return errors.hot_journal_error(self.path)
-        if errors.is_corruption_error(exc):
-            return errors.StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
-        if errors.is_disk_full_error(exc):
-            return errors.StateDbFullError(f"no space left for {self.path}: {exc}", path=self.path)
-        if errors.is_io_error(exc):
-            return errors.StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
-        if errors.is_sqlite_lock_error(exc):
-            return errors.StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
-        return exc
+    def _translate(self, exc: sqlite3.Error) -> errors.HermesStateError:
+        return errors.translate(exc, self.path)
 
     def _locked_error(self, waited: float, attempts: int) -> errors.StateDbLockedError:
         holders = lockowners.describe_lock_holders(self.path)
@@ -839,6 +828,8 @@ class SessionDB:
         it as a write, so it needs a writable handle and takes the write lock briefly."""
         return self._write(fts.integrity_report, transactional=False)
 
+    quick_health = _reads(maintenance.quick_health)
+
     # --- sessions -----------------------------------------------------------------------------
 
     create_session = _writes(sessions.create_session)
@@ -859,18 +850,18 @@ class SessionDB:
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
     stats = _reads(sessions.stats)
-    export_all = _reads(portability.export_all)
+    export_all = _reads(transfer.export_all)
 
     def export_session(self, session_id: str) -> dict[str, Any] | None:
         """The session row plus ``messages`` (all generations, in order) and ``model_usage``."""
-        exported = self._read(lambda c: portability.export_session(c, session_id))
+        exported = self._read(lambda c: transfer.export_session(c, session_id))
         if exported is not None:
             self._seen.saw(session_id, messages.newest_id(exported["messages"]))
         return exported
 
     def export_session_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """The whole lineage of ``session_id``, each session exported as by export_session."""
-        exported = self._read(lambda c: portability.export_session_lineage(c, session_id))
+        exported = self._read(lambda c: transfer.export_session_lineage(c, session_id))
         for session in exported:
             self._seen.saw(session["id"], messages.newest_id(session["messages"]))
         return exported
@@ -883,20 +874,20 @@ class SessionDB:
         lineage: bool = False,
     ) -> Iterator[str]:
         """Export as JSON Lines from one consistent snapshot, in constant memory (see
-        hermes_state_portability.iter_export_jsonl); works on read-only handles."""
+        hermes_state_transfer.iter_export_jsonl); works on read-only handles."""
         with self._snapshot_reader() as conn:
-            yield from portability.iter_export_jsonl(
+            yield from transfer.iter_export_jsonl(
                 conn, session_ids, source=source, lineage=lineage
             )
 
     def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Import exported sessions, each in its own transaction, parents first; returns the
-        report (see hermes_state_portability.import_sessions)."""
-        return portability.import_sessions(self._transcript_write, sessions)
+        report (see hermes_state_transfer.import_sessions)."""
+        return transfer.import_sessions(self._transcript_write, sessions)
 
     def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
-        return portability.import_jsonl(self._transcript_write, fp)
+        return transfer.import_jsonl(self._transcript_write, fp)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 
@@ -1136,8 +1127,8 @@ class SessionDB:
 
 def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
     """:meth:`SessionDB.stats` of every profile under ``root`` (see
-    hermes_state_portability.collect_profile_stats); each store is opened read-only."""
-    return portability.collect_profile_stats(root, functools.partial(SessionDB, read_only=True))
+    hermes_state_profiles.collect_profile_stats); each store is opened read-only."""
+    return profiles.collect_profile_stats(root, functools.partial(SessionDB, read_only=True))
 
 
 #: This process's shared stores, one SessionDB per profile home, held by explicit owners

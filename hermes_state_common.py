@@ -48,6 +48,7 @@ __all__ = [
     "profile_config_path",
     "child_process_env",
     "configure_connection",
+    "connect",
     "transaction",
     "spool_transcript",
     "spool_pending_message",
@@ -268,6 +269,35 @@ def configure_connection(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
+# SQLite's busy timeout of a connection that does not say otherwise.
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+_CONNECT_MODES = frozenset({"ro", "rw", "rwc"})
+
+
+def connect(
+    path: Path,
+    mode: str,
+    *,
+    timeout: float = DEFAULT_BUSY_TIMEOUT_S,
+    immutable: bool = False,
+) -> sqlite3.Connection:
+    """The one way the library opens a connection on a database file, whoever opens it (the
+    facade, maintenance, recover, import's spool, replication, quarantine checks).
+
+    A URI open with ``mode`` (``ro``, ``rw``, or ``rwc``, which may create the file) and
+    ``nofollow=1`` (SQLite refuses a symlink), autocommit (``isolation_level=None``: the
+    transaction helper says where transactions are), usable from any thread (the caller holds
+    its own lock) and configured by :func:`configure_connection`. ``immutable`` is only for a
+    private image nothing else can change (recover's copies): SQLite then takes no locks and
+    ignores sidecars."""
+    if mode not in _CONNECT_MODES:
+        raise ValueError(f"mode must be one of {sorted(_CONNECT_MODES)}, got {mode!r}")
+    uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
+    return configure_connection(sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
+    ))
+
+
 # The WAL-reset bug (corruption when a WAL reset races a concurrent checkpoint) is fixed in
 # 3.51.3 and in the 3.50.7 and 3.44.6 backports.
 _WAL_RESET_FIXED = ((3, 44, 6), (3, 50, 7), (3, 51, 3))
@@ -450,11 +480,15 @@ _savepoint_ids = itertools.count(1)
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(
+    conn: sqlite3.Connection, *, rollback_only: bool = False
+) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
 
     Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
-    never hides the original error.
+    never hides the original error. ``rollback_only``: the block is rolled back even when it
+    succeeds — for a check SQLite runs as a write (FTS5's ``integrity-check``) that must leave
+    nothing behind.
     """
     if conn.in_transaction:
         name = f"hermes_sp_{next(_savepoint_ids)}"
@@ -466,12 +500,14 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
                 conn.execute(f"ROLLBACK TO {name}")
                 conn.execute(f"RELEASE {name}")
             raise
+        if rollback_only:
+            conn.execute(f"ROLLBACK TO {name}")
         conn.execute(f"RELEASE {name}")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-        conn.execute("COMMIT")
+        conn.execute("ROLLBACK" if rollback_only else "COMMIT")
     except BaseException:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):

@@ -63,7 +63,7 @@ import hermes_state_quarantine as quarantine
 from hermes_state_common import SCHEMA_VERSION, refuse_symlinks, sidecar_paths
 from hermes_state_errors import ReplicationError, StateDbCorruptError, StateDbInUseError
 from hermes_state_lockowners import describe_lock_holders, lock_holders
-from hermes_state_portability import health_report, restore_state_db
+from hermes_state_maintenance import health_report, restore_state_db
 from hermes_state_testguard import check_test_isolation
 
 try:
