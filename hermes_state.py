@@ -82,6 +82,7 @@ import hermes_state_compression_failures as compression_failures
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
+import hermes_state_lineage as lineage
 import hermes_state_lockowners as lockowners
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
@@ -988,10 +989,10 @@ class SessionDB:
 
     # --- lineage ------------------------------------------------------------------------------
 
-    get_session_ancestors = _reads(compression.get_session_ancestors)
-    get_session_descendants = _reads(compression.get_session_descendants)
-    get_compression_tip = _reads(compression.get_compression_tip)
-    get_compression_lineage = _reads(compression.get_compression_lineage)
+    get_session_ancestors = _reads(lineage.session_ancestors)
+    get_session_descendants = _reads(lineage.session_descendants)
+    get_compression_tip = _reads(lineage.get_compression_tip)
+    get_compression_lineage = _reads(lineage.compression_chain)
 
     # --- search -------------------------------------------------------------------------------
 

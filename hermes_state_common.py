@@ -27,7 +27,7 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -474,6 +474,11 @@ def now() -> float:
 def placeholders(n: int) -> str:
     """``?, ?, ...`` for ``n`` values (n ≥ 1)."""
     return ", ".join("?" * n)
+
+
+def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
+    """A fetched row as a dict keyed by the cursor's column names."""
+    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
 
 
 _savepoint_ids = itertools.count(1)

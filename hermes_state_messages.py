@@ -47,7 +47,8 @@ from typing import Any
 import hermes_state_fts as fts
 from hermes_state_common import clean_optional, decode_json, encode_json, now
 from hermes_state_errors import InvalidInputError, SessionNotFoundError
-from hermes_state_sessions import lift_auto_archive, session_ancestors
+from hermes_state_lineage import session_ancestors
+from hermes_state_sessions import lift_auto_archive
 
 __all__ = [
     "MESSAGE_FIELDS",

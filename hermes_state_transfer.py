@@ -34,8 +34,8 @@ from hermes_state_common import (
     quote_identifier,
     transaction,
 )
-from hermes_state_compression import get_session_ancestors, get_session_descendants
 from hermes_state_errors import SessionNotFoundError, StateDbConstraintError, translated_errors
+from hermes_state_lineage import lineage_tree
 from hermes_state_messages import (
     MESSAGE_FIELDS,
     SELECT_MESSAGES_SQL,
@@ -53,7 +53,6 @@ __all__ = [
     "export_session",
     "export_all",
     "export_session_lineage",
-    "lineage_ids",
     "iter_export_jsonl",
     "import_sessions",
     "import_jsonl",
@@ -86,19 +85,11 @@ def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict
     return [e for e in exported if e is not None]
 
 
-def lineage_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """Every session of the lineage ``session_id`` belongs to: its root (the topmost ancestor)
-    and everything below it, parents before children. Empty when the session is unknown."""
-    ancestors = get_session_ancestors(conn, session_id)
-    if not ancestors:
-        return []
-    return [r["id"] for r in get_session_descendants(conn, ancestors[-1]["id"])]
-
-
 def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The whole lineage of ``session_id`` (see :func:`lineage_ids`), each session exported
-    as by :func:`export_session`, parents first."""
-    exported = (export_session(conn, i) for i in lineage_ids(conn, session_id))
+    """The whole lineage tree of ``session_id`` (``hermes_state_lineage.lineage_tree``: its
+    topmost ancestor and everything below it), each session exported as by
+    :func:`export_session`, parents first."""
+    exported = (export_session(conn, i) for i in lineage_tree(conn, session_id))
     return [e for e in exported if e is not None]
 
 
@@ -119,7 +110,7 @@ def _export_ids(
         return [r[0] for r in conn.execute(EXPORT_IDS_BY_SOURCE_SQL, (source,))]
     ids: dict[str, None] = {}
     for session_id in session_ids:
-        found = lineage_ids(conn, session_id) if lineage else (
+        found = lineage_tree(conn, session_id) if lineage else (
             [session_id] if get_session(conn, session_id) is not None else []
         )
         if not found:
