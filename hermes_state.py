@@ -78,7 +78,6 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import hermes_state_common as common
 import hermes_state_compression as compression
-import hermes_state_compression_failures as compression_failures
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
@@ -1051,17 +1050,17 @@ class SessionDB:
     release_compression_lock = _writes(compression.release_compression_lock)
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
     get_compression_fallback_streak = _or_fallback(
-        _reads(compression_failures.get_compression_fallback_streak), int
+        _reads(compression.get_compression_fallback_streak), int
     )
-    set_compression_fallback_streak = _writes(compression_failures.set_compression_fallback_streak)
+    set_compression_fallback_streak = _writes(compression.set_compression_fallback_streak)
     record_compression_failure_cooldown = _or_fallback(
-        _writes(compression_failures.record_compression_failure_cooldown), lambda: None
+        _writes(compression.record_compression_failure_cooldown), lambda: None
     )
     get_compression_failure_cooldown = _reads(
-        compression_failures.get_compression_failure_cooldown
+        compression.get_compression_failure_cooldown
     )
     clear_compression_failure_cooldown = _or_fallback(
-        _writes(compression_failures.clear_compression_failure_cooldown), lambda: None
+        _writes(compression.clear_compression_failure_cooldown), lambda: None
     )
 
     # --- gateway: runtime epoch, admissions, workers ------------------------------------------
