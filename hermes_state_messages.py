@@ -69,6 +69,8 @@ __all__ = [
     "put_back",
     "replace_messages",
     "tool_call_count_of",
+    "SELECT_MESSAGES_SQL",
+    "row_to_message",
 ]
 
 # The append_message keywords, in column order (session_id comes first in the row).

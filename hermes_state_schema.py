@@ -70,6 +70,7 @@ __all__ = [
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "WriteFn",
 ]
 
 T = TypeVar("T")
@@ -328,7 +329,7 @@ def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
     except (sqlite3.Error, MemoryError) as exc:  # garbage in a structure can read as NOMEM
         if isinstance(exc, sqlite3.Error) and not is_corruption_error(exc):
             raise
-        fts._empty_index(conn, name)
+        fts.empty_index(conn, name)
         conn.execute(drop)
 
 

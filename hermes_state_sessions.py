@@ -69,6 +69,18 @@ __all__ = [
     "delete_session",
     "prune_sessions",
     "stats",
+    "claim_auto_prune",
+    "clear_messages",
+    "ensure_session",
+    "get_model_usage",
+    "get_next_title_in_lineage",
+    "get_session_by_title",
+    "get_session_title",
+    "message_count",
+    "require_session",
+    "resolve_session_by_title",
+    "session_columns",
+    "update_system_prompt",
 ]
 
 _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
