@@ -17,6 +17,7 @@ already running inside one profile resolves a sibling profile next to it, never 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import itertools
@@ -32,7 +33,12 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from hermes_state_errors import UnsafePathError
+from hermes_state_errors import (
+    HermesStateError,
+    StateDbCannotOpenError,
+    StateDbReadOnlyError,
+    UnsafePathError,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -49,6 +55,8 @@ __all__ = [
     "child_process_env",
     "configure_connection",
     "connect",
+    "make_private_dir",
+    "cannot_create",
     "transaction",
     "spool_transcript",
     "spool_pending_message",
@@ -240,7 +248,7 @@ def wal_without_database(db_path: Path) -> bool:
     committed there would be lost: such a file must not be opened. ``stat`` only."""
     try:
         return db_path.stat().st_size == 0 and sidecar_paths(db_path)[0].stat().st_size > 0
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file, no -wal: nothing to lose
         return False
 
 
@@ -253,7 +261,7 @@ def prepare_db_file(db_path: Path) -> bool:
     drops every POSIX lock this process holds on it. Returns True when the file was created.
     """
     refuse_symlinks(db_path)
-    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(db_path.parent, for_file=db_path)
     created = False
     try:
         fd = os.open(
@@ -266,8 +274,28 @@ def prepare_db_file(db_path: Path) -> bool:
         created = True
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise cannot_create(db_path, exc) from exc
     tighten_modes(db_path)
     return created
+
+
+def make_private_dir(directory: Path, *, for_file: Path) -> None:
+    """Create ``directory`` (and its parents, mode 0700) for the database file ``for_file``;
+    when the operating system refuses, the typed error names that file."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file where a directory goes, no permission, a read-only mount
+        raise cannot_create(for_file, exc) from exc
+
+
+def cannot_create(db_path: Path, exc: OSError) -> HermesStateError:
+    """The typed error for a database file (or its directory) the operating system would not
+    create: :class:`StateDbReadOnlyError` where writing is refused, else
+    :class:`StateDbCannotOpenError`."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StateDbReadOnlyError(f"{db_path} cannot be created: {exc}", path=db_path)
+    return StateDbCannotOpenError(f"{db_path} cannot be created: {exc}", path=db_path)
 
 
 def tighten_modes(db_path: Path) -> None:

@@ -34,9 +34,11 @@ from hermes_state_common import (
     INDEXES_SQL,
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
+    cannot_create,
     connect,
     get_hermes_home,
     journal_path,
+    make_private_dir,
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
@@ -106,11 +108,17 @@ def utc_stamp() -> str:
 
 
 def _new_private_file(path: Path) -> Path:
-    """Create ``path`` empty with mode 0600 (never an existing file, never through a link)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(
-        path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
-    )
+    """Create ``path`` empty with mode 0600 (never an existing file, never through a link);
+    FileExistsError when it exists, a typed error when it cannot be created."""
+    make_private_dir(path.parent, for_file=path)
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise cannot_create(path, exc) from exc
     os.close(fd)
     return path
 
@@ -301,13 +309,13 @@ def _exclusive(db_path: Path, *, create: bool = False) -> Iterator[_Exclusive]:
     the whole block (``create``: an empty private file first, when there is none).
     :class:`StateDbInUseError` when either is taken; a damaged store is
     :class:`StateDbCorruptError`."""
+    if create:  # (first: a file that cannot be created is that, not a lock held elsewhere)
+        prepare_db_file(db_path)
     with fts.admission_lock(db_path) as admitted:
         if not admitted:
             raise StateDbInUseError(
                 f"another maintenance run holds the admission lock of {db_path}", path=db_path
             )
-        if create:
-            prepare_db_file(db_path)
         held = _take_exclusive(db_path)
         try:
             yield held
@@ -394,7 +402,11 @@ def _snapshot(
     if dest is None:
         target = _unique_snapshot_path(snapshot_dir(), "state")
     else:
-        target = _new_private_file(Path(dest).expanduser().absolute())
+        target = Path(dest).expanduser().absolute()
+        try:
+            _new_private_file(target)
+        except FileExistsError:
+            raise HermesStateError(f"the snapshot {target} already exists") from None
     try:
         conn = _copy_into(src, target)
         try:
@@ -442,7 +454,6 @@ def restore_state_db(
             "schema_version": version,
             "previous_snapshot": None,
         }
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with translated_errors(target), _exclusive(target, create=True) as held:
             report["rolled_back_journal"] = held.rolled_back_journal
             if held.pages > 0:
@@ -691,7 +702,7 @@ def _repair_held(
 ) -> dict[str, Any]:
     """The repair proper, on the live store ``live`` held exclusively."""
     snapshots = snapshot_dir()
-    snapshots.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(snapshots, for_file=snapshots / "state.db")
     with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
         work = _new_private_file(Path(tmp) / "work.db")
         say("copying", 0, None)

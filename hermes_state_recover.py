@@ -56,6 +56,7 @@ from hermes_state_common import (
     connect,
     get_hermes_home,
     journal_path,
+    make_private_dir,
     prepare_db_file,
     quote_identifier,
     sidecar_paths,
@@ -955,7 +956,7 @@ def recover_state_db(
             raise HermesStateError(f"the output {out_path} would overwrite the source")
         if out_path.exists() or out_path.is_symlink():
             raise HermesStateError(f"the output {out_path} already exists")
-        out_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(out_path.parent, for_file=out_path)
     workdir = out_path.parent if out_path is not None else None
     # The output is the only file written: its errors name it (the source's are typed).
     with translated_errors(out_path or src_path), tempfile.TemporaryDirectory(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT, subprocess_env
-from hermes_state import SessionDB, backup_state_db
+from hermes_state import SessionDB, backup_state_db, restore_state_db
 from hermes_state_errors import (
     HermesStateError,
     StateDbCannotOpenError,
@@ -278,6 +278,26 @@ def test_each_error_names_the_file(matrix: dict[str, dict[str, Any]]) -> None:
             result = case["result"]
             if result["outcome"] == "error":
                 assert str(case["path"]) in result["message"], (kind, op, result)
+
+
+@pytest.mark.parametrize("depth", ["file/state.db", "file/sub/state.db"])
+def test_a_store_whose_directory_is_a_file_cannot_be_created_typed(
+    tmp_path: Path, depth: str
+) -> None:
+    (tmp_path / "file").write_text("in the way")
+    path = tmp_path / depth
+    with pytest.raises(StateDbCannotOpenError) as info:
+        SessionDB(path)
+    assert info.value.path == path and isinstance(info.value.__cause__, OSError)
+    snapshot = backup_state_db(make_store(tmp_path / "good" / "state.db"), tmp_path / "s.db")
+    with pytest.raises(StateDbCannotOpenError):
+        restore_state_db(snapshot, path)
+    assert (tmp_path / "file").read_text() == "in the way"
+
+
+def make_store(path: Path) -> Path:
+    SessionDB(path).close()
+    return path
 
 
 # --- translation by result code ---------------------------------------------------------------
