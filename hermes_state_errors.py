@@ -8,11 +8,14 @@ SQLite errors are classified by result code (``sqlite_errorcode``, the extended 
 message text: message text changes between SQLite versions and locales, result codes do not.
 
 Translation happens here and nowhere else: :func:`translate` turns an ``sqlite3`` error into
-the typed error its result code names, and :func:`translated_errors` is the context manager
-every public entry point runs its SQLite work in (the facade's reads and writes, backup,
-restore, repair, recover, stats, export and import), so no ``sqlite3.Error`` reaches a caller.
+the typed error its result code names — the facade's reads and writes (stats, export and
+import through it) raise what it returns — and :func:`translated_errors` is the context
+manager the module-level entry points run their SQLite work in (backup, restore, repair,
+recover, import's spool, a restore from a replica), so no ``sqlite3.Error`` reaches a caller.
 A translated error keeps ``sqlite_errorcode`` and ``sqlite_errorname`` and the original as
-``__cause__``; a code no narrower type covers becomes :class:`StateDbError`.
+``__cause__``; a code no narrower type covers becomes :class:`StateDbError`. Where a typed
+refusal says more (a lock held by maintenance is :class:`StateDbInUseError`, a busy read-only
+store is :class:`StateDbUnavailableError` ``busy``), the caller raises that instead.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import math
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hermes_state_common import (
