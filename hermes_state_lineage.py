@@ -61,6 +61,7 @@ from hermes_state_common import row_to_dict
 __all__ = [
     "DELEGATE_MARKER",
     "BRANCH_MARKER",
+    "UNMARKED_CHILD_SQL",
     "CONTINUATION_EDGE_SQL",
     "Family",
     "session_ancestors",
@@ -78,16 +79,18 @@ __all__ = [
 DELEGATE_MARKER = "_delegate_from"
 BRANCH_MARKER = "_branched_from"
 
-# The continuation edge from a parent ``p`` to a child ``c`` (aliases of ``sessions``). A
-# marker counts when its key holds a value; ``model_config`` that is not JSON marks nothing.
-CONTINUATION_EDGE_SQL = f"""(
-    p.end_reason = 'compression'
-    AND c.source IS NOT 'tool'
+# A session ``c`` (an alias of ``sessions``) that carries neither marker and is not a tool's
+# own session. A marker counts when its key holds a value; ``model_config`` that is not JSON
+# marks nothing.
+UNMARKED_CHILD_SQL = f"""(
+    c.source IS NOT 'tool'
     AND CASE WHEN json_valid(c.model_config)
              THEN json_extract(c.model_config, '$.{DELEGATE_MARKER}') IS NULL
                   AND json_extract(c.model_config, '$.{BRANCH_MARKER}') IS NULL
              ELSE 1 END
 )"""
+# The continuation edge from a parent ``p`` to its child ``c``.
+CONTINUATION_EDGE_SQL = f"(p.end_reason = 'compression' AND {UNMARKED_CHILD_SQL})"
 
 # --- the parent chain ------------------------------------------------------------------------
 
@@ -143,8 +146,8 @@ def lineage_tree(conn: sqlite3.Connection, session_id: str) -> list[str]:
 
 # --- the successor rule ----------------------------------------------------------------------
 
-# A session and everything below it, with what the successor rule reads of each: whether the
-# edge from its parent is a continuation edge, and its newest activity.
+# A session and everything below it, with what the successor rule reads of each: whether it
+# carries a marker, and its newest activity.
 FAMILY_SQL = f"""
 WITH RECURSIVE family(id) AS (
     SELECT ?
@@ -152,9 +155,7 @@ WITH RECURSIVE family(id) AS (
     SELECT s.id FROM sessions s JOIN family f ON s.parent_session_id = f.id
 )
 SELECT c.id, c.parent_session_id, c.successor_session_id, c.end_reason, c.ended_at,
-       c.started_at,
-       COALESCE((SELECT {CONTINUATION_EDGE_SQL}
-                 FROM sessions p WHERE p.id = c.parent_session_id), 0) AS continues,
+       c.started_at, {UNMARKED_CHILD_SQL} AS unmarked,
        COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = c.id),
                 c.started_at) AS last_active
 FROM sessions c JOIN family f ON c.id = f.id
@@ -169,7 +170,7 @@ class _Node:
     end_reason: str | None
     ended_at: float | None
     started_at: float
-    continues: bool
+    unmarked: bool  # neither marker, not a tool session (UNMARKED_CHILD_SQL)
     last_active: float
 
     def preference(self) -> tuple[int, float, float, str]:
@@ -209,7 +210,7 @@ class Family:
             return node.published
         if node.end_reason != "compression":
             return None
-        edges = [self.nodes[k] for k in kids if self.nodes[k].continues]
+        edges = [self.nodes[k] for k in kids if self.nodes[k].unmarked]
         return max(edges, key=_Node.preference).id if edges else None
 
     def chain_from(self, start: str) -> list[str]:

@@ -342,6 +342,20 @@ def test_prune_keeps_a_conversation_while_a_member_is_live(db: SessionDB) -> Non
     assert db.prune_sessions(older_than_days=90) == 3
 
 
+def test_the_sql_continuation_edge_is_the_rules_edge(conversation: SessionDB) -> None:
+    """Listings that order by a chain in SQL follow the same edges the rule does."""
+    conversation.create_session("tool-run", "tool", parent_session_id="gen2", started_at=8.0)
+    with raw(conversation) as conn:
+        edges = set(conn.execute(
+            "SELECT p.id, c.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id"
+            f" WHERE {lineage.CONTINUATION_EDGE_SQL}"
+        ).fetchall())
+        family = lineage.Family(conn, "root")
+    assert edges == {("root", "older"), ("root", "gen2"), ("gen2", "tip")}
+    for parent, child in edges:
+        assert family.nodes[child].unmarked and family.nodes[parent].end_reason == "compression"
+
+
 def test_export_of_a_lineage_is_the_whole_tree(conversation: SessionDB) -> None:
     exported = [s["id"] for s in conversation.export_session_lineage("delegate")]
     assert set(exported) == MEMBERS and exported[0] == "root"
