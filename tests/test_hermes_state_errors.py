@@ -1,11 +1,14 @@
 """Errors: one translation of SQLite's errors for every entry point, by result code.
 
 The bad-file matrix runs every public operation on five kinds of file that are not a session
-store — random bytes, an empty file, a directory, another application's SQLite database and
-a missing path — and asserts that each gives a typed error (a ``HermesStateError``; never a
-bare ``sqlite3`` or ``OSError``) or, for the operations whose job is to examine damaged files,
-a report that says so, and that the file is left exactly as it was. The operations run in
-child processes; the parent, which never opens the files with SQLite, reads them afterwards.
+store — random bytes (three seeds), an empty file, a directory, another application's SQLite
+database and a missing path — and asserts that each gives a typed error (a
+``HermesStateError``; never a bare ``sqlite3`` or ``OSError``) or, for the operations whose
+job is to examine damaged files (repair, recover), a report that says so, and that a file
+refused or examined is left exactly as it was. An empty file or a missing path is where a
+writable open or a restore creates a store, and a writable open creates the store beside
+another application's tables: those succeed. The operations run in child processes; the
+parent, which never opens the files with SQLite, reads them afterwards.
 """
 
 from __future__ import annotations
