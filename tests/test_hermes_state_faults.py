@@ -65,18 +65,21 @@ def assert_healthy(db: SessionDB) -> None:
 # A lock storm: writer processes, a checkpointer and a reader on one file
 # ---------------------------------------------------------------------------------------------
 
-# Appends argv[4] messages tagged argv[2] to session argv[3] of argv[1], starting when the
-# clock reaches argv[5]; a fifth of them carry a tool call, every tenth also moves the token
-# counters. Prints one JSON line: the acknowledged row ids in order, lock retries, seconds
-# spent, and how late it started.
+# Appends argv[4] messages tagged argv[2] to session argv[3] of argv[1]: once its store is open
+# it creates the file argv[5] + ".ready", then starts when the file argv[5] appears. A fifth of
+# the messages carry a tool call, every tenth also moves the token counters. Prints one JSON
+# line: the acknowledged row ids in order, lock retries, seconds spent, and how late after the
+# start signal it began.
 _WRITER = """
-import json, sys, time
+import json, os, sys, time
 from hermes_state import SessionDB
-path, tag, session, count, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \\
-    float(sys.argv[5])
+path, tag, session, count, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \\
+    sys.argv[5]
 db = SessionDB(path)
-time.sleep(max(0.0, start - time.time()))
-late = time.time() - start
+open(go + f".{tag}.ready", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.002)
+late = time.time() - os.stat(go).st_mtime
 began = time.monotonic()
 ids = []
 for i in range(count):
@@ -140,12 +143,18 @@ def test_a_lock_storm_loses_nothing_and_leaks_no_error(
         db.create_session(_session_of(n), "cli")
     stop = tmp_path / "stop"
     side = [spawn_python(script, str(db.path), str(stop)) for script in (_CHECKPOINTER, _READER)]
-    start = time.time() + 1.0 + 0.15 * writers  # every writer is up and open by then
+    go = tmp_path / "go"
     procs = [
-        spawn_python(_WRITER, str(db.path), f"w{n}", _session_of(n), str(per_writer),
-                     f"{start:.3f}")
+        spawn_python(_WRITER, str(db.path), f"w{n}", _session_of(n), str(per_writer), str(go))
         for n in range(writers)
     ]
+    ready = [tmp_path / f"go.w{n}.ready" for n in range(writers)]
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready):  # every writer is up and open
+        assert time.monotonic() < deadline, "the writers did not open the store"
+        assert all(p.poll() is None for p in procs), "a writer ended before the start"
+        time.sleep(0.01)
+    go.touch()
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
