@@ -39,15 +39,16 @@ from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import hermes_state_common as common
 import hermes_state_compression as compression
-import hermes_state_compression_failures as compression_failures
 import hermes_state_context_window as context_window
 import hermes_state_errors as errors
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
+import hermes_state_lineage as lineage
+import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
 import hermes_state_peers as peers
-import hermes_state_portability as portability
+import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
@@ -58,6 +59,7 @@ import hermes_state_session_model as session_model
 import hermes_state_sessions as sessions
 import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
+import hermes_state_transfer as transfer
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
 from hermes_state_common import (
@@ -71,14 +73,13 @@ from hermes_state_common import (
 )
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
-from hermes_state_portability import backup_state_db, recover_state_db, repair_state_db
-from hermes_state_portability import restore_state_db
+from hermes_state_maintenance import backup_state_db, repair_state_db, restore_state_db
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
+from hermes_state_recover import recover_state_db
 from hermes_state_wal import apply_wal_with_fallback
 from hermes_state_workspace import workspace_key
 
 __all__ = [
-    "__version__",
     "SessionDB",
     "AsyncSessionDB",
     "apply_wal_with_fallback",
@@ -151,7 +152,9 @@ class Fallback(Generic[T_co]):
 # InvalidInputError still reaches the caller.
 _STORE_ERRORS: tuple[type[BaseException], ...] = (
     sqlite3.Error, errors.StateDbLockedError, errors.StateDbCorruptError, errors.StateDbFullError,
-    errors.StateDbIOError, errors.StateDbClosedError, errors.StateDbUnavailableError,
+    errors.StateDbIOError, errors.StateDbReadOnlyError, errors.StateDbCannotOpenError,
+    errors.StateDbConstraintError, errors.StateDbError, errors.StateDbClosedError,
+    errors.StateDbUnavailableError,
 )
 
 
@@ -334,10 +337,7 @@ class SessionDB:
         Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
         them ever checkpoints on its own: automatic checkpoints are off from the first
         statement (the setting touches no file)."""
-        uri = f"{self.path.as_uri()}?mode={mode}&nofollow=1"
-        conn = common.configure_connection(sqlite3.connect(
-            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-        ))
+        conn = common.connect(self.path, mode, timeout=timeout)
         if self.wal_reset_exposed or self._leave_checkpoints:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
@@ -587,22 +587,8 @@ class SessionDB:
         finally:
             conn.close()
 
-    def _translate(self, exc: sqlite3.Error) -> Exception:
-        if errors.is_hot_journal_error(exc):  # only read-only connections cannot roll it back
-            return errors.hot_journal_error(self.path)
-        if errors.is_corruption_error(exc):
-            return errors.StateDbCorruptError(f"{self.path} is damaged: {exc}", path=self.path)
-        if errors.is_disk_full_error(exc):
-            return errors.StateDbFullError(f"no space left for {self.path}: {exc}", path=self.path)
-        if errors.is_io_error(exc):
-            return errors.StateDbIOError(f"I/O error on {self.path}: {exc}", path=self.path)
-        if errors.is_sqlite_lock_error(exc):
-            return errors.StateDbLockedError(f"{self.path} is locked: {exc}", path=self.path)
-        if errors.is_readonly_error(exc):
-            return errors.StateDbReadOnlyError(
-                f"{self.path} may not be written: {exc}", path=self.path
-            )
-        return exc
+    def _translate(self, exc: sqlite3.Error) -> errors.HermesStateError:
+        return errors.translate(exc, self.path)
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -708,6 +694,8 @@ class SessionDB:
         it as a write, so it needs a writable handle and takes the write lock briefly."""
         return self._outside_transaction(fts.integrity_report)
 
+    quick_health = _reads(maintenance.quick_health)
+
     # --- sessions -----------------------------------------------------------------------------
 
     create_session = _writes(sessions.create_session)
@@ -728,7 +716,7 @@ class SessionDB:
     get_meta = _reads(common.get_meta)
     set_meta = _writes(common.set_meta)
     stats = _reads(sessions.stats)
-    export_all = _reads(portability.export_all)
+    export_all = _reads(transfer.export_all)
 
     export_session = _reads(seen.EXPORT_SESSION)
     export_session_lineage = _reads(seen.EXPORT_SESSION_LINEAGE)
@@ -741,20 +729,20 @@ class SessionDB:
         lineage: bool = False,
     ) -> Iterator[str]:
         """Export as JSON Lines from one consistent snapshot, in constant memory (see
-        hermes_state_portability.iter_export_jsonl); works on read-only handles."""
+        hermes_state_transfer.iter_export_jsonl); works on read-only handles."""
         with self._snapshot_reader() as conn:
-            yield from portability.iter_export_jsonl(
+            yield from transfer.iter_export_jsonl(
                 conn, session_ids, source=source, lineage=lineage
             )
 
     def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Import exported sessions, each in its own transaction, parents first; returns the
-        report (see hermes_state_portability.import_sessions)."""
-        return portability.import_sessions(self._transcript_write, sessions)
+        report (see hermes_state_transfer.import_sessions)."""
+        return transfer.import_sessions(self._transcript_write, sessions)
 
     def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
-        return portability.import_jsonl(self._transcript_write, fp)
+        return transfer.import_jsonl(self._transcript_write, fp)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 
@@ -822,10 +810,10 @@ class SessionDB:
 
     # --- lineage ------------------------------------------------------------------------------
 
-    get_session_ancestors = _reads(compression.get_session_ancestors)
-    get_session_descendants = _reads(compression.get_session_descendants)
-    get_compression_tip = _reads(compression.get_compression_tip)
-    get_compression_lineage = _reads(compression.get_compression_lineage)
+    get_session_ancestors = _reads(lineage.session_ancestors)
+    get_session_descendants = _reads(lineage.session_descendants)
+    get_compression_tip = _reads(lineage.get_compression_tip)
+    get_compression_lineage = _reads(lineage.compression_chain)
 
     # --- search -------------------------------------------------------------------------------
 
@@ -845,17 +833,17 @@ class SessionDB:
     release_compression_lock = _writes(compression.release_compression_lock)
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
     get_compression_fallback_streak = _reads(
-        compression_failures.get_compression_fallback_streak, fallback=_lenient(int)
+        compression.get_compression_fallback_streak, fallback=_lenient(int)
     )
-    set_compression_fallback_streak = _writes(compression_failures.set_compression_fallback_streak)
+    set_compression_fallback_streak = _writes(compression.set_compression_fallback_streak)
     record_compression_failure_cooldown = _writes(
-        compression_failures.record_compression_failure_cooldown, fallback=_lenient(lambda: None)
+        compression.record_compression_failure_cooldown, fallback=_lenient(lambda: None)
     )
     get_compression_failure_cooldown = _reads(
-        compression_failures.get_compression_failure_cooldown
+        compression.get_compression_failure_cooldown
     )
     clear_compression_failure_cooldown = _writes(
-        compression_failures.clear_compression_failure_cooldown, fallback=_lenient(lambda: None)
+        compression.clear_compression_failure_cooldown, fallback=_lenient(lambda: None)
     )
 
     # --- gateway: runtime epoch, admissions, workers ------------------------------------------
@@ -924,8 +912,8 @@ class SessionDB:
 
 def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
     """:meth:`SessionDB.stats` of every profile under ``root`` (see
-    hermes_state_portability.collect_profile_stats); each store is opened read-only."""
-    return portability.collect_profile_stats(root, functools.partial(SessionDB, read_only=True))
+    hermes_state_profiles.collect_profile_stats); each store is opened read-only."""
+    return profiles.collect_profile_stats(root, functools.partial(SessionDB, read_only=True))
 
 
 #: This process's shared stores, one SessionDB per profile home, held by explicit owners

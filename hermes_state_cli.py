@@ -136,6 +136,9 @@ def _advice(exc: BaseException, db: Path) -> str | None:
         if exc.reason == "hot_journal":
             return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
                 "any writable open does), then checks the store and repairs it if it must"
+        if exc.reason == "foreign":
+            return "the path names another application's SQLite database (left as it was); " \
+                "point --db, --home or --profile at a session store"
         if exc.reason == "incompatible":
             version = exc.schema_version
             if version is not None and version > common.SCHEMA_VERSION:
@@ -630,12 +633,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         return
     try:
         with db:
-            report["schema_version"] = db._read(lambda c: c.execute(
-                "SELECT version FROM schema_version").fetchone()[0])
-            report["journal_mode"] = db._read(
-                lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
-            report["quick_check"] = db._read(
-                lambda c: [r[0] for r in c.execute("PRAGMA quick_check").fetchall()])
+            report.update(db.quick_health())
             report["fts"] = db.fts_status()
     except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
         problems.append(f"store damaged: {exc}")
@@ -1104,7 +1102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _NotConfirmed as exc:
         _warn(str(exc))
         return 2
-    except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
+    except (HermesStateError, OSError, ValueError) as exc:
         _warn(str(exc))
         try:
             advice = _advice(exc, _resolve_db(args))

@@ -17,6 +17,7 @@ already running inside one profile resolves a sibling profile next to it, never 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import json
@@ -26,12 +27,17 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from hermes_state_errors import StateDbReadOnlyError, UnsafePathError
+from hermes_state_errors import (
+    HermesStateError,
+    StateDbCannotOpenError,
+    StateDbReadOnlyError,
+    UnsafePathError,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -47,7 +53,48 @@ __all__ = [
     "profile_config_path",
     "child_process_env",
     "configure_connection",
+    "connect",
+    "make_private_dir",
+    "cannot_create",
     "transaction",
+    "DB_FILENAME",
+    "DELIVERY_OBLIGATIONS_SQL",
+    "FTS_SQL",
+    "FTS_TRIGGERS_SQL",
+    "FTS_TRIGGER_NAMES",
+    "INDEXES_SQL",
+    "LIVE_ADMISSION_STATUSES",
+    "LIVE_EXECUTION_STATUSES",
+    "RUNTIME_LEDGER_TABLES",
+    "TABLES_SQL",
+    "append_error_log",
+    "clean_optional",
+    "clean_text",
+    "decode_json",
+    "encode_json",
+    "escape_like",
+    "get_meta",
+    "journal_path",
+    "now",
+    "placeholders",
+    "prepare_db_file",
+    "quote_identifier",
+    "refuse_symlinks",
+    "refuse_write_protected",
+    "row_to_dict",
+    "set_meta",
+    "sidecar_paths",
+    "split_sql",
+    "sql_values",
+    "stored_text",
+    "table_exists",
+    "tighten_modes",
+    "wal_reset_exposed",
+    "wal_without_database",
+    "IMPACT_DEFAULT_AVGDL",
+    "SEARCH_INDEX_SQL",
+    "SEARCH_TRIGGERS_SQL",
+    "TIME_BLOCK_SHIFT",
 ]
 
 SCHEMA_VERSION = 32
@@ -203,7 +250,7 @@ def wal_without_database(db_path: Path) -> bool:
     committed there would be lost: such a file must not be opened. ``stat`` only."""
     try:
         return db_path.stat().st_size == 0 and sidecar_paths(db_path)[0].stat().st_size > 0
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file, no -wal: nothing to lose
         return False
 
 
@@ -219,7 +266,7 @@ def prepare_db_file(db_path: Path) -> bool:
     """
     refuse_symlinks(db_path)
     refuse_write_protected(db_path)
-    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(db_path.parent, for_file=db_path)
     created = False
     try:
         fd = os.open(
@@ -232,6 +279,8 @@ def prepare_db_file(db_path: Path) -> bool:
         created = True
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise cannot_create(db_path, exc) from exc
     tighten_modes(db_path)
     return created
 
@@ -262,6 +311,24 @@ def refuse_write_protected(db_path: Path) -> None:
                 "not opened for writing and nothing was changed",
                 path=path,
             )
+
+
+def make_private_dir(directory: Path, *, for_file: Path) -> None:
+    """Create ``directory`` (and its parents, mode 0700) for the database file ``for_file``;
+    when the operating system refuses, the typed error names that file."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file where a directory goes, no permission, a read-only mount
+        raise cannot_create(for_file, exc) from exc
+
+
+def cannot_create(db_path: Path, exc: OSError) -> HermesStateError:
+    """The typed error for a database file (or its directory) the operating system would not
+    create: :class:`StateDbReadOnlyError` where writing is refused, else
+    :class:`StateDbCannotOpenError`."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StateDbReadOnlyError(f"{db_path} cannot be created: {exc}", path=db_path)
+    return StateDbCannotOpenError(f"{db_path} cannot be created: {exc}", path=db_path)
 
 
 def tighten_modes(db_path: Path) -> None:
@@ -296,6 +363,35 @@ def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:
     anything is written. Its cost on appends and searches is within noise (see README)."""
     conn.execute(CELL_SIZE_CHECK_SQL)
     return conn
+
+
+# SQLite's busy timeout of a connection that does not say otherwise.
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+_CONNECT_MODES = frozenset({"ro", "rw", "rwc"})
+
+
+def connect(
+    path: Path,
+    mode: str,
+    *,
+    timeout: float = DEFAULT_BUSY_TIMEOUT_S,
+    immutable: bool = False,
+) -> sqlite3.Connection:
+    """The one way the library opens a connection on a database file, whoever opens it (the
+    facade, maintenance, recover, import's spool, replication, quarantine checks).
+
+    A URI open with ``mode`` (``ro``, ``rw``, or ``rwc``, which may create the file) and
+    ``nofollow=1`` (SQLite refuses a symlink), autocommit (``isolation_level=None``: the
+    transaction helper says where transactions are), usable from any thread (the caller holds
+    its own lock) and configured by :func:`configure_connection`. ``immutable`` is only for a
+    private image nothing else can change (recover's copies): SQLite then takes no locks and
+    ignores sidecars."""
+    if mode not in _CONNECT_MODES:
+        raise ValueError(f"mode must be one of {sorted(_CONNECT_MODES)}, got {mode!r}")
+    uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
+    return configure_connection(sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
+    ))
 
 
 # The WAL-reset bug (corruption when a WAL reset races a concurrent checkpoint) is fixed in
@@ -392,15 +488,24 @@ def placeholders(n: int) -> str:
     return ", ".join("?" * n)
 
 
+def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
+    """A fetched row as a dict keyed by the cursor's column names."""
+    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+
 _savepoint_ids = itertools.count(1)
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection, /) -> Iterator[sqlite3.Connection]:
+def transaction(
+    conn: sqlite3.Connection, /, *, rollback_only: bool = False
+) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
 
     Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
-    never hides the original error.
+    never hides the original error. ``rollback_only``: the block is rolled back even when it
+    succeeds — for a check SQLite runs as a write (FTS5's ``integrity-check``) that must leave
+    nothing behind.
     """
     if conn.in_transaction:
         name = f"hermes_sp_{next(_savepoint_ids)}"
@@ -412,12 +517,14 @@ def transaction(conn: sqlite3.Connection, /) -> Iterator[sqlite3.Connection]:
                 conn.execute(f"ROLLBACK TO {name}")
                 conn.execute(f"RELEASE {name}")
             raise
+        if rollback_only:
+            conn.execute(f"ROLLBACK TO {name}")
         conn.execute(f"RELEASE {name}")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-        conn.execute("COMMIT")
+        conn.execute("ROLLBACK" if rollback_only else "COMMIT")
     except BaseException:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):

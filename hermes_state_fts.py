@@ -58,6 +58,24 @@ __all__ = [
     "cjk_index_text",
     "cjk_bigrams",
     "has_cjk",
+    "FTS_TABLES",
+    "HIGH_WATER_KEY",
+    "PROGRESS_KEY",
+    "STALE_KEY",
+    "admission_lock",
+    "damage_is_fts_only",
+    "damaged_canonical_tables",
+    "detach_index",
+    "empty_index",
+    "index_state",
+    "integrity_report",
+    "iter_cjk_runs",
+    "missing_triggers",
+    "other_processes_hold",
+    "rebuild_chunk",
+    "rebuild_when_admitted",
+    "start_rebuild",
+    "status",
 ]
 
 # Letters of the scripts written without spaces between words (plus Hangul, which is written
@@ -302,7 +320,7 @@ def _reset_shadow_tables(conn: sqlite3.Connection, /, table: str) -> None:
             conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
 
 
-def _empty_index(conn: sqlite3.Connection, /, table: str) -> None:
+def empty_index(conn: sqlite3.Connection, /, table: str) -> None:
     """Empty ``table`` for a rebuild; raises :class:`FtsCorruptError` when its shadow tables
     are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend.
 
@@ -325,7 +343,7 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
 
     An index too damaged for FTS5 to open is reset from its shadow tables first."""
     for table in FTS_TABLES:
-        _empty_index(conn, table)
+        empty_index(conn, table)
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)

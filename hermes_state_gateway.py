@@ -66,7 +66,8 @@ When the gateway fails after accepting an input, :func:`persist_exception_input`
 if no row already owns the marker. It looks for the marker and nothing else — never at bodies,
 never at unmarked rows — in the sessions :func:`owner_search_order` lists: the published
 forwarding target (``successor_session_id``, followed to its end), the canonical current
-compression successor (the tip), then the compression ancestors. Active rows and compression
+compression successor (the tip), then the compression ancestors, each as
+``hermes_state_lineage`` defines it. Active rows and compression
 archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) and observed
 inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
 read, :class:`OwnerLookupError` is raised and nothing is appended on a guess (a corrupt file
@@ -95,10 +96,10 @@ from hermes_state_common import (
     encode_json,
     now,
     split_sql,
+    row_to_dict,
     sql_values,
     table_exists,
 )
-from hermes_state_compression import compression_ancestors, compression_tip
 from hermes_state_errors import (
     LedgerConflictError,
     OwnerLookupError,
@@ -107,9 +108,10 @@ from hermes_state_errors import (
     is_corruption_error,
     is_sqlite_lock_error,
 )
+from hermes_state_lineage import compression_ancestors, compression_tip, forwarding_chain
 from hermes_state_messages import insert_message
 from hermes_state_replay import gateway_should_persist
-from hermes_state_sessions import lift_auto_archive, require_session, row_to_dict
+from hermes_state_sessions import lift_auto_archive, require_session
 
 __all__ = [
     "OUTCOMES",
@@ -928,11 +930,6 @@ def with_owner_marker(display_metadata: Mapping[str, Any] | None, marker: str) -
     return {**display_metadata, OWNER_MARKER_KEY: marker}
 
 
-# Published forwarding: the successor of a session, when that session exists.
-FORWARD_SQL = """
-SELECT s.successor_session_id FROM sessions s JOIN sessions t ON t.id = s.successor_session_id
-WHERE s.id = ?
-"""
 # The marker only: bodies are never read or compared; rows whose metadata is not JSON are
 # simply not owners. Revoked rows and observed inputs do not own anything.
 OWNED_INPUT_SQL = """
@@ -953,20 +950,6 @@ _OWNED_COLUMNS = (
 )
 
 
-def _forwarding_chain(conn: sqlite3.Connection, /, session_id: str) -> list[str]:
-    """The published successors of ``session_id``, followed in order (cycles stop)."""
-    chain: list[str] = []
-    seen = {session_id}
-    current = session_id
-    while (row := conn.execute(FORWARD_SQL, (current,)).fetchone()) is not None:
-        current = row[0]
-        if current in seen:
-            break
-        seen.add(current)
-        chain.append(current)
-    return chain
-
-
 def owner_search_order(conn: sqlite3.Connection, /, session_id: str) -> list[str]:
     """Where an input accepted for ``session_id`` may be stored, in search order; the first
     entry is where the exception path appends (the live session). Empty for an unknown
@@ -977,7 +960,7 @@ def owner_search_order(conn: sqlite3.Connection, /, session_id: str) -> list[str
     3. the compression ancestors: the forwarding chain back towards the session, then the
        compression ancestors of the target, of the tip and of the session itself.
     """
-    forwarded = _forwarding_chain(conn, session_id)
+    forwarded = forwarding_chain(conn, session_id)
     tip = compression_tip(conn, session_id)
     order: list[str] = []
 

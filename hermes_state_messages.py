@@ -58,7 +58,8 @@ import hermes_state_fts as fts
 import hermes_state_rank as rank
 from hermes_state_common import clean_optional, clean_text, decode_json, encode_json, now
 from hermes_state_errors import InvalidInputError, SessionNotFoundError
-from hermes_state_sessions import lift_auto_archive, session_ancestors
+from hermes_state_lineage import session_ancestors
+from hermes_state_sessions import lift_auto_archive
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -86,6 +87,7 @@ __all__ = [
     "has_archived_messages",
     "has_platform_message_id",
     "tool_call_count_of",
+    "row_to_message",
 ]
 
 # The append_message keywords, in column order (session_id comes first in the row).

@@ -59,6 +59,7 @@ from hermes_state_common import (
 from hermes_state_errors import (
     HermesStateError,
     StateDbUnavailableError,
+    foreign_database_error,
     is_corruption_error,
     is_sqlite_lock_error,
 )
@@ -66,6 +67,7 @@ from hermes_state_errors import (
 __all__ = [
     "MIGRATIONS",
     "read_version",
+    "refuse_foreign",
     "refuse_newer",
     "configure_writable",
     "require_current",
@@ -74,6 +76,7 @@ __all__ = [
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "WriteFn",
 ]
 
 T = TypeVar("T")
@@ -104,6 +107,30 @@ def read_version(conn: sqlite3.Connection, /) -> int | None:
     if table_exists(conn, "sessions"):
         return _UNTRACKED_VERSION
     return None
+
+
+# The tables of a database, SQLite's own left out.
+USER_TABLES_SQL = (
+    "SELECT name FROM sqlite_master"
+    " WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+)
+# The file behind a connection ('' for a temporary or in-memory database).
+MAIN_FILE_SQL = "SELECT file FROM pragma_database_list WHERE name = 'main'"
+
+
+def refuse_foreign(conn: sqlite3.Connection, /) -> int | None:
+    """The schema version (see :func:`read_version`); a database that holds no session store
+    but other tables raises :class:`StateDbUnavailableError` with reason ``"foreign"``.
+
+    For the operations that need a store or replace the whole file (backup, restore, repair):
+    a writable open still creates the store in such a file, beside the tables it has."""
+    version = read_version(conn)
+    if version is None:
+        tables = [r[0] for r in conn.execute(USER_TABLES_SQL)]
+        if tables:
+            file = conn.execute(MAIN_FILE_SQL).fetchone()
+            raise foreign_database_error(Path(file[0]) if file and file[0] else None, tables)
+    return version
 
 
 def refuse_newer(conn: sqlite3.Connection, /, path: Path | None = None) -> int | None:
@@ -339,7 +366,7 @@ def _drop_fts_table(conn: sqlite3.Connection, /, name: str) -> None:
     except (sqlite3.Error, MemoryError) as exc:  # garbage in a structure can read as NOMEM
         if isinstance(exc, sqlite3.Error) and not is_corruption_error(exc):
             raise
-        fts._empty_index(conn, name)
+        fts.empty_index(conn, name)
         conn.execute(drop)
 
 

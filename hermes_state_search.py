@@ -120,6 +120,7 @@ __all__ = [
     "sort_order",
     "search_filters",
     "search_messages",
+    "SORTS",
 ]
 
 MAX_QUERY_TERMS = 32

@@ -25,7 +25,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import hermes_state_compression as compression
 import hermes_state_messages as messages
-import hermes_state_portability as portability
+import hermes_state_transfer as transfer
 
 __all__ = [
     "SEEN_SESSIONS",
@@ -252,10 +252,10 @@ ARCHIVE_AND_COMPACT = Seen(
     rewrite=True,
 )
 EXPORT_SESSION = Seen(
-    like=portability.export_session, run=portability.export_session, after=_saw_export
+    like=transfer.export_session, run=transfer.export_session, after=_saw_export
 )
 EXPORT_SESSION_LINEAGE = Seen(
-    like=portability.export_session_lineage,
-    run=portability.export_session_lineage,
+    like=transfer.export_session_lineage,
+    run=transfer.export_session_lineage,
     after=_saw_exports,
 )

@@ -9,15 +9,16 @@ or as a plain read. Rules that matter:
 * token accounting moves the session totals and the per-model ``session_model_usage`` row in
   the same transaction; the session's ``model`` is only filled while it is NULL;
 * a listed conversation is its lineage root: compression successors and delegate children are
-  folded into it, and the row shows the live tip;
+  folded into it, and the row shows its compression tip (``hermes_state_lineage``'s successor
+  rule);
 * archiving has two kinds. ``set_session_archived`` is a deliberate archive (``archived=1``,
   ``auto_archived=0``); ``auto_archive_idle_sessions`` is the idle clean-up, the only writer of
   ``auto_archived=1``. Resuming a conversation lifts only the clean-up's archive: reopening a
   session, appending a new user turn to it (an accepted input, not an ``observed`` one) and
   continuing its compression all do, a deliberate archive stays until it is unarchived. The
-  unit of every archive change is the conversation (:func:`conversation_sessions`: the
-  compression root and everything compression continues from it), so the row a list shows and
-  the live tip never disagree. ``list_sessions_rich``, ``search_sessions`` and
+  unit of every archive change, and of pruning, is the conversation's members
+  (``hermes_state_lineage.conversation_members``), so the row a list shows and the live tip
+  never disagree. ``list_sessions_rich``, ``search_sessions`` and
   ``session_count`` leave archived sessions out unless ``include_archived=True``;
 * deleting or pruning never cascades to other sessions (children are orphaned), and refuses
   while the runtime ledgers hold live work for the session.
@@ -30,7 +31,7 @@ import math
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from hermes_state_common import (
@@ -42,10 +43,12 @@ from hermes_state_common import (
     now,
     placeholders,
     quote_identifier,
+    row_to_dict,
     set_meta,
     sql_values,
 )
 from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
+from hermes_state_lineage import Family, conversation_members
 from hermes_state_schema import expected_columns
 
 __all__ = [
@@ -58,7 +61,6 @@ __all__ = [
     "list_sessions_rich",
     "search_sessions",
     "session_count",
-    "conversation_sessions",
     "set_session_archived",
     "auto_archive_idle_sessions",
     "lift_auto_archive",
@@ -69,6 +71,18 @@ __all__ = [
     "list_prune_candidates",
     "select_prune_ids",
     "stats",
+    "claim_auto_prune",
+    "clear_messages",
+    "ensure_session",
+    "get_model_usage",
+    "get_next_title_in_lineage",
+    "get_session_by_title",
+    "get_session_title",
+    "message_count",
+    "require_session",
+    "resolve_session_by_title",
+    "session_columns",
+    "update_system_prompt",
 ]
 
 _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
@@ -76,10 +90,6 @@ _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
 
 def session_columns() -> tuple[str, ...]:
     return tuple(c[0] for c in expected_columns()["sessions"])
-
-
-def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
-    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
 
 
 def _session_value(name: str, value: Any) -> Any:
@@ -372,7 +382,7 @@ def get_model_usage(conn: sqlite3.Connection, /, session_id: str) -> list[dict[s
 PREVIEW_CHARS = 60
 
 # A conversation's root is the session without a parent (or whose parent is gone). The row it
-# is listed under shows the live tip of its compression chain (see compression_tip_sql).
+# is listed under shows the compression tip of its chain (hermes_state_lineage.Family).
 LIST_ROOTS_SQL = """
 SELECT s.*,
     (SELECT m.content FROM messages m
@@ -387,20 +397,6 @@ WHERE (s.parent_session_id IS NULL
 ORDER BY s.started_at DESC, s.id DESC
 LIMIT ? OFFSET ?
 """
-
-# Every session below a root, with the most recent activity of each.
-FAMILY_SQL = """
-WITH RECURSIVE family(id) AS (
-    SELECT ?
-    UNION
-    SELECT s.id FROM sessions s JOIN family f ON s.parent_session_id = f.id
-)
-SELECT s.id, s.parent_session_id, s.end_reason, s.successor_session_id, s.started_at,
-       COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
-                s.started_at) AS last_active
-FROM sessions s JOIN family f ON s.id = f.id
-"""
-
 
 def make_preview(text: str | None) -> str:
     """First user message, whitespace collapsed, at most 60 characters plus ``...``."""
@@ -433,45 +429,6 @@ def source_filters(
     return sql, params
 
 
-def next_in_chain(
-    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], node_id: str
-) -> str | None:
-    """The compression successor of a session: the published one, else the newest child of a
-    session that ended with ``end_reason='compression'``; None at the tip."""
-    node = family[node_id]
-    successor = node.get("successor_session_id")
-    if successor in family:
-        return str(successor)
-    kids = children.get(node_id)
-    if node.get("end_reason") == "compression" and kids:
-        return max(kids, key=lambda c: (family[c]["started_at"], c))
-    return None
-
-
-def chain_from(
-    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], start: str
-) -> list[str]:
-    """``start`` and its compression successors in order; the last one is the live tip."""
-    path, seen = [start], {start}
-    while (nxt := next_in_chain(family, children, path[-1])) is not None and nxt not in seen:
-        path.append(nxt)
-        seen.add(nxt)
-    return path
-
-
-def family_of(
-    conn: sqlite3.Connection, root: str
-) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    cursor = conn.execute(FAMILY_SQL, (root,))
-    family = {r[0]: row_to_dict(cursor, r) for r in cursor.fetchall()}
-    children: dict[str, list[str]] = {}
-    for sid, node in family.items():
-        parent = node["parent_session_id"]
-        if parent in family and sid != root:
-            children.setdefault(parent, []).append(sid)
-    return family, children
-
-
 # Lists and counts leave archived sessions out unless asked.
 _NOT_ARCHIVED = " AND COALESCE(s.archived, 0) = 0"
 
@@ -497,12 +454,12 @@ def list_sessions_rich(
     out = []
     for root in roots:
         root["preview"] = make_preview(root.pop("_first_user"))
-        family, children = family_of(conn, root["id"])
-        tip_id = chain_from(family, children, root["id"])[-1]
+        family = Family(conn, root["id"])
+        tip_id = family.chain_from(root["id"])[-1]
         root["root_session_id"] = root["id"]
         root["tip_session_id"] = tip_id
-        root["lineage_size"] = len(family)
-        root["last_active"] = max(n["last_active"] for n in family.values())
+        root["lineage_size"] = len(family.nodes)
+        root["last_active"] = family.last_active()
         if tip_id != root["id"]:
             tip = get_session(conn, tip_id) or {}
             for key in ("title", "model", "ended_at", "end_reason", "message_count"):
@@ -833,10 +790,10 @@ def select_prune_ids(
     list a caller is shown and what :func:`prune_sessions` deletes cannot differ.
 
     Ended sessions idle for ``older_than_days`` (None: any ended session) of ``source``, and
-    of ``only_ids`` when given. A compression chain goes as a unit: a session is kept while
-    any session of its chain (its compression ancestors and successors) is not selected, so
-    the ended parent of a live conversation is never pulled from under it. Sessions whose
-    ledgers hold live work are not selected. Reads only."""
+    of ``only_ids`` when given. A conversation is pruned as a unit (its members, see
+    ``hermes_state_lineage``): a session is kept while any member of its conversation is not
+    selected, so the ended parent of a live conversation is never pulled from under it.
+    Sessions whose ledgers hold live work are not selected. Reads only."""
     cutoff = math.inf if older_than_days is None else now() - older_than_days * 86400.0
     filters, params = source_filters(source, None)
     sql = PRUNE_CANDIDATES_SQL.format(filters=filters)
@@ -846,7 +803,7 @@ def select_prune_ids(
     # Busy sessions are taken out first, so that a chain with a busy member is not a subset
     # of what may go and stays whole.
     deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
-    return sorted(sid for sid in deletable if compression_chain(conn, sid) <= deletable)
+    return sorted(sid for sid in deletable if conversation_members(conn, sid) <= deletable)
 
 
 def list_prune_candidates(
@@ -877,76 +834,7 @@ def prune_sessions(
     return sum(delete_session(conn, session_id) for session_id in ids)
 
 
-# The seed's ancestors query: the session first, then each parent in turn.
-ANCESTORS_SQL = """
-WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
-    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
-    UNION
-    SELECT s.id, s.parent_session_id, l.depth + 1
-    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
-    WHERE l.depth < 10000
-)
-SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
-FROM lineage l JOIN sessions s ON s.id = l.id
-ORDER BY l.depth
-"""
-
-
-def session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The session and its ancestors, nearest first (empty when the session is unknown)."""
-    cursor = conn.execute(ANCESTORS_SQL, (session_id,))
-    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
-
-
-COMPRESSION_CHAIN_SQL = """
-WITH RECURSIVE
-up(id, parent, reason) AS (
-    SELECT id, parent_session_id, end_reason FROM sessions WHERE id = :id
-    UNION
-    SELECT p.id, p.parent_session_id, p.end_reason
-    FROM sessions p JOIN up ON p.id = up.parent
-    WHERE p.end_reason = 'compression'
-),
-down(id, reason) AS (
-    SELECT id, end_reason FROM sessions WHERE id = :id
-    UNION
-    SELECT c.id, c.end_reason FROM sessions c JOIN down ON c.parent_session_id = down.id
-    WHERE down.reason = 'compression'
-)
-SELECT id FROM up UNION SELECT id FROM down
-"""
-
-
-def compression_chain(conn: sqlite3.Connection, session_id: str) -> set[str]:
-    """The session, its compression ancestors and its compression successors."""
-    return {r[0] for r in conn.execute(COMPRESSION_CHAIN_SQL, {"id": session_id})}
-
-
 # --- archiving -------------------------------------------------------------------------------
-
-# The session and each parent in turn while that parent ended by compression.
-COMPRESSION_UP_SQL = """
-WITH RECURSIVE up(id, parent) AS (
-    SELECT id, parent_session_id FROM sessions WHERE id = ?
-    UNION
-    SELECT p.id, p.parent_session_id FROM sessions p JOIN up ON p.id = up.parent
-    WHERE p.end_reason = 'compression'
-)
-SELECT id, parent FROM up
-"""
-
-
-def conversation_sessions(conn: sqlite3.Connection, session_id: str) -> set[str]:
-    """Every session of the conversation ``session_id`` belongs to: its compression root and
-    everything compression continues from there (successors, and children of sessions that
-    ended by compression). Any member gives the same set; empty for an unknown session."""
-    rows = conn.execute(COMPRESSION_UP_SQL, (session_id,)).fetchall()
-    if not rows:
-        return set()
-    ids = {r[0] for r in rows}
-    roots = [r[0] for r in rows if r[1] not in ids]
-    return compression_chain(conn, roots[0] if roots else session_id)
-
 
 SET_ARCHIVED_SQL = """
 UPDATE sessions SET archived = ?, auto_archived = 0
@@ -962,7 +850,7 @@ def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived:
     """
     if not isinstance(archived, bool):
         raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
-    members = conversation_sessions(conn, session_id)
+    members = conversation_members(conn, session_id)
     if not members:
         raise SessionNotFoundError(session_id)
     conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members))))
@@ -981,7 +869,7 @@ def lift_auto_archive(conn: sqlite3.Connection, /, session_id: str, *, check: bo
     and does nothing when it is clear (the cheap path for every appended user turn)."""
     if check and conn.execute(IS_AUTO_ARCHIVED_SQL, (session_id,)).fetchone() is None:
         return 0
-    members = conversation_sessions(conn, session_id)
+    members = conversation_members(conn, session_id)
     return conn.execute(LIFT_AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
 
 
@@ -1009,8 +897,8 @@ def auto_archive_idle_sessions(
     """The idle clean-up: archive (``archived=1``, ``auto_archived=1``) conversations idle for
     more than ``idle_days``; returns how many sessions it archived.
 
-    A conversation (:func:`conversation_sessions`) is archived only as a whole, when every
-    session of it — all of ``source``, when given — is idle (latest message, else
+    A conversation (its members, see ``hermes_state_lineage``) is archived only as a whole,
+    when every session of it — all of ``source``, when given — is idle (latest message, else
     ``started_at``, before the cutoff), none is pinned and none has live work in its ledgers
     (queued, started or unknown admissions; registered, running or unknown executions).
     Sessions already archived keep the archive they have, so a deliberate one stays
@@ -1031,7 +919,7 @@ def auto_archive_idle_sessions(
     for session_id in sorted(idle):
         if session_id in seen:
             continue
-        members = conversation_sessions(conn, session_id)
+        members = conversation_members(conn, session_id)
         seen |= members
         if not members <= idle.keys():
             continue  # part of the conversation is still active

@@ -32,13 +32,21 @@ import logging
 import sqlite3
 from typing import Any
 
-from hermes_state_common import get_meta, now, set_meta, split_sql, stored_text, table_exists
+from hermes_state_common import (
+    get_meta,
+    now,
+    row_to_dict,
+    set_meta,
+    split_sql,
+    stored_text,
+    table_exists,
+)
 from hermes_state_errors import (
     InvalidInputError,
     TopicAlreadyLinkedError,
     is_sqlite_lock_error,
 )
-from hermes_state_sessions import require_session, row_to_dict
+from hermes_state_sessions import require_session
 
 __all__ = [
     "TOPIC_SCHEMA_VERSION",

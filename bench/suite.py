@@ -511,7 +511,7 @@ def destroy_pages(path: Path, fraction: float, seed: int = 7) -> int:
     return len(victims)
 
 
-def bench_portability(stores: Stores, size: int) -> list[Figure]:
+def bench_transfer_and_recovery(stores: Stores, size: int) -> list[Figure]:
     path, _, _ = stores.get(size)
     figures = []
 
@@ -774,7 +774,7 @@ def run(only: set[str], repeats: int, sizes: list[int]) -> list[Figure]:
             if "B5" in only:
                 figures.append(bench_size(stores, size))
         if "B7" in only:
-            figures += bench_portability(stores, sizes[-1])
+            figures += bench_transfer_and_recovery(stores, sizes[-1])
         if "B8" in only and len(sizes) > 1:
             figures += bench_scaling(stores, sizes, p95s, repeats)
         if "B9" in only:

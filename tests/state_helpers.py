@@ -1,4 +1,4 @@
-"""Helpers shared by the portability, recover, repair, read-only and CLI tests: stores with
+"""Helpers shared by the transfer, recover, maintenance, read-only and CLI tests: stores with
 every kind of row, other processes holding a database, real damage to closed files, and
 maintenance killed in the middle of its promotion."""
 

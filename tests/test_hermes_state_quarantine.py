@@ -41,8 +41,9 @@ from state_helpers import process_holding
 
 import hermes_state_common as common
 import hermes_state_fts as fts
-import hermes_state_portability as portability
+import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
+import hermes_state_recover as recover
 from hermes_state import SessionDB, StateDbCorruptError, StateDbUnavailableError, UnsafePathError
 from hermes_state_errors import SQLITE_CORRUPT, SQLITE_CORRUPT_VTAB, SQLITE_NOTADB
 
@@ -791,13 +792,13 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
             stream = "".join(db.iter_export_jsonl())  # the snapshot reader
         with SessionDB(db_path, read_only=True) as reader:
             reader.get_session("s")
-        backup = portability.backup_state_db(db_path)
-        portability.repair_state_db(db_path, check_only=True)
+        backup = maintenance.backup_state_db(db_path)
+        maintenance.repair_state_db(db_path, check_only=True)
         with SessionDB(db_path) as db:
             db._write(fts.detach_index)  # a stale index, for the repair to work on
-        portability.repair_state_db(db_path)
-        portability.restore_state_db(backup, db_path)
-        portability.recover_state_db(db_path, hermes_home / "recovered.db")
+        maintenance.repair_state_db(db_path)
+        maintenance.restore_state_db(backup, db_path)
+        recover.recover_state_db(db_path, hermes_home / "recovered.db")
         with SessionDB(hermes_home / "imported.db") as other:
             other.import_jsonl(io.StringIO(stream))
         quarantine.write_marker(db_path, "a test")

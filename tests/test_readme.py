@@ -60,3 +60,10 @@ def test_the_command_line_examples_are_commands_the_parser_accepts() -> None:
     for line in lines:
         argv = shlex.split(line.split(" > ")[0])[1:]  # without the shell's redirection
         parser.parse_args(argv)  # exits (and fails the test) on anything it refuses
+
+
+def test_the_layout_names_every_module() -> None:
+    layout = README.read_text(encoding="utf-8").split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(hermes_state\w*)`", layout))
+    present = {p.stem for p in README.parent.glob("hermes_state*.py")}
+    assert present == named, (sorted(present - named), sorted(named - present))
