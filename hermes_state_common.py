@@ -289,7 +289,7 @@ def _protected_mode(path: Path) -> int | None:
     """The mode of ``path`` when it is a file that may not be written, else None."""
     try:
         mode = path.lstat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there to protect
         return None
     if not stat.S_ISREG(mode) or mode & stat.S_IWUSR and os.access(path, os.W_OK):
         return None
