@@ -68,36 +68,46 @@ ENRICHED_SQL = """
              s.started_at) AS last_active
 """
 
-# Newest first by start: the listing's default order.
-LIST_BY_START_SQL = f"""
+# One page of session ids (``{page}``: a query yielding ``id`` and the ``rank`` it is ordered
+# by), then the enriched columns of those rows only: a preview is read for at most ``limit``
+# rows, whatever the offset.
+ENRICHED_PAGE_SQL = f"""
 SELECT s.*, {ENRICHED_SQL}
-FROM sessions s WHERE {{where}}
+FROM ({{page}}) page JOIN sessions s ON s.id = page.id
+ORDER BY page.rank DESC, s.started_at DESC, s.id DESC
+"""
+
+# Newest first by start: the listing's default order.
+PAGE_BY_START_SQL = """
+SELECT s.id, s.started_at AS rank FROM sessions s WHERE {where}
 ORDER BY s.started_at DESC, s.id DESC
 LIMIT ? OFFSET ?
 """
 
 # Newest activity over each row's continuation chain first. ``chain`` pairs each filtered row
-# with itself and every session reached from it through continuation edges (UNION stops a
-# cycle); ``activity`` keeps the rows whose chain matches the search, if any.
-LIST_BY_ACTIVITY_SQL = f"""
+# with itself and every session reached from it through continuation edges (the chain row is
+# the edge's parent ``p``), each with its own newest activity; a chain is a tree below a
+# listed row, so only a damaged parent cycle meets the step bound;
+# ``activity`` keeps the rows whose chain matches the search, if any.
+MAX_CHAIN_STEPS = 10_000
+PAGE_BY_ACTIVITY_SQL = f"""
 WITH RECURSIVE
-chain(root, id) AS (
-    SELECT s.id, s.id FROM sessions s WHERE {{where}}
-    UNION
-    SELECT chain.root, c.id
-    FROM chain JOIN sessions p ON p.id = chain.id JOIN sessions c ON c.parent_session_id = p.id
-    WHERE {CONTINUATION_EDGE_SQL}
+chain(root, id, title, end_reason, active, depth) AS (
+    SELECT s.id, s.id, s.title, s.end_reason,
+           COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+                    s.started_at), 0
+    FROM sessions s WHERE {{where}}
+    UNION ALL
+    SELECT p.root, c.id, c.title, c.end_reason,
+           COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = c.id),
+                    c.started_at), p.depth + 1
+    FROM chain p JOIN sessions c ON c.parent_session_id = p.id
+    WHERE {CONTINUATION_EDGE_SQL} AND p.depth < {MAX_CHAIN_STEPS}
 ),
 activity(root, active) AS (
-    SELECT chain.root,
-           MAX(COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = c.id),
-                        c.started_at))
-    FROM chain JOIN sessions c ON c.id = chain.id
-    GROUP BY chain.root
-    {{having}}
+    SELECT c.root, MAX(c.active) FROM chain c GROUP BY c.root {{having}}
 )
-SELECT s.*, {ENRICHED_SQL}
-FROM activity a JOIN sessions s ON s.id = a.root
+SELECT s.id, a.active AS rank FROM activity a JOIN sessions s ON s.id = a.root
 ORDER BY a.active DESC, s.started_at DESC, s.id DESC
 LIMIT ? OFFSET ?
 """
@@ -250,10 +260,12 @@ def list_sessions_rich(
     page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
     if order_by_last_active:
         having, having_params = _having(id_query, search_query)
-        sql = LIST_BY_ACTIVITY_SQL.format(where=where, having=having)
-        rows = _enriched(conn.execute(sql, (*params, *having_params, *page)))
+        ids_sql = PAGE_BY_ACTIVITY_SQL.format(where=where, having=having)
+        params += having_params
     else:
-        rows = _enriched(conn.execute(LIST_BY_START_SQL.format(where=where), (*params, *page)))
+        ids_sql = PAGE_BY_START_SQL.format(where=where)
+    sql = ENRICHED_PAGE_SQL.format(page=ids_sql)
+    rows = _enriched(conn.execute(sql, (*params, *page)))
     if project_compression_tips and not include_children:
         for row in rows:
             _project_tip(conn, row)
