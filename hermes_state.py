@@ -45,6 +45,7 @@ import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
 import hermes_state_lineage as lineage
+import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
 import hermes_state_peers as peers
@@ -707,9 +708,11 @@ class SessionDB:
     update_system_prompt = _writes(sessions.update_system_prompt)
     update_token_counts = _writes(sessions.update_token_counts)
     get_model_usage = _reads(sessions.get_model_usage)
-    list_sessions_rich = _reads(sessions.list_sessions_rich)
-    search_sessions = _reads(sessions.search_sessions)
-    session_count = _reads(sessions.session_count)
+    list_sessions_rich = _reads(listing.list_sessions_rich)
+    search_sessions = _reads(listing.search_sessions)
+    session_count = _reads(listing.session_count)
+    search_sessions_by_id = _reads(listing.search_sessions_by_id)
+    list_cron_job_runs = _reads(listing.list_cron_job_runs)
     set_session_archived = _writes(sessions.set_session_archived)
     auto_archive_idle_sessions = _writes(sessions.auto_archive_idle_sessions)
     message_count = _reads(sessions.message_count)
@@ -813,11 +816,13 @@ class SessionDB:
     get_session_ancestors = _reads(lineage.session_ancestors)
     get_session_descendants = _reads(lineage.session_descendants)
     get_compression_tip = _reads(lineage.get_compression_tip)
+    resolve_resume_session_id = _reads(lineage.resolve_resume_session_id)
     get_compression_lineage = _reads(lineage.compression_chain)
 
     # --- search -------------------------------------------------------------------------------
 
     _sanitize_fts5_query = staticmethod(search.sanitize_fts5_query)
+    _contains_cjk = staticmethod(fts.contains_cjk)
 
     search_messages = _reads(search.search_messages, fallback=_WITHOUT_DAMAGED_INDEX)
 

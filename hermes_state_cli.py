@@ -204,8 +204,8 @@ def _resolve_session(db: SessionDB, key: str) -> str:
 
 # The columns of ``sessions list --format csv`` (JSON and JSON Lines carry whole rows).
 LIST_CSV_FIELDS = (
-    "id", "title", "tip_title", "source", "model", "started_at", "ended_at", "last_active",
-    "message_count", "tip_session_id", "lineage_size", "archived", "preview",
+    "id", "_lineage_root_id", "title", "source", "model", "started_at", "ended_at",
+    "last_active", "message_count", "archived", "preview",
 )
 
 
@@ -335,6 +335,16 @@ def _output_file(path: str | None) -> Iterator[IO[str]]:
         yield fh
 
 
+def _lineage_trees(db: SessionDB, ids: list[str]) -> list[str]:
+    """Every session of the trees the given sessions belong to (each topmost ancestor and
+    everything below it), parents first, each once: what ``--lineage`` exports."""
+    found: dict[str, None] = {}
+    for session_id in ids:
+        top = db.get_session_ancestors(session_id)[-1]["id"]
+        found.update(dict.fromkeys(r["id"] for r in db.get_session_descendants(top)))
+    return list(found)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     ids = None
     progress = _Progress()
@@ -346,7 +356,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 if ids is None:
                     data = db.export_all(source=args.source)
                 elif args.lineage:
-                    data = [s for i in ids for s in db.export_session_lineage(i)]
+                    data = [s for i in _lineage_trees(db, ids)
+                            if (s := db.export_session(i)) is not None]
                 else:
                     data = [s for i in ids if (s := db.export_session(i)) is not None]
                 json.dump(data, out, ensure_ascii=False, indent=1)

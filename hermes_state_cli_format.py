@@ -233,10 +233,10 @@ SESSION_COLUMNS = (
 
 
 def session_table(rows: Sequence[Mapping[str, Any]], width: int | None = None) -> list[str]:
-    """``sessions list``: a conversation a line, titled by its live tip."""
+    """``sessions list``: a conversation a line, shown as its compression tip."""
     return table(SESSION_COLUMNS, [
         (r["id"], when(r.get("last_active")), r.get("source"), r.get("message_count") or 0,
-         r.get("tip_title") or r.get("title") or r.get("preview"))
+         r.get("title") or r.get("preview"))
         for r in rows
     ], width)
 

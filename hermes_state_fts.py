@@ -58,6 +58,7 @@ __all__ = [
     "cjk_index_text",
     "cjk_bigrams",
     "has_cjk",
+    "contains_cjk",
     "FTS_TABLES",
     "HIGH_WATER_KEY",
     "PROGRESS_KEY",
@@ -103,6 +104,20 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 def has_cjk(text: str | None) -> bool:
     return text is not None and not text.isascii() and _CJK_RUN_RE.search(text) is not None
+
+
+# The previous SessionDB's test for CJK text (``SessionDB._contains_cjk``): its seven blocks,
+# CJK punctuation included. The index uses CJK_CHAR_CLASS above; this answers callers only.
+_CALLERS_CJK_RE = re.compile(
+    "[\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\u3000-\u303f\u3040-\u309f"
+    "\u30a0-\u30ff\uac00-\ud7af]"
+)
+
+
+def contains_cjk(text: str) -> bool:
+    """True when any character of ``text`` lies in U+4E00–9FFF, U+3400–4DBF, U+20000–2A6DF,
+    U+3000–303F, U+3040–309F, U+30A0–30FF or U+AC00–D7AF."""
+    return _CALLERS_CJK_RE.search(text) is not None
 
 
 def cjk_bigrams(run: str) -> list[str]:

@@ -45,6 +45,15 @@ of its conversation, never a link of its chain.
 followed wherever they lead (to any session that exists): the first place the exception path
 looks for an input's owner, before the compression tip and the compression ancestors.
 
+**The resume target** (:func:`resolve_resume_session_id`) is a rule of its own, as the
+callers of ``/resume`` expect it: from the compression tip, the most recently started unmarked
+child at each step, whatever the parent's end reason, and the deepest session that has a
+message.
+
+A picker lists a session on its own (:data:`LISTABLE_SQL`) when it has no parent, or is a
+branch — marked, or started once its parent had ended with ``'branched'`` — and is never a
+delegate.
+
 Every function reads only and takes the connection first; an unknown id gives an empty answer
 (None, ``[]``), except :func:`get_compression_tip`, which returns its input.
 """
@@ -74,6 +83,8 @@ __all__ = [
     "compression_chain",
     "conversation_members",
     "forwarding_chain",
+    "LISTABLE_SQL",
+    "resolve_resume_session_id",
 ]
 
 DELEGATE_MARKER = "_delegate_from"
@@ -91,6 +102,24 @@ UNMARKED_CHILD_SQL = f"""(
 )"""
 # The continuation edge from a parent ``p`` to its child ``c``.
 CONTINUATION_EDGE_SQL = f"(p.end_reason = 'compression' AND {UNMARKED_CHILD_SQL})"
+
+
+def _marked(alias: str, marker: str) -> str:
+    """SQL: session ``alias`` carries ``marker`` (JSON ``model_config`` holding the key)."""
+    return (f"(json_valid({alias}.model_config)"
+            f" AND json_extract({alias}.model_config, '$.{marker}') IS NOT NULL)")
+
+
+# A session ``s`` a picker lists on its own: no parent (or a parent that is gone), or a branch
+# child (marked, or started once its parent had ended by ``/branch``), and never a delegate.
+LISTABLE_SQL = f"""(
+    NOT {_marked("s", DELEGATE_MARKER)}
+    AND (s.parent_session_id IS NULL
+         OR {_marked("s", BRANCH_MARKER)}
+         OR NOT EXISTS (SELECT 1 FROM sessions lp WHERE lp.id = s.parent_session_id)
+         OR EXISTS (SELECT 1 FROM sessions lp WHERE lp.id = s.parent_session_id
+                    AND lp.end_reason = 'branched' AND s.started_at >= lp.ended_at))
+)"""
 
 # --- the parent chain ------------------------------------------------------------------------
 
@@ -339,3 +368,44 @@ def forwarding_chain(conn: sqlite3.Connection, session_id: str) -> list[str]:
         seen.add(current)
         chain.append(current)
     return chain
+
+
+# --- the resume target -----------------------------------------------------------------------
+
+# The child a resume walks down to: the most recently started one that carries no marker and
+# is not a tool's session, whatever its parent's end reason.
+RESUME_CHILD_SQL = f"""
+SELECT c.id FROM sessions c WHERE c.parent_session_id = ? AND {UNMARKED_CHILD_SQL}
+ORDER BY c.started_at DESC, c.id DESC LIMIT 1
+"""
+HAS_MESSAGES_SQL = "SELECT 1 FROM messages WHERE session_id = ? LIMIT 1"
+SESSION_EXISTS_SQL = "SELECT 1 FROM sessions WHERE id = ?"
+RESUME_STEPS = 32
+
+
+def resolve_resume_session_id(conn: sqlite3.Connection, /, session_id: str) -> str:
+    """The session ``/resume`` opens for ``session_id``: from its compression tip, walk down
+    (at most 32 steps) through each most recently started unmarked child, and return the
+    deepest session on the way that has any message, else the tip. A falsy or unknown id
+    comes back unchanged; a busy or locked store during the walk down returns the tip (a
+    damaged file still raises: the caller must learn of it)."""
+    if not session_id or conn.execute(SESSION_EXISTS_SQL, (session_id,)).fetchone() is None:
+        return session_id
+    try:
+        tip = get_compression_tip(conn, session_id)
+    except sqlite3.OperationalError:
+        tip = session_id
+    try:
+        node, visited = tip, {tip}
+        deepest = tip if conn.execute(HAS_MESSAGES_SQL, (tip,)).fetchone() else None
+        for _ in range(RESUME_STEPS):
+            row = conn.execute(RESUME_CHILD_SQL, (node,)).fetchone()
+            if row is None or row[0] in visited:
+                break
+            node = row[0]
+            visited.add(node)
+            if conn.execute(HAS_MESSAGES_SQL, (node,)).fetchone():
+                deepest = node
+    except sqlite3.OperationalError:
+        return tip
+    return deepest or tip

@@ -223,9 +223,9 @@ def _saw_export(
 
 
 def _saw_exports(
-    seen: SeenThrough, session_id: str, exported: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    for session in exported:
+    seen: SeenThrough, session_id: str, exported: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    for session in exported["segments"] if exported is not None else ():
         seen.saw(session["id"], messages.newest_id(session["messages"]))
     return exported
 

@@ -8,9 +8,6 @@ or as a plain read. Rules that matter:
 * the first end reason wins; ``reopen_session`` clears it so a later end applies;
 * token accounting moves the session totals and the per-model ``session_model_usage`` row in
   the same transaction; the session's ``model`` is only filled while it is NULL;
-* a listed conversation is its lineage root: compression successors and delegate children are
-  folded into it, and the row shows its compression tip (``hermes_state_lineage``'s successor
-  rule);
 * archiving has two kinds. ``set_session_archived`` is a deliberate archive (``archived=1``,
   ``auto_archived=0``); ``auto_archive_idle_sessions`` is the idle clean-up, the only writer of
   ``auto_archived=1``. Resuming a conversation lifts only the clean-up's archive: reopening a
@@ -18,8 +15,7 @@ or as a plain read. Rules that matter:
   continuing its compression all do, a deliberate archive stays until it is unarchived. The
   unit of every archive change, and of pruning, is the conversation's members
   (``hermes_state_lineage.conversation_members``), so the row a list shows and the live tip
-  never disagree. ``list_sessions_rich``, ``search_sessions`` and
-  ``session_count`` leave archived sessions out unless ``include_archived=True``;
+  never disagree (listing and counting live in ``hermes_state_listing``);
 * deleting or pruning never cascades to other sessions (children are orphaned), and refuses
   while the runtime ledgers hold live work for the session.
 """
@@ -47,8 +43,13 @@ from hermes_state_common import (
     set_meta,
     sql_values,
 )
-from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
-from hermes_state_lineage import Family, conversation_members
+from hermes_state_errors import (
+    InvalidInputError,
+    LedgerBusyError,
+    SessionNotFoundError,
+    TitleConflictError,
+)
+from hermes_state_lineage import compression_ancestors, conversation_members
 from hermes_state_schema import expected_columns
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
     "end_session",
     "reopen_session",
     "update_token_counts",
-    "list_sessions_rich",
-    "search_sessions",
-    "session_count",
     "set_session_archived",
     "auto_archive_idle_sessions",
     "lift_auto_archive",
@@ -82,6 +80,7 @@ __all__ = [
     "require_session",
     "resolve_session_by_title",
     "session_columns",
+    "source_filters",
     "update_system_prompt",
 ]
 
@@ -377,35 +376,7 @@ def get_model_usage(conn: sqlite3.Connection, /, session_id: str) -> list[dict[s
     return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
 
-# --- listing ---------------------------------------------------------------------------------
-
-PREVIEW_CHARS = 60
-
-# A conversation's root is the session without a parent (or whose parent is gone). The row it
-# is listed under shows the compression tip of its chain (hermes_state_lineage.Family).
-LIST_ROOTS_SQL = """
-SELECT s.*,
-    (SELECT m.content FROM messages m
-     WHERE m.session_id = s.id AND m.role = 'user' AND m.content IS NOT NULL
-     ORDER BY m.timestamp, m.id LIMIT 1) AS _first_user,
-    COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2.session_id = s.id),
-             s.started_at) AS last_active
-FROM sessions s
-WHERE (s.parent_session_id IS NULL
-       OR NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = s.parent_session_id))
-  {filters}
-ORDER BY s.started_at DESC, s.id DESC
-LIMIT ? OFFSET ?
-"""
-
-def make_preview(text: str | None) -> str:
-    """First user message, whitespace collapsed, at most 60 characters plus ``...``."""
-    if not text:
-        return ""
-    collapsed = " ".join(text.split())
-    if len(collapsed) <= PREVIEW_CHARS:
-        return collapsed
-    return collapsed[:PREVIEW_CHARS] + "..."
+# --- filters shared with listing and pruning ------------------------------------------------
 
 
 def source_filters(
@@ -427,76 +398,6 @@ def source_filters(
         sql += f" AND {alias}.source NOT IN (SELECT value FROM json_each(?))"
         params.append(json.dumps(excluded))
     return sql, params
-
-
-# Lists and counts leave archived sessions out unless asked.
-_NOT_ARCHIVED = " AND COALESCE(s.archived, 0) = 0"
-
-
-def list_sessions_rich(
-    conn: sqlite3.Connection,
-    /,
-    source: str | None = None,
-    exclude_sources: Iterable[str] | None = None,
-    limit: int = 20,
-    offset: int = 0,
-    include_archived: bool = False,
-) -> list[dict[str, Any]]:
-    """Conversations newest first, one row per lineage root (compression successors and
-    delegate children folded in), with ``preview``, ``last_active`` over the whole family and
-    the live tip (``tip_session_id`` and ``tip_*`` fields when the tip is another session).
-    An archived conversation is left out unless ``include_archived``."""
-    filters, params = source_filters(source, exclude_sources)
-    if not include_archived:
-        filters += _NOT_ARCHIVED
-    cursor = conn.execute(LIST_ROOTS_SQL.format(filters=filters), (*params, limit, offset))
-    roots = [row_to_dict(cursor, r) for r in cursor.fetchall()]
-    out = []
-    for root in roots:
-        root["preview"] = make_preview(root.pop("_first_user"))
-        family = Family(conn, root["id"])
-        tip_id = family.chain_from(root["id"])[-1]
-        root["root_session_id"] = root["id"]
-        root["tip_session_id"] = tip_id
-        root["lineage_size"] = len(family.nodes)
-        root["last_active"] = family.last_active()
-        if tip_id != root["id"]:
-            tip = get_session(conn, tip_id) or {}
-            for key in ("title", "model", "ended_at", "end_reason", "message_count"):
-                root[f"tip_{key}"] = tip.get(key)
-        out.append(root)
-    return out
-
-
-def search_sessions(
-    conn: sqlite3.Connection,
-    /,
-    source: str | None = None,
-    limit: int = 20,
-    offset: int = 0,
-    include_archived: bool = False,
-) -> list[dict[str, Any]]:
-    """Session rows newest first, optionally of one source; archived ones only when asked."""
-    filters, params = source_filters(source, None)
-    if not include_archived:
-        filters += _NOT_ARCHIVED
-    cursor = conn.execute(
-        f"SELECT * FROM sessions s WHERE 1 = 1 {filters}"
-        " ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
-        (*params, limit, offset),
-    )
-    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
-
-
-def session_count(
-    conn: sqlite3.Connection, /, source: str | None = None, include_archived: bool = False
-) -> int:
-    """Session rows, optionally of one source; archived ones only when asked."""
-    filters, params = source_filters(source, None)
-    if not include_archived:
-        filters += _NOT_ARCHIVED
-    sql = f"SELECT COUNT(*) FROM sessions s WHERE 1 = 1 {filters}"
-    return int(conn.execute(sql, params).fetchone()[0])
 
 
 def message_count(conn: sqlite3.Connection, /, session_id: str | None = None) -> int:
@@ -597,7 +498,8 @@ _TITLE_SUFFIX_RE = re.compile(r"^(.*?) #(\d+)$")
 def sanitize_title(title: str | None) -> str | None:
     """Strip, collapse whitespace, drop control/DEL/zero-width/bidi/BOM characters.
 
-    Empty → None; longer than 100 characters → ValueError.
+    Empty → None; longer than 100 characters → :class:`InvalidInputError` (a ValueError)
+    whose text says ``too long``, the length and the maximum.
     """
     if title is None:
         return None
@@ -615,22 +517,43 @@ def sanitize_title(title: str | None) -> str | None:
     if not cleaned:
         return None
     if len(cleaned) > TITLE_MAX_CHARS:
-        raise ValueError(f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
+        raise InvalidInputError(
+            f"title too long: {len(cleaned)} characters (maximum {TITLE_MAX_CHARS})"
+        )
     return cleaned
 
 
-def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) -> None:
+CLEAR_TITLE_SQL = "UPDATE sessions SET title = NULL WHERE id = ?"
+
+
+def _title_holder(conn: sqlite3.Connection, /, session_id: str, title: str) -> str | None:
+    """The other session that holds ``title``, if any."""
     owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
-    if owner is not None and owner[0] != session_id:
-        raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
+    return None if owner is None or owner[0] == session_id else str(owner[0])
+
+
+def _title_taken(title: str, holder: str) -> TitleConflictError:
+    return TitleConflictError(f"title {title!r} is already in use by session {holder}")
+
+
+def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) -> None:
+    holder = _title_holder(conn, session_id, title)
+    if holder is not None:
+        raise _title_taken(title, holder)
 
 
 def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: str | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
-    Titles are unique: another session's title raises :class:`TitleConflictError`."""
+    Titles are unique: another session's title raises :class:`TitleConflictError`, except
+    that a title held by one of the session's compression ancestors moves to the session (a
+    continuation carries its conversation's name)."""
     cleaned = sanitize_title(title)
     if cleaned is not None:
-        _check_title_free(conn, session_id, cleaned)
+        holder = _title_holder(conn, session_id, cleaned)
+        if holder is not None:
+            if holder not in compression_ancestors(conn, session_id)[1:]:
+                raise _title_taken(cleaned, holder)
+            conn.execute(CLEAR_TITLE_SQL, (holder,))
     cursor = conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (cleaned, session_id))
     return cursor.rowcount > 0
 

@@ -35,7 +35,8 @@ from hermes_state_common import (
     transaction,
 )
 from hermes_state_errors import SessionNotFoundError, StateDbConstraintError, translated_errors
-from hermes_state_lineage import lineage_tree
+from hermes_state_lineage import compression_chain, lineage_tree
+from hermes_state_listing import search_sessions
 from hermes_state_messages import (
     MESSAGE_FIELDS,
     SELECT_MESSAGES_SQL,
@@ -45,7 +46,7 @@ from hermes_state_messages import (
     row_to_message,
 )
 from hermes_state_schema import WriteFn, expected_columns
-from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
+from hermes_state_sessions import get_model_usage, get_session, session_columns
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -78,19 +79,35 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
 
 
 def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict[str, Any]]:
-    """Every session (optionally of one source, archived ones included), oldest first,
-    exported as above."""
-    sessions = search_sessions(conn, source=source, limit=-1, include_archived=True)
-    exported = (export_session(conn, s["id"]) for s in reversed(sessions))
-    return [e for e in exported if e is not None]
+    """Every session (optionally of one source, archived ones included) in
+    ``search_sessions`` order (newest activity first), each exported as above plus its
+    ``last_active``. Nothing is left out, however many sessions the store holds."""
+    out = []
+    for row in search_sessions(conn, source=source, limit=-1):
+        exported = export_session(conn, row["id"])
+        if exported is not None:
+            exported["last_active"] = row["last_active"]
+            out.append(exported)
+    return out
 
 
-def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The whole lineage tree of ``session_id`` (``hermes_state_lineage.lineage_tree``: its
-    topmost ancestor and everything below it), each session exported as by
-    :func:`export_session`, parents first."""
-    exported = (export_session(conn, i) for i in lineage_tree(conn, session_id))
-    return [e for e in exported if e is not None]
+def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """The conversation ``session_id`` belongs to, as one export: its compression chain
+    (``hermes_state_lineage.compression_chain``: back through the compression ancestors, then
+    forward by the successor rule to the tip). The tip's export (session columns and
+    ``messages``) with ``segments`` (each session's export, root first),
+    ``lineage_session_ids``, ``message_count`` (the messages the segments carry) and
+    ``messages`` (every segment's, in order). None for an unknown session."""
+    segments = [e for e in (export_session(conn, i) for i in compression_chain(conn, session_id))
+                if e is not None]
+    if not segments:
+        return None
+    exported = dict(segments[-1])
+    exported["segments"] = segments
+    exported["lineage_session_ids"] = [s["id"] for s in segments]
+    exported["messages"] = [m for s in segments for m in s["messages"]]
+    exported["message_count"] = len(exported["messages"])
+    return exported
 
 
 # Oldest first, so parents usually precede their children (import does not rely on it).

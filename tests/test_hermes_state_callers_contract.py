@@ -17,6 +17,57 @@ import hermes_state
 from hermes_state import SessionDB
 
 METHOD_CALL_SHAPES: list[tuple[str, int, tuple[str, ...]]] = [
+    # 2.2 Listing and counting
+    ("list_sessions_rich", 0, ()),
+    ("list_sessions_rich", 0, ("limit",)),
+    ("list_sessions_rich", 0, ("limit", "offset")),
+    ("list_sessions_rich", 0, ("source", "limit")),
+    ("list_sessions_rich", 0, ("exclude_sources", "limit", "order_by_last_active")),
+    ("list_sessions_rich", 0, ("limit", "offset", "order_by_last_active", "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("source", "exclude_sources", "limit", "offset", "include_archived",
+      "order_by_last_active", "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("limit", "offset", "include_children", "min_message_count", "order_by_last_active",
+      "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("limit", "offset", "archived_only", "order_by_last_active", "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("cwd_prefix", "limit", "min_message_count", "order_by_last_active", "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("limit", "offset", "include_archived", "order_by_last_active", "search_query",
+      "compact_rows")),
+    ("list_sessions_rich", 0,
+     ("limit", "offset", "include_archived", "order_by_last_active", "id_query")),
+    ("list_sessions_rich", 0,
+     ("limit", "include_children", "project_compression_tips", "order_by_last_active")),
+    ("list_sessions_rich", 0,
+     ("limit", "include_children", "min_message_count", "archived_only",
+      "order_by_last_active", "compact_rows")),
+    ("list_sessions_rich", 4, ()),
+    ("session_count", 0, ()),
+    ("session_count", 1, ()),
+    ("session_count", 0, ("source",)),
+    ("session_count", 0, ("exclude_children", "exclude_sources")),
+    ("session_count", 0, ("archived_only", "exclude_children")),
+    ("session_count", 0, ("min_message_count", "exclude_children", "exclude_sources")),
+    ("session_count", 0, ("cwd_prefix", "min_message_count", "archived_only",
+                          "exclude_children", "exclude_sources")),
+    ("search_sessions_by_id", 1, ()),
+    ("search_sessions_by_id", 1, ("limit",)),
+    ("search_sessions_by_id", 1, ("limit", "include_archived")),
+    ("list_cron_job_runs", 1, ()),
+    ("list_cron_job_runs", 1, ("limit", "offset")),
+    # 2.4 Resume target
+    ("resolve_resume_session_id", 1, ()),
+    # 3.3, 3.10, 3.13 Methods whose results callers read in their shape
+    ("export_session_lineage", 1, ()),
+    ("search_sessions", 0, ()),
+    ("search_sessions", 0, ("source", "limit", "offset")),
+    ("search_sessions", 3, ()),
+    ("export_all", 0, ()),
+    ("export_all", 0, ("source",)),
+    ("set_session_title", 2, ()),
     # transcript rewrite and dedupe
     ("replace_messages", 2, ()),
     ("replace_messages", 3, ()),
@@ -164,6 +215,25 @@ SIGNATURES: list[tuple[str, list[tuple[str, Any, Any]]]] = [
                                       ("include_inactive", _POS, False),
                                       ("include_row_ids", _KW, False)]),
     ("clear_messages", [("session_id", _POS, _NONE)]),
+    ("list_sessions_rich", [
+        ("source", _POS, None), ("exclude_sources", _POS, None), ("cwd_prefix", _POS, None),
+        ("limit", _POS, 20), ("offset", _POS, 0), ("include_children", _POS, False),
+        ("min_message_count", _POS, 0), ("project_compression_tips", _POS, True),
+        ("order_by_last_active", _POS, False), ("include_archived", _POS, False),
+        ("archived_only", _POS, False), ("id_query", _POS, None), ("search_query", _POS, None),
+        ("compact_rows", _POS, False),
+    ]),
+    ("session_count", [
+        ("source", _POS, None), ("cwd_prefix", _POS, None), ("min_message_count", _POS, 0),
+        ("include_archived", _POS, False), ("archived_only", _POS, False),
+        ("exclude_children", _POS, False), ("exclude_sources", _POS, None),
+    ]),
+    ("search_sessions_by_id", [("query", _POS, _NONE), ("limit", _POS, 20),
+                               ("include_archived", _POS, True)]),
+    ("list_cron_job_runs", [("job_id", _POS, _NONE), ("limit", _POS, 20), ("offset", _POS, 0)]),
+    ("resolve_resume_session_id", [("session_id", _POS, _NONE)]),
+    ("search_sessions", [("source", _POS, None), ("limit", _POS, 20), ("offset", _POS, 0)]),
+    ("export_session_lineage", [("session_id", _POS, _NONE)]),
 ]
 
 
@@ -197,6 +267,11 @@ def test_signatures_keep_their_names_kinds_and_defaults(
     found = list(inspect.signature(getattr(SessionDB, name)).parameters.values())
     assert found[0].name == "self"
     assert [(p.name, p.kind, p.default) for p in found[1:]] == parameters
+
+
+def test_contains_cjk_is_a_static_method_of_one_text() -> None:
+    assert isinstance(inspect.getattr_static(SessionDB, "_contains_cjk"), staticmethod)
+    assert list(inspect.signature(SessionDB._contains_cjk).parameters) == ["text"]
 
 
 def test_a_shape_that_does_not_bind_is_caught() -> None:

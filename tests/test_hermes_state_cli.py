@@ -50,8 +50,7 @@ def store(db_path: Path) -> list[str]:
 def test_list_show_and_stats_read_the_store(store: list[str], hermes_home: Path) -> None:
     listed = cli(hermes_home, "sessions", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert [r["id"] for r in as_json(listed)] == [store[0]]
-    assert as_json(listed)[0]["tip_session_id"] == store[2]
+    assert [(r["id"], r["_lineage_root_id"]) for r in as_json(listed)] == [(store[2], store[0])]
 
     shown = cli(hermes_home, "--json", "sessions", "show", "sess-1")
     assert shown.returncode == 0

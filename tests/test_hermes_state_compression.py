@@ -188,7 +188,7 @@ def test_publishing_a_child_ends_the_parent_and_forwards_to_the_child(db: Sessio
     assert [r["id"] for r in db.get_session_ancestors("s2")] == ["s2", "s1"]
     assert [r["id"] for r in db.get_session_descendants("s1")] == ["s1", "s2"]
     listed = db.list_sessions_rich()
-    assert [(r["id"], r["tip_session_id"]) for r in listed] == [("s1", "s2")]
+    assert [(r["id"], r["_lineage_root_id"]) for r in listed] == [("s2", "s1")]
 
 
 def test_a_chain_of_splits_resolves_to_the_newest_tip(db: SessionDB) -> None:

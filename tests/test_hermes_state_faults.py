@@ -49,7 +49,7 @@ def integrity(db_path: Path) -> list[str]:
 
 def assert_counters_match_rows(db: SessionDB) -> None:
     """Every session's counters equal what its rows say (they move in one transaction)."""
-    for session in db.search_sessions(limit=-1, include_archived=True):
+    for session in db.search_sessions(limit=-1):
         rows = db.get_messages(session["id"])
         assert session["message_count"] == len(rows), session["id"]
         calls = sum(len(row["tool_calls"] or ()) for row in rows if row["role"] == "assistant")

@@ -107,7 +107,8 @@ def test_a_published_successor_wins_over_a_newer_child(db: SessionDB) -> None:
     assert db.get_compression_tip("p") == "chosen"
     assert db.get_compression_lineage("chosen") == ["p", "chosen"]
     assert db.get_compression_lineage("newer-delegate") == ["newer-delegate"]
-    assert db.list_sessions_rich()[0]["tip_session_id"] == "chosen"
+    listed = db.list_sessions_rich()[0]
+    assert (listed["id"], listed["_lineage_root_id"]) == ("chosen", "p")
 
 
 def test_a_published_successor_that_is_gone_is_ignored(db: SessionDB) -> None:
@@ -245,7 +246,8 @@ def test_an_older_branch_the_parent_moved_past_keeps_its_own_chain(db: SessionDB
     publish_successor(db, "p", "current")  # and p moved past it: published
     assert db.get_compression_lineage("current") == ["p", "current"]
     assert db.get_compression_lineage("older-child") == ["older", "older-child"]
-    assert db.list_sessions_rich()[0]["tip_session_id"] == "current"
+    listed = db.list_sessions_rich()[0]
+    assert (listed["id"], listed["_lineage_root_id"]) == ("current", "p")
     # Unpublished, a child that ended otherwise is one the parent moved past as well.
     db.create_session("q", "cli", started_at=10.0)
     compress(db, "q", "q-older", 11.0)
@@ -319,8 +321,7 @@ def test_the_members_are_the_whole_conversation_from_any_of_them(
 
 def test_archiving_any_member_archives_the_members(conversation: SessionDB) -> None:
     conversation.set_session_archived("delegate", True)
-    archived = {s["id"] for s in conversation.search_sessions(include_archived=True, limit=50)
-                if s["archived"]}
+    archived = {s["id"] for s in conversation.search_sessions(limit=50) if s["archived"]}
     assert archived == MEMBERS
     conversation.set_session_archived("tip", False)
     assert not any(s["archived"] for s in conversation.search_sessions(limit=50))
@@ -356,9 +357,21 @@ def test_the_sql_continuation_edge_is_the_rules_edge(conversation: SessionDB) ->
         assert family.nodes[child].unmarked and family.nodes[parent].end_reason == "compression"
 
 
-def test_export_of_a_lineage_is_the_whole_tree(conversation: SessionDB) -> None:
-    exported = [s["id"] for s in conversation.export_session_lineage("delegate")]
-    assert set(exported) == MEMBERS and exported[0] == "root"
+def test_export_of_a_lineage_is_its_compression_chain(conversation: SessionDB) -> None:
+    """One export of the conversation along its chain (the delegate and the older child are
+    members, not links); the command line's ``--lineage`` keeps exporting the whole tree."""
+    with raw(conversation) as conn:
+        chain = lineage.compression_chain(conn, "gen2")
+    exported = conversation.export_session_lineage("gen2")
+    assert exported is not None
+    assert exported["lineage_session_ids"] == chain == ["root", "gen2", "tip"]
+    assert exported["id"] == "tip" and exported["segments"][-1]["id"] == "tip"
+    assert exported["messages"] == [m for s in exported["segments"] for m in s["messages"]]
+    assert exported["message_count"] == len(exported["messages"])
+    assert conversation.export_session_lineage("delegate")["lineage_session_ids"] == [
+        "delegate"
+    ]
+    assert conversation.export_session_lineage("missing") is None
 
 
 # --- helpers ---------------------------------------------------------------------------------

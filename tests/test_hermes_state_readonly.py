@@ -106,7 +106,7 @@ def test_every_read_works_and_nothing_is_written(db_path: Path) -> None:
         # The writable handle stays open: its last writes are in the WAL, not the main file.
         main_before = sha256(db_path)
         with SessionDB(db_path, read_only=True) as db:
-            assert [r["id"] for r in db.list_sessions_rich()] == [ids[0]]
+            assert [r["_lineage_root_id"] for r in db.list_sessions_rich()] == [ids[0]]
             assert db.get_session(ids[1])["title"] == "Title 1"
             assert db.get_messages(ids[0])[-1]["content"] == "still only in the WAL"
             assert db.get_messages_as_conversation(ids[2], include_ancestors=True)
@@ -114,7 +114,7 @@ def test_every_read_works_and_nothing_is_written(db_path: Path) -> None:
             assert db.session_count() == 3 and db.message_count(ids[0]) > 0
             assert db.resolve_session_id("sess-1") == ids[1]
             assert db.get_session_by_title("Title 2")["id"] == ids[2]
-            assert len(db.export_session_lineage(ids[1])) == 3
+            assert len(db.export_session_lineage(ids[1])["segments"]) == 3
             assert len(db.export_all()) == 3
             assert db.export_session(ids[0])["model_usage"]
             lines = list(db.iter_export_jsonl())

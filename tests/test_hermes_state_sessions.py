@@ -56,10 +56,12 @@ def test_update_token_counts_keeps_the_documented_signature() -> None:
 
 
 def test_listing_and_pruning_keep_their_documented_defaults() -> None:
-    assert _parameters(SessionDB.list_sessions_rich)[:4] == [
-        ("source", None), ("exclude_sources", None), ("limit", 20), ("offset", 0)
+    # The callers' order: ``cwd_prefix`` comes before ``limit`` (the contract test pins all).
+    assert _parameters(SessionDB.list_sessions_rich)[:5] == [
+        ("source", None), ("exclude_sources", None), ("cwd_prefix", None), ("limit", 20),
+        ("offset", 0),
     ]
-    assert _parameters(SessionDB.search_sessions)[:3] == [
+    assert _parameters(SessionDB.search_sessions) == [
         ("source", None), ("limit", 20), ("offset", 0)
     ]
     assert _parameters(SessionDB.prune_sessions) == [
@@ -367,13 +369,13 @@ def test_compression_and_delegate_children_fold_into_the_root_showing_the_tip(
     db.create_session("other", "cli", started_at=150.0)
 
     rows = db.list_sessions_rich()
-    assert ids(rows) == ["other", "root"]
-    root = rows[1]
-    assert root["tip_session_id"] == "gen3"
-    assert root["tip_model"] == "tip-m"
-    assert root["preview"] == "original question"
-    assert root["last_active"] == 350.0
-    assert rows[0]["tip_session_id"] == "other"
+    assert ids(rows) == ["other", "gen3"]  # the conversation surfaces as its tip
+    tip = rows[1]
+    assert (tip["_lineage_root_id"], tip["model"], tip["title"]) == ("root", "tip-m", None)
+    assert (tip["started_at"], tip["source"]) == (100.0, "cli")  # the root's own
+    assert tip["preview"] == ""  # the tip's: it has no user message
+    assert tip["last_active"] == 350.0
+    assert "_lineage_root_id" not in rows[0]
     assert db.session_count() == 5
 
 
@@ -444,12 +446,17 @@ def test_export_keeps_archived_generations(db: SessionDB) -> None:
     assert [m["content"] for m in db.get_messages("s")] == ["live turn"]
 
 
-def test_export_all_is_oldest_first_and_filters_by_source(db: SessionDB) -> None:
+def test_export_all_is_newest_activity_first_with_last_active(db: SessionDB) -> None:
     db.create_session("new", "cli", started_at=2.0)
     db.create_session("old", "cli", started_at=1.0)
     db.create_session("tg", "telegram", started_at=3.0)
-    assert ids(db.export_all()) == ["old", "new", "tg"]
+    db.append_message("old", "user", "woken up", timestamp=9.0)
+    db.set_session_archived("tg", True)
+    exported = db.export_all()
+    assert ids(exported) == ["old", "tg", "new"]  # archived ones included
+    assert [e["last_active"] for e in exported] == [9.0, 3.0, 2.0]
     assert ids(db.export_all(source="cli")) == ["old", "new"]
+    assert exported[0]["messages"][0]["content"] == "woken up"
 
 
 # --- clearing and deleting -------------------------------------------------------------------

@@ -161,8 +161,8 @@ def reversed_sessions(lines: list[str]) -> list[str]:
 def test_import_puts_parents_before_children_whatever_the_input_order(tmp_path: Path) -> None:
     with SessionDB(tmp_path / "a.db") as a:
         ids = populate(a, sessions=4, messages=1)
-        exported = a.export_session_lineage(ids[2])
-    assert [s["id"] for s in exported] == ids  # the whole lineage, root first
+        exported = a.export_session_lineage(ids[2])["segments"]
+    assert [s["id"] for s in exported] == ids  # the whole chain, root first
     with SessionDB(tmp_path / "b.db") as b:
         report = b.import_sessions(list(reversed(exported)))
         assert report["imported"] == ids
@@ -181,7 +181,8 @@ def test_existing_identical_session_is_skipped_and_different_one_is_a_conflict(
         again = b.import_sessions(exported)
         assert again["skipped"] == ids and again["imported"] == []
         changed = json.loads(json.dumps(exported))
-        changed[1]["messages"].append({"role": "user", "content": "not in the store"})
+        second = next(s for s in changed if s["id"] == ids[1])  # newest activity first
+        second["messages"].append({"role": "user", "content": "not in the store"})
         before = b.message_count(ids[1])
         report = b.import_sessions(changed)
         assert report["skipped"] == [ids[0]]

@@ -462,7 +462,7 @@ import json, sys, time
 from hermes_state import SessionDB
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 with SessionDB(sys.argv[1]) as db:
-    ids = [s["id"] for s in db.search_sessions(limit=1000, include_archived=True)]
+    ids = [s["id"] for s in db.search_sessions(limit=1000)]
     print(json.dumps(sum(bool(m["message_uid"]) for s in ids for m in db.get_messages(s, True))))
 """
 

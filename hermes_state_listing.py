@@ -1,0 +1,362 @@
+"""Listing and counting sessions: the rows pickers, the dashboard and ``/resume`` read.
+
+Every row a list returns is an *enriched row*: every ``sessions`` column plus ``preview``
+(the first user message with content, by timestamp then id, whitespace collapsed, at most 60
+characters plus ``...``; ``''`` when there is none) and ``last_active`` (the newest message
+timestamp, else ``started_at``).
+
+:func:`list_sessions_rich` is one SQL statement whatever the filters, with the paging in SQL:
+
+* ``include_children=False`` lists only the sessions a picker shows on their own
+  (``hermes_state_lineage.LISTABLE_SQL``): roots and branches, never a compression
+  continuation or a delegate;
+* ``order_by_last_active=True`` orders by the newest activity over the row and everything
+  reached from it through continuation edges (``hermes_state_lineage.CONTINUATION_EDGE_SQL``),
+  computed by a recursive query, so ``limit`` and ``offset`` page that order; ``search_query``
+  and ``id_query`` match any session of that chain and are only honoured in this order;
+* after paging, ``project_compression_tips`` shows each compressed row as its compression tip
+  (``hermes_state_lineage.get_compression_tip``, the one successor rule): the tip's id, title,
+  counts, activity, preview, model, prompt and workspace; the root's start, source, totals and
+  archive flag; the root's id as ``_lineage_root_id``. At most one tip read per listed row.
+
+:func:`session_count` counts rows with the same filter meanings (no projection: a compressed
+conversation counts once as its root with ``exclude_children``, once per segment without).
+:func:`search_sessions` is every session with ``last_active``, archived ones included, newest
+activity first; :func:`search_sessions_by_id` and :func:`list_cron_job_runs` are the dashboard's
+two lookups. Bad arguments raise :class:`InvalidInputError` before anything is read.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterable
+from typing import Any
+
+from hermes_state_common import escape_like, row_to_dict
+from hermes_state_errors import InvalidInputError
+from hermes_state_lineage import CONTINUATION_EDGE_SQL, LISTABLE_SQL, get_compression_tip
+from hermes_state_sessions import source_filters
+
+__all__ = [
+    "list_sessions_rich",
+    "session_count",
+    "search_sessions",
+    "search_sessions_by_id",
+    "list_cron_job_runs",
+]
+
+PREVIEW_CHARS = 60
+
+
+def make_preview(text: str | None) -> str:
+    """First user message, whitespace collapsed, at most 60 characters plus ``...``."""
+    if not text:
+        return ""
+    collapsed = " ".join(text.split())
+    if len(collapsed) <= PREVIEW_CHARS:
+        return collapsed
+    return collapsed[:PREVIEW_CHARS] + "..."
+
+
+# preview (raw; make_preview shapes it) and last_active of session ``s``.
+ENRICHED_SQL = """
+    (SELECT m.content FROM messages m
+     WHERE m.session_id = s.id AND m.role = 'user' AND m.content IS NOT NULL
+     ORDER BY m.timestamp, m.id LIMIT 1) AS preview,
+    COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+             s.started_at) AS last_active
+"""
+
+# One page of session ids (``{page}``: a query yielding ``id`` and the ``rank`` it is ordered
+# by), then the enriched columns of those rows only: a preview is read for at most ``limit``
+# rows, whatever the offset.
+ENRICHED_PAGE_SQL = f"""
+SELECT s.*, {ENRICHED_SQL}
+FROM ({{page}}) page JOIN sessions s ON s.id = page.id
+ORDER BY page.rank DESC, s.started_at DESC, s.id DESC
+"""
+
+# Newest first by start: the listing's default order.
+PAGE_BY_START_SQL = """
+SELECT s.id, s.started_at AS rank FROM sessions s WHERE {where}
+ORDER BY s.started_at DESC, s.id DESC
+LIMIT ? OFFSET ?
+"""
+
+# Newest activity over each row's continuation chain first. ``chain`` pairs each filtered row
+# with itself and every session reached from it through continuation edges (the chain row is
+# the edge's parent ``p``), each with its own newest activity; a chain is a tree below a
+# listed row, so only a damaged parent cycle meets the step bound;
+# ``activity`` keeps the rows whose chain matches the search, if any.
+MAX_CHAIN_STEPS = 10_000
+PAGE_BY_ACTIVITY_SQL = f"""
+WITH RECURSIVE
+chain(root, id, title, end_reason, active, depth) AS (
+    SELECT s.id, s.id, s.title, s.end_reason,
+           COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+                    s.started_at), 0
+    FROM sessions s WHERE {{where}}
+    UNION ALL
+    SELECT p.root, c.id, c.title, c.end_reason,
+           COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = c.id),
+                    c.started_at), p.depth + 1
+    FROM chain p JOIN sessions c ON c.parent_session_id = p.id
+    WHERE {CONTINUATION_EDGE_SQL} AND p.depth < {MAX_CHAIN_STEPS}
+),
+activity(root, active) AS (
+    SELECT c.root, MAX(c.active) FROM chain c GROUP BY c.root {{having}}
+)
+SELECT s.id, a.active AS rank FROM activity a JOIN sessions s ON s.id = a.root
+ORDER BY a.active DESC, s.started_at DESC, s.id DESC
+LIMIT ? OFFSET ?
+"""
+
+# Chain members ``c`` whose id (or, for a search, title) holds the needle; a search also
+# matches titles with ``-``, ``_``, ``.`` and spaces removed against the needle without
+# punctuation (``an94`` finds ``AN-94``).
+ID_MATCH_SQL = "c.id LIKE ? ESCAPE '\\'"
+TITLE_MATCH_SQL = "c.title LIKE ? ESCAPE '\\'"
+COMPACT_TITLE_MATCH_SQL = (
+    "replace(replace(replace(replace(lower(c.title), '-', ''), '_', ''), '.', ''), ' ', '')"
+    " LIKE ? ESCAPE '\\'"
+)
+_NOT_A_WORD = re.compile(r"[\W_]+")
+
+# What a compressed row takes from its compression tip; every other column stays the root's.
+TIP_FIELDS = (
+    "id", "ended_at", "end_reason", "message_count", "tool_call_count", "title", "last_active",
+    "preview", "model", "system_prompt", "cwd", "git_branch", "git_repo_root",
+)
+ENRICHED_ONE_SQL = f"SELECT s.*, {ENRICHED_SQL} FROM sessions s WHERE s.id = ?"
+
+
+def _check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _check_text(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _cwd_condition(cwd_prefix: str) -> tuple[str, list[Any]]:
+    """``cwd`` is the directory or lies below it (either separator); trailing separators of
+    the prefix are dropped unless nothing else is left (``/`` lists everything under ``/``)."""
+    prefix = cwd_prefix.rstrip("/\\") or cwd_prefix
+    if prefix.endswith(("/", "\\")):
+        return " AND substr(s.cwd, 1, length(?)) = ?", [prefix, prefix]
+    return (
+        " AND (s.cwd = ? OR substr(s.cwd, 1, length(?) + 1) IN (? || '/', ? || '\\'))",
+        [prefix, prefix, prefix, prefix],
+    )
+
+
+def _where(
+    *,
+    source: str | None,
+    exclude_sources: Iterable[str] | None,
+    cwd_prefix: str | None,
+    min_message_count: int,
+    include_archived: bool,
+    archived_only: bool,
+    listable_only: bool,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause over session ``s`` shared by the list and the count."""
+    sql, params = source_filters(_check_text("source", source), exclude_sources)
+    sql = "1 = 1" + sql
+    if listable_only:
+        sql += f" AND {LISTABLE_SQL}"
+    if _check_text("cwd_prefix", cwd_prefix):
+        cwd_sql, cwd_params = _cwd_condition(str(cwd_prefix))
+        sql += cwd_sql
+        params += cwd_params
+    if _check_int("min_message_count", min_message_count) > 0:
+        sql += " AND COALESCE(s.message_count, 0) >= ?"
+        params.append(min_message_count)
+    if archived_only:
+        sql += " AND s.archived = 1"
+    elif not include_archived:
+        sql += " AND COALESCE(s.archived, 0) = 0"
+    return sql, params
+
+
+def _having(id_query: str | None, search_query: str | None) -> tuple[str, list[Any]]:
+    """The chain-match condition of an activity-ordered list: each query given must match
+    some session of the row's chain (empty when neither is given)."""
+    groups: list[str] = []
+    params: list[Any] = []
+    needle = (_check_text("id_query", id_query) or "").strip()
+    if needle:
+        groups.append(f"MAX({ID_MATCH_SQL})")
+        params.append(f"%{escape_like(needle)}%")
+    needle = (_check_text("search_query", search_query) or "").strip()
+    if needle:
+        like = f"%{escape_like(needle)}%"
+        terms, params = [ID_MATCH_SQL, TITLE_MATCH_SQL], [*params, like, like]
+        compact = _NOT_A_WORD.sub("", needle.lower())
+        if compact:
+            terms.append(COMPACT_TITLE_MATCH_SQL)
+            params.append(f"%{escape_like(compact)}%")
+        groups.append(f"MAX({' OR '.join(terms)})")
+    return (f"HAVING {' AND '.join(groups)}" if groups else ""), params
+
+
+def _enriched(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    rows = [row_to_dict(cursor, r) for r in cursor.fetchall()]
+    for row in rows:
+        row["preview"] = make_preview(row["preview"])
+    return rows
+
+
+def _project_tip(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    """Show a compressed row as its compression tip (see the module docstring)."""
+    if row.get("end_reason") != "compression":
+        return
+    try:
+        tip_id = get_compression_tip(conn, row["id"])
+        if tip_id == row["id"]:
+            return
+        found = _enriched(conn.execute(ENRICHED_ONE_SQL, (tip_id,)))
+    except sqlite3.OperationalError:  # busy or locked: the row stays as it is
+        return
+    if not found:
+        return
+    root_id = row["id"]
+    row.update({key: found[0].get(key) for key in TIP_FIELDS})
+    row["_lineage_root_id"] = root_id
+
+
+def list_sessions_rich(
+    conn: sqlite3.Connection,
+    /,
+    source: str | None = None,
+    exclude_sources: Iterable[str] | None = None,
+    cwd_prefix: str | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_children: bool = False,
+    min_message_count: int = 0,
+    project_compression_tips: bool = True,
+    order_by_last_active: bool = False,
+    include_archived: bool = False,
+    archived_only: bool = False,
+    id_query: str | None = None,
+    search_query: str | None = None,
+    compact_rows: bool = False,
+) -> list[dict[str, Any]]:
+    """One page of enriched session rows (see the module docstring for every filter, the two
+    orders and the tip projection). ``compact_rows`` leaves ``system_prompt`` out."""
+    where, params = _where(
+        source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+        min_message_count=min_message_count, include_archived=include_archived,
+        archived_only=archived_only, listable_only=not include_children,
+    )
+    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    if order_by_last_active:
+        having, having_params = _having(id_query, search_query)
+        ids_sql = PAGE_BY_ACTIVITY_SQL.format(where=where, having=having)
+        params += having_params
+    else:
+        ids_sql = PAGE_BY_START_SQL.format(where=where)
+    sql = ENRICHED_PAGE_SQL.format(page=ids_sql)
+    rows = _enriched(conn.execute(sql, (*params, *page)))
+    if project_compression_tips and not include_children:
+        for row in rows:
+            _project_tip(conn, row)
+    if compact_rows:
+        for row in rows:
+            row.pop("system_prompt", None)
+    return rows
+
+
+def session_count(
+    conn: sqlite3.Connection,
+    /,
+    source: str | None = None,
+    cwd_prefix: str | None = None,
+    min_message_count: int = 0,
+    include_archived: bool = False,
+    archived_only: bool = False,
+    exclude_children: bool = False,
+    exclude_sources: Iterable[str] | None = None,
+) -> int:
+    """Session rows with :func:`list_sessions_rich`'s filter meanings; ``exclude_children``
+    counts only the rows a picker lists on their own."""
+    where, params = _where(
+        source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+        min_message_count=min_message_count, include_archived=include_archived,
+        archived_only=archived_only, listable_only=exclude_children,
+    )
+    return int(conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", params)
+               .fetchone()[0])
+
+
+# Every session (of one source) with its last activity, archived ones included.
+SEARCH_SESSIONS_SQL = """
+SELECT s.*, COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
+                     s.started_at) AS last_active
+FROM sessions s WHERE 1 = 1 {filters}
+ORDER BY last_active DESC, s.started_at DESC, s.id DESC
+LIMIT ? OFFSET ?
+"""
+
+
+def search_sessions(
+    conn: sqlite3.Connection, /, source: str | None = None, limit: int = 20, offset: int = 0
+) -> list[dict[str, Any]]:
+    """Session rows plus ``last_active``, newest activity first (then ``started_at``, then
+    id), archived ones included; ``limit=-1`` returns them all."""
+    filters, params = source_filters(_check_text("source", source), None)
+    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    cursor = conn.execute(SEARCH_SESSIONS_SQL.format(filters=filters), (*params, *page))
+    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
+
+
+def search_sessions_by_id(
+    conn: sqlite3.Connection, /, query: str, limit: int = 20, include_archived: bool = True
+) -> list[dict[str, Any]]:
+    """Listed conversations whose chain holds an id containing ``query`` (case-insensitive):
+    exact matches of the row's id or root id first, then prefixes, then the rest, each group
+    in recency order; at most ``limit`` rows."""
+    needle = (_check_text("query", query) or "").strip().lower()
+    if not needle or _check_int("limit", limit) <= 0:
+        return []
+    candidates = list_sessions_rich(
+        conn, limit=max(4 * limit, limit), offset=0, include_archived=include_archived,
+        order_by_last_active=True, id_query=needle,
+    )
+
+    def rank(row: dict[str, Any]) -> int:
+        ids = [str(row["id"]).lower(), str(row.get("_lineage_root_id") or row["id"]).lower()]
+        if needle in ids:
+            return 0
+        return 1 if any(i.startswith(needle) for i in ids) else 2
+
+    return sorted(candidates, key=rank)[:limit]  # a stable sort keeps recency within a rank
+
+
+CRON_RUNS_SQL = f"""
+SELECT s.*, {ENRICHED_SQL}
+FROM sessions s WHERE s.source = 'cron' AND s.id >= ? AND s.id < ?
+ORDER BY s.started_at DESC, s.id DESC
+LIMIT ? OFFSET ?
+"""
+
+
+def list_cron_job_runs(
+    conn: sqlite3.Connection, /, job_id: str, limit: int = 20, offset: int = 0
+) -> list[dict[str, Any]]:
+    """The runs of one cron job (sessions of source ``cron`` whose id starts with
+    ``cron_<job_id>_``, an id range: ``job1`` never matches ``cron_job10_…``), newest first."""
+    if not isinstance(job_id, str):
+        raise InvalidInputError(f"job_id must be a string, got {type(job_id).__name__}")
+    low = f"cron_{job_id}_"
+    high = low[:-1] + chr(ord("_") + 1)
+    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    return _enriched(conn.execute(CRON_RUNS_SQL, (low, high, *page)))
