@@ -88,7 +88,7 @@ def on_terminal(
 
 
 def aged_store(db_path: Path, seed: int) -> dict[str, Any]:
-    """Sessions last active 1 to 400 days ago, ended or not; a compression chain whose ended
+    """Sessions started 1 to 400 days ago, ended or not; a compression chain whose ended
     root is old but whose tip is live; an old session never ended; an old ended session with
     live work. Returns every id and, for a 90-day prune, the ids that must go."""
     rng = random.Random(seed)
@@ -146,7 +146,7 @@ def test_the_dry_run_lists_exactly_what_the_prune_then_deletes(
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["ID", "STARTED", "ENDED", "SOURCE", "MSGS", "TITLE"]
     assert {line.split()[0] for line in lines[1:-1]} == store["doomed"]
-    assert f"would delete ended sessions idle for more than 90 days: {len(store['doomed'])} " \
+    assert f"would delete ended sessions started more than 90 days ago: {len(store['doomed'])} " \
            "session" in lines[-1]
     assert db_path.read_bytes() == before
     assert remaining(db_path, store["ids"]) == set(store["ids"])
@@ -201,8 +201,8 @@ def test_what_qualifies_after_the_list_is_not_deleted_and_what_changed_is_kept(
 
     def meanwhile() -> None:  # another process writes while the question waits
         with SessionDB(db_path) as db:
-            db.append_message(changed, "user", "back again")  # no longer idle
-            db.end_session("old-open", "user_exit")  # idle for 200 days: qualifies now
+            db.reopen_session(changed)  # resumed: no longer ended
+            db.end_session("old-open", "user_exit")  # started 200 days ago: qualifies now
 
     status, out, _ = on_terminal("--db", str(db_path), "sessions", "prune", answer="y",
                                  meanwhile=meanwhile)
