@@ -255,8 +255,8 @@ def test_a_delete_killed_midway_takes_all_of_its_sessions_or_none(
     with SessionDB(db_path) as db:
         tree = delegate_tree(db, seed, sessions_dir)
         for sid in tree["doomed"]:  # enough rows that the transaction takes a while
-            for i in range(150):
-                db.append_message(sid, "assistant", f"{sid} {i} " + "x" * 400)
+            for i in range(40):
+                db.append_message(sid, "assistant", f"{sid} {i} " + "x" * 2000)
     child = spawn(DELETE_IN_CHILD, str(db_path), str(sessions_dir))
     assert child.stdout.readline().strip() == "ready"
     child.stdin.write("go\n")
@@ -538,7 +538,8 @@ def test_each_filter_alone_selects_what_the_oracle_selects(db: SessionDB, seed: 
             oracle_selection(rows, days, source, {})
 
 
-@settings(max_examples=150, deadline=None,
+@pytest.mark.slow
+@settings(max_examples=50, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rng=st.randoms(use_true_random=False),
        count=st.integers(1, 24),
