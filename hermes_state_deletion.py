@@ -603,7 +603,9 @@ def _run_prune_empty_ghost_sessions(
     return Deleted(len(ids), tuple(ids), directory)
 
 
-def prune_empty_ghost_sessions(conn: sqlite3.Connection, /, sessions_dir: Path | None = None) -> int:
+def prune_empty_ghost_sessions(
+    conn: sqlite3.Connection, /, sessions_dir: Path | None = None
+) -> int:
     """Delete the ``tui`` sessions that ended untitled and without a message, started over 24 h
     ago; returns how many. A ghost with a child session deletes none of them
     (:class:`StateDbConstraintError`): children are not detached for a ghost."""

@@ -195,7 +195,9 @@ def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -
 
 
 # Only a live session changes: the first end (and its reason) is kept.
-END_SESSION_SQL = "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL"
+END_SESSION_SQL = (
+    "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL"
+)
 
 
 def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> None:

@@ -243,3 +243,26 @@ def test_the_prune_help_states_the_default_and_the_ways_to_answer() -> None:
     assert shown.returncode == 0
     text = " ".join(shown.stdout.split())
     assert "(default: 90)" in text and "--dry-run" in text and "--yes, -y" in text
+
+
+def test_the_delete_preview_lists_the_delegate_sessions_that_go_with_it(db_path: Path) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("lead", "cli")
+        db.create_session("helper", "cli", parent_session_id="lead",
+                          model_config={"_delegate_from": "lead"})
+        db.create_session("helper-of-helper", "cli", parent_session_id="helper",
+                          model_config={"_delegate_from": "helper"})
+        db.create_session("branch", "cli", parent_session_id="lead",
+                          model_config={"_branched_from": "lead"})
+        for sid in ("lead", "helper", "helper-of-helper", "branch"):
+            db.append_message(sid, "user", f"in {sid}")
+    shown = as_json(cli("--db", str(db_path), "sessions", "delete", "lead", "--dry-run",
+                        "--json"))
+    assert [r["id"] for r in shown["sessions"]] == ["lead", "helper", "helper-of-helper"]
+    assert shown["messages"] == 3
+    text = cli("--db", str(db_path), "sessions", "delete", "lead", "--dry-run")
+    assert "with 2 delegate sessions" in text.stdout and "branch" not in text.stdout
+    status, _, screen = on_terminal("--db", str(db_path), "sessions", "delete", "lead",
+                                    answer="y")
+    assert status == 0 and "helper-of-helper" in screen
+    assert remaining(db_path, ["lead", "helper", "helper-of-helper", "branch"]) == {"branch"}
