@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state
+import hermes_state_replication as replication
 from hermes_state import (
     HermesStateError,
     InvalidInputError,
@@ -261,7 +262,7 @@ def test_a_delete_killed_midway_takes_all_of_its_sessions_or_none(
     assert child.stdout.readline().strip() == "ready"
     child.stdin.write("go\n")
     child.stdin.flush()
-    time.sleep(random.Random(seed).uniform(0.0, 0.15))
+    time.sleep(random.Random(seed).uniform(0.02, 0.12))  # before the delete, or after its commit
     child.send_signal(signal.SIGKILL)
     child.wait()
     with SessionDB(db_path) as db:
@@ -600,6 +601,9 @@ def test_explicit_bounds_with_no_age_and_none_values_as_the_callers_pass_them(
     assert db.list_prune_candidates(older_than_days=1, started_before=NOW - 100 * DAY) == [
         db.list_prune_candidates(None, started_before=NOW - 100 * DAY)[0]]
     assert [r["id"] for r in db.list_prune_candidates()] == ["old", "mid", "new"]
+    every_bound_none = dict.fromkeys(FILTER_VALUES, None)  # a form with every field left empty
+    assert [r["id"] for r in db.list_prune_candidates(None, None, **every_bound_none)] == [
+        "old", "mid", "new"]
     assert db.prune_sessions() == 1  # 90 days by default
     assert existing(db, ["old", "mid", "new"]) == {"mid", "new"}
 
@@ -771,6 +775,21 @@ def test_vacuum_merges_every_index_and_keeps_the_data(db: SessionDB) -> None:
     assert db.vacuum() == 3
     assert len(db.search_messages("message")) > 0 and db.message_count("s") == 30
     assert db.search_messages("東京")
+
+
+def test_vacuum_leaves_checkpoints_to_litestream_when_told(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "replicated")
+        trace: list[str] = []
+        db._conn.set_trace_callback(trace.append)
+        assert db.vacuum() == 3
+        db._conn.set_trace_callback(None)
+        assert trace[-1] == "VACUUM" and not [sql for sql in trace if "checkpoint" in sql]
+        assert db.message_count("s") == 1
 
 
 def test_the_automatic_prune_reports_skips_and_remembers_its_run(
