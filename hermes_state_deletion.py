@@ -26,7 +26,9 @@ Every function takes the connection first and runs inside the caller's write tra
   transaction committed: a deleting function runs as :class:`AfterCommit` — ``run`` returns a
   :class:`Deleted` in the transaction, ``finish`` removes the files once the handle committed.
   An id that would name a file outside ``sessions_dir`` removes nothing; OS errors are
-  ignored (the rows are already gone; a stray file is only disk space).
+  ignored (the rows are already gone; a stray file is only disk space). A ``<id>.jsonl`` that
+  is the quarantine's spool (seed: pending transcripts of a damaged store go to
+  ``sessions/<id>.jsonl`` for recovery) is never removed.
 """
 
 from __future__ import annotations
@@ -113,15 +115,37 @@ def _check_sessions_dir(sessions_dir: Any) -> Path | None:
     return Path(sessions_dir)
 
 
+def _is_spool(path: Path, session_id: str) -> bool:
+    """Whether ``path`` is the quarantine's spool of ``session_id``: its records name the
+    session (``hermes_state_quarantine.spool_transcript``). A file that cannot be read is
+    treated as one: keeping a stray file costs only disk space."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            first = json.loads(f.readline())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return isinstance(first, dict) and first.get("session_id") == session_id
+
+
 def remove_transcripts(sessions_dir: Path | None, session_ids: Iterable[str]) -> None:
     """Remove each session's ``<id>.json``, ``<id>.jsonl`` and ``request_dump_<id>_*.json``
-    from ``sessions_dir`` (None: nothing). Absent files and OS errors are ignored."""
+    from ``sessions_dir`` (None: nothing). Absent files and OS errors are ignored.
+
+    A ``<id>.jsonl`` that is the quarantine's spool is kept: it holds messages a damaged store
+    could not take, kept for the operator's recovery, which a delete in the repaired store
+    must not take away."""
     if sessions_dir is None:
         return
     for session_id in session_ids:
         named = [sessions_dir / f"{session_id}.json", sessions_dir / f"{session_id}.jsonl"]
         if any(path.parent != sessions_dir for path in named) or "\0" in session_id:
             continue  # a separator in the id: it names no file of this directory
+        if _is_spool(named[1], session_id):
+            logger.warning("kept %s: it holds messages spooled while the store was quarantined",
+                           named[1])
+            named.pop()
         pattern = str(sessions_dir / f"request_dump_{glob.escape(session_id)}_*.json")
         for path in [*named, *map(Path, glob.glob(pattern))]:
             try:

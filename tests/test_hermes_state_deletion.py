@@ -30,6 +30,7 @@ from hermes_state import (
     LedgerBusyError,
     SessionDB,
     StateDbConstraintError,
+    StateDbCorruptError,
     StateDbLockedError,
     UnknownFilterError,
 )
@@ -179,6 +180,37 @@ def test_an_id_with_separators_names_no_file_outside_the_sessions_dir(
     db.create_session("a", "cli")
     assert db.delete_session("a", sessions_dir=sessions_dir) is True
     assert globbed.exists()
+
+
+def test_a_quarantine_spool_is_never_removed_with_the_transcripts(
+    db_path: Path, hermes_home: Path, tmp_path: Path,
+    damage_messages_table: Callable[[Path], None], caplog: pytest.LogCaptureFixture,
+) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "before the damage")
+    damage_messages_table(db_path)
+    with SessionDB(db_path) as damaged:
+        with pytest.raises(StateDbCorruptError) as refused:
+            damaged.append_message("s", "user", "written while the store was damaged")
+    spool = refused.value.spooled_to
+    sessions_dir = hermes_home / "sessions"
+    assert spool == sessions_dir / "s.jsonl"
+    files = [p for p in transcripts_without_jsonl(sessions_dir, "s")]
+    with SessionDB(tmp_path / "repaired.db") as repaired:  # the store the operator rebuilt
+        repaired.create_session("s", "cli")
+        with caplog.at_level(logging.WARNING, logger="hermes_state"):
+            assert repaired.delete_session("s", sessions_dir=sessions_dir) is True
+    assert "written while the store was damaged" in spool.read_text()
+    assert not any(p.exists() for p in files) and "quarantined" in caplog.text
+
+
+def transcripts_without_jsonl(sessions_dir: Path, session_id: str) -> list[Path]:
+    paths = [sessions_dir / f"{session_id}.json",
+             sessions_dir / f"request_dump_{session_id}_1700000000.json"]
+    for path in paths:
+        path.write_text("{}")
+    return paths
 
 
 def test_live_work_on_a_delegate_child_refuses_the_whole_delete(
