@@ -185,19 +185,13 @@ UNION
 SELECT session_id FROM worker_executions
 WHERE session_id IN (SELECT value FROM json_each(:ids)) AND status IN {_PINNING}
 """
-# The existing sessions of a JSON list and, transitively, their delegate children.
-CLOSURE_SQL = f"""
-WITH RECURSIVE doomed(id) AS (
-    SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(:ids))
-    UNION
-    SELECT c.id FROM sessions c JOIN doomed d
-      ON c.parent_session_id = d.id
-         OR (json_valid(c.model_config)
-             AND json_extract(c.model_config, '$.{DELEGATE_MARKER}') = d.id)
-    WHERE json_valid(c.model_config)
-      AND json_extract(c.model_config, '$.{DELEGATE_MARKER}') IS NOT NULL
-)
-SELECT id FROM doomed
+# Every delegate child: its id, its parent link and the session its marker names. One scan,
+# then the closure is walked in memory: a recursive query would compare the marker of every
+# session at each step.
+DELEGATES_SQL = f"""
+SELECT id, parent_session_id, json_extract(model_config, '$.{DELEGATE_MARKER}') FROM sessions
+WHERE json_valid(model_config)
+  AND json_extract(model_config, '$.{DELEGATE_MARKER}') IS NOT NULL
 """
 EXISTING_SQL = "SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?))"
 # Deleting a JSON list of sessions: children outside it detached first, then every row that
@@ -224,8 +218,21 @@ def _busy(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> set[str]
 def deletion_closure(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> list[str]:
     """The sessions deleting ``session_ids`` removes, sorted: those that exist and their
     delegate children, transitively (see the module docstring). Reads only."""
-    cursor = conn.execute(CLOSURE_SQL, {"ids": json.dumps(sorted(session_ids))})
-    return sorted(r[0] for r in cursor)
+    requested = json.dumps(sorted(session_ids))
+    doomed = {r[0] for r in conn.execute(EXISTING_SQL, (requested,))}
+    if not doomed:
+        return []
+    below: dict[str, set[str]] = {}
+    for child, parent, named in conn.execute(DELEGATES_SQL):
+        for anchor in {parent, named} - {None}:
+            below.setdefault(str(anchor), set()).add(child)
+    frontier = list(doomed)
+    while frontier:
+        for child in below.get(frontier.pop(), ()):
+            if child not in doomed:
+                doomed.add(child)
+                frontier.append(child)
+    return sorted(doomed)
 
 
 def _delete_rows(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> None:
