@@ -44,16 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from hermes_state_common import (
-    LIVE_ADMISSION_STATUSES,
-    LIVE_EXECUTION_STATUSES,
-    escape_like,
-    get_meta,
-    now,
-    row_to_dict,
-    set_meta,
-    sql_values,
-)
+from hermes_state_common import escape_like, get_meta, now, row_to_dict, set_meta
 from hermes_state_errors import (
     InvalidInputError,
     LedgerBusyError,
@@ -61,7 +52,7 @@ from hermes_state_errors import (
     UnknownFilterError,
 )
 from hermes_state_lineage import DELEGATE_MARKER, conversation_members
-from hermes_state_sessions import set_session_archived
+from hermes_state_sessions import PINNING_STATUSES_SQL, set_session_archived
 
 __all__ = [
     "AfterCommit",
@@ -174,9 +165,9 @@ class AfterCommit(Generic[P, T]):
 
 # --- what a delete removes -------------------------------------------------------------------
 
-# Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
-# to the live states of either, so a status one of them borrows from the other still pins.
-_PINNING = sql_values(tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES)))
+# Work that is not finished (or whose fate is unknown) pins a session (see
+# hermes_state_sessions.PINNING_STATUSES_SQL).
+_PINNING = PINNING_STATUSES_SQL
 # The sessions of a JSON list whose ledgers hold live work.
 BUSY_SQL = f"""
 SELECT session_id FROM session_admissions
@@ -698,10 +689,13 @@ def claim_auto_prune(
     return True, previous
 
 
+DELETE_META_SQL = "DELETE FROM state_meta WHERE key = ?"
+
+
 def restore_auto_prune(conn: sqlite3.Connection, /, previous: str | None) -> None:
     """Put back the stamp a failed run replaced, so the next start tries again."""
     if previous is None:
-        conn.execute("DELETE FROM state_meta WHERE key = ?", (AUTO_PRUNE_KEY,))
+        conn.execute(DELETE_META_SQL, (AUTO_PRUNE_KEY,))
     else:
         set_meta(conn, AUTO_PRUNE_KEY, previous)
 

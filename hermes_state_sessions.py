@@ -61,6 +61,7 @@ __all__ = [
     "set_session_archived",
     "auto_archive_idle_sessions",
     "lift_auto_archive",
+    "PINNING_STATUSES_SQL",
     "sanitize_title",
     "set_session_title",
     "stats",
@@ -751,7 +752,10 @@ WHERE COALESCE(archived, 0) = 0 AND id IN (SELECT value FROM json_each(?))
 
 # Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
 # to the live states of either, so a status one of them borrows from the other still pins.
-_PINNING = sql_values(tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES)))
+PINNING_STATUSES_SQL = sql_values(
+    tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES))
+)
+_PINNING = PINNING_STATUSES_SQL
 LIVE_LEDGER_SQL = f"""
 SELECT
     (SELECT COUNT(*) FROM session_admissions WHERE session_id = :id AND status IN {_PINNING}),
