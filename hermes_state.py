@@ -40,6 +40,7 @@ from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
+import hermes_state_deletion as deletion
 import hermes_state_errors as errors
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
@@ -220,6 +221,8 @@ def _parts(
     """(hook, like, run) of a factory's function: a Seen, or a plain sibling function."""
     if isinstance(fn, seen.Seen):
         return fn, fn.like, fn.run
+    if isinstance(fn, deletion.AfterCommit):
+        return None, fn.like, fn.run
     return None, fn, fn
 
 
@@ -247,9 +250,10 @@ def _writes(
     """A SessionDB method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
     :meth:`SessionDB._write`). With ``spool``, the messages of a write refused because the
     file is corrupt are spooled and the raised :class:`StateDbCorruptError` names the file in
-    ``spooled_to``."""
+    ``spooled_to``. An :class:`~hermes_state_deletion.AfterCommit` finishes once committed."""
     hook, like, run = _parts(fn)
     signature = inspect.signature(like)
+    finish = fn.finish if isinstance(fn, deletion.AfterCommit) else None
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
         # A retried transaction calls fn again: one-shot iterators must survive that.
@@ -263,6 +267,8 @@ def _writes(
             if spool is not None:
                 spool.keep(exc, signature, args, kwargs, self.profile_home)
             raise
+        if finish is not None:
+            return finish(result)
         return result if hook is None else hook.after(self._seen, session_id, result)
 
     return cast("Method[P, T]", _finish(method, like, fallback))
@@ -765,24 +771,54 @@ class SessionDB:
     list_pending_handoffs = _reads(handoff.list_pending_handoffs, fallback=_lenient(list))
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
-    delete_session = _writes(sessions.delete_session)
-    list_prune_candidates = _reads(sessions.list_prune_candidates)
-    prune_sessions = _writes(sessions.prune_sessions)
 
-    def vacuum(self) -> None:
+    # --- deleting, pruning, archiving (see hermes_state_deletion) ------------------------------
+
+    delete_session = _writes(deletion.DELETE_SESSION)
+    delete_sessions = _writes(deletion.DELETE_SESSIONS)
+    delete_session_if_empty = _writes(deletion.DELETE_SESSION_IF_EMPTY)
+    list_delete_candidates = _reads(deletion.list_delete_candidates)
+    list_prune_candidates = _reads(deletion.list_prune_candidates)
+    prune_sessions = _writes(deletion.PRUNE_SESSIONS)
+    archive_sessions = _writes(deletion.archive_sessions)
+    count_empty_sessions = _reads(deletion.count_empty_sessions)
+    delete_empty_sessions = _writes(deletion.DELETE_EMPTY_SESSIONS)
+    prune_empty_ghost_sessions = _writes(deletion.PRUNE_EMPTY_GHOST_SESSIONS)
+    finalize_orphaned_compression_sessions = _writes(
+        deletion.finalize_orphaned_compression_sessions
+    )
+
+    def vacuum(self) -> int:
+        """Merge each FTS index's segments (``optimize``), checkpoint, then ``VACUUM``;
+        returns how many indexes were merged. The checkpoint follows the handle's rules: none
+        while checkpoints are left to Litestream, the handle's PASSIVE one (from its helper,
+        under the write lock) inside the WAL-reset bug range, else TRUNCATE."""
+        merged = self._write(fts.optimize_indexes)
+        self._outside_transaction(self._vacuum_checkpoint)
         self._outside_transaction(lambda conn: conn.execute(VACUUM_SQL).close())
+        return merged
+
+    def _vacuum_checkpoint(self, conn: sqlite3.Connection) -> None:
+        if not self._own_checkpoints():
+            return
+        if self.wal_reset_exposed:
+            self._checkpoint()
+        else:
+            self.last_checkpoint = writes.truncate_checkpoint(conn)
 
     def maybe_auto_prune_and_vacuum(
-        self, retention_days: float = 90, min_interval_hours: float = 24, vacuum: bool = True
-    ) -> dict[str, Any] | None:
-        """Prune (and vacuum) at most once per ``min_interval_hours``, remembered in
-        ``state_meta``; None when it was not due."""
-        if not self._write(lambda c: sessions.claim_auto_prune(c, min_interval_hours)):
-            return None
-        pruned = self.prune_sessions(retention_days)
-        if vacuum and pruned:
-            self.vacuum()
-        return {"pruned": pruned, "vacuumed": bool(vacuum and pruned)}
+        self,
+        retention_days: int = 90,
+        min_interval_hours: int = 24,
+        vacuum: bool = True,
+        sessions_dir: Path | None = None,
+    ) -> dict[str, Any]:
+        """Prune (and vacuum) at most once per ``min_interval_hours``; never raises: see
+        hermes_state_deletion.auto_prune_and_vacuum."""
+        return deletion.auto_prune_and_vacuum(
+            self._write, self.prune_sessions, self.vacuum, retention_days=retention_days,
+            min_interval_hours=min_interval_hours, vacuum=vacuum, sessions_dir=sessions_dir,
+        )
 
     # --- messages: the handle remembers what it read and wrote (see hermes_state_seen) ---------
 
@@ -835,7 +871,9 @@ class SessionDB:
     )
     try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
     refresh_compression_lock = _writes(compression.refresh_compression_lock)
-    release_compression_lock = _writes(compression.release_compression_lock)
+    release_compression_lock = _writes(
+        compression.release_compression_lock, fallback=_lenient(lambda: None)
+    )
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
     get_compression_fallback_streak = _reads(
         compression.get_compression_fallback_streak, fallback=_lenient(int)

@@ -463,7 +463,7 @@ def _dry_run(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    what = f"ended sessions idle for more than {args.older_than_days:g} days" + (
+    what = f"ended sessions started more than {args.older_than_days:g} days ago" + (
         f" from {args.source}" if args.source else "")
     with _read_only(args) as db:
         doomed = db.list_prune_candidates(args.older_than_days, source=args.source)
@@ -497,13 +497,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     with _read_only(args) as db:
         session_id = _resolve_session(db, args.session)
-        row = db.get_session(session_id) or {"id": session_id}
-    session = {key: row.get(key) for key in DOOMED_FIELDS}
-    what = f"session {session_id} and its messages (its child sessions are kept)"
+        doomed = db.list_delete_candidates(session_id) or [
+            {key: session_id if key == "id" else None for key in DOOMED_FIELDS}]
+    delegates = len(doomed) - 1
+    what = f"session {session_id} and its messages" + (
+        f", with {fmt.plural(delegates, 'delegate session')}" if delegates else "") + (
+        " (its other child sessions are kept)")
     if args.dry_run:
-        return _dry_run(args, [session], f"would delete {what}")
+        return _dry_run(args, doomed, f"would delete {what}")
     common.refuse_write_protected(_resolve_db(args))
-    if not _confirm(args, [session], f"to delete: {what}"):
+    if not _confirm(args, doomed, f"to delete: {what}"):
         _warn("nothing deleted")
         return 1
     with _writable(args) as db:
@@ -1010,14 +1013,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the file's format (default: from its name or first line)")
 
     p = command(ssub, "prune", cmd_prune,
-                "delete ended sessions idle for some days; lists them and asks first")
+                "delete ended sessions started some days ago; lists them and asks first")
     p.add_argument("--older-than-days", type=days_arg, default=90, metavar="DAYS",
-                   help="idle for more than this many days (last message, else start)")
+                   help="started more than this many days ago")
     p.add_argument("--source", help="only sessions of this source (default: all)")
     _deletion_options(p)
 
     p = command(ssub, "delete", cmd_delete,
-                "delete one session and its messages (its children are kept); asks first")
+                "delete one session, its messages and its delegate sessions (other children "
+                "are kept); asks first")
     p.add_argument("session", help="id, unique id prefix or title")
     _deletion_options(p)
 

@@ -322,12 +322,11 @@ def refresh_compression_lock(
     return cursor.rowcount > 0
 
 
-def release_compression_lock(conn: sqlite3.Connection, /, session_id: str, holder: str) -> bool:
-    """Release ``holder``'s lock; False when ``holder`` did not hold it."""
-    cursor = conn.execute(
+def release_compression_lock(conn: sqlite3.Connection, /, session_id: str, holder: str) -> None:
+    """Release ``holder``'s lock; anyone else's lock (or none) is left as it is."""
+    conn.execute(
         "DELETE FROM compression_locks WHERE session_id = ? AND holder = ?", (session_id, holder)
     )
-    return cursor.rowcount > 0
 
 
 def get_compression_lock_holder(conn: sqlite3.Connection, /, session_id: str) -> str | None:

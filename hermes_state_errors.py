@@ -44,6 +44,7 @@ __all__ = [
     "StateDbReplacedError",
     "StateDbInUseError",
     "InvalidInputError",
+    "UnknownFilterError",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -265,6 +266,15 @@ class StateDbInUseError(HermesStateError):
 
 class InvalidInputError(HermesStateError, ValueError):
     """An argument of the wrong kind was refused before anything was written."""
+
+
+class UnknownFilterError(HermesStateError, TypeError):
+    """A filter name the call does not know (a ``TypeError``, as an unknown keyword is);
+    ``names`` lists them. Nothing was read or written."""
+
+    def __init__(self, message: str, *, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = list(names)
 
 
 class UnsafePathError(HermesStateError, ValueError):

@@ -72,6 +72,7 @@ __all__ = [
     "integrity_report",
     "iter_cjk_runs",
     "missing_triggers",
+    "optimize_indexes",
     "other_processes_hold",
     "rebuild_chunk",
     "rebuild_when_admitted",
@@ -205,6 +206,20 @@ def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
         "rebuild_progress": state.progress,
         "missing_triggers": missing_triggers(conn),
     }
+
+
+def optimize_indexes(conn: sqlite3.Connection, /) -> int:
+    """Merge the segments of each index that exists (FTS5 ``optimize``, in the caller's
+    transaction); returns how many were merged. A stale or rebuilding index is left to its
+    rebuild (0): merging it would only rewrite what the rebuild replaces."""
+    if not index_state(conn).usable:
+        return 0
+    merged = 0
+    for table in FTS_TABLES:
+        if table_exists(conn, table):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+            merged += 1
+    return merged
 
 
 def missing_triggers(conn: sqlite3.Connection, /) -> list[str]:

@@ -1,4 +1,4 @@
-"""Sessions: creation, accounting, listing, titles, deletion and pruning.
+"""Sessions: creation, accounting, titles and archiving.
 
 Every function takes the connection first and runs inside the caller's transaction (writes)
 or as a plain read. Rules that matter:
@@ -16,8 +16,7 @@ or as a plain read. Rules that matter:
   unit of every archive change, and of pruning, is the conversation's members
   (``hermes_state_lineage.conversation_members``), so the row a list shows and the live tip
   never disagree (listing and counting live in ``hermes_state_listing``);
-* deleting or pruning never cascades to other sessions (children are orphaned), and refuses
-  while the runtime ledgers hold live work for the session.
+* deleting and pruning live in ``hermes_state_deletion``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import math
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hermes_state_common import (
@@ -35,17 +34,14 @@ from hermes_state_common import (
     LIVE_EXECUTION_STATUSES,
     clean_optional,
     escape_like,
-    get_meta,
     now,
     placeholders,
     quote_identifier,
     row_to_dict,
-    set_meta,
     sql_values,
 )
 from hermes_state_errors import (
     InvalidInputError,
-    LedgerBusyError,
     SessionNotFoundError,
     TitleConflictError,
 )
@@ -62,14 +58,10 @@ __all__ = [
     "set_session_archived",
     "auto_archive_idle_sessions",
     "lift_auto_archive",
+    "PINNING_STATUSES_SQL",
     "sanitize_title",
     "set_session_title",
-    "delete_session",
-    "prune_sessions",
-    "list_prune_candidates",
-    "select_prune_ids",
     "stats",
-    "claim_auto_prune",
     "clear_messages",
     "ensure_session",
     "get_model_usage",
@@ -201,15 +193,16 @@ def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -
     return rows[0][0] if len(rows) == 1 else None
 
 
-def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> bool:
-    """End the session; the first end reason is kept. True when this call ended it."""
-    cursor = conn.execute(
-        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
-        (now(), clean_optional(end_reason), session_id),
-    )
-    if cursor.rowcount == 0:
-        require_session(conn, session_id)
-    return cursor.rowcount > 0
+# Only a live session changes: the first end (and its reason) is kept.
+END_SESSION_SQL = (
+    "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL"
+)
+
+
+def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> None:
+    """End the session; the first end reason is kept. An unknown or already ended session is
+    left as it is (callers end sessions another process may have deleted)."""
+    conn.execute(END_SESSION_SQL, (now(), clean_optional(end_reason), session_id))
 
 
 REOPEN_SQL = "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?"
@@ -613,64 +606,7 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: str) -> str:
     return f"{base} #{highest + 1}"
 
 
-# --- deletion --------------------------------------------------------------------------------
-
-# Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
-# to the live states of either, so a status one of them borrows from the other still pins.
-_PINNING = sql_values(tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES)))
-LIVE_LEDGER_SQL = f"""
-SELECT
-    (SELECT COUNT(*) FROM session_admissions WHERE session_id = :id AND status IN {_PINNING}),
-    (SELECT COUNT(*) FROM worker_executions WHERE session_id = :id AND status IN {_PINNING})
-"""
-DELETE_SESSION_SQL = (
-    "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = :id",
-    "DELETE FROM messages WHERE session_id = :id",
-    "DELETE FROM session_model_usage WHERE session_id = :id",
-    "DELETE FROM compression_locks WHERE session_id = :id",
-    "DELETE FROM worker_receipts WHERE session_id = :id",
-    "DELETE FROM worker_executions WHERE session_id = :id",
-    "DELETE FROM session_admissions WHERE session_id = :id",
-    "DELETE FROM sessions WHERE id = :id",
-)
-
-
-def _live_work(conn: sqlite3.Connection, /, session_id: str) -> tuple[int, int]:
-    """(live admissions, live worker executions) of the session."""
-    admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
-    return int(admissions), int(executions)
-
-
-def delete_session(conn: sqlite3.Connection, /, session_id: str) -> bool:
-    """Delete a session, its messages, usage and terminal ledger rows; orphan its children
-    (they are never deleted). False when there is no such session.
-
-    Raises :class:`LedgerBusyError` (nothing deleted) while its ledgers hold live work.
-    """
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-        return False
-    admissions, executions = _live_work(conn, session_id)
-    if admissions or executions:
-        raise LedgerBusyError(
-            f"session {session_id} has {admissions} live admission(s) and {executions} live "
-            f"worker execution(s)",
-            session_id=session_id,
-        )
-    for sql in DELETE_SESSION_SQL:
-        conn.execute(sql, {"id": session_id})
-    return True
-
-
-AUTO_PRUNE_KEY = "auto_prune_last_run_at"
-
-
-def claim_auto_prune(conn: sqlite3.Connection, /, min_interval_hours: float) -> bool:
-    """True (and the run remembered in ``state_meta``) when the automatic prune is due."""
-    last = get_meta(conn, AUTO_PRUNE_KEY)
-    if last is not None and now() - float(last) < min_interval_hours * 3600:
-        return False
-    set_meta(conn, AUTO_PRUNE_KEY, now())
-    return True
+# --- clearing --------------------------------------------------------------------------------
 
 
 def clear_messages(conn: sqlite3.Connection, /, session_id: str) -> None:
@@ -683,80 +619,6 @@ def clear_messages(conn: sqlite3.Connection, /, session_id: str) -> None:
     )
 
 
-# Ended sessions whose last activity (latest message, else start) is before the cutoff.
-PRUNE_CANDIDATES_SQL = """
-SELECT s.id FROM sessions s
-WHERE s.ended_at IS NOT NULL
-  AND COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
-               s.started_at) < ?
-  {filters}
-"""
-PRUNE_CANDIDATE_COLUMNS = (
-    "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
-)
-PRUNE_CANDIDATE_ROWS_SQL = f"""
-SELECT {", ".join(PRUNE_CANDIDATE_COLUMNS)} FROM sessions
-WHERE id IN (SELECT value FROM json_each(?))
-ORDER BY started_at, id
-"""
-
-
-def select_prune_ids(
-    conn: sqlite3.Connection,
-    /,
-    older_than_days: float | None,
-    source: str | None = None,
-    *,
-    only_ids: Collection[str] | None = None,
-) -> list[str]:
-    """The sessions a prune deletes, sorted: the one place that selection is made, so the
-    list a caller is shown and what :func:`prune_sessions` deletes cannot differ.
-
-    Ended sessions idle for ``older_than_days`` (None: any ended session) of ``source``, and
-    of ``only_ids`` when given. A conversation is pruned as a unit (its members, see
-    ``hermes_state_lineage``): a session is kept while any member of its conversation is not
-    selected, so the ended parent of a live conversation is never pulled from under it.
-    Sessions whose ledgers hold live work are not selected. Reads only."""
-    cutoff = math.inf if older_than_days is None else now() - older_than_days * 86400.0
-    filters, params = source_filters(source, None)
-    sql = PRUNE_CANDIDATES_SQL.format(filters=filters)
-    candidates = {r[0] for r in conn.execute(sql, (cutoff, *params))}
-    if only_ids is not None:
-        candidates &= set(only_ids)
-    # Busy sessions are taken out first, so that a chain with a busy member is not a subset
-    # of what may go and stays whole.
-    deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
-    return sorted(sid for sid in deletable if conversation_members(conn, sid) <= deletable)
-
-
-def list_prune_candidates(
-    conn: sqlite3.Connection, /, older_than_days: float | None = None, source: str | None = None
-) -> list[dict[str, Any]]:
-    """What ``prune_sessions(older_than_days, source)`` would delete now, oldest first:
-    ``id, source, title, model, started_at, ended_at, message_count, archived``. Reads only."""
-    ids = select_prune_ids(conn, older_than_days, source)
-    cursor = conn.execute(PRUNE_CANDIDATE_ROWS_SQL, (json.dumps(ids),))
-    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
-
-
-def prune_sessions(
-    conn: sqlite3.Connection,
-    /,
-    older_than_days: float | None = 90,
-    source: str | None = None,
-    *,
-    only_ids: Collection[str] | None = None,
-) -> int:
-    """Delete the sessions :func:`select_prune_ids` selects; returns how many.
-
-    ``only_ids`` bounds the deletion to sessions a caller was shown (by
-    :func:`list_prune_candidates`): one that changed since (new activity, live work) is kept,
-    and one that qualified only since is not deleted unseen. Deleting a selected session only
-    detaches the sessions outside the selection (their parent link), never deletes them."""
-    ids = select_prune_ids(conn, older_than_days, source, only_ids=only_ids)
-    return sum(delete_session(conn, session_id) for session_id in ids)
-
-
 # --- archiving -------------------------------------------------------------------------------
 
 SET_ARCHIVED_SQL = """
@@ -765,18 +627,19 @@ WHERE id IN (SELECT value FROM json_each(?))
 """
 
 
-def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived: bool) -> None:
-    """Archive (deliberately) or unarchive the session's conversation.
+def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived: bool) -> bool:
+    """Archive (deliberately) or unarchive the session's conversation: the session, its
+    ancestors through compression-ended parents and its descendants below compression-ended
+    sessions (``hermes_state_lineage.conversation_members``). True when a row was written;
+    False for an unknown session.
 
     Archiving sets ``archived=1`` and clears ``auto_archived``, so resuming or compressing
-    never lifts it; unarchiving clears both. Raises :class:`SessionNotFoundError`.
+    never lifts it; unarchiving clears both.
     """
     if not isinstance(archived, bool):
         raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
     members = conversation_members(conn, session_id)
-    if not members:
-        raise SessionNotFoundError(session_id)
-    conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members))))
+    return conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members)))).rowcount > 0
 
 
 IS_AUTO_ARCHIVED_SQL = "SELECT 1 FROM sessions WHERE id = ? AND auto_archived = 1"
@@ -806,6 +669,19 @@ WHERE COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.i
 AUTO_ARCHIVE_SQL = """
 UPDATE sessions SET archived = 1, auto_archived = 1
 WHERE COALESCE(archived, 0) = 0 AND id IN (SELECT value FROM json_each(?))
+"""
+
+
+# Work that is not finished (or whose fate is unknown) pins a session. Both ledgers are held
+# to the live states of either, so a status one of them borrows from the other still pins.
+PINNING_STATUSES_SQL = sql_values(
+    tuple(dict.fromkeys(LIVE_ADMISSION_STATUSES + LIVE_EXECUTION_STATUSES))
+)
+_PINNING = PINNING_STATUSES_SQL
+LIVE_LEDGER_SQL = f"""
+SELECT
+    (SELECT COUNT(*) FROM session_admissions WHERE session_id = :id AND status IN {_PINNING}),
+    (SELECT COUNT(*) FROM worker_executions WHERE session_id = :id AND status IN {_PINNING})
 """
 
 

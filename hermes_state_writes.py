@@ -54,6 +54,7 @@ __all__ = [
     "classify",
     "CHECKPOINT_SQL",
     "passive_checkpoint",
+    "truncate_checkpoint",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -130,6 +131,18 @@ def classify(
 
 # The checkpoint that never waits for readers or writers; its result row is inspected.
 CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
+
+
+# The checkpoint that waits for the writer lock and readers, then empties the WAL file.
+TRUNCATE_CHECKPOINT_SQL = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+
+def truncate_checkpoint(conn: sqlite3.Connection, /) -> tuple[int, int, int]:
+    """One TRUNCATE checkpoint (outside any transaction); SQLite's result row. Only outside
+    the WAL-reset bug range: one that cannot take the writer lock carries on as a PASSIVE one
+    without it, the very race the bug needs (see :func:`passive_checkpoint`)."""
+    row = conn.execute(TRUNCATE_CHECKPOINT_SQL).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def passive_checkpoint(

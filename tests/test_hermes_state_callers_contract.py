@@ -16,6 +16,16 @@ import pytest
 import hermes_state
 from hermes_state import SessionDB
 
+# The filter vocabulary of list_prune_candidates, prune_sessions and archive_sessions, every
+# name as the command line and the dashboard build ``**filters`` (``older_than_days=None`` and
+# explicit bounds).
+PRUNE_FILTERS = (
+    "older_than_days", "started_before", "started_after", "source", "end_reason", "user_id",
+    "chat_id", "chat_type", "provider", "title_like", "model_like", "branch_like", "cwd_prefix",
+    "min_messages", "max_messages", "min_tokens", "max_tokens", "min_cost", "max_cost",
+    "min_tool_calls", "max_tool_calls", "archived",
+)
+
 METHOD_CALL_SHAPES: list[tuple[str, int, tuple[str, ...]]] = [
     # 2.2 Listing and counting
     ("list_sessions_rich", 0, ()),
@@ -155,6 +165,32 @@ METHOD_CALL_SHAPES: list[tuple[str, int, tuple[str, ...]]] = [
     ("record_compression_failure_cooldown", 2, ("error",)),
     ("get_compression_failure_cooldown", 1, ()),
     ("clear_compression_failure_cooldown", 1, ()),
+    # 2.3 Deleting, pruning, archiving
+    ("delete_session", 1, ()),
+    ("delete_session", 1, ("sessions_dir",)),
+    ("list_prune_candidates", 0, PRUNE_FILTERS),
+    ("list_prune_candidates", 0, ("older_than_days", "started_before", "started_after")),
+    ("list_prune_candidates", 0, ("older_than_days", "source")),
+    ("prune_sessions", 0, ("sessions_dir", *PRUNE_FILTERS)),
+    ("prune_sessions", 0, ("older_than_days",)),
+    ("prune_sessions", 0, ("older_than_days", "source")),
+    ("maybe_auto_prune_and_vacuum", 0,
+     ("retention_days", "min_interval_hours", "vacuum", "sessions_dir")),
+    ("maybe_auto_prune_and_vacuum", 0, ("sessions_dir",)),
+    ("archive_sessions", 0, PRUNE_FILTERS),
+    ("delete_sessions", 1, ()),
+    ("delete_sessions", 1, ("sessions_dir",)),
+    ("delete_session_if_empty", 1, ("sessions_dir",)),
+    ("count_empty_sessions", 0, ()),
+    ("delete_empty_sessions", 0, ()),
+    ("delete_empty_sessions", 0, ("sessions_dir",)),
+    ("prune_empty_ghost_sessions", 0, ("sessions_dir",)),
+    ("finalize_orphaned_compression_sessions", 0, ()),
+    # 3.2 vacuum, 3.12 plain return values
+    ("vacuum", 0, ()),
+    ("set_session_archived", 2, ()),
+    ("end_session", 2, ()),
+    ("release_compression_lock", 2, ()),
     # 3.15 Gateway routing entries
     ("load_gateway_routing_entries", 0, ()),
     ("load_gateway_routing_entries", 0, ("scope",)),
@@ -190,7 +226,7 @@ KEYWORD_ONLY: list[tuple[str, int]] = [
 
 
 _P = inspect.Parameter
-_POS, _KW = _P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY
+_POS, _KW, _VAR_KW = _P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY, _P.VAR_KEYWORD
 _NONE = _P.empty
 
 # (name, [(parameter, kind, default)]) without ``self``; keyword-only parameters the library
@@ -234,6 +270,27 @@ SIGNATURES: list[tuple[str, list[tuple[str, Any, Any]]]] = [
     ("resolve_resume_session_id", [("session_id", _POS, _NONE)]),
     ("search_sessions", [("source", _POS, None), ("limit", _POS, 20), ("offset", _POS, 0)]),
     ("export_session_lineage", [("session_id", _POS, _NONE)]),
+    ("delete_session", [("session_id", _POS, _NONE), ("sessions_dir", _POS, None)]),
+    ("list_prune_candidates", [("older_than_days", _POS, None), ("source", _POS, None),
+                               ("filters", _VAR_KW, _NONE)]),
+    ("prune_sessions", [("older_than_days", _POS, 90), ("source", _POS, None),
+                        ("sessions_dir", _POS, None), ("only_ids", _KW, None),
+                        ("filters", _VAR_KW, _NONE)]),
+    ("maybe_auto_prune_and_vacuum", [("retention_days", _POS, 90),
+                                     ("min_interval_hours", _POS, 24), ("vacuum", _POS, True),
+                                     ("sessions_dir", _POS, None)]),
+    ("archive_sessions", [("older_than_days", _POS, None), ("source", _POS, None),
+                          ("filters", _VAR_KW, _NONE)]),
+    ("delete_sessions", [("session_ids", _POS, _NONE), ("sessions_dir", _POS, None)]),
+    ("delete_session_if_empty", [("session_id", _POS, _NONE), ("sessions_dir", _POS, None)]),
+    ("count_empty_sessions", []),
+    ("delete_empty_sessions", [("sessions_dir", _POS, None)]),
+    ("prune_empty_ghost_sessions", [("sessions_dir", _POS, None)]),
+    ("finalize_orphaned_compression_sessions", []),
+    ("vacuum", []),
+    ("set_session_archived", [("session_id", _POS, _NONE), ("archived", _POS, _NONE)]),
+    ("end_session", [("session_id", _POS, _NONE), ("end_reason", _POS, _NONE)]),
+    ("release_compression_lock", [("session_id", _POS, _NONE), ("holder", _POS, _NONE)]),
 ]
 
 

@@ -88,7 +88,7 @@ def on_terminal(
 
 
 def aged_store(db_path: Path, seed: int) -> dict[str, Any]:
-    """Sessions last active 1 to 400 days ago, ended or not; a compression chain whose ended
+    """Sessions started 1 to 400 days ago, ended or not; a compression chain whose ended
     root is old but whose tip is live; an old session never ended; an old ended session with
     live work. Returns every id and, for a 90-day prune, the ids that must go."""
     rng = random.Random(seed)
@@ -146,7 +146,7 @@ def test_the_dry_run_lists_exactly_what_the_prune_then_deletes(
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["ID", "STARTED", "ENDED", "SOURCE", "MSGS", "TITLE"]
     assert {line.split()[0] for line in lines[1:-1]} == store["doomed"]
-    assert f"would delete ended sessions idle for more than 90 days: {len(store['doomed'])} " \
+    assert f"would delete ended sessions started more than 90 days ago: {len(store['doomed'])} " \
            "session" in lines[-1]
     assert db_path.read_bytes() == before
     assert remaining(db_path, store["ids"]) == set(store["ids"])
@@ -201,8 +201,8 @@ def test_what_qualifies_after_the_list_is_not_deleted_and_what_changed_is_kept(
 
     def meanwhile() -> None:  # another process writes while the question waits
         with SessionDB(db_path) as db:
-            db.append_message(changed, "user", "back again")  # no longer idle
-            db.end_session("old-open", "user_exit")  # idle for 200 days: qualifies now
+            db.reopen_session(changed)  # resumed: no longer ended
+            db.end_session("old-open", "user_exit")  # started 200 days ago: qualifies now
 
     status, out, _ = on_terminal("--db", str(db_path), "sessions", "prune", answer="y",
                                  meanwhile=meanwhile)
@@ -243,3 +243,26 @@ def test_the_prune_help_states_the_default_and_the_ways_to_answer() -> None:
     assert shown.returncode == 0
     text = " ".join(shown.stdout.split())
     assert "(default: 90)" in text and "--dry-run" in text and "--yes, -y" in text
+
+
+def test_the_delete_preview_lists_the_delegate_sessions_that_go_with_it(db_path: Path) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("lead", "cli")
+        db.create_session("helper", "cli", parent_session_id="lead",
+                          model_config={"_delegate_from": "lead"})
+        db.create_session("helper-of-helper", "cli", parent_session_id="helper",
+                          model_config={"_delegate_from": "helper"})
+        db.create_session("branch", "cli", parent_session_id="lead",
+                          model_config={"_branched_from": "lead"})
+        for sid in ("lead", "helper", "helper-of-helper", "branch"):
+            db.append_message(sid, "user", f"in {sid}")
+    shown = as_json(cli("--db", str(db_path), "sessions", "delete", "lead", "--dry-run",
+                        "--json"))
+    assert [r["id"] for r in shown["sessions"]] == ["lead", "helper", "helper-of-helper"]
+    assert shown["messages"] == 3
+    text = cli("--db", str(db_path), "sessions", "delete", "lead", "--dry-run")
+    assert "with 2 delegate sessions" in text.stdout and "branch" not in text.stdout
+    status, _, screen = on_terminal("--db", str(db_path), "sessions", "delete", "lead",
+                                    answer="y")
+    assert status == 0 and "helper-of-helper" in screen
+    assert remaining(db_path, ["lead", "helper", "helper-of-helper", "branch"]) == {"branch"}

@@ -283,7 +283,8 @@ LOCK_CHILD = textwrap.dedent(
             ok = db.try_acquire_compression_lock(sys.argv[2], holder, ttl_seconds=300)
             print(f"{int(ok)} {holder}", flush=True)
         elif command == "release":
-            print(int(db.release_compression_lock(sys.argv[2], holder)), flush=True)
+            db.release_compression_lock(sys.argv[2], holder)
+            print(int(db.get_compression_lock_holder(sys.argv[2]) is None), flush=True)
         elif command == "exit":
             break
     db.close()
@@ -342,7 +343,8 @@ def test_a_released_lock_can_be_taken_by_another_process(db: SessionDB, db_path:
         assert ok == "1"
         mine = lock_holder_name("parent")
         assert not db.try_acquire_compression_lock("s1", mine)
-        assert not db.release_compression_lock("s1", mine), "only the holder releases"
+        assert db.release_compression_lock("s1", mine) is None
+        assert db.get_compression_lock_holder("s1") == holder, "only the holder releases"
         assert not db.refresh_compression_lock("s1", mine), "only the holder refreshes"
         assert db.get_compression_lock_holder("s1") == holder
         assert child.send("release") == "1"
@@ -376,7 +378,7 @@ def test_an_expired_lock_can_be_reclaimed(db: SessionDB) -> None:
     assert db.try_acquire_compression_lock("s1", "second")
     assert not db.refresh_compression_lock("s1", "first")
     assert db.refresh_compression_lock("s1", "second", ttl_seconds=600)
-    assert db.release_compression_lock("s1", "second")
+    assert db.release_compression_lock("s1", "second") is None
     assert db.get_compression_lock_holder("s1") is None
 
 

@@ -64,14 +64,17 @@ def test_listing_and_pruning_keep_their_documented_defaults() -> None:
     assert _parameters(SessionDB.search_sessions) == [
         ("source", None), ("limit", 20), ("offset", 0)
     ]
+    empty = inspect.Parameter.empty
     assert _parameters(SessionDB.prune_sessions) == [
-        ("older_than_days", 90), ("source", None), ("only_ids", None)
+        ("older_than_days", 90), ("source", None), ("sessions_dir", None), ("only_ids", None),
+        ("filters", empty),
     ]
     assert _parameters(SessionDB.list_prune_candidates) == [
-        ("older_than_days", None), ("source", None)
+        ("older_than_days", None), ("source", None), ("filters", empty)
     ]
     assert _parameters(SessionDB.maybe_auto_prune_and_vacuum) == [
-        ("retention_days", 90), ("min_interval_hours", 24), ("vacuum", True)
+        ("retention_days", 90), ("min_interval_hours", 24), ("vacuum", True),
+        ("sessions_dir", None),
     ]
 
 
@@ -202,9 +205,11 @@ def test_reopen_lets_a_later_end_apply(db: SessionDB) -> None:
     assert db.get_session("s")["end_reason"] == "compression"
 
 
-def test_ending_or_reopening_an_unknown_session_is_typed(db: SessionDB) -> None:
-    with pytest.raises(SessionNotFoundError):
-        db.end_session("missing", "x")
+def test_ending_an_unknown_session_changes_nothing_and_reopening_one_is_typed(
+    db: SessionDB,
+) -> None:
+    assert db.end_session("missing", "x") is None
+    assert db.get_session("missing") is None
     with pytest.raises(SessionNotFoundError):
         db.reopen_session("missing")
 
@@ -554,20 +559,18 @@ def _old_session(db: SessionDB, sid: str, days_ago: float, *, source: str = "cli
         db.end_session(sid, end)
 
 
-def test_prune_removes_only_ended_sessions_idle_past_the_cutoff(db: SessionDB) -> None:
+def test_prune_removes_only_ended_sessions_started_before_the_cutoff(db: SessionDB) -> None:
     _old_session(db, "old-ended", 100)
     _old_session(db, "old-live", 100, end=None)
     _old_session(db, "recent-ended", 10)
-    _old_session(db, "old-but-active", 100)
-    db.append_message("old-but-active", "user", "recent", timestamp=time.time() - 5 * DAY)
-    _old_session(db, "old-with-old-messages", 100)
-    db.append_message("old-with-old-messages", "user", "old", timestamp=time.time() - 95 * DAY)
+    _old_session(db, "old-with-recent-messages", 100)  # the age is the start, as callers read it
+    db.append_message("old-with-recent-messages", "user", "recent", timestamp=time.time() - DAY)
     assert db.prune_sessions(older_than_days=90) == 2
     remaining = {s["id"] for s in db.search_sessions(limit=100)}
-    assert remaining == {"old-live", "recent-ended", "old-but-active"}
-    assert db.get_messages("old-with-old-messages") == []
+    assert remaining == {"old-live", "recent-ended"}
+    assert db.get_messages("old-with-recent-messages") == []
     assert db.prune_sessions(older_than_days=7) == 1
-    assert {s["id"] for s in db.search_sessions(limit=100)} == {"old-live", "old-but-active"}
+    assert {s["id"] for s in db.search_sessions(limit=100)} == {"old-live"}
 
 
 def test_prune_by_source(db: SessionDB) -> None:
@@ -643,15 +646,15 @@ def test_the_prune_candidates_are_exactly_what_the_prune_deletes(
 
 def test_a_prune_bounded_to_listed_ids_deletes_nothing_else(db: SessionDB) -> None:
     _old_session(db, "listed", 100)
-    _old_session(db, "listed-then-active", 100)
+    _old_session(db, "listed-then-resumed", 100)
     _old_session(db, "not-listed", 100)
     _old_session(db, "chain-root", 200, end="compression")
     _old_session(db, "chain-tip", 150, parent="chain-root")
-    shown = ["listed", "listed-then-active", "chain-root", "unknown-id"]
-    db.append_message("listed-then-active", "user", "back again")
+    shown = ["listed", "listed-then-resumed", "chain-root", "unknown-id"]
+    db.reopen_session("listed-then-resumed")
     assert db.prune_sessions(90, only_ids=shown) == 1  # the chain goes only as a whole
     assert {s["id"] for s in db.search_sessions(limit=10)} == {
-        "listed-then-active", "not-listed", "chain-root", "chain-tip"}
+        "listed-then-resumed", "not-listed", "chain-root", "chain-tip"}
     assert db.prune_sessions(90, only_ids=[]) == 0
 
 
@@ -659,14 +662,15 @@ def test_auto_prune_remembers_its_last_run(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         _old_session(db, "stale", 100)
         first = db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=24)
-        assert first is not None and first["pruned"] == 1
+        assert first == {"skipped": False, "pruned": 1, "vacuumed": True}
         _old_session(db, "stale-2", 100)
-        assert db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=24) is None
+        skipped = {"skipped": True, "pruned": 0, "vacuumed": False}
+        assert db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=24) == skipped
     with SessionDB(db_path) as db:
-        assert db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=24) is None
+        assert db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=24) == skipped
         assert db.get_session("stale-2") is not None
         again = db.maybe_auto_prune_and_vacuum(retention_days=90, min_interval_hours=0)
-        assert again is not None and again["pruned"] == 1
+        assert again == {"skipped": False, "pruned": 1, "vacuumed": True}
         assert db.get_session("stale-2") is None
 
 

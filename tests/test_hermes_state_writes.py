@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hermes_state
+import hermes_state_fts as fts
 import hermes_state_writes as writes
 from hermes_state import SessionDB
 from hermes_state_writes import RetryPolicy, Verdict, classify, delay
@@ -187,8 +188,17 @@ def test_vacuum_and_checkpoint_run_outside_any_transaction(
 ) -> None:
     db.create_session("s", "cli")
     traced.clear()
-    db.vacuum()
-    assert traced == ["VACUUM"]
+    assert db.vacuum() == 3
+    optimize = [f"INSERT INTO {t}({t}) VALUES ('optimize')" for t in fts.FTS_TABLES]
+    merge = traced.index("BEGIN IMMEDIATE"), traced.index("COMMIT")
+    assert [s for s in traced[merge[0]:merge[1]] if s.startswith("INSERT")] == optimize
+    # the checkpoint, then VACUUM last, each outside any transaction of the handle
+    checkpoint = traced[merge[1] + 1:-1]
+    if db.wal_reset_exposed:
+        assert checkpoint == ["BEGIN IMMEDIATE", "COMMIT"]
+    else:
+        assert checkpoint == [writes.TRUNCATE_CHECKPOINT_SQL]
+    assert traced[-1] == "VACUUM"
     traced.clear()
     db.checkpoint()
     if db.wal_reset_exposed:  # the helper checkpoints while the handle holds the write lock
