@@ -39,9 +39,9 @@ every cell that still parses, and finally the leaf pages no tree reaches any mor
 under a destroyed interior page) are read and matched to the damaged tables by the shape of
 their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
 page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
-fresh file with the current schema; the FTS indexes, ``search_cjk`` and ``schema_version`` are
-rebuilt, never copied, and the four runtime ledgers are reported but not copied (a partial
-ledger could replay started work or adopt another owner's worker).
+fresh file with the current schema; the FTS indexes, the search index, ``search_cjk`` and
+``schema_version`` are rebuilt, never copied, and the four runtime ledgers are reported but not
+copied (a partial ledger could replay started work or adopt another owner's worker).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from typing import IO, Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
+import hermes_state_rank as rank
 from hermes_state_common import (
     DB_FILENAME,
     DELIVERY_OBLIGATIONS_SQL,
@@ -930,7 +931,8 @@ def restore_state_db(
 def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
     write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``fts_integrity`` (per
-    index, None when clean), ``fts_stale`` (the marker), ``fts_rebuilding``, ``triggers``
+    index, None when clean), ``search_index`` (its damage, None when none), ``fts_stale`` (the
+    marker), ``fts_rebuilding``, ``triggers``
     (expected and missing), ``row_counts``, ``schema_version``, ``problems``, ``healthy``."""
     problems: list[str] = []
     try:
@@ -948,6 +950,16 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     except sqlite3.Error as exc:
         fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
     problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            search_index = rank.index_problem(conn)
+        finally:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        search_index = f"{type(exc).__name__}: {exc}"
+    if search_index is not None:
+        problems.append(f"search index: {search_index}")
     try:
         state = fts.index_state(conn)
         stale, rebuilding = state.stale, state.rebuilding
@@ -967,6 +979,7 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     return {
         "integrity": integrity,
         "fts_integrity": fts_integrity,
+        "search_index": search_index,
         "fts_stale": stale,
         "fts_rebuilding": rebuilding,
         "triggers": {"expected": list(fts.FTS_TRIGGER_NAMES), "missing": missing},
@@ -996,17 +1009,19 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
                 conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table)}")
             for view in ("messages_fts_trigram_source", "messages_fts_cjk_source"):
                 conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(view)}")
+            rank.drop_index(conn)
         return conn
     except sqlite3.DatabaseError as exc:
         if not is_corruption_error(exc):
             raise
     conn.execute("PRAGMA writable_schema = ON")
     with transaction(conn):
-        conn.execute(
-            "DELETE FROM sqlite_master"
-            " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
-            {"p": "messages\\_fts%"},
-        )
+        for pattern in ("messages\\_fts%", "search\\_impact%", "search\\_time%"):
+            conn.execute(
+                "DELETE FROM sqlite_master"
+                " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
+                {"p": pattern},
+            )
     conn.execute("PRAGMA writable_schema = OFF")
     conn.close()  # the schema changed underneath SQLite: start from a fresh connection
     return configure_connection(
@@ -1021,25 +1036,29 @@ _REBUILD_CHUNK_ROWS = 5000
 def _rebuild_indexes(
     conn: sqlite3.Connection, progress: Progress, *, defer: bool = False
 ) -> None:
-    """Create the FTS objects of the current schema and fill them with the chunked rebuild
-    (which also recomputes ``search_cjk``); clears every FTS marker on the way. With
-    ``defer`` the indexes are left empty with the rebuild markers set: the first writable
-    open of the file fills them in the background while searches use the canonical rows."""
+    """Create the FTS objects of the current schema and the search index, and fill them in
+    chunks (the FTS rebuild also recomputes ``search_cjk``); clears every FTS marker on the
+    way. With ``defer`` the indexes are left empty with their rebuild and fill due: the first
+    writable open of the file fills them in the background while searches use the canonical
+    rows."""
     with transaction(conn):
         for statement in split_sql(INDEXES_SQL + FTS_SQL):
             conn.execute(statement)
         total = fts.start_rebuild(conn)
+        rank.create_index(conn)
     if defer:
         return
-    done = 0
-    while True:
-        with transaction(conn):
-            step = fts.rebuild_chunk(conn, _REBUILD_CHUNK_ROWS)
-        if step is None or step.finished:
-            break
-        done += step.indexed
-        progress("rebuilding FTS", done, total)
-    progress("rebuilding FTS", total, total)
+    for label, chunk in (("rebuilding FTS", fts.rebuild_chunk), ("filling the search index",
+                                                                 rank.fill_chunk)):
+        done = 0
+        while True:
+            with transaction(conn):
+                step = chunk(conn, _REBUILD_CHUNK_ROWS)
+            if step is None or step.finished:
+                break
+            done += step.indexed
+            progress(label, done, total)
+        progress(label, total, total)
 
 
 def repair_state_db(
@@ -1180,8 +1199,9 @@ def _repair_copy(
 # Recover
 # =============================================================================================
 
-# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the version row.
-_REBUILT = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk", "schema_version")
+# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the search
+# index, the version row.
+_REBUILT = (*fts.FTS_TABLES, *rank.INDEX_TABLES, "schema_version")
 # state_meta keys that describe the old file's FTS indexes, not the recovered one's.
 _FTS_MARKERS = (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY)
 _INSERT_BATCH = 500

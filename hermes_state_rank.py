@@ -51,16 +51,26 @@ the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``). Posti
 which would cost more than the postings of one message); searches read the rows of the open
 batch directly, and score up to :data:`QUEUE_SCAN_LIMIT` queued rows from their text. With
 more queued, they rank with FTS5 until :func:`drain_queue` — a chunk per write — has indexed
-them. A store upgraded from before the index starts with every message queued.
+them.
 
-**Consistency and damage.** Every index has an epoch, in ``state_meta``, in each row of
-``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
+**Creation and fill.** The index is derived data, like the FTS indexes: a file that lacks any
+part of it (a fresh one, one written before it existed, a recovered or repaired copy) gets it
+whole and empty at open (:func:`create_index`, the version unchanged), with a fill due for
+every message up to the highest id (``fill_high_water``). The fill runs like an FTS rebuild:
+in the background of a writable open, under the cross-process admission lock, in chunks of
+:data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids), each
+chunk one write transaction (:func:`fill_when_admitted`, :func:`fill_chunk`). Rows above the
+high water are kept by the writes themselves; a row below it that a drain indexed first is left
+as it is. Until the fill is done searches rank with FTS5 and sort by time without the blocks.
+
+**Consistency and damage.** Every index has an epoch, in ``search_impact_state``, in each row
+of ``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
 checks that they agree, so a copy of the file that kept one table without the other (a salvage
 that skips virtual tables) is never trusted. Errors from the impact index never reach a
-canonical write: the index is marked damaged, the row queued, and the next write replaces the
-index with an empty one of a new epoch, every message queued (:func:`reset_index`). A search
-that finds it damaged or inconsistent says so (:func:`damage_noticed`); a writable handle
-then marks it, through its own retried write.
+canonical write: the index is marked damaged and left alone, searches rank with FTS5, and the
+next writable open replaces it with an empty one of a new epoch and fills it
+(:func:`reset_index`). A search that finds it damaged or inconsistent says so
+(:func:`damage_noticed`); a writable handle then marks it, through its own retried write.
 """
 
 from __future__ import annotations
@@ -73,15 +83,19 @@ import math
 import os
 import re
 import sqlite3
+import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, get_meta, set_meta
-from hermes_state_common import split_sql
-from hermes_state_errors import is_corruption_error
+from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
+from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql
+from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
+from hermes_state_fts import RebuildStep, admission_lock
 
 logger = logging.getLogger("hermes_state")
 
@@ -95,12 +109,25 @@ __all__ = [
     "Bm25Stats",
     "column_tokens",
     "impact_postings",
+    "INDEX_TABLES",
+    "INDEX_VIRTUAL_TABLES",
+    "INDEX_OBJECTS",
+    "index_text",
     "Prepared",
     "index_next_message",
     "after_insert",
-    "flush",
     "drain_queue",
+    "missing_objects",
+    "drop_index",
+    "create_index",
+    "ensure_index",
     "reset_index",
+    "fill_chunk",
+    "needs_maintenance",
+    "index_whole",
+    "fill_when_admitted",
+    "time_blocks_usable",
+    "index_problem",
     "index_health",
     "damage_noticed",
     "mark_index_damaged",
@@ -117,10 +144,8 @@ THRESHOLD = 0.7
 KEY_SCALE = 10_000
 MAX_TERM_CHARS = 64
 QUEUE_SCAN_LIMIT = 64
-DRAIN_PER_WRITE = 16
 MAX_WALK_POSTINGS = 40_000
 MAX_RESOLVED_ROWS = 4_000
-META_KEY = "search_impact"
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
 _BOUND_SLACK = 1e-9
 
@@ -224,6 +249,14 @@ def impact_postings(
 # Keeping the index
 # ---------------------------------------------------------------------------------------------
 
+# The plain tables, the virtual tables and the triggers: a file lacking any of them has its
+# whole index created anew (see :func:`create_index`).
+INDEX_TABLES = ("search_impact_state", "search_impact", "search_impact_queue",
+                "search_impact_gone", "search_time_blocks")
+INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
+INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
+_FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_config")
+
 # Rows the library has written postings for but not yet put into search_impact_fts: they are
 # indexed in one batch (FTS5 writes a new segment at every commit, which costs more than the
 # postings of one row), and searches read them directly meanwhile.
@@ -232,44 +265,43 @@ FLUSH_ROWS = 256
 
 @dataclass(frozen=True)
 class _Index:
+    """The row of ``search_impact_state``."""
+
     epoch: int
     avgdl: float  # the reference length A
-    indexed: int  # rows of search_impact with an id up to this one are in search_impact_fts
-    damaged: bool = False
+    indexed: int  # rows of search_impact up to this id are in search_impact_fts
+    fill_high_water: int | None  # a fill is due for the messages up to this id...
+    fill_progress: int | None  # ...and has reached this one
+    damaged: bool
 
-    def meta(self, **changes: object) -> dict[str, object]:
-        value: dict[str, object] = {
-            "epoch": self.epoch, "avgdl": self.avgdl, "indexed": self.indexed,
-            "damaged": self.damaged,
-        }
-        value.update(changes)
-        return value
+    @property
+    def whole(self) -> bool:
+        return not self.damaged and self.fill_high_water is None
 
 
-@functools.lru_cache(maxsize=16)
-def _parse_meta(value: str | None) -> _Index | None:
+STATE_SQL = """
+SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged FROM search_impact_state
+"""
+
+
+def _index_state(conn: sqlite3.Connection) -> _Index | None:
+    """The index's state; None on a file without it."""
     try:
-        meta = json.loads(value or "null")
-        return _Index(int(meta["epoch"]), float(meta["avgdl"]), int(meta.get("indexed", 0)),
-                      bool(meta.get("damaged")))
-    except (ValueError, TypeError, KeyError, AttributeError):
+        row = conn.execute(STATE_SQL).fetchone()
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise
         return None
+    return None if row is None else _Index(*row[:5], bool(row[5]))
 
 
-def _index_meta(conn: sqlite3.Connection) -> _Index | None:
-    try:
-        return _parse_meta(get_meta(conn, META_KEY))
-    except sqlite3.OperationalError:
-        return None
+SET_INDEXED_SQL = "UPDATE search_impact_state SET indexed = ?"
+SET_DAMAGED_SQL = "UPDATE search_impact_state SET damaged = 1"
 
 
-def _set_index(conn: sqlite3.Connection, index: _Index, **changes: object) -> None:
-    set_meta(conn, META_KEY, index.meta(**changes))
-
-
-def _mark_damaged(conn: sqlite3.Connection, index: _Index, exc: BaseException) -> None:
+def _mark_damaged(conn: sqlite3.Connection, exc: BaseException) -> None:
     logger.warning("search impact index damaged (%s); ranking falls back to FTS5", exc)
-    _set_index(conn, index, damaged=True)
+    conn.execute(SET_DAMAGED_SQL)
 
 
 # Set when a read finds the impact index damaged; reads cannot write the marker themselves.
@@ -284,11 +316,9 @@ def damage_noticed() -> bool:
 
 
 def mark_index_damaged(conn: sqlite3.Connection) -> None:
-    """Mark the impact index damaged (the caller's write transaction): the next write
-    replaces it (see :func:`drain_queue`)."""
-    index = _index_meta(conn)
-    if index is not None and not index.damaged:
-        _set_index(conn, index, damaged=True)
+    """Mark the impact index damaged (the caller's write transaction): the library stops
+    keeping it, and the next writable open replaces it (see :func:`fill_when_admitted`)."""
+    conn.execute(SET_DAMAGED_SQL)
 
 
 def _index_error(exc: BaseException) -> bool:
@@ -297,7 +327,7 @@ def _index_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or is_corruption_error(exc)
 
 
-def _index_text(postings: str) -> str:
+def index_text(postings: str) -> str:
     """What ``search_impact_fts`` indexes for a row: its postings, then each posting's term
     alone (so "indexed under every word of the query" is a plain FTS5 AND)."""
     terms = " ".join(token.rsplit("_", 3)[0] for token in postings.split())
@@ -313,9 +343,10 @@ QUEUE_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) VALUES (?)"
 # The index, the id the next message will get (AUTOINCREMENT: one more than any ever used),
 # and whether anything waits in the queues.
 NEXT_MESSAGE_SQL = """
-SELECT (SELECT value FROM state_meta WHERE key = 'search_impact'),
+SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged,
        coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0) + 1,
        EXISTS (SELECT 1 FROM search_impact_queue) OR EXISTS (SELECT 1 FROM search_impact_gone)
+FROM search_impact_state
 """
 
 
@@ -325,7 +356,6 @@ class Prepared:
 
     row_id: int
     index: _Index
-    postings: str
     waiting: bool
 
 
@@ -336,31 +366,32 @@ def index_next_message(
     """Write the postings of the message about to be inserted (the caller's transaction), as
     the text ``messages_fts`` indexes: content, tool name, stored tool-call JSON. They go in
     first, under the id the message will get, so the insert trigger sees the row is indexed;
-    :func:`after_insert` checks the id. None when there is no usable index (the trigger then
+    :func:`after_insert` checks the id. None when there is no index to keep (the trigger then
     queues the message)."""
     try:
-        value, row_id, waiting = conn.execute(NEXT_MESSAGE_SQL).fetchone()
-    except sqlite3.OperationalError:
-        return None  # a file without the impact index tables: nothing to keep
-    index = _parse_meta(value)
-    if index is None or index.damaged:
-        return None
+        row = conn.execute(NEXT_MESSAGE_SQL).fetchone()
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise
+        return None  # a file without the impact index: the next open creates it
+    if row is None or row[5]:
+        return None  # no index, or a damaged one
+    index, row_id, waiting = _Index(*row[:5], False), row[6], bool(row[7])
     postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
     conn.execute(ADD_ROW_SQL, (row_id, index.epoch, postings))
-    return Prepared(row_id, index, postings, bool(waiting))
+    return Prepared(row_id, index, waiting)
 
 
 def after_insert(conn: sqlite3.Connection, prepared: Prepared | None, row_id: int) -> None:
     """Finish :func:`index_next_message` once the message has ``row_id``: index a full batch,
     work a little on the queues."""
     if prepared is None:
-        drain_queue(conn, DRAIN_PER_WRITE)  # a damaged index is replaced here
         return
     if prepared.row_id != row_id:  # never under AUTOINCREMENT; kept honest all the same
         conn.execute("DELETE FROM search_impact WHERE id = ?", (prepared.row_id,))
         conn.execute(QUEUE_SQL, (row_id,))
     if row_id - prepared.index.indexed >= FLUSH_ROWS:
-        flush(conn)
+        _flush(conn, prepared.index)
     if prepared.waiting:
         drain_queue(conn, DRAIN_PER_WRITE)
 
@@ -368,24 +399,20 @@ def after_insert(conn: sqlite3.Connection, prepared: Prepared | None, row_id: in
 BUFFERED_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id"
 
 
-def flush(conn: sqlite3.Connection) -> None:
-    """Put the rows written since the last batch into ``search_impact_fts`` (the caller's
-    transaction)."""
-    index = _index_meta(conn)
-    if index is None or index.damaged:
-        return
+def _flush(conn: sqlite3.Connection, index: _Index) -> None:
+    """Put the rows written since the last batch into ``search_impact_fts``."""
     rows = conn.execute(BUFFERED_SQL, (index.indexed,)).fetchall()
     if not rows:
         return
     try:
-        conn.executemany(FTS_ADD_SQL, [(i, _index_text(p)) for i, e, p in rows
+        conn.executemany(FTS_ADD_SQL, [(i, index_text(p)) for i, e, p in rows
                                        if p and e == index.epoch])
     except (sqlite3.Error, MemoryError) as exc:
         if not _index_error(exc):
             raise
-        _mark_damaged(conn, index, exc)
+        _mark_damaged(conn, exc)
         return
-    _set_index(conn, index, indexed=rows[-1][0])
+    conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
 
 
 QUEUE_BATCH_SQL = """
@@ -399,6 +426,7 @@ SELECT g.id, i.epoch, i.postings
 FROM (SELECT id FROM search_impact_gone LIMIT ?) AS g
 LEFT JOIN search_impact i ON i.id = g.id
 """
+DRAIN_PER_WRITE = 16
 
 
 def _unindex(conn: sqlite3.Connection, index: _Index, row_id: int, epoch: int | None,
@@ -406,26 +434,19 @@ def _unindex(conn: sqlite3.Connection, index: _Index, row_id: int, epoch: int | 
     """Remove a row's postings. Only rows of this epoch up to ``indexed`` are in the FTS5
     table (an older epoch's are not; newer rows wait for the next batch)."""
     if postings and epoch == index.epoch and row_id <= index.indexed:
-        conn.execute(FTS_REMOVE_SQL, (row_id, _index_text(postings)))
+        conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
     if postings is not None:
         conn.execute("DELETE FROM search_impact WHERE id = ?", (row_id,))
 
 
 def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     """Index up to ``limit`` queued rows, newest first, and purge as many deleted ones (the
-    caller's transaction); returns how many rows were handled. A damaged or inconsistent
-    index is replaced by a new, empty one first (:func:`reset_index`)."""
-    found = _index_meta(conn)
-    if found is None:
+    caller's transaction); returns how many rows were handled (0 for a damaged index)."""
+    index = _index_state(conn)
+    if index is None or index.damaged:
         return 0
-    index = found
+    done = 0
     try:
-        if index.damaged or not _consistent(conn, index):
-            fresh = reset_index(conn)
-            if fresh is None:
-                return 0
-            index = fresh
-        done = 0
         for row_id, epoch, postings in conn.execute(GONE_BATCH_SQL, (limit,)).fetchall():
             _unindex(conn, index, row_id, epoch, postings)
             conn.execute("DELETE FROM search_impact_gone WHERE id = ?", (row_id,))
@@ -436,16 +457,15 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
             if exists:
                 text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
                 if text and row_id <= index.indexed:
-                    conn.execute(FTS_ADD_SQL, (row_id, _index_text(text)))
+                    conn.execute(FTS_ADD_SQL, (row_id, index_text(text)))
                 conn.execute(ADD_ROW_SQL, (row_id, index.epoch, text))
             conn.execute("DELETE FROM search_impact_queue WHERE id = ?", (row_id,))
             done += 1
     except (sqlite3.Error, MemoryError) as exc:
         if not _index_error(exc):
             raise
-        _mark_damaged(conn, index, exc)
+        _mark_damaged(conn, exc)
         return 0
-    flush(conn)
     return done
 
 
@@ -454,44 +474,108 @@ def _fresh_index_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
     """What the shadow tables of a new, empty ``search_impact_fts`` hold on this SQLite."""
     mem = sqlite3.connect(":memory:")
     try:
-        mem.execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)")
-        for statement in split_sql(SEARCH_INDEX_SQL):
-            if not statement.startswith("INSERT"):
-                mem.execute(statement)
-        return {
-            name: tuple(mem.execute(f"SELECT * FROM {name}").fetchall())
-            for name in ("search_impact_fts_data", "search_impact_fts_idx",
-                         "search_impact_fts_config")
-        }
+        mem.executescript(SEARCH_INDEX_SQL)
+        return {name: tuple(mem.execute(f"SELECT * FROM {name}").fetchall())
+                for name in _FTS_SHADOWS}
     finally:
         mem.close()
 
 
+def _rewrite_shadow_tables(conn: sqlite3.Connection) -> None:
+    """Put ``search_impact_fts``'s shadow tables back to those of a new, empty table, without
+    FTS5 reading the old ones: once its structure record is damaged, nothing that goes
+    through the table works (DROP TABLE included), but the shadow tables are plain ones."""
+    for name, rows in _fresh_index_rows().items():
+        conn.execute(f"DELETE FROM {name}")
+        for row in rows:
+            conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+
+
+MISSING_OBJECTS_SQL = """
+SELECT value FROM json_each(?) WHERE value NOT IN (SELECT name FROM sqlite_master)
+"""
+
+
+def missing_objects(conn: sqlite3.Connection) -> list[str]:
+    """The index's tables and triggers this file lacks (reads only)."""
+    return [r[0] for r in conn.execute(MISSING_OBJECTS_SQL, (json.dumps(INDEX_OBJECTS),))]
+
+
+def drop_index(conn: sqlite3.Connection) -> None:
+    """Drop every object of the index (the caller's transaction), however damaged."""
+    for name in SEARCH_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+    conn.execute("DROP TABLE IF EXISTS search_impact_vocab")
+    try:
+        conn.execute("DROP TABLE IF EXISTS search_impact_fts")
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        _rewrite_shadow_tables(conn)
+        conn.execute("DROP TABLE search_impact_fts")
+    for name in INDEX_TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def create_index(conn: sqlite3.Connection) -> None:
+    """Create the index anew, empty, with a fill of every message there is due (the caller's
+    transaction): what a file without it gets (a fresh one, one written before the index
+    existed or by a salvage that kept only part of it, a recovered or repaired copy)."""
+    drop_index(conn)
+    for statement in split_sql(SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL):
+        conn.execute(statement)
+    _start(conn, _reference_length(conn))
+
+
+def ensure_index(conn: sqlite3.Connection) -> None:
+    """:func:`create_index` when any part of the index is missing (the caller's transaction)."""
+    if missing_objects(conn):
+        create_index(conn)
+
+
 EPOCH_TOKEN = "_epoch_{epoch}"
-REQUEUE_ALL_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) SELECT id FROM messages"
+# A new epoch; the fill covers every message there is (none: nothing to fill).
+START_SQL = """
+INSERT OR REPLACE INTO search_impact_state
+    (id, epoch, avgdl, indexed, fill_high_water, fill_progress, damaged)
+SELECT 1, ?, ?, coalesce(max(id), 0), max(id), CASE WHEN max(id) IS NULL THEN NULL ELSE 0 END, 0
+FROM messages
+"""
 
 
-def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index | None:
-    """Start a new, empty impact index (a new epoch) with every message queued (the caller's
-    transaction). Its shadow tables are rewritten directly, so an index too damaged for FTS5
-    to open is replaced too. Returns the new index, or None when its tables cannot be written
-    (it stays marked damaged, and ranking uses FTS5)."""
-    old = _index_meta(conn)
-    reference = avgdl or (old.avgdl if old else IMPACT_DEFAULT_AVGDL)
-    fresh = _Index(int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1, reference, 0)
+def _reference_length(conn: sqlite3.Connection) -> float:
+    """The reference length A of a new epoch: the mean length ``messages_fts`` knows now (it
+    only orders the postings; any value is exact, one near the mean proves sooner)."""
+    try:
+        stats = read_stats(conn)
+    except (sqlite3.Error, MemoryError):
+        return IMPACT_DEFAULT_AVGDL
+    return stats.avgdl if stats.rows and stats.tokens else IMPACT_DEFAULT_AVGDL
+
+
+def _start(conn: sqlite3.Connection, avgdl: float) -> int:
+    """A new, empty epoch with its fill due (the caller's transaction); returns the epoch."""
+    epoch = int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1
+    for name in ("search_impact", "search_impact_queue", "search_impact_gone",
+                 "search_time_blocks"):
+        conn.execute(f"DELETE FROM {name}")
+    conn.execute(START_SQL, (epoch, avgdl))
+    conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=epoch)))
+    return epoch
+
+
+def reset_index(conn: sqlite3.Connection) -> bool:
+    """Start the index over, empty, with its fill due (the caller's transaction): for an
+    index found damaged or inconsistent. Its shadow tables are rewritten directly, so an index
+    too damaged for FTS5 to open is replaced too. False when its tables cannot be written (it
+    stays marked damaged; searches rank with FTS5)."""
+    avgdl = _reference_length(conn)
     conn.execute("SAVEPOINT hermes_impact_reset")
     try:
-        for name, rows in _fresh_index_rows().items():
-            conn.execute(f"DELETE FROM {name}")
-            for row in rows:
-                conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+        _rewrite_shadow_tables(conn)
         # FTS5 can open the table again; this makes it drop what it still holds in memory.
         conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
-        conn.execute("DELETE FROM search_impact")
-        conn.execute("DELETE FROM search_impact_gone")
-        conn.execute(REQUEUE_ALL_SQL)
-        conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=fresh.epoch)))
-        _set_index(conn, fresh)
+        _start(conn, avgdl)
         conn.execute("RELEASE hermes_impact_reset")
     except (sqlite3.Error, MemoryError) as exc:
         conn.execute("ROLLBACK TO hermes_impact_reset")
@@ -499,9 +583,130 @@ def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index 
         if not _index_error(exc):
             raise
         logger.warning("search impact index cannot be reset (%s); ranking uses FTS5", exc)
+        return False
+    logger.info("search impact index reset; a fill of every message is due")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Filling the index for the messages already there
+# ---------------------------------------------------------------------------------------------
+
+FILL_CHUNK_ROWS = 2000
+# The end of the next chunk: the id of the n-th message above the progress marker, or of the
+# last one below the high water when fewer are left (a keyset over the ids).
+FILL_CHUNK_END_SQL = """
+SELECT max(id), count(*) FROM (
+    SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?
+)
+"""
+# The chunk's messages, and whether a drain already gave one its postings in this epoch.
+FILL_ROWS_SQL = """
+SELECT m.id, m.content, m.tool_name, m.tool_calls, m.timestamp, i.id IS NOT NULL
+FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
+WHERE m.id > ? AND m.id <= ?
+"""
+TIME_BLOCK_SQL = """
+INSERT INTO search_time_blocks (block, first_at, last_at) VALUES (?, ?, ?)
+ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
+                                  last_at = max(last_at, excluded.last_at)
+"""
+FILL_PROGRESS_SQL = "UPDATE search_impact_state SET fill_progress = ?"
+FILL_DONE_SQL = "UPDATE search_impact_state SET fill_high_water = NULL, fill_progress = NULL"
+
+
+def fill_chunk(
+    conn: sqlite3.Connection, chunk_rows: int | None = None
+) -> RebuildStep | None:
+    """Fill the index for the next ``chunk_rows`` (default :data:`FILL_CHUNK_ROWS`) messages
+    of a due fill (the caller's transaction): their postings, straight into ``search_impact_fts``, and their time blocks.
+    None when no fill is due or the index is damaged. Rows past the high water are kept by the
+    writes themselves; a row a drain indexed meanwhile is left as it is."""
+    index = _index_state(conn)
+    if index is None or index.damaged or index.fill_high_water is None:
         return None
-    logger.info("search impact index reset; its rows are queued for indexing")
-    return fresh
+    lo, want = index.fill_progress or 0, chunk_rows or FILL_CHUNK_ROWS
+    last, count = conn.execute(FILL_CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
+    finished = count < want or last == index.fill_high_water
+    hi = index.fill_high_water if finished else last
+    rows, fts_rows, blocks = [], [], {}
+    for row_id, content, tool_name, tool_calls, stamp, kept in conn.execute(
+            FILL_ROWS_SQL, (index.epoch, lo, hi)):
+        if stamp is not None:
+            first, last_at = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
+            blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last_at, stamp))
+        if kept:
+            continue
+        postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+        rows.append((row_id, index.epoch, postings))
+        if postings:
+            fts_rows.append((row_id, index_text(postings)))
+    try:
+        conn.executemany(ADD_ROW_SQL, rows)
+        conn.executemany(FTS_ADD_SQL, fts_rows)
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        _mark_damaged(conn, exc)
+        return None
+    conn.executemany(TIME_BLOCK_SQL, [(b, f, t) for b, (f, t) in blocks.items()])
+    conn.execute(FILL_DONE_SQL if finished else FILL_PROGRESS_SQL, () if finished else (hi,))
+    return RebuildStep(count, finished)
+
+
+def needs_maintenance(conn: sqlite3.Connection) -> bool:
+    """Whether the index waits for a writable open's maintenance: missing, damaged, or with
+    a fill due (one cheap read; an inconsistency searches find is marked damaged)."""
+    index = _index_state(conn)
+    return index is None or not index.whole
+
+
+def _needs_reset(conn: sqlite3.Connection) -> bool:
+    index = _index_state(conn)
+    if index is None or index.damaged:
+        return True
+    try:
+        return not _consistent(conn, index)
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        return True
+
+
+def index_whole(conn: sqlite3.Connection) -> bool:
+    index = _index_state(conn)
+    return index is not None and index.whole
+
+
+def time_blocks_usable(conn: sqlite3.Connection) -> bool:
+    """Whether ``search_time_blocks`` bounds every message (no fill is due)."""
+    index = _index_state(conn)
+    return index is not None and index.fill_high_water is None
+
+
+def fill_when_admitted(
+    db_path: Path,
+    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    stop: threading.Event,
+    *,
+    before: Callable[[], None],
+) -> bool:
+    """Replace a damaged or inconsistent index and run its fill in chunks, if this process gets
+    the admission lock of the FTS rebuilds; True when the index is whole. ``read``/``write``
+    run a function on the store (the latter in a retried write transaction), ``before`` vets
+    the file first (it raises to refuse), ``stop`` ends the loop between two chunks."""
+    with admission_lock(db_path) as admitted:
+        if not admitted:
+            return False
+        before()
+        if read(_needs_reset) and not write(reset_index):
+            return False
+        while not stop.is_set():
+            step = write(fill_chunk)
+            if step is None or step.finished:
+                break
+        return bool(read(index_whole))
 
 
 EPOCH_SQL = "SELECT 1 FROM search_impact_fts WHERE search_impact_fts MATCH ? AND rowid = 0"
@@ -509,12 +714,35 @@ NEWEST_EPOCH_SQL = "SELECT epoch FROM search_impact ORDER BY id DESC LIMIT 1"
 
 
 def _consistent(conn: sqlite3.Connection, index: _Index) -> bool:
-    """The FTS5 table, the row table and ``state_meta`` belong to the same index."""
+    """The FTS5 table, the postings and the state belong to the same epoch."""
     token = '"' + EPOCH_TOKEN.format(epoch=index.epoch) + '"'
     if conn.execute(EPOCH_SQL, (token,)).fetchone() is None:
         return False
     newest = conn.execute(NEWEST_EPOCH_SQL).fetchone()
     return newest is None or newest[0] == index.epoch
+
+
+INTEGRITY_CHECK_SQL = "INSERT INTO search_impact_fts (search_impact_fts) VALUES ('integrity-check')"
+
+
+def index_problem(conn: sqlite3.Connection) -> str | None:
+    """The damage the index shows, None when none (a missing index or a due fill is not
+    damage: the next writable open sees to those). FTS5's 'integrity-check' runs as a write:
+    on a private copy, in a transaction the caller rolls back."""
+    index = _index_state(conn)
+    if index is None:
+        return None
+    if index.damaged:
+        return "marked damaged"
+    try:
+        conn.execute(INTEGRITY_CHECK_SQL)
+        if not _consistent(conn, index):
+            return "its tables belong to different epochs"
+    except (sqlite3.Error, MemoryError) as exc:
+        if isinstance(exc, sqlite3.Error) and is_sqlite_lock_error(exc):
+            raise
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 INDEX_HEALTH_SQL = """
@@ -523,18 +751,20 @@ SELECT (SELECT count(*) FROM search_impact_queue), (SELECT count(*) FROM search_
 
 
 def index_health(conn: sqlite3.Connection) -> dict[str, object]:
-    """The impact index's state: usable, damaged, rows queued, deleted rows to purge."""
-    index = _index_meta(conn)
+    """The impact index's state: usable, damaged, filling, rows queued, deleted rows to purge."""
+    index = _index_state(conn)
     if index is None:
-        return {"usable": False, "damaged": False, "queued": None, "gone": None}
+        return {"usable": False, "damaged": False, "filling": False, "queued": None,
+                "gone": None}
     try:
-        usable = not index.damaged and _consistent(conn, index)
+        usable = index.whole and _consistent(conn, index)
     except (sqlite3.Error, MemoryError) as exc:
         if not _index_error(exc):
             raise
         usable = False
     queued, gone = conn.execute(INDEX_HEALTH_SQL).fetchone()
-    return {"usable": usable, "damaged": index.damaged, "queued": queued, "gone": gone,
+    return {"usable": usable, "damaged": index.damaged,
+            "filling": index.fill_high_water is not None, "queued": queued, "gone": gone,
             "epoch": index.epoch, "avgdl": index.avgdl, "indexed": index.indexed}
 
 
@@ -979,8 +1209,8 @@ def _top_k(
     params: Sequence[object],
     wanted: int,
 ) -> list[int] | None:
-    index = _index_meta(conn)
-    if index is None or index.damaged:
+    index = _index_state(conn)
+    if index is None or not index.whole:
         return None
     if not _consistent(conn, index):
         _damage_noticed.set(True)  # a copy that kept one table without the other

@@ -674,9 +674,9 @@ def _by_time(
     Blocks of ids are read in the order of their time bounds, and reading stops at the first
     block that cannot hold a row as new (old) as the last one kept: for a history written in
     time order that is a block or two, for any history it is exact."""
-    try:
+    if rank.time_blocks_usable(conn):
         blocks = conn.execute(TIME_BLOCKS_SQL).fetchall()
-    except sqlite3.OperationalError:  # a file without time blocks: one block of everything
+    else:  # the blocks are not filled yet: one block of everything
         blocks = [(-1, -math.inf, math.inf)]
     sign = -1.0 if newest else 1.0  # keys ascend from the best row
     blocks.sort(key=lambda b: (sign * (b[2] if newest else b[1]), b[0]))

@@ -118,7 +118,7 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
             values = messages._prepare(prep, sid, kwargs)
             postings, _ = rank.impact_postings(*values[messages._INDEXED_TEXT], index["avgdl"])
             calls = messages.tool_call_count_of(kwargs["role"], kwargs.get("tool_calls"))
-            rows.append((sid, values, calls, postings, rank._index_text(postings)))
+            rows.append((sid, values, calls, postings, rank.index_text(postings)))
         if not triggers:
             for name in hermes_state.common.FTS_TRIGGER_NAMES:
                 prep.execute(f"DROP TRIGGER {name}")
