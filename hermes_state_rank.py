@@ -84,7 +84,6 @@ import os
 import re
 import sqlite3
 import threading
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -153,47 +152,72 @@ _BOUND_SLACK = 1e-9
 # Tokens, as FTS5's unicode61 tokenizer makes them
 # ---------------------------------------------------------------------------------------------
 
-# Letters and digits are token characters (folded to lower case); every other ASCII byte
-# separates tokens; bytes of non-ASCII characters are kept for a closer look.
+# ASCII letters and digits are token characters (folded to lower case); every other ASCII
+# byte separates tokens. Exactly unicode61's rule for ASCII text.
 _ASCII_FOLD = bytes(
-    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c >= 128) else 32
+    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122) else 32
     for c in range(256)
 )
-# Inside a piece with non-ASCII text: runs of letters and numbers (marks break a run here,
-# which unicode61 would keep: a rare difference, for words spelled with combining marks).
-_WORD_RE = re.compile(r"[^\W_]+")
+# The same, keeping the bytes of non-ASCII characters for a closer look.
+_ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
+# Every character seen so far → what unicode61 makes of it: " " for a separator, else its
+# folded form (possibly empty). unicode61 decides and folds one code point at a time, from
+# tables of its own Unicode version (not Python's), so each new character is asked of FTS5
+# itself, once per process (:func:`_learn`); ASCII is known from the start.
+_CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
+_PROBE_LOCK = threading.Lock()
+_probe: sqlite3.Connection | None = None
+PROBE_SQL = "SELECT term FROM temp.probe_vocab ORDER BY offset"
 
 
-def _fold(token: str) -> str:
-    """Lower case without diacritics, as unicode61 folds a token (for Latin letters)."""
-    token = token.lower()
-    if token.isascii():
-        return token
-    decomposed = unicodedata.normalize("NFD", token)
-    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+def _learn(chars: Iterable[str]) -> None:
+    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s."""
+    global _probe
+    with _PROBE_LOCK:
+        todo = [ch for ch in chars if ord(ch) not in _CHARS]
+        if not todo:
+            return
+        if _probe is None:
+            _probe = sqlite3.connect(":memory:", check_same_thread=False)
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
+                           " USING fts5vocab(temp, probe, 'instance')")
+        _probe.execute("DELETE FROM temp.probe")
+        _probe.execute("INSERT INTO temp.probe (x) VALUES (?)",
+                       (" ".join(f"a{ch}a" for ch in todo),))
+        terms = iter([r[0] for r in _probe.execute(PROBE_SQL)])
+        for ch in todo:
+            term = next(terms)
+            if term == "a":  # a separator: "a", "a"
+                next(terms)
+                _CHARS[ord(ch)] = " "
+            else:
+                _CHARS[ord(ch)] = term[1:-1]
 
 
 def _pieces(text: str) -> list[bytes]:
-    """The text split at ASCII separators, ASCII letters folded; pieces may hold non-ASCII."""
-    return text.encode().translate(_ASCII_FOLD).split()
+    """The text split at ASCII separators, ASCII letters folded (bytes of other characters
+    kept as they are)."""
+    return text.encode().translate(_ASCII_FOLD_KEEP).split()
 
 
-def _split_piece(piece: bytes) -> list[str]:
-    return [_fold(t) for t in _WORD_RE.findall(piece.decode())]
+def _tokens_of(text: str) -> list[str]:
+    """The tokens of text holding non-ASCII characters."""
+    unknown = [ch for ch in set(text) if ord(ch) not in _CHARS]
+    if unknown:
+        _learn(unknown)
+    return [t for t in text.translate(_CHARS).split(" ") if t]
 
 
 def column_tokens(text: str | None) -> list[str]:
-    """The tokens of one column's text, folded as FTS5 folds them."""
+    """The tokens of one column's text, folded: exactly the ones FTS5 makes of it."""
     if not text:
         return []
     if text.isascii():
         return text.encode().translate(_ASCII_FOLD).decode().split()
     out: list[str] = []
     for piece in _pieces(text):
-        if piece.isascii():
-            out.append(piece.decode())
-        else:
-            out.extend(_split_piece(piece))
+        out.extend([piece.decode()] if piece.isascii() else _tokens_of(piece.decode()))
     return out
 
 
@@ -202,17 +226,11 @@ def _row_counts(text: str) -> tuple[Counter[bytes], int]:
     pieces = _pieces(text)
     if text.isascii():
         return Counter(pieces), len(pieces)
-    words: list[bytes] = []
-    length = 0
-    for piece in pieces:
-        if piece.isascii():
-            words.append(piece)
-            length += 1
-        else:
-            folded = _split_piece(piece)
-            length += len(folded)
-            words.extend(t.encode() for t in folded if t.isascii())
-    return Counter(words), length
+    plain = [piece for piece in pieces if piece.isascii()]
+    # The other pieces at once: they are separated anyway, and their order does not matter.
+    others = _tokens_of(b" ".join(piece for piece in pieces if not piece.isascii()).decode())
+    words = plain + [token.encode() for token in others if token.isascii()]
+    return Counter(words), len(plain) + len(others)
 
 
 def _reference_k(length: int, avgdl: float) -> float:

@@ -196,6 +196,50 @@ def test_the_librarys_bm25_is_this_sqlites_bit_for_bit(
     conn.close()
 
 
+# Characters unicode61 and Python classify or fold differently: symbols and letters newer than
+# SQLite's tables, combining marks, stacked diacritics, Greek with accents, ligatures, emoji,
+# private use, unassigned code points.
+TRICKY = ["⭊", "⮳", "ễ", "ầ", "Ὑ", "\u0301", "\u09fe", "ﬁ", "😀", "\ue000", "\u0ee6", "Ａ",
+          "東京", "x²", "café", "—", "\u200d", "\u00ad", "é", "ß"]
+tricky_text = st.lists(st.one_of(st.sampled_from(TRICKY), st.sampled_from(["a", "b", " ", "-"]),
+                                 st.characters(blacklist_categories=("Cs",))),
+                       max_size=24).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=tricky_text)
+def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
+    theirs = [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
+    conn.close()
+    assert rank.column_tokens(text) == theirs
+    postings, length = rank.impact_postings(text, None, None, 256.0)
+    assert length == len(theirs)
+    assert {p.rsplit("_", 3)[0] for p in postings.split()} <= {t for t in theirs if t.isascii()}
+
+
+def test_rows_of_any_script_rank_as_fts5_ranks_them(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
+    two tokens tie, and ties go by id, wherever the second token comes from."""
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 10)
+    monkeypatch.setattr(rank, "SINGLE_WORD_PROBE_POSTINGS", 10**6)
+    db.create_session("s1", "cli")
+    long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
+                 for n in range(200)]  # so that the short rows below stand out
+    db.replace_messages("s1", long_rows + [
+        {"role": "user", "content": f"session {TRICKY[n % len(TRICKY)] * 2 if n % 3 else 'w1'}"}
+        for n in range(300)])
+    for query in ("session", "session cafe", "cafe"):
+        got, reads = impact_reads(db, query, limit=50)
+        assert got == fts5_order(db, query, 50), query
+    assert impact_reads(db, "session", limit=50)[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Pages are slices of one order
 # ---------------------------------------------------------------------------------------------
