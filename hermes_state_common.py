@@ -857,15 +857,15 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 # The search index beside the FTS indexes, derived from `messages` like them and never copied
 # (hermes_state_rank creates, fills, keeps and describes it). search_impact_state is its one
 # row of state: the epoch, the reference length, the batch boundary, the fill markers, the
-# damaged flag. search_impact holds each message's high-impact postings (text the library
-# writes just before the message itself, under the epoch it was written for);
-# search_impact_fts (contentless) indexes them, each posting's term beside it, and holds the
-# token _epoch_<n> of its own epoch. Only the library writes those, never a trigger, so a
-# damaged index cannot fail a canonical write. Triggers feed two plain queues the library
-# drains: search_impact_queue (messages written without postings by another client, or
-# changed) and search_impact_gone (deleted messages whose postings are still indexed).
-# search_time_blocks bounds the message times of each block of 4,096 ids, for searches sorted
-# by time; a trigger keeps it for rows written by any client.
+# damaged flag. search_impact holds the high-impact postings of each message up to the batch
+# boundary (text the library computes, under the epoch it was written for); search_impact_fts
+# (contentless, no positions) indexes them, each posting's term beside it, and holds the token
+# _epoch_<n> of its own epoch. Only the library writes those, never a trigger, so a damaged
+# index cannot fail a canonical write. Triggers feed two plain queues the library drains:
+# search_impact_queue (messages written below the batch boundary by another client, or
+# changed) and search_impact_gone (deleted messages whose postings may still be indexed).
+# search_time_blocks bounds the message times of each block of 4,096 ids up to the boundary,
+# for searches sorted by time.
 IMPACT_DEFAULT_AVGDL = 256.0
 TIME_BLOCK_SHIFT = 12
 SEARCH_INDEX_SQL = """
@@ -884,7 +884,7 @@ CREATE TABLE IF NOT EXISTS search_impact (
     postings TEXT NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_fts USING fts5(
-    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0
+    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='column'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_vocab
     USING fts5vocab(search_impact_fts, 'instance');
@@ -898,36 +898,35 @@ CREATE TABLE IF NOT EXISTS search_time_blocks (
 """
 
 SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
-                        "search_impact_on_delete", "search_time_on_insert",
-                        "search_time_on_update")
-# A row without a time (a file of an older store may hold one) bounds no block.
+                        "search_impact_on_delete")
+# Rows past the batch boundary (``indexed``) are indexed by the next batch, whoever wrote them;
+# the triggers queue the rows at or below it that are inserted, changed or moved, and bound
+# their times (a row without a time, which a file of an older store may hold, bounds none).
+_BOUNDARY = "(SELECT indexed FROM search_impact_state)"
 _TIME_BLOCK_UPSERT = f"""
     INSERT INTO search_time_blocks (block, first_at, last_at)
         SELECT new.id >> {TIME_BLOCK_SHIFT}, new.timestamp, new.timestamp
-        WHERE new.timestamp IS NOT NULL
+        WHERE new.timestamp IS NOT NULL AND new.id <= {_BOUNDARY}
     ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
                                       last_at = max(last_at, excluded.last_at);"""
 SEARCH_TRIGGERS_SQL = f"""
 CREATE TRIGGER IF NOT EXISTS search_impact_on_insert AFTER INSERT ON messages
-WHEN NOT EXISTS (SELECT 1 FROM search_impact WHERE id = new.id)
+WHEN new.id <= {_BOUNDARY}
 BEGIN
-    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);
+    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);{_TIME_BLOCK_UPSERT}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_update
-AFTER UPDATE OF content, tool_name, tool_calls ON messages
+AFTER UPDATE OF id, content, tool_name, tool_calls, timestamp ON messages
+WHEN old.id <= {_BOUNDARY} OR new.id <= {_BOUNDARY}
 BEGIN
-    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (old.id);
+    INSERT OR IGNORE INTO search_impact_queue (id)
+        SELECT value FROM (SELECT old.id AS value UNION SELECT new.id)
+        WHERE value <= {_BOUNDARY};{_TIME_BLOCK_UPSERT}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_delete AFTER DELETE ON messages
 BEGIN
     DELETE FROM search_impact_queue WHERE id = old.id;
     INSERT OR IGNORE INTO search_impact_gone (id) VALUES (old.id);
-END;
-CREATE TRIGGER IF NOT EXISTS search_time_on_insert AFTER INSERT ON messages
-BEGIN{_TIME_BLOCK_UPSERT}
-END;
-CREATE TRIGGER IF NOT EXISTS search_time_on_update AFTER UPDATE OF timestamp ON messages
-BEGIN{_TIME_BLOCK_UPSERT}
 END;
 """
 

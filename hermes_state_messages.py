@@ -130,8 +130,6 @@ JSON_FIELDS = frozenset(
 _FLAG_FIELDS = ("observed", "active", "compacted")
 _INT_FIELDS = ("token_count",)
 _COLUMNS = ("session_id", *MESSAGE_FIELDS, "search_cjk")
-# content, tool_name, tool_calls in a prepared row: the text messages_fts indexes.
-_INDEXED_TEXT = slice(_COLUMNS.index("content"), _COLUMNS.index("tool_calls") + 1)
 
 INSERT_MESSAGE_SQL = (
     f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -294,9 +292,8 @@ def insert_message(
             raise SessionNotFoundError(session_id)
     elif not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         raise SessionNotFoundError(session_id)
-    prepared = rank.index_next_message(conn, *values[_INDEXED_TEXT])
     row_id = int(conn.execute(INSERT_MESSAGE_SQL, values).lastrowid or 0)
-    rank.after_insert(conn, prepared, row_id)
+    rank.after_insert(conn, row_id)
     return row_id
 
 

@@ -112,8 +112,6 @@ __all__ = [
     "INDEX_VIRTUAL_TABLES",
     "INDEX_OBJECTS",
     "index_text",
-    "Prepared",
-    "index_next_message",
     "after_insert",
     "drain_queue",
     "missing_objects",
@@ -125,7 +123,7 @@ __all__ = [
     "needs_maintenance",
     "index_whole",
     "fill_when_admitted",
-    "time_blocks_usable",
+    "time_ranges",
     "index_problem",
     "index_health",
     "damage_noticed",
@@ -275,11 +273,6 @@ INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
 INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
 _FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_config")
 
-# Rows the library has written postings for but not yet put into search_impact_fts: they are
-# indexed in one batch (FTS5 writes a new segment at every commit, which costs more than the
-# postings of one row), and searches read them directly meanwhile.
-FLUSH_ROWS = 256
-
 
 @dataclass(frozen=True)
 class _Index:
@@ -357,84 +350,99 @@ FTS_REMOVE_SQL = """
 INSERT INTO search_impact_fts (search_impact_fts, rowid, postings) VALUES ('delete', ?, ?)
 """
 ADD_ROW_SQL = "INSERT OR REPLACE INTO search_impact (id, epoch, postings) VALUES (?, ?, ?)"
-QUEUE_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) VALUES (?)"
-# The index, the id the next message will get (AUTOINCREMENT: one more than any ever used),
-# and whether anything waits in the queues.
-NEXT_MESSAGE_SQL = """
+TIME_BLOCK_SQL = """
+INSERT INTO search_time_blocks (block, first_at, last_at) VALUES (?, ?, ?)
+ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
+                                  last_at = max(last_at, excluded.last_at)
+"""
+# Messages are indexed in batches (FTS5 writes a segment per commit, which would cost more
+# than a message's postings; tokenizing them is the same work at any time): searches read the
+# rows past the batch boundary from their text meanwhile. An insert looks whether a batch is
+# due at every CHECK_EVERY-th id (an id is handed out once, so some insert of the library
+# sees each multiple); a batch is FLUSH_ROWS rows, and one write takes at most MAX_FLUSH_ROWS
+# (a store where another program wrote many rows catches up over several writes).
+CHECK_EVERY = 16
+FLUSH_ROWS = 128
+MAX_FLUSH_ROWS = 1024
+AFTER_INSERT_SQL = """
 SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged,
-       coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0) + 1,
        EXISTS (SELECT 1 FROM search_impact_queue) OR EXISTS (SELECT 1 FROM search_impact_gone)
 FROM search_impact_state
 """
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """Postings written ahead of a message (see :func:`index_next_message`)."""
-
-    row_id: int
-    index: _Index
-    waiting: bool
-
-
-def index_next_message(
-    conn: sqlite3.Connection, content: str | None, tool_name: str | None,
-    tool_calls: str | None,
-) -> Prepared | None:
-    """Write the postings of the message about to be inserted (the caller's transaction), as
-    the text ``messages_fts`` indexes: content, tool name, stored tool-call JSON. They go in
-    first, under the id the message will get, so the insert trigger sees the row is indexed;
-    :func:`after_insert` checks the id. None when there is no index to keep (the trigger then
-    queues the message)."""
+def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
+    """Keep the index after the library inserted message ``row_id`` (the caller's
+    transaction): at every :data:`CHECK_EVERY`-th id, index a due batch and work a little on
+    the queues. Nothing else is written for a message; searches read the rows past the
+    batch boundary from their text."""
+    if row_id % CHECK_EVERY:
+        return
     try:
-        row = conn.execute(NEXT_MESSAGE_SQL).fetchone()
+        row = conn.execute(AFTER_INSERT_SQL).fetchone()
     except sqlite3.OperationalError as exc:
         if is_sqlite_lock_error(exc):
             raise
-        return None  # a file without the impact index: the next open creates it
+        return  # a file without the index: the next open creates it
     if row is None or row[5]:
-        return None  # no index, or a damaged one
-    index, row_id, waiting = _Index(*row[:5], False), row[6], bool(row[7])
-    postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-    conn.execute(ADD_ROW_SQL, (row_id, index.epoch, postings))
-    return Prepared(row_id, index, waiting)
-
-
-def after_insert(conn: sqlite3.Connection, prepared: Prepared | None, row_id: int) -> None:
-    """Finish :func:`index_next_message` once the message has ``row_id``: index a full batch,
-    work a little on the queues."""
-    if prepared is None:
-        return
-    if prepared.row_id != row_id:  # never under AUTOINCREMENT; kept honest all the same
-        conn.execute("DELETE FROM search_impact WHERE id = ?", (prepared.row_id,))
-        conn.execute(QUEUE_SQL, (row_id,))
-    if row_id - prepared.index.indexed >= FLUSH_ROWS:
-        _flush(conn, prepared.index)
-    if prepared.waiting:
+        return  # no index, or a damaged one
+    index, waiting = _Index(*row[:5], False), bool(row[6])
+    if row_id - index.indexed >= FLUSH_ROWS:
+        _flush(conn, index)
+    if waiting:
         drain_queue(conn, DRAIN_PER_WRITE)
 
 
-BUFFERED_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id"
+# The messages past the batch boundary, oldest first.
+UNFLUSHED_SQL = """
+SELECT id, content, tool_name, tool_calls, timestamp FROM messages WHERE id > ? ORDER BY id
+LIMIT ?
+"""
 
 
 def _flush(conn: sqlite3.Connection, index: _Index) -> None:
-    """Put the rows written since the last batch into ``search_impact_fts``."""
-    rows = conn.execute(BUFFERED_SQL, (index.indexed,)).fetchall()
-    if not rows:
-        return
+    """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them."""
+    rows = conn.execute(UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS)).fetchall()
+    if rows and _write_postings(conn, index, rows):
+        conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
+
+
+def _write_postings(
+    conn: sqlite3.Connection, index: _Index,
+    rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
+) -> bool:
+    """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
+    into the blocks, all or nothing; False (the index marked damaged) when the index fails."""
+    postings, fts_rows, blocks = [], [], {}
+    for row_id, content, tool_name, tool_calls, stamp in rows:
+        text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+        postings.append((row_id, index.epoch, text))
+        if text:
+            fts_rows.append((row_id, index_text(text)))
+        if stamp is not None:
+            first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
+            blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
+    conn.execute("SAVEPOINT hermes_impact_write")
     try:
-        conn.executemany(FTS_ADD_SQL, [(i, index_text(p)) for i, e, p in rows
-                                       if p and e == index.epoch])
+        conn.executemany(ADD_ROW_SQL, postings)
+        conn.executemany(FTS_ADD_SQL, fts_rows)
+        conn.executemany(TIME_BLOCK_SQL, [(b, lo, hi) for b, (lo, hi) in blocks.items()])
     except (sqlite3.Error, MemoryError) as exc:
+        conn.execute("ROLLBACK TO hermes_impact_write")
+        conn.execute("RELEASE hermes_impact_write")
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
-        return
-    conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
+        return False
+    conn.execute("RELEASE hermes_impact_write")
+    return True
 
 
+# Queued rows (all at or below the batch boundary: the triggers leave newer ones to the next
+# batch), with the postings they have and their text now.
 QUEUE_BATCH_SQL = """
-SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls
+SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls,
+       m.timestamp
 FROM (SELECT id FROM search_impact_queue ORDER BY id DESC LIMIT ?) AS q
 LEFT JOIN search_impact i ON i.id = q.id
 LEFT JOIN messages m ON m.id = q.id
@@ -445,16 +453,9 @@ FROM (SELECT id FROM search_impact_gone LIMIT ?) AS g
 LEFT JOIN search_impact i ON i.id = g.id
 """
 DRAIN_PER_WRITE = 16
-
-
-def _unindex(conn: sqlite3.Connection, index: _Index, row_id: int, epoch: int | None,
-             postings: str | None) -> None:
-    """Remove a row's postings. Only rows of this epoch up to ``indexed`` are in the FTS5
-    table (an older epoch's are not; newer rows wait for the next batch)."""
-    if postings and epoch == index.epoch and row_id <= index.indexed:
-        conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
-    if postings is not None:
-        conn.execute("DELETE FROM search_impact WHERE id = ?", (row_id,))
+UNGONE_SQL = "DELETE FROM search_impact_gone WHERE id = ?"
+UNQUEUE_SQL = "DELETE FROM search_impact_queue WHERE id = ?"
+REMOVE_ROW_SQL = "DELETE FROM search_impact WHERE id = ?"
 
 
 def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
@@ -463,28 +464,31 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     index = _index_state(conn)
     if index is None or index.damaged:
         return 0
-    done = 0
+    gone = conn.execute(GONE_BATCH_SQL, (limit,)).fetchall()
+    queued = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
+    if not gone and not queued:
+        return 0
+    conn.execute("SAVEPOINT hermes_impact_drain")
     try:
-        for row_id, epoch, postings in conn.execute(GONE_BATCH_SQL, (limit,)).fetchall():
-            _unindex(conn, index, row_id, epoch, postings)
-            conn.execute("DELETE FROM search_impact_gone WHERE id = ?", (row_id,))
-            done += 1
-        batch = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
-        for row_id, epoch, postings, exists, content, tool_name, tool_calls in batch:
-            _unindex(conn, index, row_id, epoch, postings)
-            if exists:
-                text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-                if text and row_id <= index.indexed:
-                    conn.execute(FTS_ADD_SQL, (row_id, index_text(text)))
-                conn.execute(ADD_ROW_SQL, (row_id, index.epoch, text))
-            conn.execute("DELETE FROM search_impact_queue WHERE id = ?", (row_id,))
-            done += 1
+        for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]:
+            # Only rows of this epoch are in the FTS5 table (an older epoch's are not).
+            if postings and epoch == index.epoch:
+                conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
+            conn.execute(REMOVE_ROW_SQL, (row_id,))
+        conn.executemany(UNGONE_SQL, [(g[0],) for g in gone])
+        conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
     except (sqlite3.Error, MemoryError) as exc:
+        conn.execute("ROLLBACK TO hermes_impact_drain")
+        conn.execute("RELEASE hermes_impact_drain")
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
         return 0
-    return done
+    conn.execute("RELEASE hermes_impact_drain")
+    live = [(q[0], *q[4:]) for q in queued if q[3]]
+    if live and not _write_postings(conn, index, live):
+        return 0
+    return len(gone) + len(queued)
 
 
 @functools.cache
@@ -624,11 +628,6 @@ SELECT m.id, m.content, m.tool_name, m.tool_calls, m.timestamp, i.id IS NOT NULL
 FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
 WHERE m.id > ? AND m.id <= ?
 """
-TIME_BLOCK_SQL = """
-INSERT INTO search_time_blocks (block, first_at, last_at) VALUES (?, ?, ?)
-ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
-                                  last_at = max(last_at, excluded.last_at)
-"""
 FILL_PROGRESS_SQL = "UPDATE search_impact_state SET fill_progress = ?"
 FILL_DONE_SQL = "UPDATE search_impact_state SET fill_high_water = NULL, fill_progress = NULL"
 
@@ -637,9 +636,10 @@ def fill_chunk(
     conn: sqlite3.Connection, chunk_rows: int | None = None
 ) -> RebuildStep | None:
     """Fill the index for the next ``chunk_rows`` (default :data:`FILL_CHUNK_ROWS`) messages
-    of a due fill (the caller's transaction): their postings, straight into ``search_impact_fts``, and their time blocks.
-    None when no fill is due or the index is damaged. Rows past the high water are kept by the
-    writes themselves; a row a drain indexed meanwhile is left as it is."""
+    of a due fill (the caller's transaction): their postings, straight into
+    ``search_impact_fts``, and their time blocks. None when no fill is due or the index is
+    damaged. Rows past the high water are kept by the batches; a row a drain indexed
+    meanwhile is left as it is (its time is in the blocks already)."""
     index = _index_state(conn)
     if index is None or index.damaged or index.fill_high_water is None:
         return None
@@ -647,27 +647,9 @@ def fill_chunk(
     last, count = conn.execute(FILL_CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
     finished = count < want or last == index.fill_high_water
     hi = index.fill_high_water if finished else last
-    rows, fts_rows, blocks = [], [], {}
-    for row_id, content, tool_name, tool_calls, stamp, kept in conn.execute(
-            FILL_ROWS_SQL, (index.epoch, lo, hi)):
-        if stamp is not None:
-            first, last_at = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
-            blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last_at, stamp))
-        if kept:
-            continue
-        postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-        rows.append((row_id, index.epoch, postings))
-        if postings:
-            fts_rows.append((row_id, index_text(postings)))
-    try:
-        conn.executemany(ADD_ROW_SQL, rows)
-        conn.executemany(FTS_ADD_SQL, fts_rows)
-    except (sqlite3.Error, MemoryError) as exc:
-        if not _index_error(exc):
-            raise
-        _mark_damaged(conn, exc)
+    rows = [row[:5] for row in conn.execute(FILL_ROWS_SQL, (index.epoch, lo, hi)) if not row[5]]
+    if not _write_postings(conn, index, rows):
         return None
-    conn.executemany(TIME_BLOCK_SQL, [(b, f, t) for b, (f, t) in blocks.items()])
     conn.execute(FILL_DONE_SQL if finished else FILL_PROGRESS_SQL, () if finished else (hi,))
     return RebuildStep(count, finished)
 
@@ -696,10 +678,22 @@ def index_whole(conn: sqlite3.Connection) -> bool:
     return index is not None and index.whole
 
 
-def time_blocks_usable(conn: sqlite3.Connection) -> bool:
-    """Whether ``search_time_blocks`` bounds every message (no fill is due)."""
+TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks WHERE block <= ?"
+
+
+def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]:
+    """Ranges of message ids with bounds of their messages' times, (first id, last id, first
+    time, last time), covering every id: the blocks up to the batch boundary, then the ids past
+    it, whose times are not bounded yet. One range of everything while a fill is due."""
     index = _index_state(conn)
-    return index is not None and index.fill_high_water is None
+    if index is None or index.fill_high_water is not None:
+        return [(0, 2**62, -math.inf, math.inf)]
+    ranges = [(block << TIME_BLOCK_SHIFT, min(((block + 1) << TIME_BLOCK_SHIFT) - 1,
+                                               index.indexed), first_at, last_at)
+              for block, first_at, last_at in conn.execute(
+                  TIME_BLOCKS_SQL, (index.indexed >> TIME_BLOCK_SHIFT,))]
+    ranges.append((index.indexed + 1, 2**62, -math.inf, math.inf))
+    return ranges
 
 
 def fill_when_admitted(
@@ -938,10 +932,6 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 # table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
-QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
-# The rows of the last, not yet indexed batch (a bounded read: past the cap FTS5 ranks).
-BATCH_ROWS_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id LIMIT ?"
-MAX_BATCH_READ = 1_024
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
@@ -1190,10 +1180,30 @@ class _Walk:
             self.settle(new)
 
 
-def _unindexed(conn: sqlite3.Connection) -> list[int] | None:
-    """Rows without current postings (None when more than the search scores itself)."""
-    ids = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
-    return None if len(ids) > QUEUE_SCAN_LIMIT else ids
+# Matching rows past the batch boundary; queued rows (changed, or written below it by another
+# program). Neither has current postings: both are scored from their text, and when there
+# are more than a search scores itself, FTS5 ranks.
+UNFLUSHED_MATCHES_SQL = """
+SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?
+"""
+QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
+MAX_UNFLUSHED_SCORED = 256
+
+
+def _outside_the_index(
+    conn: sqlite3.Connection, conj: Conjunction, index: _Index
+) -> tuple[set[int], list[int]] | None:
+    """(Rows whose postings must be ignored, those of them that match), or None."""
+    queued = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
+    if len(queued) > QUEUE_SCAN_LIMIT:
+        return None
+    args = (conj.match, index.indexed, MAX_UNFLUSHED_SCORED + 1)
+    unflushed = [r[0] for r in conn.execute(UNFLUSHED_MATCHES_SQL, args)]
+    if len(unflushed) > MAX_UNFLUSHED_SCORED:
+        return None
+    if queued:
+        unflushed += [r[0] for r in conn.execute(MATCHING_SQL, (conj.match, json.dumps(queued)))]
+    return set(queued) | set(unflushed), unflushed
 
 
 def top_k(
@@ -1233,8 +1243,8 @@ def _top_k(
     if not _consistent(conn, index):
         _damage_noticed.set(True)  # a copy that kept one table without the other
         return None
-    unindexed = _unindexed(conn)
-    if unindexed is None:
+    outside = _outside_the_index(conn, conj, index)
+    if outside is None:
         return None
     stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:
@@ -1263,18 +1273,8 @@ def _top_k(
         idf_of = {p: stats.idf(_count(conn, "messages_fts", _phrase_match(p)))
                   for p in distinct}
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], seen=set(unindexed), fts_scores=not scale_free)
-    if unindexed:
-        matching = conn.execute(MATCHING_SQL, (conj.match, json.dumps(unindexed))).fetchall()
-        walk.resolve_texts(sorted(walk.passing(r[0] for r in matching)))
-    batch = conn.execute(BATCH_ROWS_SQL, (index.indexed, MAX_BATCH_READ + 1)).fetchall()
-    if len(batch) > MAX_BATCH_READ:
-        return None
-    # Rows not in search_impact_fts yet, read directly; one without any of the query's words
-    # indexed is bounded like every other unseen row.
-    batch = [r for r in batch if r[0] not in walk.seen and walk.terms_re.search(r[2] or "")]
-    walk.seen.update(r[0] for r in batch)
-    walk.score_rows(batch)
+                 [idf_of[p] for p in conj.phrases], seen=outside[0], fts_scores=not scale_free)
+    walk.resolve_texts(sorted(walk.passing(outside[1])))
     weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the

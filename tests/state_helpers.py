@@ -398,10 +398,10 @@ def strip_search_index(path: Path) -> None:
 
 
 def assert_search_index_exact(path: Path) -> None:
-    """The search index of a closed store is whole and right: every message not waiting in
-    the queue has the postings its text gives, and ``search_impact_fts`` holds exactly the
-    postings of the rows up to the batch boundary, each once (nothing indexed twice or
-    missed), beside its epoch token."""
+    """The search index of a closed store is whole and right: every message up to the batch
+    boundary not waiting in the queue has the postings its text gives, and its time in its
+    block; ``search_impact_fts`` holds exactly the stored postings, each once (nothing indexed
+    twice or missed), beside its epoch token."""
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
         epoch, avgdl, indexed, high_water, damaged = conn.execute(
@@ -414,19 +414,20 @@ def assert_search_index_exact(path: Path) -> None:
             "SELECT id, epoch, postings FROM search_impact")}
         rows = conn.execute("SELECT id, content, tool_name, tool_calls FROM messages").fetchall()
         for row_id, content, tool_name, tool_calls in rows:
-            if row_id not in queued:
+            if row_id not in queued and row_id <= indexed:  # past it: the next batch's
                 expected = rank.impact_postings(content, tool_name, tool_calls, avgdl)[0]
                 assert kept.get(row_id) == (epoch, expected), row_id
         assert set(kept) - {r[0] for r in rows} <= gone, "postings of deleted rows are purged"
         expected_tokens = Counter(
             (token, row_id) for row_id, (_, postings) in kept.items()
-            if row_id <= indexed and postings for token in rank.index_text(postings).split())
+            if postings for token in rank.index_text(postings).split())
         expected_tokens[(f"_epoch_{epoch}", 0)] += 1
         found = Counter(conn.execute("SELECT term, doc FROM search_impact_vocab").fetchall())
         assert found == expected_tokens
         blocks = dict(((b, (lo, hi)) for b, lo, hi in conn.execute(
             "SELECT block, first_at, last_at FROM search_time_blocks")))
-        for row_id, stamp in conn.execute("SELECT id, timestamp FROM messages"):
+        for row_id, stamp in conn.execute("SELECT id, timestamp FROM messages WHERE id <= ?",
+                                          (indexed,)):
             lo, hi = blocks[row_id >> TIME_BLOCK_SHIFT]
             assert lo <= stamp <= hi, row_id
     finally:
