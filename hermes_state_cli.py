@@ -9,14 +9,27 @@ migrate or repair it. Long work reports progress on stderr; ``--json`` prints on
 document on stdout for scripts. Exit status: 0 success, 1 failure (or, for checks, a
 problem found), 2 bad usage. Advice on what to do next lives here, not in the library's
 exception messages.
+
+Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
+stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
+the question; without it, a stdin that is not a terminal refuses (exit 2) rather than delete
+unseen. What is deleted is bounded by what was listed (``prune_sessions(only_ids=...)``), so a
+session that qualifies only after the list was made is never deleted unseen.
+
+Output for people (tables cut to the terminal's width, local times with their UTC offset,
+counts and costs in words) is made by ``hermes_state_cli_format``. Every option's help states
+its default; values are checked by the argparse type functions here before anything is
+opened.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import datetime
 import json
+import math
 import os
 import sqlite3
 import stat
@@ -25,12 +38,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import hermes_state_cli_format as fmt
 import hermes_state_common as common
 import hermes_state_fileformat as ff
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
+import hermes_state_search as search
 from hermes_state import (
     SessionDB,
+    __version__,
     backup_state_db,
     collect_profile_stats,
     recover_state_db,
@@ -94,15 +110,9 @@ class _Progress:
         self.stage = stage
 
 
-def _when(ts: Any) -> str:
-    if not isinstance(ts, (int, float)):
-        return "-"
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def _cut(text: Any, width: int) -> str:
-    flat = " ".join(str(text or "").split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
+def _print_lines(lines: Sequence[str], file: IO[str] | None = None) -> None:
+    for line in lines:
+        print(line, file=file or sys.stdout)
 
 
 # --- advice -------------------------------------------------------------------------------
@@ -126,6 +136,9 @@ def _advice(exc: BaseException, db: Path) -> str | None:
         if exc.reason == "hot_journal":
             return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
                 "any writable open does), then checks the store and repairs it if it must"
+        if exc.reason == "foreign":
+            return "the path names another application's SQLite database (left as it was); " \
+                "point --db, --home or --profile at a session store"
         if exc.reason == "incompatible":
             version = exc.schema_version
             if version is not None and version > common.SCHEMA_VERSION:
@@ -189,6 +202,13 @@ def _resolve_session(db: SessionDB, key: str) -> str:
     return session_id
 
 
+# The columns of ``sessions list --format csv`` (JSON and JSON Lines carry whole rows).
+LIST_CSV_FIELDS = (
+    "id", "title", "tip_title", "source", "model", "started_at", "ended_at", "last_active",
+    "message_count", "tip_session_id", "lineage_size", "archived", "preview",
+)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     with _read_only(args) as db:
         rows = db.list_sessions_rich(
@@ -197,16 +217,20 @@ def cmd_list(args: argparse.Namespace) -> int:
             offset=args.offset,
             include_archived=args.include_archived,
         )
-    if args.json:
+    form = args.format or ("json" if args.json else "table")
+    if form == "json":
         _print_json(rows)
-        return 0
-    for row in rows:
-        title = row.get("tip_title") or row.get("title") or row.get("preview") or ""
-        print(
-            f"{row['id']:<36}  {_when(row.get('last_active'))}  {row.get('source', ''):<10}"
-            f"  {row.get('message_count') or 0:>6}  {_cut(title, 60)}"
-        )
-    if not rows:
+    elif form == "jsonl":
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False, default=str))
+    elif form == "csv":
+        writer = csv.DictWriter(sys.stdout, LIST_CSV_FIELDS, extrasaction="ignore",
+                                lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    elif rows:
+        _print_lines(fmt.session_table(rows))
+    if not rows and form == "table":
         print("no sessions", file=sys.stderr)
     return 0
 
@@ -225,14 +249,24 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(hits)
         return 0
-    for hit in hits:
-        print(
-            f"{hit['session_id']:<36}  {_when(hit.get('timestamp'))}  {hit.get('source', ''):<10}"
-            f"  {hit['role']:<9}  {_cut(hit['snippet'], 80)}"
-        )
-    if not hits:
+    if hits:
+        _print_lines(fmt.hit_table(hits))
+    else:
         print("no matches", file=sys.stderr)
     return 0
+
+
+# A message in ``sessions show`` is cut to this many columns (``--json`` has it whole).
+SHOW_TEXT_WIDTH = 200
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    if message.get("content"):
+        return str(message["content"])
+    if message.get("reasoning"):
+        return str(message["reasoning"])
+    calls = message.get("tool_calls")
+    return json.dumps(calls, ensure_ascii=False) if calls else ""
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -240,22 +274,27 @@ def cmd_show(args: argparse.Namespace) -> int:
         session_id = _resolve_session(db, args.session)
         session = db.get_session(session_id)
         messages = db.get_messages(session_id, include_inactive=args.include_inactive)
+    shown = messages if args.tail is None else messages[max(len(messages) - args.tail, 0):]
     if args.json:
-        _print_json({**(session or {}), "messages": messages})
+        _print_json({**(session or {}), "messages": shown})
         return 0
     assert session is not None
     for key in ("id", "title", "source", "model", "parent_session_id", "user_id"):
-        print(f"{key}: {session.get(key)}")
-    print(f"started: {_when(session.get('started_at'))}  ended: {_when(session.get('ended_at'))}"
-          f" ({session.get('end_reason') or '-'})")
-    print(f"tokens: in {session.get('input_tokens')} out {session.get('output_tokens')}"
-          f"  cost: {session.get('estimated_cost_usd')}")
+        print(f"{key}: {fmt.flatten(session.get(key)) or '-'}")
+    print(f"started: {fmt.when(session.get('started_at'))}  ended: "
+          f"{fmt.when(session.get('ended_at'))} ({session.get('end_reason') or '-'})")
+    actual = session.get("actual_cost_usd")
+    cost = fmt.money(session.get("estimated_cost_usd"), "unknown") + " estimated" + (
+        "" if actual is None else f", {fmt.money(actual)} actual")
+    print(f"tokens: {session.get('input_tokens') or 0:,} in, "
+          f"{session.get('output_tokens') or 0:,} out  cost: {cost}")
+    showing = "" if len(shown) == len(messages) else f" (the last {len(shown):,})"
+    print(f"messages: {len(messages):,}{showing}")
     print()
-    for m in messages:
+    for m in shown:
         mark = "" if m["active"] else " (archived)"
-        text = m.get("content") or m.get("reasoning") or (
-            json.dumps(m["tool_calls"], ensure_ascii=False) if m.get("tool_calls") else "")
-        print(f"[{m['id']}] {m['role']}{mark} {_when(m['timestamp'])}: {_cut(text, 200)}")
+        print(f"[{m['id']}] {m['role']}{mark} {fmt.when(m['timestamp'])}: "
+              f"{fmt.cut(_message_text(m), SHOW_TEXT_WIDTH)}")
     return 0
 
 
@@ -266,8 +305,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
             _print_json(result)
         else:
             for name, stats in result["profiles"].items():
-                print(f"{name}: {stats['sessions']} sessions, {stats['messages']} messages, "
-                      f"estimated cost {stats['estimated_cost_usd']}")
+                print(f"{name}: {fmt.plural(stats['sessions'], 'session')}, "
+                      f"{fmt.plural(stats['messages'], 'message')}, estimated cost "
+                      f"{fmt.money(stats['estimated_cost_usd'], 'unknown')}")
             for error in result["errors"]:
                 print(f"{error['profile']}: unavailable: {error['error']}")
         return 1 if result["errors"] else 0
@@ -275,18 +315,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         stats = db.stats()
     if args.json:
         _print_json(stats)
-        return 0
-    print(f"sessions: {stats['sessions']}  messages: {stats['messages']}"
-          f" (+{stats['messages_including_archived'] - stats['messages']} archived)")
-    print(f"tokens: {stats['tokens']}")
-    print(f"estimated cost: {stats['estimated_cost_usd']}  actual: {stats['actual_cost_usd']}")
-    print("by source:")
-    for row in stats["by_source"]:
-        print(f"  {row['source']:<12} {row['sessions']:>6} sessions {row['messages']:>8} messages")
-    print("by model:")
-    for row in stats["by_model"]:
-        print(f"  {row['model']:<30} {row['session_count']:>6} sessions"
-              f"  in {row['total_input']}  out {row['total_output']}  cost {row['total_cost']}")
+    else:
+        _print_lines(fmt.stats_lines(stats))
     return 0
 
 
@@ -380,19 +410,92 @@ def cmd_import(args: argparse.Namespace) -> int:
 # --- sessions: maintenance ----------------------------------------------------------------
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
-    with _writable(args) as db:
-        pruned = db.prune_sessions(args.older_than_days, source=args.source)
+# What a deletion's list holds of each session (the rows list_prune_candidates returns).
+DOOMED_FIELDS = (
+    "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+)
+
+
+def _doomed_summary(rows: Sequence[dict[str, Any]]) -> str:
+    messages = sum(r.get("message_count") or 0 for r in rows)
+    return f"{fmt.plural(len(rows), 'session')} ({fmt.plural(messages, 'message')})"
+
+
+class _NotConfirmed(Exception):
+    """A deletion nobody confirmed: stdin is not a terminal and ``--yes`` was not given."""
+
+
+def _confirm(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str) -> bool:
+    """Whether to delete ``rows``: ``--yes``, or ``y`` answered on the terminal after the list
+    (on stderr: stdout keeps the result). End of input is a no."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise _NotConfirmed(f"{what}: {_doomed_summary(rows)}; nothing deleted without "
+                            "confirmation and stdin is not a terminal: pass --yes to delete, "
+                            "or --dry-run to list them")
+    _print_lines(fmt.doomed_table(rows), sys.stderr)
+    print(f"{what}: {_doomed_summary(rows)}. Delete? [y/N] ", end="", file=sys.stderr,
+          flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _dry_run(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str) -> int:
     if args.json:
-        _print_json({"pruned": pruned})
+        _print_json({"dry_run": True, "sessions": rows,
+                     "messages": sum(r.get("message_count") or 0 for r in rows)})
     else:
-        print(f"pruned {pruned} session(s)")
+        if rows:
+            _print_lines(fmt.doomed_table(rows))
+        print(f"{what}: {_doomed_summary(rows)}; nothing deleted (--dry-run)")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    what = f"ended sessions idle for more than {args.older_than_days:g} days" + (
+        f" from {args.source}" if args.source else "")
+    with _read_only(args) as db:
+        doomed = db.list_prune_candidates(args.older_than_days, source=args.source)
+    if args.dry_run:
+        return _dry_run(args, doomed, f"would delete {what}")
+    if not doomed:
+        if args.json:
+            _print_json({"pruned": 0, "deleted": [], "kept": []})
+        else:
+            print(f"nothing to prune: no {what}")
+        return 0
+    common.refuse_write_protected(_resolve_db(args))  # before asking, not after
+    if not _confirm(args, doomed, f"to delete: {what}"):
+        _warn("nothing deleted")
+        return 1
+    shown = [r["id"] for r in doomed]
+    with _writable(args) as db:
+        pruned = db.prune_sessions(args.older_than_days, source=args.source, only_ids=shown)
+        kept = [sid for sid in shown if db.get_session(sid) is not None]
+    deleted = sorted(set(shown) - set(kept))
+    if args.json:
+        _print_json({"pruned": pruned, "deleted": deleted, "kept": kept})
+    else:
+        print(f"deleted {fmt.plural(pruned, 'session')}")
+        if kept:
+            print(f"kept {fmt.plural(len(kept), 'listed session')} that changed since the list "
+                  f"was made (new activity or live work): {', '.join(kept)}")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with _writable(args) as db:
+    with _read_only(args) as db:
         session_id = _resolve_session(db, args.session)
+        row = db.get_session(session_id) or {"id": session_id}
+    session = {key: row.get(key) for key in DOOMED_FIELDS}
+    what = f"session {session_id} and its messages (its child sessions are kept)"
+    if args.dry_run:
+        return _dry_run(args, [session], f"would delete {what}")
+    common.refuse_write_protected(_resolve_db(args))
+    if not _confirm(args, [session], f"to delete: {what}"):
+        _warn("nothing deleted")
+        return 1
+    with _writable(args) as db:
         deleted = db.delete_session(session_id)
     if args.json:
         _print_json({"session_id": session_id, "deleted": deleted})
@@ -459,10 +562,10 @@ def _health_text(report: dict[str, Any]) -> None:
     print(f"integrity: {'; '.join(report.get('integrity', []))}")
     for table, error in (report.get("fts_integrity") or {}).items():
         print(f"fts {table}: {error or 'ok'}")
-    print(f"fts_stale: {report.get('fts_stale')}")
+    print(f"fts_stale: {report.get('fts_stale') or 'no'}")
     missing = (report.get("triggers") or {}).get("missing")
     print(f"triggers missing: {', '.join(missing) if missing else 'none'}")
-    print(f"row counts: {report.get('row_counts')}")
+    print(f"row counts: {fmt.counts(report.get('row_counts'))}")
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -508,7 +611,7 @@ def _mode(path: Path) -> str:
         st = path.lstat()
     except FileNotFoundError:
         return "absent"
-    return f"{oct(stat.S_IMODE(st.st_mode))} {st.st_size} bytes"
+    return f"{stat.S_IMODE(st.st_mode):04o} {st.st_size} bytes"
 
 
 def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
@@ -530,12 +633,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         return
     try:
         with db:
-            report["schema_version"] = db._read(lambda c: c.execute(
-                "SELECT version FROM schema_version").fetchone()[0])
-            report["journal_mode"] = db._read(
-                lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
-            report["quick_check"] = db._read(
-                lambda c: [r[0] for r in c.execute("PRAGMA quick_check").fetchall()])
+            report.update(db.quick_health())
             report["fts"] = db.fts_status()
     except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
         problems.append(f"store damaged: {exc}")
@@ -682,11 +780,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     else:
-        for key in ("home", "database", "sqlite_version", "wal_reset_exposed", "files",
-                    "quarantine", "schema_version", "journal_mode", "quick_check", "fts",
-                    "in_use_by"):
-            if key in report:
-                print(f"{key}: {report[key]}")
+        _print_lines(fmt.doctor_lines(report))
         print(f"replica: {_replica_line(report['replica'])}")
         for note in report["notes"]:
             print(f"note: {note}")
@@ -720,7 +814,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         print(f"restored {report['db_path']} from {report['restored_from']}")
         if report["previous_snapshot"]:
             print(f"the previous database was saved as {report['previous_snapshot']}")
-        print(f"row counts: {report['row_counts']}")
+        print(f"row counts: {fmt.counts(report['row_counts'])}")
     return 0
 
 
@@ -739,7 +833,7 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
         print(f"the previous database was saved as {report['previous_snapshot']}")
     print("integrity: ok; fts: " + ", ".join(
         f"{table} {error or 'ok'}" for table, error in report["fts_integrity"].items()))
-    print(f"row counts: {report['row_counts']}")
+    print(f"row counts: {fmt.counts(report['row_counts'])}")
     for note in report["notes"]:
         print(f"note: {note}")
     return 0
@@ -772,71 +866,149 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 
 # --- the parser ---------------------------------------------------------------------------
 
+# SQLite's integers are 64-bit: a larger count could not be bound.
+_MAX_COUNT = 2**63 - 1
+# The roles messages are stored with.
+ROLES = ("user", "assistant", "system", "tool")
+SEARCH_SORTS = ("relevance", *search.SORTS)
+LIST_FORMATS = ("table", "json", "jsonl", "csv")
+
+
+def count_arg(text: str) -> int:
+    """argparse type: a whole number from 0 (a limit, an offset, a number of messages)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if value > _MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_COUNT}, got {value}")
+    return value
+
+
+def days_arg(text: str) -> float:
+    """argparse type: a number of days from 0 (fractions allowed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option that takes a value ends its help with its default, unless the help
+    already says it (``default: ...`` written out where the default is not a plain value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or "default" in text
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
 
 def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument("--home", default=default,
                         help="Hermes home (default: HERMES_HOME, else ~/.hermes)")
-    parser.add_argument("--profile", default=default, help="named profile under the home")
-    parser.add_argument("--db", default=default, help="database file (overrides --home/--profile)")
+    parser.add_argument("--profile", default=default,
+                        help="named profile under the home (default: the home's own store)")
+    parser.add_argument("--db", default=default,
+                        help="database file, instead of --home/--profile (default: "
+                             "<home>/state.db)")
     parser.add_argument("--json", action="store_true",
                         default=argparse.SUPPRESS if suppress else False,
                         help="print one JSON document for scripts")
 
 
+def _deletion_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list what would be deleted and delete nothing")
+    parser.add_argument("--yes", "-y", action="store_true",
+                        help="delete without asking (needed when stdin is not a terminal)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {__version__} (SQLite {sqlite3.sqlite_version})")
     _common_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-        p = group.add_parser(name, help=help_text, description=help_text)
+        p: argparse.ArgumentParser = group.add_parser(
+            name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+        )
         _common_options(p, suppress=True)
         p.set_defaults(func=func)
         return p
 
-    sessions = sub.add_parser("sessions", help="browse, export, import and maintain sessions")
+    sessions = sub.add_parser("sessions", help="browse, export, import and maintain sessions",
+                              formatter_class=_HelpFormatter)
     ssub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     p = command(ssub, "list", cmd_list, "list conversations, newest first (read-only)")
-    p.add_argument("--source")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--include-archived", action="store_true")
+    p.add_argument("--source", help="only this source, e.g. cli or telegram (default: all)")
+    p.add_argument("--limit", "-n", type=count_arg, default=20, help="at most this many")
+    p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
+    p.add_argument("--include-archived", action="store_true",
+                   help="also list archived conversations")
+    p.add_argument("--format", choices=LIST_FORMATS,
+                   help="table for people (cut to the terminal's width, COLUMNS), or json, "
+                        "jsonl, csv for scripts (default: table; --json is --format json)")
+    p.set_defaults(check=_check_list)
 
     p = command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
     p.add_argument("session", help="id, unique id prefix or title")
+    p.add_argument("--tail", type=count_arg, metavar="N",
+                   help="only the last N messages (default: all)")
     p.add_argument("--include-inactive", action="store_true",
                    help="also show archived compression generations")
 
     p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
-    p.add_argument("query", help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
-    p.add_argument("--source", action="append", help="only this source (repeatable)")
-    p.add_argument("--role", action="append", help="only this role (repeatable)")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--sort", choices=("newest", "oldest"),
-                   help="by message time (default: relevance, FTS5's bm25)")
+    p.add_argument("query",
+                   help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
+    p.add_argument("--source", action="append",
+                   help="only this source; repeat for several (default: all)")
+    p.add_argument("--role", action="append", choices=ROLES,
+                   help="only messages of this role; repeat for several (default: all)")
     p.add_argument("--include-inactive", action="store_true",
                    help="also rows rewound away (every row of the record)")
+    p.add_argument("--sort", choices=SEARCH_SORTS, default="relevance",
+                   help="relevance (FTS5's bm25), or by the message's time")
+    p.add_argument("--limit", "-n", type=count_arg, default=20, help="at most this many")
+    p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
 
     p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
     p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")
     p.add_argument("--lineage", action="store_true", help="export the whole lineage of each")
-    p.add_argument("--source")
-    p.add_argument("--format", choices=("jsonl", "json"), default="jsonl")
+    p.add_argument("--source", help="only sessions of this source (default: all)")
+    p.add_argument("--format", choices=("jsonl", "json"), default="jsonl",
+                   help="JSON Lines streams; json is one array")
     p.add_argument("--output", "-o", help="new file to write (default: stdout)")
 
     p = command(ssub, "import", cmd_import, "import an export; identical sessions are skipped")
     p.add_argument("file", help="export file, or - for stdin")
-    p.add_argument("--format", choices=("jsonl", "json"))
+    p.add_argument("--format", choices=("jsonl", "json"),
+                   help="the file's format (default: from its name or first line)")
 
-    p = command(ssub, "prune", cmd_prune, "delete ended sessions idle for N days")
-    p.add_argument("--older-than-days", type=float, default=90)
-    p.add_argument("--source")
+    p = command(ssub, "prune", cmd_prune,
+                "delete ended sessions idle for some days; lists them and asks first")
+    p.add_argument("--older-than-days", type=days_arg, default=90, metavar="DAYS",
+                   help="idle for more than this many days (last message, else start)")
+    p.add_argument("--source", help="only sessions of this source (default: all)")
+    _deletion_options(p)
 
-    p = command(ssub, "delete", cmd_delete, "delete one session (its children are kept)")
-    p.add_argument("session")
+    p = command(ssub, "delete", cmd_delete,
+                "delete one session and its messages (its children are kept); asks first")
+    p.add_argument("session", help="id, unique id prefix or title")
+    _deletion_options(p)
 
     p = command(ssub, "stats", cmd_stats, "counts, tokens and cost (read-only)")
     p.add_argument("--all-profiles", action="store_true",
@@ -845,7 +1017,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(ssub, "recover", cmd_recover,
                 "copy what a damaged store still holds into a fresh file")
     p.add_argument("--source", help="damaged database (default: the selected store)")
-    p.add_argument("--output", help="new database to write")
+    p.add_argument("--output", help="new database to write (default: none, with "
+                                    "--inspect-only)")
     p.add_argument("--inspect-only", action="store_true", help="report only; write nothing")
     p.add_argument("--defer-index", action="store_true",
                    help="leave the FTS rebuild to the first writable open (faster for big stores)")
@@ -873,11 +1046,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("snapshot", nargs="?", help="snapshot file")
     source.add_argument("--from-replica", metavar="URL",
-                        help="the replica to restore from (file:///dir or s3://bucket/path)")
+                        help="the replica to restore from (file:///dir or s3://bucket/path; "
+                             "default: none, a snapshot file)")
     p.add_argument("--timestamp", help="with --from-replica: the store as of this ISO 8601 "
                                        "time with its zone (default: the latest)")
     p.add_argument("--output", "-o", help="with --from-replica: write this new file instead "
-                                          "of replacing the store")
+                                          "of replacing the store (default: replace it)")
     p.set_defaults(check=_check_restore)
 
     p = command(sub, "replicate", cmd_replicate,
@@ -885,7 +1059,8 @@ def build_parser() -> argparse.ArgumentParser:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--to", dest="url", metavar="URL",
                         help="file:///dir or s3://bucket/path (S3 settings from the usual "
-                             "AWS_* / LITESTREAM_* environment variables)")
+                             "AWS_* / LITESTREAM_* environment variables; default: none, "
+                             "--forget)")
     target.add_argument("--forget", action="store_true",
                         help="remove the store's replica record (it has no replica any more)")
     p.add_argument("--sync-interval", default="1s",
@@ -896,6 +1071,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-only", action="store_true",
                    help="print Litestream's configuration instead of running it")
     return parser
+
+
+def _check_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.json and args.format not in (None, "json"):
+        parser.error(f"--json and --format {args.format} ask for different outputs")
 
 
 def _check_restore(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -919,7 +1099,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
         _warn("interrupted")
         return 130
-    except (HermesStateError, sqlite3.Error, OSError, ValueError) as exc:
+    except _NotConfirmed as exc:
+        _warn(str(exc))
+        return 2
+    except (HermesStateError, OSError, ValueError) as exc:
         _warn(str(exc))
         try:
             advice = _advice(exc, _resolve_db(args))

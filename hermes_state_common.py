@@ -19,8 +19,8 @@ that ``hermes_state_rank`` creates whenever a file lacks any part of it);
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -29,12 +29,17 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from hermes_state_errors import UnsafePathError
+from hermes_state_errors import (
+    HermesStateError,
+    StateDbCannotOpenError,
+    StateDbReadOnlyError,
+    UnsafePathError,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -50,9 +55,49 @@ __all__ = [
     "profile_config_path",
     "child_process_env",
     "configure_connection",
+    "connect",
+    "make_private_dir",
+    "cannot_create",
     "transaction",
-    "spool_transcript",
-    "spool_pending_message",
+    "DB_FILENAME",
+    "DELIVERY_OBLIGATIONS_SQL",
+    "FTS_SQL",
+    "FTS_TRIGGERS_SQL",
+    "FTS_TRIGGER_NAMES",
+    "INDEXES_SQL",
+    "LIVE_ADMISSION_STATUSES",
+    "LIVE_EXECUTION_STATUSES",
+    "RUNTIME_LEDGER_TABLES",
+    "TABLES_SQL",
+    "append_error_log",
+    "clean_optional",
+    "clean_text",
+    "decode_json",
+    "encode_json",
+    "escape_like",
+    "get_meta",
+    "journal_path",
+    "now",
+    "placeholders",
+    "prepare_db_file",
+    "quote_identifier",
+    "refuse_symlinks",
+    "refuse_write_protected",
+    "row_to_dict",
+    "set_meta",
+    "sidecar_paths",
+    "split_sql",
+    "sql_values",
+    "stored_text",
+    "table_exists",
+    "tighten_modes",
+    "wal_reset_exposed",
+    "wal_without_database",
+    "IMPACT_DEFAULT_AVGDL",
+    "SEARCH_INDEX_SQL",
+    "SEARCH_TRIGGERS_SQL",
+    "SEARCH_TRIGGER_NAMES",
+    "TIME_BLOCK_SHIFT",
 ]
 
 SCHEMA_VERSION = 31
@@ -208,7 +253,7 @@ def wal_without_database(db_path: Path) -> bool:
     committed there would be lost: such a file must not be opened. ``stat`` only."""
     try:
         return db_path.stat().st_size == 0 and sidecar_paths(db_path)[0].stat().st_size > 0
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file, no -wal: nothing to lose
         return False
 
 
@@ -219,9 +264,12 @@ def prepare_db_file(db_path: Path) -> bool:
     ``-shm`` the main file's mode), tightens existing files with ``chmod`` on the path and
     never opens a descriptor on an existing file: closing any descriptor on a database file
     drops every POSIX lock this process holds on it. Returns True when the file was created.
+    An existing store its owner write-protected raises :class:`StateDbReadOnlyError` first,
+    with nothing changed (:func:`refuse_write_protected`).
     """
     refuse_symlinks(db_path)
-    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    refuse_write_protected(db_path)
+    make_private_dir(db_path.parent, for_file=db_path)
     created = False
     try:
         fd = os.open(
@@ -234,12 +282,62 @@ def prepare_db_file(db_path: Path) -> bool:
         created = True
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise cannot_create(db_path, exc) from exc
     tighten_modes(db_path)
     return created
 
 
+def _protected_mode(path: Path) -> int | None:
+    """The mode of ``path`` when it is a file that may not be written, else None."""
+    try:
+        mode = path.lstat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there to protect
+        return None
+    if not stat.S_ISREG(mode) or mode & stat.S_IWUSR and os.access(path, os.W_OK):
+        return None
+    return mode
+
+
+def refuse_write_protected(db_path: Path) -> None:
+    """Raise :class:`StateDbReadOnlyError` when the database file or an existing sidecar may
+    not be written: its owner took the write bit away, or this process may not write it
+    (``os.access``: another owner, a read-only mount). The owner's bit counts even for a
+    process that could write anyway (root): a ``chmod a-w`` is the owner saying "no writes",
+    and SQLite would otherwise write straight through it."""
+    for path in (db_path, *sidecar_paths(db_path)):
+        # os.access is False for a file gone since the lstat too (a sidecar another
+        # process's SQLite removed): only a second look that agrees refuses.
+        if _protected_mode(path) is not None and (mode := _protected_mode(path)) is not None:
+            raise StateDbReadOnlyError(
+                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}): the store is "
+                "not opened for writing and nothing was changed",
+                path=path,
+            )
+
+
+def make_private_dir(directory: Path, *, for_file: Path) -> None:
+    """Create ``directory`` (and its parents, mode 0700) for the database file ``for_file``;
+    when the operating system refuses, the typed error names that file."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file where a directory goes, no permission, a read-only mount
+        raise cannot_create(for_file, exc) from exc
+
+
+def cannot_create(db_path: Path, exc: OSError) -> HermesStateError:
+    """The typed error for a database file (or its directory) the operating system would not
+    create: :class:`StateDbReadOnlyError` where writing is refused, else
+    :class:`StateDbCannotOpenError`."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StateDbReadOnlyError(f"{db_path} cannot be created: {exc}", path=db_path)
+    return StateDbCannotOpenError(f"{db_path} cannot be created: {exc}", path=db_path)
+
+
 def tighten_modes(db_path: Path) -> None:
-    """chmod 0600 the database and its sidecars where group or others have any access."""
+    """Take group and other permissions away from the database and its sidecars where they
+    have any; the owner's bits stay as they are (a permission the owner removed is never
+    given back)."""
     for path in (db_path, *sidecar_paths(db_path)):
         try:
             st = path.lstat()
@@ -250,7 +348,7 @@ def tighten_modes(db_path: Path) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePathError(f"not a regular file: {path}", path=path)
         if st.st_mode & 0o077:
-            os.chmod(path, 0o600)
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
 
 
 # Has SQLite check each cell's size against its page whenever it loads a b-tree page (a flag
@@ -258,7 +356,7 @@ def tighten_modes(db_path: Path) -> None:
 CELL_SIZE_CHECK_SQL = "PRAGMA cell_size_check = ON"
 
 
-def configure_connection(conn: sqlite3.Connection) -> sqlite3.Connection:
+def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:
     """Apply the settings every connection on a store gets, whoever opens it; returns ``conn``.
 
     ``cell_size_check``: by default SQLite trusts the cell sizes a b-tree page records, so a
@@ -268,6 +366,35 @@ def configure_connection(conn: sqlite3.Connection) -> sqlite3.Connection:
     anything is written. Its cost on appends and searches is within noise (see README)."""
     conn.execute(CELL_SIZE_CHECK_SQL)
     return conn
+
+
+# SQLite's busy timeout of a connection that does not say otherwise.
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+_CONNECT_MODES = frozenset({"ro", "rw", "rwc"})
+
+
+def connect(
+    path: Path,
+    mode: str,
+    *,
+    timeout: float = DEFAULT_BUSY_TIMEOUT_S,
+    immutable: bool = False,
+) -> sqlite3.Connection:
+    """The one way the library opens a connection on a database file, whoever opens it (the
+    facade, maintenance, recover, import's spool, replication, quarantine checks).
+
+    A URI open with ``mode`` (``ro``, ``rw``, or ``rwc``, which may create the file) and
+    ``nofollow=1`` (SQLite refuses a symlink), autocommit (``isolation_level=None``: the
+    transaction helper says where transactions are), usable from any thread (the caller holds
+    its own lock) and configured by :func:`configure_connection`. ``immutable`` is only for a
+    private image nothing else can change (recover's copies): SQLite then takes no locks and
+    ignores sidecars."""
+    if mode not in _CONNECT_MODES:
+        raise ValueError(f"mode must be one of {sorted(_CONNECT_MODES)}, got {mode!r}")
+    uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
+    return configure_connection(sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
+    ))
 
 
 # The WAL-reset bug (corruption when a WAL reset races a concurrent checkpoint) is fixed in
@@ -355,90 +482,6 @@ def append_error_log(line: str, home: Path | None = None) -> None:
         pass
 
 
-# Where writes go when the database cannot take them (a quarantined file): transcripts to
-# <home>/sessions/, the gateway's accepted but unpersisted inputs to <home>/pending_messages/.
-SESSIONS_SPOOL_DIR = "sessions"
-PENDING_MESSAGES_DIR = "pending_messages"
-_SPOOL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def spool_file_name(key: str) -> str:
-    """The spool file of ``key`` (a session id or key): ``<key>.jsonl`` when the key is a safe
-    file name, else its safe characters (at most 64) and a digest of the whole key, so no key
-    names a path outside its spool directory and two keys never share a file."""
-    key = str(key)
-    if _SPOOL_NAME_RE.fullmatch(key):
-        return f"{key}.jsonl"
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:64].lstrip("._-")
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{safe}~{digest}.jsonl" if safe else f"~{digest}.jsonl"
-
-
-def _append_jsonl(
-    directory: Path, key: str, records: Iterable[Mapping[str, Any]]
-) -> Path:
-    """Append ``records`` to ``directory/spool_file_name(key)``, one JSON object per line.
-
-    The directory is created private (0700) and must not be a symlink; the file is private
-    (0600), opened ``O_APPEND|O_NOFOLLOW`` so concurrent appenders never interleave inside a
-    line and a planted symlink is refused; the data and the directory entry are fsynced
-    before returning."""
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISLNK(directory.lstat().st_mode):
-            raise UnsafePathError(f"refusing a symlink as a spool directory: {directory}",
-                                  path=directory)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / spool_file_name(key)
-    data = "".join(
-        clean_text(json.dumps(dict(r), ensure_ascii=False, default=str)) + "\n" for r in records
-    ).encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
-
-
-def spool_transcript(
-    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
-) -> Path:
-    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (see :func:`spool_file_name`; one
-    JSON object per line, fsync; ``home`` defaults to this context's) and return that file.
-
-    Where a transcript goes when the database cannot take it (a quarantined file): the
-    caller's turn is kept on disk instead of in a retry queue.
-    """
-    directory = (get_hermes_home() if home is None else home) / SESSIONS_SPOOL_DIR
-    return _append_jsonl(directory, session_id, records)
-
-
-def spool_pending_message(
-    key: str, message: Mapping[str, Any], home: Path | None = None
-) -> Path:
-    """Append one accepted input to the gateway's spool, ``<home>/pending_messages/<key>.jsonl``
-    (same file discipline as :func:`spool_transcript`), and return that file.
-
-    ``key`` is what the gateway files the input under (the session id, or its session key
-    when no session exists yet); ``message`` is stored as given, as one JSON line (lone
-    surrogates removed, other values that are not JSON as their ``str``). For the gateway's
-    exception path while the store is quarantined: the input waits on disk for an operator or
-    a restarted process on a repaired file to replay it, never in an in-memory retry queue.
-    """
-    directory = (get_hermes_home() if home is None else home) / PENDING_MESSAGES_DIR
-    return _append_jsonl(directory, key, [message])
-
-
 def now() -> float:
     return time.time()
 
@@ -448,15 +491,24 @@ def placeholders(n: int) -> str:
     return ", ".join("?" * n)
 
 
+def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
+    """A fetched row as a dict keyed by the cursor's column names."""
+    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+
 _savepoint_ids = itertools.count(1)
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(
+    conn: sqlite3.Connection, /, *, rollback_only: bool = False
+) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction, or a SAVEPOINT when one is already open.
 
     Any exception rolls back (to the savepoint when nested) and propagates; a failed rollback
-    never hides the original error.
+    never hides the original error. ``rollback_only``: the block is rolled back even when it
+    succeeds — for a check SQLite runs as a write (FTS5's ``integrity-check``) that must leave
+    nothing behind.
     """
     if conn.in_transaction:
         name = f"hermes_sp_{next(_savepoint_ids)}"
@@ -468,12 +520,14 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
                 conn.execute(f"ROLLBACK TO {name}")
                 conn.execute(f"RELEASE {name}")
             raise
+        if rollback_only:
+            conn.execute(f"ROLLBACK TO {name}")
         conn.execute(f"RELEASE {name}")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-        conn.execute("COMMIT")
+        conn.execute("ROLLBACK" if rollback_only else "COMMIT")
     except BaseException:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
@@ -502,18 +556,18 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value
 """
 
 
-def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
+def get_meta(conn: sqlite3.Connection, /, key: str) -> str | None:
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else row[0]
 
 
-def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+def set_meta(conn: sqlite3.Connection, /, key: str, value: object) -> None:
     """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+def table_exists(conn: sqlite3.Connection, /, name: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
     ).fetchone()

@@ -1,8 +1,9 @@
-"""Lineage and compression: the parent chain, compression generations and compression locks.
+"""Compression: compression generations, splits, compression locks, and what the compressor
+remembers between turns about compressions that went wrong.
 
-Lineage is the ``parent_session_id`` chain. A compression that splits a conversation ends the
-parent with ``end_reason='compression'`` and publishes the child as its successor
-(``successor_session_id``); the *tip* of a conversation is where that chain of successors ends.
+A compression that splits a conversation ends the parent with ``end_reason='compression'``
+and publishes the child as its successor (``successor_session_id``); how sessions continue one
+another, and where a conversation's tip is, is ``hermes_state_lineage``'s.
 
 There are two ways to compress, each one transaction:
 
@@ -35,6 +36,20 @@ at all proves nothing, and the lock is honoured until it expires. :func:`lock_ho
 builds a holder string in that format. The functions here do not take the lock themselves:
 whoever compresses holds it around the work. The lock keeps compressors apart, not appenders:
 ``seen_through_id`` is what keeps a compression from archiving a turn appended meanwhile.
+
+**The compressor's memory** is two pieces of state on the session row:
+
+* ``compression_fallback_streak`` — how many compressions in a row fell back to the cheap
+  path; the compressor carries it from a session to its compression child, so it survives a
+  split. Never negative; read as 0 when absent or not an integer.
+* ``compression_failure_cooldown_until`` / ``compression_failure_error`` — after a failed
+  compression, the wall-clock time before which the compressor should not try again, and why.
+  A cooldown at or before now is over and reads as None.
+
+The compressor probes for these methods and treats any failure as "feature off", so the
+facade answers the streak read and the two cooldown writes leniently: a store error there is
+logged and answered with 0 or None instead of raised. An empty session id is a no-op (or 0 /
+None); an unknown id changes nothing.
 """
 
 from __future__ import annotations
@@ -48,8 +63,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hermes_state_common import now
-from hermes_state_errors import CompressionConflictError, SessionNotFoundError
+from hermes_state_common import clean_optional, now, stored_text
+from hermes_state_errors import CompressionConflictError, InvalidInputError, SessionNotFoundError
 from hermes_state_messages import (
     RECOUNT_SQL,
     check_bound,
@@ -60,23 +75,13 @@ from hermes_state_messages import (
     tool_call_count_of,
 )
 from hermes_state_sessions import (
-    chain_from,
     create_session,
-    family_of,
     get_session,
     lift_auto_archive,
     require_session,
-    row_to_dict,
-    session_ancestors,
 )
 
 __all__ = [
-    "get_session_ancestors",
-    "get_session_descendants",
-    "get_compression_tip",
-    "compression_tip",
-    "get_compression_lineage",
-    "compression_ancestors",
     "archive_and_compact",
     "archive_generation",
     "publish_compression_child",
@@ -86,103 +91,12 @@ __all__ = [
     "refresh_compression_lock",
     "release_compression_lock",
     "get_compression_lock_holder",
+    "get_compression_fallback_streak",
+    "set_compression_fallback_streak",
+    "record_compression_failure_cooldown",
+    "get_compression_failure_cooldown",
+    "clear_compression_failure_cooldown",
 ]
-
-# The seed's descendants query: the session first, then everything below it.
-DESCENDANTS_SQL = """
-WITH RECURSIVE descendants(id, depth) AS (
-    SELECT id, 0 FROM sessions WHERE id = ?
-    UNION
-    SELECT s.id, d.depth + 1 FROM sessions s JOIN descendants d ON s.parent_session_id = d.id
-    WHERE d.depth < 10000
-)
-SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
-FROM descendants d JOIN sessions s ON s.id = d.id
-ORDER BY d.depth, s.started_at, s.id
-"""
-
-
-def _rows(conn: sqlite3.Connection, sql: str, session_id: str) -> list[dict[str, Any]]:
-    cursor = conn.execute(sql, (session_id,))
-    return [row_to_dict(cursor, r) for r in cursor.fetchall()]
-
-
-def get_session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The session and its ancestors, nearest first (empty when the session is unknown)."""
-    return session_ancestors(conn, session_id)
-
-
-def get_session_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The session and everything below it, breadth first."""
-    return _rows(conn, DESCENDANTS_SQL, session_id)
-
-
-def compression_tip(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Where the compression chain starting at ``session_id`` currently ends; None for an
-    unknown session."""
-    family, children = family_of(conn, session_id)
-    if session_id not in family:
-        return None
-    return chain_from(family, children, session_id)[-1]
-
-
-def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
-    """Where the compression chain starting at ``session_id`` currently ends: the id itself
-    when nothing continues it, an unknown id included (callers switch to whatever this
-    returns)."""
-    return compression_tip(conn, session_id) or session_id
-
-
-# One step of the rule of hermes_state_sessions.next_in_chain, for walking up a chain.
-SUCCESSOR_LINK_SQL = "SELECT successor_session_id, end_reason FROM sessions WHERE id = ?"
-NEWEST_CHILD_SQL = """
-SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY started_at DESC, id DESC LIMIT 1
-"""
-
-
-def _is_successor(conn: sqlite3.Connection, parent: str, child: str) -> bool:
-    """True when ``child`` (a child of ``parent``) is ``parent``'s compression successor: the
-    published one, else — with no published successor among its descendants — the newest
-    child of a parent that ended by compression."""
-    successor, end_reason = conn.execute(SUCCESSOR_LINK_SQL, (parent,)).fetchone()
-    if successor is not None:
-        if successor == child:
-            return True
-        if any(r["id"] == parent for r in session_ancestors(conn, successor)[1:]):
-            return False
-    if end_reason != "compression":
-        return False
-    newest = conn.execute(NEWEST_CHILD_SQL, (parent,)).fetchone()
-    return newest is not None and newest[0] == child
-
-
-def compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """The session, then each parent in turn while the session below it is that parent's
-    compression successor (empty when the session is unknown). A delegate child, or an older
-    branch the parent has moved past, starts a chain of its own."""
-    rows = session_ancestors(conn, session_id)
-    chain = [row["id"] for row in rows[:1]]
-    for parent in rows[1:]:
-        if not _is_successor(conn, parent["id"], chain[-1]):
-            break
-        chain.append(parent["id"])
-    return chain
-
-
-def compression_root(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """The first session of the compression chain through ``session_id``."""
-    chain = compression_ancestors(conn, session_id)
-    return chain[-1] if chain else None
-
-
-def get_compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """The compression chain through ``session_id``, root first, live tip last."""
-    root = compression_root(conn, session_id)
-    if root is None:
-        return []
-    family, children = family_of(conn, root)
-    return chain_from(family, children, root)
-
 
 # --- compression generations -----------------------------------------------------------------
 
@@ -208,6 +122,7 @@ WHERE id = :child AND EXISTS (
 
 def _insert_generation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     messages: Iterable[Mapping[str, Any]],
     count: bool,
@@ -224,6 +139,7 @@ def _insert_generation(
 
 def archive_generation(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
@@ -244,6 +160,7 @@ def archive_generation(
 
 def archive_and_compact(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
@@ -375,7 +292,7 @@ UPDATE compression_locks SET expires_at = ? WHERE session_id = ? AND holder = ?
 
 
 def try_acquire_compression_lock(
-    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+    conn: sqlite3.Connection, /, session_id: str, holder: str, ttl_seconds: float = 300.0
 ) -> bool:
     """Take the session's compression lock for ``ttl_seconds`` (the caller's transaction).
 
@@ -396,7 +313,7 @@ def try_acquire_compression_lock(
 
 
 def refresh_compression_lock(
-    conn: sqlite3.Connection, session_id: str, holder: str, ttl_seconds: float = 300.0
+    conn: sqlite3.Connection, /, session_id: str, holder: str, ttl_seconds: float = 300.0
 ) -> bool:
     """Extend ``holder``'s lock to ``ttl_seconds`` from now; False when ``holder`` does not
     hold it (any more). A lapsed lock nobody took over yet is still the holder's."""
@@ -405,7 +322,7 @@ def refresh_compression_lock(
     return cursor.rowcount > 0
 
 
-def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str) -> bool:
+def release_compression_lock(conn: sqlite3.Connection, /, session_id: str, holder: str) -> bool:
     """Release ``holder``'s lock; False when ``holder`` did not hold it."""
     cursor = conn.execute(
         "DELETE FROM compression_locks WHERE session_id = ? AND holder = ?", (session_id, holder)
@@ -413,10 +330,102 @@ def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: 
     return cursor.rowcount > 0
 
 
-def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str) -> str | None:
+def get_compression_lock_holder(conn: sqlite3.Connection, /, session_id: str) -> str | None:
     """The holder of the session's lock while it binds; None when there is no lock or it could
     be reclaimed (expired, or its holder is provably gone)."""
     row = conn.execute(SELECT_LOCK_SQL, (session_id,)).fetchone()
     if row is None or _reclaimable(row[0], row[1], now()):
         return None
     return str(row[0])
+
+
+# --- the compressor's memory: fallback streak and failure cooldown ---------------------------
+
+
+def _failure_key(session_id: str) -> str | None:
+    return stored_text(session_id) if session_id else None
+
+
+STREAK_SQL = "SELECT compression_fallback_streak FROM sessions WHERE id = ?"
+
+
+def get_compression_fallback_streak(conn: sqlite3.Connection, /, session_id: str) -> int:
+    """The stored streak, at least 0; 0 for an empty or unknown id or a non-integer value."""
+    key = _failure_key(session_id)
+    row = None if key is None else conn.execute(STREAK_SQL, (key,)).fetchone()
+    value = None if row is None else row[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return max(0, value)
+
+
+SET_STREAK_SQL = "UPDATE sessions SET compression_fallback_streak = ? WHERE id = ?"
+
+
+def set_compression_fallback_streak(
+    conn: sqlite3.Connection, /, session_id: str, streak: int
+) -> None:
+    """Store ``max(0, int(streak))``."""
+    try:
+        value = max(0, int(streak))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(f"streak must be an integer, got {streak!r}") from exc
+    key = _failure_key(session_id)
+    if key is not None:
+        conn.execute(SET_STREAK_SQL, (min(value, 2**63 - 1), key))
+
+
+SET_COOLDOWN_SQL = """
+UPDATE sessions SET compression_failure_cooldown_until = ?, compression_failure_error = ?
+WHERE id = ?
+"""
+
+
+def record_compression_failure_cooldown(
+    conn: sqlite3.Connection, /, session_id: str, cooldown_until: float, error: str | None = None
+) -> None:
+    """Remember that compression should not be tried again before ``cooldown_until`` (epoch
+    seconds), and why."""
+    try:
+        until = float(cooldown_until)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"cooldown_until must be a time, got {cooldown_until!r}") from exc
+    if not math.isfinite(until):
+        raise InvalidInputError(f"cooldown_until must be finite, got {cooldown_until!r}")
+    key = _failure_key(session_id)
+    if key is not None:
+        reason = None if error is None else clean_optional(str(error))
+        conn.execute(SET_COOLDOWN_SQL, (until, reason, key))
+
+
+COOLDOWN_SQL = """
+SELECT compression_failure_cooldown_until, compression_failure_error FROM sessions WHERE id = ?
+"""
+
+
+def get_compression_failure_cooldown(
+    conn: sqlite3.Connection, /, session_id: str
+) -> dict[str, Any] | None:
+    """``{"cooldown_until", "remaining_seconds", "error"}`` while a cooldown lies in the
+    future; None otherwise (and for an empty or unknown id)."""
+    key = _failure_key(session_id)
+    row = None if key is None else conn.execute(COOLDOWN_SQL, (key,)).fetchone()
+    if row is None or not isinstance(row[0], (int, float)) or isinstance(row[0], bool):
+        return None
+    until, remaining = float(row[0]), float(row[0]) - now()
+    if remaining <= 0:
+        return None
+    return {"cooldown_until": until, "remaining_seconds": remaining, "error": row[1]}
+
+
+CLEAR_COOLDOWN_SQL = """
+UPDATE sessions SET compression_failure_cooldown_until = NULL, compression_failure_error = NULL
+WHERE id = ?
+"""
+
+
+def clear_compression_failure_cooldown(conn: sqlite3.Connection, /, session_id: str) -> None:
+    """End the cooldown and forget its error."""
+    key = _failure_key(session_id)
+    if key is not None:
+        conn.execute(CLEAR_COOLDOWN_SQL, (key,))

@@ -6,22 +6,38 @@ condition only; advice on what to do next belongs to the command line, not to th
 
 SQLite errors are classified by result code (``sqlite_errorcode``, the extended code), never by
 message text: message text changes between SQLite versions and locales, result codes do not.
-The one exception is :func:`is_malformed_db_error`, a helper for errors callers meet on their
-own ``sqlite3`` connections, whose contract is the message text (see there).
+
+Translation happens here and nowhere else: :func:`translate` turns an ``sqlite3`` error into
+the typed error its result code names — the facade's reads and writes (stats, export and
+import through it) raise what it returns — and :func:`translated_errors` is the context
+manager the module-level entry points run their SQLite work in (backup, restore, repair,
+recover, import's spool, a restore from a replica), so no ``sqlite3.Error`` reaches a caller.
+A translated error keeps ``sqlite_errorcode`` and ``sqlite_errorname`` and the original as
+``__cause__``; a code no narrower type covers becomes :class:`StateDbError`. Where a typed
+refusal says more (a lock held by maintenance is :class:`StateDbInUseError`, a busy read-only
+store is :class:`StateDbUnavailableError` ``busy``), the caller raises that instead.
+
+The one helper that reads message text is :func:`is_malformed_db_error`, for errors callers
+meet on their own ``sqlite3`` connections, whose contract is the message text (see there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
     "HermesStateError",
+    "StateDbError",
     "StateDbLockedError",
     "StateDbCorruptError",
     "StateDbFullError",
     "StateDbIOError",
+    "StateDbReadOnlyError",
+    "StateDbCannotOpenError",
+    "StateDbConstraintError",
     "StateDbClosedError",
     "FtsCorruptError",
     "StateDbUnavailableError",
@@ -46,10 +62,15 @@ __all__ = [
     "is_fts_corruption_code",
     "is_disk_full_error",
     "is_io_error",
+    "is_readonly_error",
     "is_hot_journal_error",
     "hot_journal_error",
+    "translate",
+    "translated_errors",
+    "foreign_database_error",
     "HOT_JOURNAL_REASON",
     "is_malformed_db_error",
+    "FOREIGN_REASON",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -57,26 +78,47 @@ __all__ = [
     "SQLITE_CORRUPT_VTAB",
     "SQLITE_FULL",
     "SQLITE_IOERR",
+    "SQLITE_READONLY",
     "SQLITE_READONLY_ROLLBACK",
 ]
 
 # Primary result codes; the extended code keeps the primary code in its low byte.
+SQLITE_PERM = 3
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
 SQLITE_READONLY = 8
 SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
+SQLITE_CANTOPEN = 14
+SQLITE_CONSTRAINT = 19
 SQLITE_NOTADB = 26
 SQLITE_CORRUPT_VTAB = SQLITE_CORRUPT | (1 << 8)
 SQLITE_READONLY_ROLLBACK = SQLITE_READONLY | (3 << 8)
 
 LOCKED_REASON = "session_persistence_failed:locked"
 HOT_JOURNAL_REASON = "hot_journal"
+FOREIGN_REASON = "foreign"
 
 
 class HermesStateError(Exception):
-    """Root of every error raised by hermes_state."""
+    """Root of every error raised by hermes_state.
+
+    An error translated from SQLite's (:func:`translate`) carries its result code: the
+    extended ``sqlite_errorcode`` and its ``sqlite_errorname``; None for the others."""
+
+    sqlite_errorcode: int | None = None
+    sqlite_errorname: str | None = None
+
+
+class StateDbError(HermesStateError):
+    """SQLite failed with a result code no narrower type describes (``SQLITE_ERROR`` for a
+    missing table, say, or ``SQLITE_MISUSE``); ``sqlite_errorcode`` and ``sqlite_errorname``
+    say which. Nothing of the failed transaction was written."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class StateDbLockedError(HermesStateError):
@@ -136,6 +178,38 @@ class StateDbIOError(HermesStateError):
         self.path = path
 
 
+class StateDbReadOnlyError(HermesStateError):
+    """The store may not be written (``SQLITE_READONLY``, or the operating system refused to
+    create a file of it): its owner write-protected the database file or a sidecar
+    (``chmod a-w``; the library never gives a write permission back), a read-only mount, a
+    directory that cannot take the ``-wal`` or ``-shm``. Raised at a writable open or at the
+    write; nothing was written; ``path`` is the protected file where it is known. A hot journal that a read-only open may not roll
+    back is :class:`StateDbUnavailableError` ``hot_journal`` instead."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StateDbCannotOpenError(HermesStateError):
+    """The database file cannot be opened or created at all (``SQLITE_CANTOPEN``,
+    ``SQLITE_PERM``, or the operating system's refusal): a missing directory for a read, no
+    permission, no file descriptor left."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class StateDbConstraintError(HermesStateError):
+    """A write broke a constraint of the schema (``SQLITE_CONSTRAINT``: a unique key, a
+    foreign key, a NOT NULL column); its transaction was rolled back whole."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class StateDbClosedError(HermesStateError):
     """The handle was closed."""
 
@@ -145,10 +219,11 @@ class FtsCorruptError(HermesStateError):
 
 
 class StateDbUnavailableError(HermesStateError):
-    """The store cannot serve this request: ``reason`` is "uninitialized", "incompatible",
-    "busy" or "hot_journal" (an interrupted write left a rollback journal that only a writable
-    open may roll back). ``http_status`` is what a web front end should answer (503: try
-    again later)."""
+    """The store cannot serve this request: ``reason`` is "uninitialized" (no session store
+    there yet), "incompatible" (another schema version), "foreign" (the file is another
+    application's SQLite database, left untouched), "busy" or "hot_journal" (an interrupted
+    write left a rollback journal that only a writable open may roll back). ``http_status`` is
+    what a web front end should answer (503: try again later)."""
 
     def __init__(
         self,
@@ -347,6 +422,13 @@ def is_io_error(exc: BaseException) -> bool:
     return code is not None and (code & 0xFF) == SQLITE_IOERR
 
 
+def is_readonly_error(exc: BaseException) -> bool:
+    """True for SQLITE_READONLY and its extended codes (a hot journal a read-only connection
+    may not roll back is one of them: see :func:`is_hot_journal_error`)."""
+    code = _error_code(exc)
+    return code is not None and (code & 0xFF) == SQLITE_READONLY
+
+
 def is_hot_journal_error(exc: BaseException) -> bool:
     """True for SQLITE_READONLY_ROLLBACK: a read-only connection found a hot rollback journal
     (a write was interrupted) and may not roll it back, so it cannot read the file."""
@@ -389,3 +471,64 @@ def is_malformed_db_error(exc: BaseException) -> bool:
         return False
     text = str(exc).lower()
     return any(marker in text for marker in _MALFORMED_TEXTS)
+
+
+def foreign_database_error(path: Path | None, tables: Sequence[str]) -> StateDbUnavailableError:
+    """The error for an SQLite database of another application (it has tables, none of them a
+    session store's): nothing may create the schema in it, replace it or salvage it."""
+    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    where = path if path is not None else "the database"
+    return StateDbUnavailableError(
+        f"{where} is not a session store: it is another application's database ({shown})",
+        reason=FOREIGN_REASON,
+        path=path,
+    )
+
+
+def _typed(exc: sqlite3.Error, path: Path | None, where: str) -> HermesStateError:
+    """The typed error for an SQLite error, by its result code."""
+    code = _error_code(exc)
+    primary = None if code is None else code & 0xFF
+    if primary in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        return StateDbCorruptError(f"{where} is damaged: {exc}", path=path)
+    if primary == SQLITE_FULL:
+        return StateDbFullError(f"no space left for {where}: {exc}", path=path)
+    if primary == SQLITE_IOERR:
+        return StateDbIOError(f"I/O error on {where}: {exc}", path=path)
+    if primary in (SQLITE_BUSY, SQLITE_LOCKED):
+        return StateDbLockedError(f"{where} is locked: {exc}", path=path)
+    if primary == SQLITE_READONLY:
+        return StateDbReadOnlyError(f"{where} is write-protected: {exc}", path=path)
+    if primary in (SQLITE_CANTOPEN, SQLITE_PERM):
+        return StateDbCannotOpenError(f"{where} cannot be opened: {exc}", path=path)
+    if primary == SQLITE_CONSTRAINT:
+        return StateDbConstraintError(f"a write to {where} broke a constraint: {exc}", path=path)
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    return StateDbError(f"SQLite error on {where} ({name}): {exc}", path=path)
+
+
+def translate(exc: sqlite3.Error, path: Path | None) -> HermesStateError:
+    """The typed error for ``exc``, an SQLite error met on the database at ``path``: chosen by
+    result code only, carrying ``sqlite_errorcode``, ``sqlite_errorname``, ``path`` and the
+    original as ``__cause__`` (``raise translate(exc, path) from exc`` keeps it too)."""
+    where = str(path) if path is not None else "the database"
+    error: HermesStateError
+    if is_hot_journal_error(exc):  # only read-only connections cannot roll it back
+        error = hot_journal_error(path) if path is not None else StateDbUnavailableError(
+            f"{where} has a hot rollback journal: {exc}", reason=HOT_JOURNAL_REASON)
+    else:
+        error = _typed(exc, path, where)
+    error.sqlite_errorcode = _error_code(exc)
+    error.sqlite_errorname = getattr(exc, "sqlite_errorname", None)
+    error.__cause__ = exc
+    return error
+
+
+@contextlib.contextmanager
+def translated_errors(path: Path | None) -> Iterator[None]:
+    """Run the block with SQLite's errors translated (:func:`translate`) for ``path``; typed
+    errors and everything else pass through unchanged."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise translate(exc, path) from exc

@@ -53,10 +53,30 @@ from hermes_state_errors import is_sqlite_lock_error
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
+    "FTS_TRIGGER_NAMES",
     "CJK_CHAR_CLASS",
     "cjk_index_text",
     "cjk_bigrams",
     "has_cjk",
+    "FTS_TABLES",
+    "HIGH_WATER_KEY",
+    "PROGRESS_KEY",
+    "STALE_KEY",
+    "admission_lock",
+    "damage_is_fts_only",
+    "damaged_canonical_tables",
+    "detach_index",
+    "empty_index",
+    "index_state",
+    "integrity_report",
+    "iter_cjk_runs",
+    "missing_triggers",
+    "other_processes_hold",
+    "RebuildStep",
+    "rebuild_chunk",
+    "rebuild_when_admitted",
+    "start_rebuild",
+    "status",
 ]
 
 # Letters of the scripts written without spaces between words (plus Hangul, which is written
@@ -83,7 +103,7 @@ _CJK_RUN_RE = re.compile(f"[{CJK_CHAR_CLASS}]+")
 
 
 def has_cjk(text: str | None) -> bool:
-    return bool(text) and not text.isascii() and _CJK_RUN_RE.search(text) is not None
+    return text is not None and not text.isascii() and _CJK_RUN_RE.search(text) is not None
 
 
 def cjk_bigrams(run: str) -> list[str]:
@@ -125,7 +145,7 @@ REBUILD_CHUNK_ROWS = 2000
 _CANONICAL_TABLES = ("sessions", "messages", "state_meta", "session_model_usage")
 
 
-def _delete_meta(conn: sqlite3.Connection, *keys: str) -> None:
+def _delete_meta(conn: sqlite3.Connection, /, *keys: str) -> None:
     conn.executemany("DELETE FROM state_meta WHERE key = ?", ((k,) for k in keys))
 
 
@@ -153,7 +173,7 @@ class IndexState:
         return self.high_water is not None
 
 
-def index_state(conn: sqlite3.Connection) -> IndexState:
+def index_state(conn: sqlite3.Connection, /) -> IndexState:
     stale, high_water, progress = conn.execute(INDEX_STATE_SQL).fetchone()
     return IndexState(
         stale,
@@ -162,7 +182,18 @@ def index_state(conn: sqlite3.Connection) -> IndexState:
     )
 
 
-def missing_triggers(conn: sqlite3.Connection) -> list[str]:
+def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
+    """The FTS markers and trigger set, without checking the index contents."""
+    state = index_state(conn)
+    return {
+        "stale": state.stale,
+        "rebuild_high_water": state.high_water,
+        "rebuild_progress": state.progress,
+        "missing_triggers": missing_triggers(conn),
+    }
+
+
+def missing_triggers(conn: sqlite3.Connection, /) -> list[str]:
     present = {
         r[0]
         for r in conn.execute(
@@ -175,7 +206,7 @@ def missing_triggers(conn: sqlite3.Connection) -> list[str]:
 # --- damage ----------------------------------------------------------------------------------
 
 
-def _table_ok(conn: sqlite3.Connection, table: str) -> bool:
+def _table_ok(conn: sqlite3.Connection, /, table: str) -> bool:
     """``quick_check`` of one table's b-trees; a table too damaged to be checked is not ok."""
     try:
         rows = conn.execute(f"PRAGMA quick_check({quote_identifier(table)})").fetchall()
@@ -186,22 +217,22 @@ def _table_ok(conn: sqlite3.Connection, table: str) -> bool:
     return [r[0] for r in rows] == ["ok"]
 
 
-def _fts_shadow_tables(conn: sqlite3.Connection) -> list[str]:
+def _fts_shadow_tables(conn: sqlite3.Connection, /) -> list[str]:
     names = [table + suffix for table in FTS_TABLES for suffix in _SHADOW_SUFFIXES]
     return [name for name in names if table_exists(conn, name)]
 
 
-def damaged_shadow_tables(conn: sqlite3.Connection) -> list[str]:
+def damaged_shadow_tables(conn: sqlite3.Connection, /) -> list[str]:
     """The FTS shadow tables whose b-trees fail ``quick_check``."""
     return [name for name in _fts_shadow_tables(conn) if not _table_ok(conn, name)]
 
 
-def damaged_canonical_tables(conn: sqlite3.Connection) -> list[str]:
+def damaged_canonical_tables(conn: sqlite3.Connection, /) -> list[str]:
     """The canonical tables (the record, not an index) whose b-trees fail ``quick_check``."""
     return [t for t in _CANONICAL_TABLES if table_exists(conn, t) and not _table_ok(conn, t)]
 
 
-def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
+def damage_is_fts_only(conn: sqlite3.Connection, /, exc: BaseException) -> bool:
     """True when corruption reported by ``exc`` provably lies in the FTS indexes only.
 
     Every canonical table must pass ``quick_check``: FTS5 reads ``messages`` (its external
@@ -224,7 +255,7 @@ def damage_is_fts_only(conn: sqlite3.Connection, exc: BaseException) -> bool:
         return False
 
 
-def _garbage_in_index(conn: sqlite3.Connection) -> bool:
+def _garbage_in_index(conn: sqlite3.Connection, /) -> bool:
     """After SQLITE_NOMEM (Python's MemoryError): True when the canonical tables are sound and
     an index fails FTS5's check of its own structures. Garbage inside an index's blobs passes
     ``quick_check`` (the b-trees are fine) but can make FTS5 try to allocate absurd sizes;
@@ -245,7 +276,7 @@ def _garbage_in_index(conn: sqlite3.Connection) -> bool:
     return False
 
 
-def detach_index(conn: sqlite3.Connection, reason: str = "corrupt") -> None:
+def detach_index(conn: sqlite3.Connection, /, reason: str = "corrupt") -> None:
     """Mark the indexes stale and drop their sync triggers (the caller's transaction).
 
     Canonical writes then proceed without touching the damaged index; searches fall back to
@@ -276,7 +307,7 @@ def _fresh_shadow_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
         conn.close()
 
 
-def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
+def _reset_shadow_tables(conn: sqlite3.Connection, /, table: str) -> None:
     """Put ``table``'s shadow tables back to the state of a new, empty index.
 
     FTS5 reads an index's structure record whenever it opens the table, so once that record
@@ -290,7 +321,7 @@ def _reset_shadow_tables(conn: sqlite3.Connection, table: str) -> None:
             conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
 
 
-def _empty_index(conn: sqlite3.Connection, table: str) -> None:
+def empty_index(conn: sqlite3.Connection, /, table: str) -> None:
     """Empty ``table`` for a rebuild; raises :class:`FtsCorruptError` when its shadow tables
     are damaged below FTS5 (their b-trees), which only a repair of the whole file can mend.
 
@@ -307,13 +338,13 @@ def _empty_index(conn: sqlite3.Connection, table: str) -> None:
         raise
 
 
-def start_rebuild(conn: sqlite3.Connection) -> int:
+def start_rebuild(conn: sqlite3.Connection, /) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
     transaction). Returns the number of rows the chunks must index (0: nothing to do).
 
     An index too damaged for FTS5 to open is reset from its shadow tables first."""
     for table in FTS_TABLES:
-        _empty_index(conn, table)
+        empty_index(conn, table)
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)
@@ -357,7 +388,7 @@ class RebuildStep:
 
 
 def rebuild_chunk(
-    conn: sqlite3.Connection, chunk_rows: int | None = None
+    conn: sqlite3.Connection, /, chunk_rows: int | None = None
 ) -> RebuildStep | None:
     """Index the next chunk of a rebuild (the caller's transaction): the next ``chunk_rows``
     (default :data:`REBUILD_CHUNK_ROWS`) existing rows above the progress marker.
@@ -393,7 +424,7 @@ def rebuild_chunk(
 
 
 def integrity_report(
-    conn: sqlite3.Connection, *, against_content: bool = True
+    conn: sqlite3.Connection, /, *, against_content: bool = True
 ) -> dict[str, str | None]:
     """FTS5 'integrity-check' of each index against its content (None: clean, else the error).
     ``against_content=False`` checks the index structures only (a third of the time): enough

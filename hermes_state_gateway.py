@@ -66,7 +66,8 @@ When the gateway fails after accepting an input, :func:`persist_exception_input`
 if no row already owns the marker. It looks for the marker and nothing else — never at bodies,
 never at unmarked rows — in the sessions :func:`owner_search_order` lists: the published
 forwarding target (``successor_session_id``, followed to its end), the canonical current
-compression successor (the tip), then the compression ancestors. Active rows and compression
+compression successor (the tip), then the compression ancestors, each as
+``hermes_state_lineage`` defines it. Active rows and compression
 archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) and observed
 inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
 read, :class:`OwnerLookupError` is raised and nothing is appended on a guess (a corrupt file
@@ -95,10 +96,10 @@ from hermes_state_common import (
     encode_json,
     now,
     split_sql,
+    row_to_dict,
     sql_values,
     table_exists,
 )
-from hermes_state_compression import compression_ancestors, compression_tip
 from hermes_state_errors import (
     LedgerConflictError,
     OwnerLookupError,
@@ -107,9 +108,10 @@ from hermes_state_errors import (
     is_corruption_error,
     is_sqlite_lock_error,
 )
+from hermes_state_lineage import compression_ancestors, compression_tip, forwarding_chain
 from hermes_state_messages import insert_message
 from hermes_state_replay import gateway_should_persist
-from hermes_state_sessions import lift_auto_archive, require_session, row_to_dict
+from hermes_state_sessions import lift_auto_archive, require_session
 
 __all__ = [
     "OUTCOMES",
@@ -191,7 +193,7 @@ WHERE status IN ('registered', 'running') AND epoch < ?
 SELECT_EPOCH_SQL = "SELECT epoch, instance_id, started_at FROM runtime_epoch WHERE id = 1"
 
 
-def begin_runtime_epoch(conn: sqlite3.Connection, instance_id: str) -> int:
+def begin_runtime_epoch(conn: sqlite3.Connection, /, instance_id: str) -> int:
     """Make ``instance_id`` the owner under a new epoch and return it (1 for the first owner).
 
     Admissions still ``started`` and worker executions still ``registered``/``running`` under
@@ -204,13 +206,13 @@ def begin_runtime_epoch(conn: sqlite3.Connection, instance_id: str) -> int:
     return epoch
 
 
-def get_runtime_epoch(conn: sqlite3.Connection) -> dict[str, Any] | None:
+def get_runtime_epoch(conn: sqlite3.Connection, /) -> dict[str, Any] | None:
     """``{"epoch", "instance_id", "started_at"}`` of the current owner; None before the first."""
     row = conn.execute(SELECT_EPOCH_SQL).fetchone()
     return None if row is None else dict(zip(("epoch", "instance_id", "started_at"), row))
 
 
-def _require_epoch(conn: sqlite3.Connection, epoch: int) -> int:
+def _require_epoch(conn: sqlite3.Connection, /, epoch: int) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, int):
         raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
     row = conn.execute(SELECT_EPOCH_SQL).fetchone()
@@ -266,12 +268,12 @@ def _admission(row: tuple[Any, ...] | None) -> dict[str, Any] | None:
     return admission
 
 
-def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
+def get_admission(conn: sqlite3.Connection, /, admission_id: int) -> dict[str, Any] | None:
     row = conn.execute(SELECT_ADMISSION_SQL + " WHERE id = ?", (admission_id,)).fetchone()
     return _admission(row)
 
 
-def _existing_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any]:
+def _existing_admission(conn: sqlite3.Connection, /, admission_id: int) -> dict[str, Any]:
     admission = get_admission(conn, admission_id)
     if admission is None:
         raise LedgerConflictError(f"no admission {admission_id}")
@@ -280,6 +282,7 @@ def _existing_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str
 
 def admit_input(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     payload: Any,
     *,
@@ -310,7 +313,7 @@ def admit_input(
 
 
 def claim_next_input(
-    conn: sqlite3.Connection, session_id: str, *, epoch: int
+    conn: sqlite3.Connection, /, session_id: str, *, epoch: int
 ) -> dict[str, Any] | None:
     """Start the session's oldest queued admission under ``epoch`` and return it; None when
     nothing is queued, or while an earlier admission is ``started`` or ``unknown``."""
@@ -324,6 +327,7 @@ def claim_next_input(
 
 def settle_input(
     conn: sqlite3.Connection,
+    /,
     admission_id: int,
     *,
     epoch: int,
@@ -350,7 +354,7 @@ def settle_input(
 
 
 def resolve_unknown_input(
-    conn: sqlite3.Connection, admission_id: int, *, epoch: int, outcome: str
+    conn: sqlite3.Connection, /, admission_id: int, *, epoch: int, outcome: str
 ) -> dict[str, Any]:
     """Decide what happened to an ``unknown`` admission (``prompt.resolve_unknown``): it becomes
     ``resolved`` with ``outcome`` and is never run again; the admissions behind it proceed.
@@ -368,7 +372,7 @@ def resolve_unknown_input(
 
 
 def list_admissions(
-    conn: sqlite3.Connection, session_id: str, pending_only: bool = True
+    conn: sqlite3.Connection, /, session_id: str, pending_only: bool = True
 ) -> list[dict[str, Any]]:
     """The session's admissions in FIFO order; only the live ones unless asked."""
     sql = SELECT_ADMISSION_SQL + " WHERE session_id = ?"
@@ -421,13 +425,13 @@ FROM worker_receipts WHERE execution_id = ? ORDER BY sequence
 """
 
 
-def _execution(conn: sqlite3.Connection, execution_id: str) -> dict[str, Any] | None:
+def _execution(conn: sqlite3.Connection, /, execution_id: str) -> dict[str, Any] | None:
     row = conn.execute(SELECT_EXECUTION_SQL + " WHERE execution_id = ?", (execution_id,))
     found = row.fetchone()
     return None if found is None else dict(zip(_EXECUTION_COLUMNS, found, strict=True))
 
 
-def _existing_execution(conn: sqlite3.Connection, execution_id: str) -> dict[str, Any]:
+def _existing_execution(conn: sqlite3.Connection, /, execution_id: str) -> dict[str, Any]:
     execution = _execution(conn, execution_id)
     if execution is None:
         raise LedgerConflictError(f"no worker execution {execution_id!r}")
@@ -435,7 +439,7 @@ def _existing_execution(conn: sqlite3.Connection, execution_id: str) -> dict[str
 
 
 def register_worker_execution(
-    conn: sqlite3.Connection, execution_id: str, session_id: str, *, epoch: int, kind: str
+    conn: sqlite3.Connection, /, execution_id: str, session_id: str, *, epoch: int, kind: str
 ) -> dict[str, Any]:
     """Bind a managed worker to a session under the owner's ``epoch`` (status
     ``registered``). An execution id is registered once; again raises
@@ -452,7 +456,7 @@ def register_worker_execution(
 
 
 def record_worker_receipt(
-    conn: sqlite3.Connection, execution_id: str, sequence: int, payload: Any, *, digest: str
+    conn: sqlite3.Connection, /, execution_id: str, sequence: int, payload: Any, *, digest: str
 ) -> dict[str, Any]:
     """Record the next result of a live execution (see the module docstring for the checks).
 
@@ -496,7 +500,7 @@ def record_worker_receipt(
 
 
 def finish_worker_execution(
-    conn: sqlite3.Connection, execution_id: str, *, epoch: int, outcome: str
+    conn: sqlite3.Connection, /, execution_id: str, *, epoch: int, outcome: str
 ) -> dict[str, Any]:
     """Finish a live execution of this owner's epoch (``finished``). One that became
     ``unknown`` needs :func:`resolve_unknown_execution` instead."""
@@ -513,7 +517,7 @@ def finish_worker_execution(
 
 
 def resolve_unknown_execution(
-    conn: sqlite3.Connection, execution_id: str, *, epoch: int, outcome: str
+    conn: sqlite3.Connection, /, execution_id: str, *, epoch: int, outcome: str
 ) -> dict[str, Any]:
     """Decide what happened to an ``unknown`` execution: it becomes ``resolved``."""
     _require_epoch(conn, epoch)
@@ -528,7 +532,7 @@ def resolve_unknown_execution(
 
 
 def list_worker_executions(
-    conn: sqlite3.Connection, session_id: str, live_only: bool = True
+    conn: sqlite3.Connection, /, session_id: str, live_only: bool = True
 ) -> list[dict[str, Any]]:
     """The session's worker executions, oldest first; only the live ones unless asked."""
     sql = SELECT_EXECUTION_SQL + " WHERE session_id = ?"
@@ -538,7 +542,7 @@ def list_worker_executions(
     return [dict(zip(_EXECUTION_COLUMNS, r, strict=True)) for r in rows.fetchall()]
 
 
-def list_worker_receipts(conn: sqlite3.Connection, execution_id: str) -> list[dict[str, Any]]:
+def list_worker_receipts(conn: sqlite3.Connection, /, execution_id: str) -> list[dict[str, Any]]:
     """An execution's receipts in sequence order, payloads decoded."""
     out = []
     for execution, session_id, sequence, payload, digest, recorded_at in conn.execute(
@@ -579,7 +583,7 @@ def _obligation(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def get_delivery_obligation(
-    conn: sqlite3.Connection, obligation_key: str
+    conn: sqlite3.Connection, /, obligation_key: str
 ) -> dict[str, Any] | None:
     if not table_exists(conn, "delivery_obligations"):
         return None
@@ -590,7 +594,7 @@ def get_delivery_obligation(
     return None if row is None else _obligation(cursor, row)
 
 
-def _existing_obligation(conn: sqlite3.Connection, obligation_key: str) -> dict[str, Any]:
+def _existing_obligation(conn: sqlite3.Connection, /, obligation_key: str) -> dict[str, Any]:
     obligation = get_delivery_obligation(conn, obligation_key)
     if obligation is None:
         raise LedgerConflictError(f"no delivery obligation {obligation_key!r}")
@@ -605,6 +609,7 @@ def _chat_part(name: str, value: Any) -> str:
 
 def record_delivery_obligation(
     conn: sqlite3.Connection,
+    /,
     obligation_key: str,
     *,
     platform: str,
@@ -634,7 +639,7 @@ def record_delivery_obligation(
 
 
 def record_delivery_failure(
-    conn: sqlite3.Connection, obligation_key: str, error: str
+    conn: sqlite3.Connection, /, obligation_key: str, error: str
 ) -> dict[str, Any]:
     """Count a failed delivery attempt; the obligation stays ``owed``."""
     if not conn.execute(
@@ -645,7 +650,7 @@ def record_delivery_failure(
 
 
 def settle_delivery_obligation(
-    conn: sqlite3.Connection, obligation_key: str, *, outcome: str = "delivered"
+    conn: sqlite3.Connection, /, obligation_key: str, *, outcome: str = "delivered"
 ) -> dict[str, Any]:
     """Settle an owed obligation as ``delivered`` or ``abandoned``; settling one that is not
     owed (unknown or already settled) raises :class:`LedgerConflictError`."""
@@ -662,6 +667,7 @@ def settle_delivery_obligation(
 
 def list_owed_deliveries(
     conn: sqlite3.Connection,
+    /,
     *,
     platform: str | None = None,
     session_id: str | None = None,
@@ -712,7 +718,7 @@ def _routing_json(entry_json: Any) -> str:
 
 
 def save_gateway_routing_entry(
-    conn: sqlite3.Connection, session_key: str, entry_json: Any, *, scope: str = ""
+    conn: sqlite3.Connection, /, session_key: str, entry_json: Any, *, scope: str = ""
 ) -> None:
     """Insert or replace one routing entry (JSON text or a JSON value) within ``scope``."""
     conn.execute(
@@ -722,7 +728,7 @@ def save_gateway_routing_entry(
 
 
 def load_gateway_routing_entries(
-    conn: sqlite3.Connection, *, scope: str = ""
+    conn: sqlite3.Connection, /, *, scope: str = ""
 ) -> dict[str, str]:
     """``{session_key: entry_json}`` of one scope: each entry's JSON text as stored (the
     gateway parses it)."""
@@ -734,7 +740,7 @@ def load_gateway_routing_entries(
 
 
 def replace_gateway_routing_entries(
-    conn: sqlite3.Connection, entries: Mapping[str, Any], *, scope: str = ""
+    conn: sqlite3.Connection, /, entries: Mapping[str, Any], *, scope: str = ""
 ) -> None:
     """Make ``entries`` the whole content of ``scope`` (other scopes untouched)."""
     conn.execute("DELETE FROM gateway_routing WHERE scope = ?", (scope,))
@@ -747,7 +753,7 @@ def replace_gateway_routing_entries(
 
 
 def delete_gateway_routing_entries(
-    conn: sqlite3.Connection, session_keys: Iterable[str], *, scope: str = ""
+    conn: sqlite3.Connection, /, session_keys: Iterable[str], *, scope: str = ""
 ) -> int:
     """Delete the entries of ``session_keys`` (any number) within ``scope``; returns how many
     existed."""
@@ -779,7 +785,7 @@ def _delegation(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
     return delegation
 
 
-def get_async_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[str, Any] | None:
+def get_async_delegation(conn: sqlite3.Connection, /, delegation_id: str) -> dict[str, Any] | None:
     cursor = conn.execute(
         "SELECT * FROM async_delegations WHERE delegation_id = ?", (delegation_id,)
     )
@@ -789,6 +795,7 @@ def get_async_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[s
 
 def record_async_delegation(
     conn: sqlite3.Connection,
+    /,
     delegation_id: str,
     parent_session_id: str,
     *,
@@ -817,6 +824,7 @@ def record_async_delegation(
 
 def update_async_delegation(
     conn: sqlite3.Connection,
+    /,
     delegation_id: str,
     *,
     status: str | None = None,
@@ -850,7 +858,7 @@ def update_async_delegation(
 
 
 def list_async_delegations(
-    conn: sqlite3.Connection, parent_session_id: str | None = None, *, pending_only: bool = False
+    conn: sqlite3.Connection, /, parent_session_id: str | None = None, *, pending_only: bool = False
 ) -> list[dict[str, Any]]:
     """Delegations oldest first, of one parent session or all; ``pending_only`` keeps those
     not final yet."""
@@ -922,11 +930,6 @@ def with_owner_marker(display_metadata: Mapping[str, Any] | None, marker: str) -
     return {**display_metadata, OWNER_MARKER_KEY: marker}
 
 
-# Published forwarding: the successor of a session, when that session exists.
-FORWARD_SQL = """
-SELECT s.successor_session_id FROM sessions s JOIN sessions t ON t.id = s.successor_session_id
-WHERE s.id = ?
-"""
 # The marker only: bodies are never read or compared; rows whose metadata is not JSON are
 # simply not owners. Revoked rows and observed inputs do not own anything.
 OWNED_INPUT_SQL = """
@@ -947,21 +950,7 @@ _OWNED_COLUMNS = (
 )
 
 
-def _forwarding_chain(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """The published successors of ``session_id``, followed in order (cycles stop)."""
-    chain: list[str] = []
-    seen = {session_id}
-    current = session_id
-    while (row := conn.execute(FORWARD_SQL, (current,)).fetchone()) is not None:
-        current = row[0]
-        if current in seen:
-            break
-        seen.add(current)
-        chain.append(current)
-    return chain
-
-
-def owner_search_order(conn: sqlite3.Connection, session_id: str) -> list[str]:
+def owner_search_order(conn: sqlite3.Connection, /, session_id: str) -> list[str]:
     """Where an input accepted for ``session_id`` may be stored, in search order; the first
     entry is where the exception path appends (the live session). Empty for an unknown
     session.
@@ -971,7 +960,7 @@ def owner_search_order(conn: sqlite3.Connection, session_id: str) -> list[str]:
     3. the compression ancestors: the forwarding chain back towards the session, then the
        compression ancestors of the target, of the tip and of the session itself.
     """
-    forwarded = _forwarding_chain(conn, session_id)
+    forwarded = forwarding_chain(conn, session_id)
     tip = compression_tip(conn, session_id)
     order: list[str] = []
 
@@ -988,7 +977,7 @@ def owner_search_order(conn: sqlite3.Connection, session_id: str) -> list[str]:
 
 
 def _find_owned(
-    conn: sqlite3.Connection, order: Iterable[str], marker: str
+    conn: sqlite3.Connection, /, order: Iterable[str], marker: str
 ) -> dict[str, Any] | None:
     for session_id in order:
         row = conn.execute(OWNED_INPUT_SQL, (session_id, _MARKER_PATH, marker)).fetchone()
@@ -1001,7 +990,7 @@ def _find_owned(
 
 
 def find_owned_input(
-    conn: sqlite3.Connection, session_id: str, marker: str
+    conn: sqlite3.Connection, /, session_id: str, marker: str
 ) -> dict[str, Any] | None:
     """The row that owns ``marker`` for ``session_id`` (searched as :func:`owner_search_order`
     lists), or None. The row comes without its bodies: ``id, session_id, role, message_uid,

@@ -20,9 +20,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import clean_text, stored_text
+from hermes_state_common import clean_text, row_to_dict, stored_text
 from hermes_state_errors import InvalidInputError
-from hermes_state_sessions import row_to_dict
 
 __all__ = [
     "HANDOFF_ERROR_CHARS",

@@ -1,10 +1,12 @@
 """Messages: one row per turn, written once, copied with its identity, replayed byte for byte.
 
-* :func:`insert_message` is the single way a message row is written (append, replace,
-  compression generations, import, the gateway's exception path): it cleans text, encodes the
-  JSON-typed fields, issues ``message_uid`` (and ``tool_call_uids`` for an assistant row with
-  tool calls) unless the row already has them, pairs a tool result with its call, and computes
-  the CJK index text. A copy passes the uids it carries and they are kept as they are.
+* A :class:`MessageRow` is the single way a message row is written (append, replace,
+  compression generations, import, the gateway's exception path: :func:`insert_row`, or
+  :func:`insert_message` from a mapping of fields). It is built field by field: text cleaned,
+  each field checked, ``message_uid`` (and ``tool_call_uids`` for an assistant row with tool
+  calls) issued unless the row already has them, a tool result paired with its call; writing
+  it encodes the JSON-typed fields and computes the CJK index text. A copy passes the uids it
+  carries and they are kept as they are.
 * Lone surrogates are the only change ever made to text (SQLite cannot bind them).
 * Appending a user turn resumes its conversation, lifting an archive only the idle clean-up
   set (see ``hermes_state_sessions``); copies made by compression, replacement or import
@@ -37,8 +39,7 @@ the FTS triggers follow both steps. A replacement that removes every row (not
 ``active_only``) removes archived and rewound rows only up to the bound; those above it stay as
 they are. ``None`` means the caller vouches for every row present.
 
-:class:`SeenThrough` is what a handle remembers when its caller passes no bound: per session,
-the newest id it read or wrote (see the class).
+What a handle remembers when its caller passes no bound lives in ``hermes_state_seen``.
 """
 
 from __future__ import annotations
@@ -48,27 +49,26 @@ import json
 import math
 import re
 import sqlite3
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import hermes_state_fts as fts
 import hermes_state_rank as rank
-from hermes_state_common import clean_optional, decode_json, encode_json, now
+from hermes_state_common import clean_optional, clean_text, decode_json, encode_json, now
 from hermes_state_errors import InvalidInputError, SessionNotFoundError
-from hermes_state_sessions import lift_auto_archive, session_ancestors
+from hermes_state_lineage import session_ancestors
+from hermes_state_sessions import lift_auto_archive
 
 __all__ = [
     "MESSAGE_FIELDS",
     "JSON_FIELDS",
     "RECOUNT_SQL",
-    "SEEN_SESSIONS",
-    "SeenThrough",
+    "MessageRow",
+    "insert_row",
     "insert_message",
     "append_message",
-    "append_located",
     "SELECT_MESSAGES_SQL",
     "BACKGROUND_REVIEW_PROMPTS",
     "get_messages",
@@ -83,9 +83,11 @@ __all__ = [
     "put_back",
     "replacement_fields",
     "replace_messages",
+    "replace_message_rows",
     "has_archived_messages",
     "has_platform_message_id",
     "tool_call_count_of",
+    "row_to_message",
 ]
 
 # The append_message keywords, in column order (session_id comes first in the row).
@@ -128,7 +130,6 @@ JSON_FIELDS = frozenset(
     }
 )
 _FLAG_FIELDS = ("observed", "active", "compacted")
-_INT_FIELDS = ("token_count",)
 _COLUMNS = ("session_id", *MESSAGE_FIELDS, "search_cjk")
 
 INSERT_MESSAGE_SQL = (
@@ -191,12 +192,13 @@ def _pick_uid(value: Any, occurrence: int) -> str | None:
     """The uid of the ``occurrence``-th result for a call id (a list after folded turns)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and occurrence < len(value) and isinstance(value[occurrence], str):
-        return value[occurrence]
-    return None
+    picked = value[occurrence] if isinstance(value, list) and occurrence < len(value) else None
+    return picked if isinstance(picked, str) else None
 
 
-def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: str) -> str | None:
+def _pair_tool_result(
+    conn: sqlite3.Connection, /, session_id: str, tool_call_id: str
+) -> str | None:
     params = {"session_id": session_id, "call_id": tool_call_id}
     row = conn.execute(LAST_CALLER_SQL, params).fetchone()
     if row is None:
@@ -207,98 +209,282 @@ def _pair_tool_result(conn: sqlite3.Connection, session_id: str, tool_call_id: s
     return _pick_uid(mapping[tool_call_id], row[1])
 
 
-def _prepare(conn: sqlite3.Connection, session_id: str, fields: Mapping[str, Any]) -> tuple:
-    unknown = set(fields) - set(MESSAGE_FIELDS)
-    if unknown:
-        raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
-    row: dict[str, Any] = dict.fromkeys(MESSAGE_FIELDS)
-    row.update(fields)
-    role = row["role"]
-    if not isinstance(role, str) or not role:
-        raise ValueError(f"role must be a non-empty string, got {role!r}")
-    for name, value in row.items():
-        if name in JSON_FIELDS or name in _FLAG_FIELDS or name in ("timestamp", "token_count"):
-            continue
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
-        row[name] = clean_optional(value)
-    role = row["role"]
+def _text(name: str, value: Any) -> str | None:
+    """A text field: a string or None; lone surrogates removed."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+    return clean_optional(value)
 
-    # A reasoning-only successful reply: the reasoning text is the reply that replays.
-    reasoning_text = row["reasoning_content"] or row["reasoning"]
+
+def _role(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"role must be a non-empty string, got {value!r}")
+    return clean_text(value)
+
+
+def _token_count(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError("token_count must be an int or None")
+    return value
+
+
+def _timestamp(value: Any) -> float:
+    """The row's time: the one given (a finite number), else now."""
+    if value is None:
+        return now()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"timestamp must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"timestamp must be finite, got {value!r}")
+    return float(value)
+
+
+def _message_uid(value: str | None) -> str:
+    """The uid a copy carries (checked), or a new one for a new message."""
+    return new_uid() if value is None else _check_uid(value, "message_uid")
+
+
+def _tool_call_uids(role: str, tool_calls: Any, given: Any) -> Any:
+    """An assistant row that makes tool calls issues one uid per call id, unless it carries
+    its own mapping."""
+    if given is not None or role != "assistant":
+        return given
+    return {call_id: new_uid() for call_id in _tool_call_ids(tool_calls)} or None
+
+
+def _tool_call_uid(
+    conn: sqlite3.Connection,
+    /,
+    session_id: str,
+    role: str,
+    tool_call_id: str | None,
+    active: bool,
+    given: str | None,
+) -> str | None:
+    """A live tool result takes the uid its call was issued, unless it carries one."""
+    uid = given
+    if uid is None and role == "tool" and tool_call_id and active:
+        uid = _pair_tool_result(conn, session_id, tool_call_id)
+    return None if uid is None else _check_uid(uid, "tool_call_uid")
+
+
+def _reasoning_only_reply(
+    role: str,
+    content: str | None,
+    finish_reason: str | None,
+    reasoning: str | None,
+    reasoning_content: str | None,
+    tool_calls: Any,
+    api_content: str | None,
+) -> tuple[str | None, str | None]:
+    """(content, api_content) of the row. A successful assistant reply made of reasoning only
+    keeps ``content`` empty, and its reasoning text is what replays."""
+    reasoning_text = reasoning_content or reasoning
     if (
         role == "assistant"
-        and not row["content"]
-        and row["finish_reason"] == "stop"
+        and not content
+        and finish_reason == "stop"
         and reasoning_text
-        and not row["tool_calls"]
+        and not tool_calls
     ):
-        row["content"] = ""
-        if row["api_content"] is None:
-            row["api_content"] = reasoning_text
-
-    timestamp = now() if row["timestamp"] is None else row["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
-        raise TypeError(f"timestamp must be a number, got {type(timestamp).__name__}")
-    if not math.isfinite(timestamp):
-        raise ValueError(f"timestamp must be finite, got {timestamp!r}")
-    row["timestamp"] = float(timestamp)
-    if row["token_count"] is not None and (
-        isinstance(row["token_count"], bool) or not isinstance(row["token_count"], int)
-    ):
-        raise TypeError("token_count must be an int or None")
-    row["observed"] = int(bool(row["observed"]))
-    row["active"] = 1 if row["active"] is None else int(bool(row["active"]))
-    row["compacted"] = int(bool(row["compacted"]))
-
-    row["message_uid"] = (
-        new_uid() if row["message_uid"] is None else _check_uid(row["message_uid"], "message_uid")
-    )
-    if row["tool_call_uids"] is None and role == "assistant":
-        ids = _tool_call_ids(row["tool_calls"])
-        row["tool_call_uids"] = {call_id: new_uid() for call_id in ids} or None
-    if (
-        row["tool_call_uid"] is None
-        and role == "tool"
-        and row["tool_call_id"]
-        and row["active"]
-    ):
-        row["tool_call_uid"] = _pair_tool_result(conn, session_id, row["tool_call_id"])
-    if row["tool_call_uid"] is not None:
-        _check_uid(row["tool_call_uid"], "tool_call_uid")
-
-    for name in JSON_FIELDS:
-        row[name] = encode_json(row[name])
-    search_cjk = fts.cjk_index_text(row["content"], row["tool_calls"])
-    return (session_id, *(row[name] for name in MESSAGE_FIELDS), search_cjk)
+        return "", reasoning_text if api_content is None else api_content
+    return content, api_content
 
 
-def insert_message(
-    conn: sqlite3.Connection,
-    session_id: str,
-    fields: Mapping[str, Any],
-    *,
-    count: bool = True,
-) -> int:
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """One message row as it is inserted, every field checked (:meth:`build`).
+
+    Text fields are strings or None (lone surrogates removed); the JSON-typed fields hold any
+    JSON value, encoded only when the row is written; flags are bools."""
+
+    session_id: str
+    role: str
+    content: str | None
+    tool_name: str | None
+    tool_calls: Any
+    tool_call_id: str | None
+    token_count: int | None
+    finish_reason: str | None
+    reasoning: str | None
+    reasoning_content: str | None
+    reasoning_details: Any
+    codex_reasoning_items: Any
+    codex_message_items: Any
+    platform_message_id: str | None
+    observed: bool
+    effect_disposition: str | None
+    api_content: str | None
+    display_kind: str | None
+    display_metadata: Any
+    message_uid: str
+    timestamp: float
+    absorbed_message_uids: Any
+    tool_call_uids: Any
+    tool_call_uid: str | None
+    active: bool
+    compacted: bool
+
+    @classmethod
+    def build(
+        cls,
+        conn: sqlite3.Connection,
+        /,
+        session_id: str,
+        role: Any = None,
+        content: Any = None,
+        tool_name: Any = None,
+        tool_calls: Any = None,
+        tool_call_id: Any = None,
+        token_count: Any = None,
+        finish_reason: Any = None,
+        reasoning: Any = None,
+        reasoning_content: Any = None,
+        reasoning_details: Any = None,
+        codex_reasoning_items: Any = None,
+        codex_message_items: Any = None,
+        platform_message_id: Any = None,
+        observed: Any = False,
+        effect_disposition: Any = None,
+        api_content: Any = None,
+        display_kind: Any = None,
+        display_metadata: Any = None,
+        message_uid: Any = None,
+        timestamp: Any = None,
+        absorbed_message_uids: Any = None,
+        tool_call_uids: Any = None,
+        tool_call_uid: Any = None,
+        active: Any = None,
+        compacted: Any = False,
+    ) -> MessageRow:
+        """Check and complete one message's fields (``conn`` pairs a tool result with its
+        call). ``active`` None means live; uids are issued where none is given."""
+        role = _role(role)
+        content = _text("content", content)
+        finish_reason = _text("finish_reason", finish_reason)
+        reasoning = _text("reasoning", reasoning)
+        reasoning_content = _text("reasoning_content", reasoning_content)
+        content, api_content = _reasoning_only_reply(
+            role, content, finish_reason, reasoning, reasoning_content, tool_calls,
+            _text("api_content", api_content),
+        )
+        tool_call_id = _text("tool_call_id", tool_call_id)
+        live = True if active is None else bool(active)
+        return cls(
+            session_id=session_id,
+            role=role,
+            content=content,
+            tool_name=_text("tool_name", tool_name),
+            tool_calls=tool_calls,
+            tool_call_id=tool_call_id,
+            token_count=_token_count(token_count),
+            finish_reason=finish_reason,
+            reasoning=reasoning,
+            reasoning_content=reasoning_content,
+            reasoning_details=reasoning_details,
+            codex_reasoning_items=codex_reasoning_items,
+            codex_message_items=codex_message_items,
+            platform_message_id=_text("platform_message_id", platform_message_id),
+            observed=bool(observed),
+            effect_disposition=_text("effect_disposition", effect_disposition),
+            api_content=api_content,
+            display_kind=_text("display_kind", display_kind),
+            display_metadata=display_metadata,
+            message_uid=_message_uid(_text("message_uid", message_uid)),
+            timestamp=_timestamp(timestamp),
+            absorbed_message_uids=absorbed_message_uids,
+            tool_call_uids=_tool_call_uids(role, tool_calls, tool_call_uids),
+            tool_call_uid=_tool_call_uid(
+                conn, session_id, role, tool_call_id, live, _text("tool_call_uid", tool_call_uid)
+            ),
+            active=live,
+            compacted=bool(compacted),
+        )
+
+    @classmethod
+    def from_fields(
+        cls, conn: sqlite3.Connection, /, session_id: str, fields: Mapping[str, Any]
+    ) -> MessageRow:
+        """:meth:`build` from a mapping of message fields (see :data:`MESSAGE_FIELDS`)."""
+        unknown = set(fields) - set(MESSAGE_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
+        return cls.build(conn, session_id, **fields)
+
+    @property
+    def tool_call_count(self) -> int:
+        return tool_call_count_of(self.role, self.tool_calls)
+
+    def values(self) -> tuple[Any, ...]:
+        """The row's INSERT parameters, in column order: JSON fields encoded, flags as
+        integers, and the CJK index text (of the content and the encoded tool calls)."""
+        tool_calls = encode_json(self.tool_calls)
+        return (
+            self.session_id,
+            self.role,
+            self.content,
+            self.tool_name,
+            tool_calls,
+            self.tool_call_id,
+            self.token_count,
+            self.finish_reason,
+            self.reasoning,
+            self.reasoning_content,
+            encode_json(self.reasoning_details),
+            encode_json(self.codex_reasoning_items),
+            encode_json(self.codex_message_items),
+            self.platform_message_id,
+            int(self.observed),
+            self.effect_disposition,
+            self.api_content,
+            self.display_kind,
+            encode_json(self.display_metadata),
+            self.message_uid,
+            self.timestamp,
+            encode_json(self.absorbed_message_uids),
+            encode_json(self.tool_call_uids),
+            self.tool_call_uid,
+            int(self.active),
+            int(self.compacted),
+            fts.cjk_index_text(self.content, tool_calls),
+        )
+
+
+SESSION_EXISTS_SQL = "SELECT 1 FROM sessions WHERE id = ?"
+
+
+def insert_row(conn: sqlite3.Connection, /, row: MessageRow, *, count: bool = True) -> int:
     """Write one message row (the caller's transaction) and return its id.
 
     ``count`` moves the session's counters (an append); copies made by compression or
-    replacement pass False and the caller sets the counters it means.
-    """
-    values = _prepare(conn, session_id, fields)
+    replacement pass False and the caller sets the counters it means."""
     if count:
-        calls = tool_call_count_of(values[1], fields.get("tool_calls"))
-        if conn.execute(COUNT_MESSAGE_SQL, (calls, session_id)).rowcount == 0:
-            raise SessionNotFoundError(session_id)
-    elif not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
-        raise SessionNotFoundError(session_id)
+        if conn.execute(COUNT_MESSAGE_SQL, (row.tool_call_count, row.session_id)).rowcount == 0:
+            raise SessionNotFoundError(row.session_id)
+    elif not conn.execute(SESSION_EXISTS_SQL, (row.session_id,)).fetchone():
+        raise SessionNotFoundError(row.session_id)
+    values = row.values()
     row_id = int(conn.execute(INSERT_MESSAGE_SQL, values).lastrowid or 0)
     rank.after_insert(conn, row_id)
     return row_id
 
 
+def insert_message(
+    conn: sqlite3.Connection,
+    /,
+    session_id: str,
+    fields: Mapping[str, Any],
+    *,
+    count: bool = True,
+) -> int:
+    """:func:`insert_row` of the row built from message ``fields`` (append, export or replay
+    keys already mapped: see :func:`message_fields`)."""
+    return insert_row(conn, MessageRow.from_fields(conn, session_id, fields), count=count)
+
+
 def append_message(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     role: str,
     content: str | None = None,
@@ -329,27 +515,37 @@ def append_message(
     Returns the row id. JSON-typed fields take any JSON value and are decoded on read. A new
     user turn (not an ``observed`` one) resumes the conversation: an archive the idle clean-up
     set is lifted, a deliberate one stays."""
-    fields = {k: v for k, v in locals().items() if k not in ("conn", "session_id")}
-    row_id = insert_message(conn, session_id, fields)
+    row = MessageRow.build(
+        conn,
+        session_id,
+        role=role,
+        content=content,
+        tool_name=tool_name,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        token_count=token_count,
+        finish_reason=finish_reason,
+        reasoning=reasoning,
+        reasoning_content=reasoning_content,
+        reasoning_details=reasoning_details,
+        codex_reasoning_items=codex_reasoning_items,
+        codex_message_items=codex_message_items,
+        platform_message_id=platform_message_id,
+        observed=observed,
+        effect_disposition=effect_disposition,
+        api_content=api_content,
+        display_kind=display_kind,
+        display_metadata=display_metadata,
+        message_uid=message_uid,
+        timestamp=timestamp,
+        absorbed_message_uids=absorbed_message_uids,
+        tool_call_uids=tool_call_uids,
+        tool_call_uid=tool_call_uid,
+    )
+    row_id = insert_row(conn, row)
     if role == "user" and not observed:
         lift_auto_archive(conn, session_id, check=True)
     return row_id
-
-
-# The session's row just before a given one, whatever its generation.
-PREVIOUS_ROW_SQL = """
-SELECT id FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT 1
-"""
-
-
-def append_located(
-    conn: sqlite3.Connection, session_id: str, *args: Any, **kwargs: Any
-) -> tuple[int, int | None]:
-    """:func:`append_message` (same arguments), and the id of the session's row just before
-    the new one (None for its first row), read in the same transaction."""
-    row_id = append_message(conn, session_id, *args, **kwargs)
-    previous = conn.execute(PREVIOUS_ROW_SQL, (session_id, row_id)).fetchone()
-    return row_id, None if previous is None else int(previous[0])
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -370,6 +566,7 @@ def row_to_message(row: Sequence[Any]) -> dict[str, Any]:
 
 def get_messages(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     include_inactive: bool = False,
     limit: int | None = None,
@@ -817,6 +1014,22 @@ def replace_messages(
     active_only: bool = False,
     *,
     seen_through_id: int | None = None,
+) -> None:
+    """Replace the messages of a session (the caller's transaction): see
+    :func:`replace_message_rows`, which also returns the ids it wrote."""
+    replace_message_rows(
+        conn, session_id, messages, active_only, seen_through_id=seen_through_id
+    )
+
+
+def replace_message_rows(
+    conn: sqlite3.Connection,
+    /,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    active_only: bool = False,
+    *,
+    seen_through_id: int | None = None,
 ) -> list[int]:
     """Replace the messages of a session (the caller's transaction); returns the ids of the
     rows written for ``messages``, in order.
@@ -883,74 +1096,3 @@ def has_platform_message_id(
     params = (session_id, str(platform_message_id))
     return bool(conn.execute(HAS_PLATFORM_ID_SQL, params).fetchone()[0])
 
-
-# --- what a handle has seen ------------------------------------------------------------------
-
-#: How many sessions a handle remembers a bound for (least recently used ones are forgotten).
-SEEN_SESSIONS = 4096
-
-
-class SeenThrough:
-    """Per session, the newest message id one handle has seen: the bound its rewrites use when
-    the caller passes none. Thread-safe; remembers at most ``capacity`` sessions (default
-    :data:`SEEN_SESSIONS`), forgetting the least recently used.
-
-    A read that returned the session's rows raises the bound to the newest id among them (a
-    read that returned none records 0: "nothing seen"); an older read never lowers it. A row
-    the handle writes itself raises it to that row only when the session's row before it is
-    already within the bound — a row someone else appended in between stays unseen, and so
-    does every later row of the handle's own until it reads again (a rewrite that writes them
-    again by uid still counts them as seen). A handle's first write of a session it never
-    read vouches for everything before it. A rewrite raises it to the newest row it wrote,
-    never over the rows it kept live above them.
-
-    A session the handle has neither read nor written (or has forgotten) has no bound: the
-    rewrite then covers every row present, as the caller vouches for the whole session. Two
-    threads sharing one handle share its bounds; one that rewrites from its own read should
-    pass ``seen_through_id`` explicitly, or another thread's later read covers rows it never
-    saw.
-    """
-
-    def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = SEEN_SESSIONS if capacity is None else capacity
-        self._lock = threading.Lock()
-        self._newest: OrderedDict[str, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._newest)
-
-    def bound(self, session_id: str, given: int | None = None) -> int | None:
-        """The bound of a rewrite of ``session_id``: ``given`` when the caller passed one, else
-        the remembered one; None when there is neither."""
-        if given is not None:
-            return given
-        with self._lock:
-            newest = self._newest.get(session_id)
-            if newest is not None:
-                self._newest.move_to_end(session_id)
-            return newest
-
-    def saw(self, session_id: str, newest: int) -> None:
-        """A read returned the session's rows through id ``newest`` (0: none)."""
-        with self._lock:
-            self._keep(session_id, max(newest, self._newest.get(session_id, newest)))
-
-    def wrote(self, session_id: str, row_id: int, previous_id: int | None) -> None:
-        """The handle wrote row ``row_id``; ``previous_id`` is the session's row before it."""
-        with self._lock:
-            newest = self._newest.get(session_id)
-            if newest is None:
-                self._keep(session_id, row_id)
-            elif previous_id is None or previous_id <= newest:
-                self._keep(session_id, max(row_id, newest))
-
-    def rewrote(self, session_id: str, row_ids: Sequence[int]) -> None:
-        """A rewrite wrote ``row_ids``; every live row below the newest of them is its own."""
-        if row_ids:
-            self.saw(session_id, max(row_ids))
-
-    def _keep(self, session_id: str, newest: int) -> None:
-        self._newest[session_id] = newest
-        self._newest.move_to_end(session_id)
-        while len(self._newest) > self.capacity:
-            self._newest.popitem(last=False)

@@ -25,9 +25,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import clean_text, stored_text
+from hermes_state_common import clean_text, row_to_dict, stored_text
 from hermes_state_errors import InvalidInputError
-from hermes_state_sessions import row_to_dict
 
 __all__ = [
     "list_gateway_sessions",
@@ -153,7 +152,9 @@ def find_latest_gateway_session_for_peer(
     key."""
     if not session_key:
         return None
-    searches = [(PEER_BY_KEY_SQL, (stored_text(session_key), stored_text(source)))]
+    searches: list[tuple[str, tuple[str | None, ...]]] = [
+        (PEER_BY_KEY_SQL, (stored_text(session_key), stored_text(source)))
+    ]
     if chat_id and chat_type:
         peer = tuple("" if v is None else stored_text(v)
                      for v in (user_id, chat_id, chat_type, thread_id))

@@ -18,6 +18,10 @@ its own hold before the retiring agent releases, or takes the retiring agent's h
 one step with :meth:`~ProfileStoreRegistry.transfer` (only once the successor is ready; until
 then the retiring agent still owns the clean-up). Either way the retiring agent's release can
 never close the handle its successor holds.
+
+:func:`collect_profile_stats` reads the ``stats()`` of every profile under a root, each store
+opened read-only by the caller's function; a profile that cannot be read is an entry of
+``errors`` naming its typed error, never a failure of the whole collection.
 """
 
 from __future__ import annotations
@@ -28,20 +32,22 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from hermes_state_common import (
     DB_FILENAME,
     get_hermes_home,
     hermes_home_override,
+    hermes_root,
     resolve_profile_home,
 )
-from hermes_state_errors import ProfileNotFoundError, StoreNotHeldError
+from hermes_state_errors import HermesStateError, ProfileNotFoundError, StoreNotHeldError
 
 __all__ = [
     "ProfileStore",
     "ProfileStoreRegistry",
     "resolve_store_home",
+    "collect_profile_stats",
 ]
 
 PathArg = str | os.PathLike[str]
@@ -226,3 +232,34 @@ class ProfileStoreRegistry(Generic[S]):
         for key, held in every:
             with self._home_lock(key):
                 held.store.close()
+
+
+def collect_profile_stats(
+    root: PathArg | None, open_read_only: Callable[[Path], Any]
+) -> dict[str, Any]:
+    """``stats()`` of every profile under ``root`` (default: the Hermes root): ``default``
+    (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each opened with
+    ``open_read_only(path)``. A profile that fails goes to ``errors`` (``profile``, ``error``
+    and the unavailable ``reason`` when there is one); the others are still returned."""
+    base = hermes_root() if root is None else Path(root).expanduser()
+    names = ["default"]
+    profiles = base / "profiles"
+    if profiles.is_dir():
+        names += sorted(
+            p.name
+            for p in profiles.iterdir()
+            if (p / DB_FILENAME).exists() or (p / DB_FILENAME).is_symlink()
+        )
+    result: dict[str, Any] = {"profiles": {}, "errors": []}
+    for name in names:
+        try:
+            home = resolve_profile_home(name, base)
+            with open_read_only(home / DB_FILENAME) as db:
+                result["profiles"][name] = db.stats()
+        except (HermesStateError, OSError) as exc:
+            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
+            reason = getattr(exc, "reason", None)
+            if reason:
+                entry["reason"] = reason
+            result["errors"].append(entry)
+    return result

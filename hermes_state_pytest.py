@@ -14,6 +14,8 @@ import pytest
 
 import hermes_state_testguard
 
+__all__ = ["MARKER", "pytest_configure", "pytest_runtest_protocol"]
+
 MARKER = "live_system_guard_bypass"
 
 

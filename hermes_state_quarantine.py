@@ -1,47 +1,102 @@
-"""Quarantine that outlives the process: a durable marker beside a damaged database file.
+"""Quarantine: a damaged database file is never written again, by this process or the next.
 
-A process that meets plain corruption in a store stops writing to it (see ``hermes_state``).
-That protection would end with the process; the next start of a gateway would append to the
-damaged file and, at close, checkpoint the kept ``-wal`` into it. So the first process to
-quarantine a file also writes ``<db>-quarantine`` beside it (:func:`declare`): a small JSON
-document naming the file's identity (device and inode), when, by which process and why. Every
-later writable open that finds a marker for the same file starts out quarantined
-(:func:`earlier_quarantine`): it reads, never writes or checkpoints, and spools what it cannot
-write. That lasts until the marker stops applying — another file is put in its place (below) —
-or is cleared: by maintenance that mends the file in place (:func:`clear_marker`), or by an
-operator with ``hermes-state doctor --clear-quarantine`` (:func:`clear_quarantine`), which
-refuses while another process has the database open or while the file still fails
-``PRAGMA integrity_check``.
+Plain ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` (not proven to lie in the FTS indexes only), met
+by a write, a read or the open itself, proves the file damaged. From then on:
+
+* **The handle and the process.** The handle that met it refuses writes without touching the
+  file (:class:`StateDbCorruptError`) and ``close()`` skips its checkpoint. The file is
+  registered here by identity (device, inode: :func:`register`), so every other handle of the
+  process on it takes the quarantine on before its next write or at close
+  (:func:`in_process`), and every handle opened on it later starts out quarantined
+  (:func:`inherited`). Nothing rebuilds an FTS index of a file whose record fails
+  ``quick_check``.
+* **The checkpoint SQLite runs by itself.** The last connection to a file that closes copies
+  the ``-wal`` into it. So every connection of a quarantined handle gets
+  ``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`` (:func:`protect`, Python ≥ 3.12), and on every Python
+  the process keeps a *close guard* open on the file until it exits: a read-only connection
+  that has read the file, so it holds SQLite's shared lock; while it is open no other
+  connection of the process closes last, and a read-only connection cannot checkpoint. At
+  exit the handles still open on a quarantined file are closed before the guards
+  (:func:`close_quarantined_handles`); left to the interpreter's teardown, a connection could
+  be closed after its guard, be the last one, and checkpoint.
+* **The next process.** The first quarantine of a file in a process writes ``<db>-quarantine``
+  beside it (:func:`declare`): a small JSON document naming the file's identity, when, by
+  which process and why. Every later writable open that finds a marker for the same file
+  starts out quarantined (:func:`earlier_quarantine`). That lasts until the marker stops
+  applying — another file is put in its place (below) — or is cleared: by maintenance that
+  mends the file in place (:func:`clear_marker`), or by an operator with ``hermes-state doctor
+  --clear-quarantine`` (:func:`clear_quarantine`), which refuses while another process has the
+  database open or while the file still fails ``PRAGMA integrity_check``.
+* **What could not be written.** A transcript write refused on a quarantined file is appended
+  to ``<home>/sessions/<session_id>.jsonl`` (:class:`Spool`, :func:`spool_transcript`), and the
+  gateway's accepted inputs to ``<home>/pending_messages/<key>.jsonl``
+  (:func:`spool_pending_message`): kept on disk for an operator or a restarted process on a
+  mended file, never in an in-memory retry queue.
 
 The marker is keyed to the file's identity, not its name: a file put in its place later (a
 recovered copy moved over it is a new inode) is not the damaged one, and the stale marker is
 removed by the next writable open, so that a later file that happens to get the old inode
-number is not taken for the damaged one. A marker is read when a store is opened, never on
-each write: a process that already had the file open when another one quarantined it is not
-stopped by it. Writing the marker is best effort: a home that cannot take it still has the
+number is not taken for the damaged one (in this process the close guard keeps the inode from
+being reused). Writing the marker is best effort: a home that cannot take it still has the
 in-process quarantine, and the failure is logged.
+
+Not covered:
+
+* other processes that already had the file open when it was quarantined: the marker is read
+  when a store is opened, never on each write, so one that has not met the damage itself goes
+  on writing and checkpointing until it is restarted;
+* connections this library did not open: an ``sqlite3`` connection the application left open
+  on the file may be the last to close at exit, and it checkpoints;
+* on Python 3.11, where the close guard is the only protection, a guard that could not be
+  opened (no file descriptor left, the file unreadable): the handle's own connection may then
+  close last and checkpoint, as SQLite does by default.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import hashlib
+import inspect
 import json
 import logging
 import os
+import re
 import sqlite3
+import stat
+import threading
 import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import hermes_state_fts as fts
-from hermes_state_common import append_error_log, configure_connection
-from hermes_state_errors import StateDbCorruptError, StateDbInUseError
+from hermes_state_common import append_error_log, clean_text, configure_connection, get_hermes_home
+from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
 from hermes_state_lockowners import describe_lock_holders
 
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
+    "OPEN_LOCK",
+    "FileId",
+    "file_identity",
+    "inherited",
+    "in_process",
+    "register",
+    "protect",
+    "track",
+    "untrack",
+    "close_quarantined_handles",
+    "Spool",
+    "SESSIONS_SPOOL_DIR",
+    "PENDING_MESSAGES_DIR",
+    "spool_file_name",
+    "spool_transcript",
+    "spool_pending_message",
     "MARKER_SUFFIX",
     "marker_path",
     "read_marker",
@@ -60,7 +115,10 @@ def marker_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + MARKER_SUFFIX)
 
 
-def _identity(db_path: Path) -> tuple[int, int] | None:
+FileId = tuple[int, int]
+
+
+def file_identity(db_path: Path) -> FileId | None:
     """(device, inode) of the database file itself (``lstat``: no descriptor is opened)."""
     try:
         st = db_path.lstat()
@@ -87,7 +145,7 @@ def _load(path: Path) -> dict[str, Any] | None:
     return marker
 
 
-def _names(marker: dict[str, Any], identity: tuple[int, int] | None) -> bool:
+def _names(marker: dict[str, Any], identity: FileId | None) -> bool:
     """Does ``marker`` name the file whose identity is ``identity``? One that cannot be read
     names any file that exists (someone wrote it for a reason); none names a missing file."""
     if identity is None:
@@ -104,7 +162,7 @@ def read_marker(db_path: Path) -> dict[str, Any] | None:
     marker naming another file (the path now holds a different inode, or nothing) is
     ignored."""
     marker = _load(marker_path(db_path))
-    if marker is None or not _names(marker, _identity(db_path)):
+    if marker is None or not _names(marker, file_identity(db_path)):
         return None
     return marker
 
@@ -114,7 +172,7 @@ def write_marker(db_path: Path, reason: str) -> Path | None:
     first quarantine's time and reason are the evidence); the marker's path, None when it
     could not be written. The data and the directory entry are fsynced: the marker must
     survive a crash that follows the quarantine."""
-    identity = _identity(db_path)
+    identity = file_identity(db_path)
     if identity is None:
         return None
     path = marker_path(db_path)
@@ -205,7 +263,7 @@ def earlier_quarantine(db_path: Path) -> StateDbCorruptError | None:
     marker = _load(path)
     if marker is None:
         return None
-    if not _names(marker, _identity(db_path)):
+    if not _names(marker, file_identity(db_path)):
         with contextlib.suppress(OSError):
             path.unlink()
         return None
@@ -265,3 +323,232 @@ def _integrity_problems(db_path: Path) -> list[str]:
     finally:
         conn.close()
     return [] if rows == ["ok"] else rows
+
+
+# --- this process: the registry, the close guards, the exit hook ------------------------------
+
+# Serialises, inside this process, creating a database file, opening a writable handle on it
+# and registering a quarantine: an opening handle sees every quarantine registered before it,
+# and the descriptor prepare_db_file() closes can never belong to a file another handle has
+# locked.
+OPEN_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Quarantined:
+    error: BaseException  # what proved the file corrupt
+    guard: sqlite3.Connection | None  # its close guard, open until the process exits
+
+
+# The files this process has quarantined (guarded by OPEN_LOCK; read without it).
+_FILES: dict[FileId, _Quarantined] = {}
+
+
+class Handle(Protocol):
+    """A writable store handle, as the exit hook sees it."""
+
+    @property
+    def quarantined(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+# The open writable handles of this process (added under OPEN_LOCK).
+_HANDLES: weakref.WeakSet[Handle] = weakref.WeakSet()
+
+
+def in_process(file_id: FileId | None) -> BaseException | None:
+    """The error that quarantined the file ``file_id`` in this process, else None. A plain
+    read: a handle takes the quarantine on explicitly (before a write, at close)."""
+    entry = None if file_id is None else _FILES.get(file_id)
+    return None if entry is None else entry.error
+
+
+def inherited(db_path: Path) -> BaseException | None:
+    """The quarantine a new writable handle on ``db_path`` starts out with: this process's,
+    else an earlier process's marker (removed on the way when it names another file). The
+    caller holds OPEN_LOCK."""
+    earlier = in_process(file_identity(db_path))
+    return earlier if earlier is not None else earlier_quarantine(db_path)
+
+
+def register(
+    db_path: Path,
+    file_id: FileId | None,
+    exc: BaseException,
+    home: Path,
+    open_guard: Callable[[], sqlite3.Connection],
+) -> None:
+    """Quarantine the file ``file_id`` for the whole process. The first registration of a
+    file opens its close guard with ``open_guard()`` (a read-only connection, configured as
+    the handle's are) and declares the quarantine (:func:`declare`: log lines, marker)."""
+    if file_id is None:
+        return
+    with OPEN_LOCK:
+        if file_id in _FILES:
+            return
+        _FILES[file_id] = _Quarantined(exc, _open_close_guard(open_guard))
+        declare(db_path, exc, home)
+
+
+# The first read of a close guard, which takes the database's shared lock.
+GUARD_READ_SQL = "SELECT COUNT(*) FROM sqlite_master"
+
+
+def _open_close_guard(connect: Callable[[], sqlite3.Connection]) -> sqlite3.Connection | None:
+    """A read-only connection that has read the file, so it holds SQLite's shared lock on it
+    (in WAL mode a connection keeps that lock while it is open, even after a read that failed
+    on a damaged page); None when not even that can be had."""
+    try:
+        guard = connect()
+    except sqlite3.Error:
+        return None
+    with contextlib.suppress(sqlite3.Error):
+        guard.execute(GUARD_READ_SQL).fetchone()
+    return guard
+
+
+# SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, which the sqlite3 module exposes from Python 3.12 on.
+_NO_CKPT_ON_CLOSE: int | None = getattr(sqlite3, "SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE", None)
+
+
+def protect(*connections: sqlite3.Connection | None) -> None:
+    """Keep each connection from checkpointing when it closes (where this Python can)."""
+    for conn in filter(None, connections):
+        if _NO_CKPT_ON_CLOSE is not None and hasattr(conn, "setconfig"):
+            with contextlib.suppress(sqlite3.Error):
+                conn.setconfig(_NO_CKPT_ON_CLOSE, True)
+
+
+def track(handle: Handle) -> None:
+    """Count ``handle`` among the open writable handles (the caller holds OPEN_LOCK)."""
+    _HANDLES.add(handle)
+
+
+def untrack(handle: Handle) -> None:
+    _HANDLES.discard(handle)
+
+
+@atexit.register
+def close_quarantined_handles() -> None:
+    """At exit, close every handle still open on a quarantined file (each skips its
+    checkpoint) while the file's close guard is still open."""
+    for handle in list(_HANDLES):
+        if handle.quarantined:
+            handle.close()
+
+
+# --- the spool ---------------------------------------------------------------------------------
+
+SESSIONS_SPOOL_DIR = "sessions"
+PENDING_MESSAGES_DIR = "pending_messages"
+_SPOOL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def spool_file_name(key: str) -> str:
+    """The spool file of ``key`` (a session id or key): ``<key>.jsonl`` when the key is a safe
+    file name, else its safe characters (at most 64) and a digest of the whole key, so no key
+    names a path outside its spool directory and two keys never share a file."""
+    key = str(key)
+    if _SPOOL_NAME_RE.fullmatch(key):
+        return f"{key}.jsonl"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:64].lstrip("._-")
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{safe}~{digest}.jsonl" if safe else f"~{digest}.jsonl"
+
+
+def _append_jsonl(
+    directory: Path, key: str, records: Iterable[Mapping[str, Any]]
+) -> Path:
+    """Append ``records`` to ``directory/spool_file_name(key)``, one JSON object per line.
+
+    The directory is created private (0700) and must not be a symlink; the file is private
+    (0600), opened ``O_APPEND|O_NOFOLLOW`` so concurrent appenders never interleave inside a
+    line and a planted symlink is refused; the data and the directory entry are fsynced
+    before returning."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISLNK(directory.lstat().st_mode):
+            raise UnsafePathError(f"refusing a symlink as a spool directory: {directory}",
+                                  path=directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / spool_file_name(key)
+    data = "".join(
+        clean_text(json.dumps(dict(r), ensure_ascii=False, default=str)) + "\n" for r in records
+    ).encode()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_directory(directory)
+    return path
+
+
+def spool_transcript(
+    session_id: str, records: Iterable[Mapping[str, Any]], home: Path | None = None
+) -> Path:
+    """Append ``records`` to ``<home>/sessions/<id>.jsonl`` (see :func:`spool_file_name`; one
+    JSON object per line, fsync; ``home`` defaults to this context's) and return that file."""
+    directory = (get_hermes_home() if home is None else home) / SESSIONS_SPOOL_DIR
+    return _append_jsonl(directory, session_id, records)
+
+
+def spool_pending_message(
+    key: str, message: Mapping[str, Any], home: Path | None = None
+) -> Path:
+    """Append one accepted input to the gateway's spool, ``<home>/pending_messages/<key>.jsonl``
+    (same file discipline as :func:`spool_transcript`), and return that file.
+
+    ``key`` is what the gateway files the input under (the session id, or its session key
+    when no session exists yet); ``message`` is stored as given, as one JSON line (lone
+    surrogates removed, other values that are not JSON as their ``str``)."""
+    directory = (get_hermes_home() if home is None else home) / PENDING_MESSAGES_DIR
+    return _append_jsonl(directory, key, [message])
+
+
+@dataclass(frozen=True)
+class Spool:
+    """How a transcript write names what it writes: the parameter holding its session id and
+    the one holding its messages. A call without messages (an append) is its own record: its
+    arguments, ``**`` keywords flattened."""
+
+    session: str = "session_id"
+    messages: str = "messages"
+
+    def keep(
+        self,
+        exc: StateDbCorruptError,
+        signature: inspect.Signature,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        home: Path,
+    ) -> None:
+        """Spool the messages of a write refused with ``exc`` and name the file in its
+        ``spooled_to``; ``signature`` is the write's (its connection parameter first). When
+        the spool cannot be written either, the error says so in a note and stays the one
+        raised."""
+        bound = signature.bind(None, *args, **kwargs).arguments
+        session_id = str(bound[self.session])
+        records = bound.get(self.messages) or [_call_record(signature, bound)]
+        try:
+            exc.spooled_to = spool_transcript(
+                session_id, [{"session_id": session_id, **r} for r in records], home=home
+            )
+        except (OSError, UnsafePathError) as spool_error:
+            logger.error("could not spool the transcript of %s: %s", session_id, spool_error)
+            exc.add_note(f"the transcript could not be spooled: {spool_error}")
+
+
+def _call_record(signature: inspect.Signature, bound: Mapping[str, Any]) -> dict[str, Any]:
+    connection = next(iter(signature.parameters))
+    record: dict[str, Any] = {}
+    for name, value in bound.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            record.update(value)
+        elif name != connection:
+            record[name] = value
+    return record

@@ -43,15 +43,16 @@ Whenever the proof would cost more than FTS5's own ranking — a rare word, a se
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same.
 
-**Coverage.** The library writes a message's postings just before the message itself, under
-the id AUTOINCREMENT will give it (:func:`index_next_message`); a trigger queues any message
-inserted without them (another client, a raw copy), another queues changed rows and a third
-the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``). Postings reach
-``search_impact_fts`` in batches of :data:`FLUSH_ROWS` (FTS5 writes a segment per commit,
-which would cost more than the postings of one message); searches read the rows of the open
-batch directly, and score up to :data:`QUEUE_SCAN_LIMIT` queued rows from their text. With
-more queued, they rank with FTS5 until :func:`drain_queue` — a chunk per write — has indexed
-them.
+**Coverage.** Messages are indexed in batches, from their stored text: at every
+:data:`CHECK_EVERY`-th id an insert of the library looks whether :data:`FLUSH_ROWS` messages
+wait past the batch boundary (``indexed``) and indexes them (:func:`after_insert`), so an
+append writes nothing for the index in between (FTS5 writes a segment per commit, which would
+cost more than one message's postings). Rows past the boundary are the next batch's, whoever
+wrote them; triggers queue the rows at or below it that are inserted (an id in a gap), changed
+or moved, and the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``).
+Searches score the matching rows past the boundary (up to :data:`MAX_UNFLUSHED_SCORED`) and up
+to :data:`QUEUE_SCAN_LIMIT` queued rows from their text; with more, they rank with FTS5 until
+the batches and :func:`drain_queue` — a chunk per batch check — have indexed them.
 
 **Creation and fill.** The index is derived data, like the FTS indexes: a file that lacks any
 part of it (a fresh one, one written before it existed, a recovered or repaired copy) gets it
@@ -60,7 +61,7 @@ every message up to the highest id (``fill_high_water``). The fill runs like an 
 in the background of a writable open, under the cross-process admission lock, in chunks of
 :data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids), each
 chunk one write transaction (:func:`fill_when_admitted`, :func:`fill_chunk`). Rows above the
-high water are kept by the writes themselves; a row below it that a drain indexed first is left
+high water are kept by the batches; a row below it that a drain indexed first is left
 as it is. Until the fill is done searches rank with FTS5 and sort by time without the blocks.
 
 **Consistency and damage.** Every index has an epoch, in ``search_impact_state``, in each row
@@ -295,6 +296,11 @@ SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged FROM searc
 """
 
 
+def _index_of(row: Sequence[Any]) -> _Index:
+    """The state from the first six columns of a row read by :data:`STATE_SQL`'s select."""
+    return _Index(int(row[0]), float(row[1]), int(row[2]), row[3], row[4], bool(row[5]))
+
+
 def _index_state(conn: sqlite3.Connection) -> _Index | None:
     """The index's state; None on a file without it."""
     try:
@@ -303,7 +309,7 @@ def _index_state(conn: sqlite3.Connection) -> _Index | None:
         if is_sqlite_lock_error(exc):
             raise
         return None
-    return None if row is None else _Index(*row[:5], bool(row[5]))
+    return None if row is None else _index_of(row)
 
 
 SET_INDEXED_SQL = "UPDATE search_impact_state SET indexed = ?"
@@ -329,7 +335,11 @@ def damage_noticed() -> bool:
 def mark_index_damaged(conn: sqlite3.Connection) -> None:
     """Mark the impact index damaged (the caller's write transaction): the library stops
     keeping it, and the next writable open replaces it (see :func:`fill_when_admitted`)."""
-    conn.execute(SET_DAMAGED_SQL)
+    try:
+        conn.execute(SET_DAMAGED_SQL)
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise  # else a file without the index: the next open creates it whole
 
 
 def _index_error(exc: BaseException) -> bool:
@@ -375,7 +385,10 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
     """Keep the index after the library inserted message ``row_id`` (the caller's
     transaction): at every :data:`CHECK_EVERY`-th id, index a due batch and work a little on
     the queues. Nothing else is written for a message; searches read the rows past the
-    batch boundary from their text."""
+    batch boundary from their text. A search of this context that found the index damaged
+    marks it so here, in the write (the next writable open replaces it)."""
+    if damage_noticed():
+        mark_index_damaged(conn)
     if row_id % CHECK_EVERY:
         return
     try:
@@ -386,7 +399,7 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
         return  # a file without the index: the next open creates it
     if row is None or row[5]:
         return  # no index, or a damaged one
-    index, waiting = _Index(*row[:5], False), bool(row[6])
+    index, waiting = _index_of(row), bool(row[6])
     if row_id - index.indexed >= FLUSH_ROWS:
         _flush(conn, index)
     if waiting:
@@ -413,7 +426,9 @@ def _write_postings(
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
     into the blocks, all or nothing; False (the index marked damaged) when the index fails."""
-    postings, fts_rows, blocks = [], [], {}
+    postings: list[tuple[int, int, str]] = []
+    fts_rows: list[tuple[int, str]] = []
+    blocks: dict[int, tuple[float, float]] = {}
     for row_id, content, tool_name, tool_calls, stamp in rows:
         text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
         postings.append((row_id, index.epoch, text))

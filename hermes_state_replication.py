@@ -60,10 +60,15 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state_quarantine as quarantine
-from hermes_state_common import SCHEMA_VERSION, refuse_symlinks, sidecar_paths
-from hermes_state_errors import ReplicationError, StateDbCorruptError, StateDbInUseError
+from hermes_state_common import SCHEMA_VERSION, connect, refuse_symlinks, sidecar_paths
+from hermes_state_errors import (
+    ReplicationError,
+    StateDbCorruptError,
+    StateDbInUseError,
+    translated_errors,
+)
 from hermes_state_lockowners import describe_lock_holders, lock_holders
-from hermes_state_portability import health_report, restore_state_db
+from hermes_state_maintenance import health_report, restore_state_db
 from hermes_state_testguard import check_test_isolation
 
 try:
@@ -620,13 +625,14 @@ def restore_from_replica(
                 detail=done.stderr.strip(),
             )
         say("checking the restored copy", 0, None)
-        conn = sqlite3.connect(restored, isolation_level=None)
-        try:
-            report, problems, notes = _judge(conn)
-            if not problems:
-                conn.execute("PRAGMA journal_mode = DELETE")
-        finally:
-            conn.close()
+        with translated_errors(restored):
+            conn = connect(restored, "rw")
+            try:
+                report, problems, notes = _judge(conn)
+                if not problems:
+                    conn.execute("PRAGMA journal_mode = DELETE")
+            finally:
+                conn.close()
         if problems:
             kept = _keep_rejected(restored, target)
             raise StateDbCorruptError(

@@ -25,9 +25,10 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from hermes_state_common import row_to_dict
 from hermes_state_errors import InvalidInputError
 from hermes_state_messages import SELECT_MESSAGES_SQL, decode_content
-from hermes_state_sessions import require_session, row_to_dict
+from hermes_state_sessions import require_session
 
 __all__ = [
     "PREVIEW_CHARS",

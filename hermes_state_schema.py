@@ -5,9 +5,9 @@ indexes compared with ``SCHEMA_SQL`` and the search index's objects; only a file
 something declared (a column added to the declaration since the file was written, the search
 index of a file written before it existed) takes a write, which adds what is missing and leaves
 the version as it is. The search index is derived data: a file lacking any part of it gets it
-whole and empty, and the library fills it in the background (see hermes_state_rank). Anything older is brought forward in place, each step in its
-own write transaction that first re-reads the version, so several processes opening an old
-file at once do every step exactly once:
+whole and empty, and the library fills it in the background (see hermes_state_rank). Anything
+older is brought forward in place, each step in its own write transaction that first re-reads
+the version, so several processes opening an old file at once do every step exactly once:
 
 1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
    compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
@@ -57,7 +57,9 @@ from hermes_state_common import (
     table_exists,
 )
 from hermes_state_errors import (
+    HermesStateError,
     StateDbUnavailableError,
+    foreign_database_error,
     is_corruption_error,
     is_sqlite_lock_error,
 )
@@ -65,12 +67,16 @@ from hermes_state_errors import (
 __all__ = [
     "MIGRATIONS",
     "read_version",
+    "refuse_foreign",
     "refuse_newer",
+    "configure_writable",
+    "require_current",
     "ensure_schema",
     "expected_columns",
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "WriteFn",
 ]
 
 T = TypeVar("T")
@@ -86,7 +92,7 @@ class WriteFn(Protocol):
 _UNTRACKED_VERSION = 1
 
 
-def read_version(conn: sqlite3.Connection) -> int | None:
+def read_version(conn: sqlite3.Connection, /) -> int | None:
     """The schema version of the database; None for an empty (uninitialised) database."""
     try:
         row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
@@ -103,7 +109,31 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     return None
 
 
-def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | None:
+# The tables of a database, SQLite's own left out.
+USER_TABLES_SQL = (
+    "SELECT name FROM sqlite_master"
+    " WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+)
+# The file behind a connection ('' for a temporary or in-memory database).
+MAIN_FILE_SQL = "SELECT file FROM pragma_database_list WHERE name = 'main'"
+
+
+def refuse_foreign(conn: sqlite3.Connection, /) -> int | None:
+    """The schema version (see :func:`read_version`); a database that holds no session store
+    but other tables raises :class:`StateDbUnavailableError` with reason ``"foreign"``.
+
+    For the operations that need a store or replace the whole file (backup, restore, repair):
+    a writable open still creates the store in such a file, beside the tables it has."""
+    version = read_version(conn)
+    if version is None:
+        tables = [r[0] for r in conn.execute(USER_TABLES_SQL)]
+        if tables:
+            file = conn.execute(MAIN_FILE_SQL).fetchone()
+            raise foreign_database_error(Path(file[0]) if file and file[0] else None, tables)
+    return version
+
+
+def refuse_newer(conn: sqlite3.Connection, /, path: Path | None = None) -> int | None:
     """The schema version (see :func:`read_version`); a database written by a newer library
     raises :class:`StateDbUnavailableError` (reason "incompatible") and is left untouched."""
     found = read_version(conn)
@@ -117,7 +147,38 @@ def refuse_newer(conn: sqlite3.Connection, path: Path | None = None) -> int | No
     return found
 
 
-def _set_version(conn: sqlite3.Connection, version: int) -> None:
+# Both settings are no-ops inside a transaction.
+FOREIGN_KEYS_ON_SQL = "PRAGMA foreign_keys = ON"
+JOURNAL_MODE_WAL_SQL = "PRAGMA journal_mode = WAL"
+
+
+def configure_writable(conn: sqlite3.Connection, /, path: Path) -> None:
+    """The settings of a writable handle's connection, run outside any transaction: foreign
+    keys on, the WAL journal (switching a new file to WAL needs its lock, so the caller
+    retries). A file from a newer library is refused first: switching its journal mode would
+    already rewrite its header."""
+    refuse_newer(conn, path)
+    conn.execute(FOREIGN_KEYS_ON_SQL)
+    mode = conn.execute(JOURNAL_MODE_WAL_SQL).fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise HermesStateError(f"{path} refused WAL mode (journal_mode={mode})")
+
+
+def require_current(conn: sqlite3.Connection, /, path: Path) -> None:
+    """What a read-only handle needs: a database at exactly :data:`SCHEMA_VERSION` (it can
+    neither create nor migrate one), else :class:`StateDbUnavailableError`."""
+    version = read_version(conn)
+    if version != SCHEMA_VERSION:
+        raise StateDbUnavailableError(
+            f"session store {path} has schema version {version}, "
+            f"this library reads {SCHEMA_VERSION}",
+            reason="uninitialized" if version is None else "incompatible",
+            path=path,
+            schema_version=version,
+        )
+
+
+def _set_version(conn: sqlite3.Connection, /, version: int) -> None:
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
 
@@ -141,7 +202,7 @@ def expected_columns() -> dict[str, list[tuple[str, str, int, str | None]]]:
         mem.close()
 
 
-def _live_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+def _live_columns(conn: sqlite3.Connection, /, table: str) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))}
 
 
@@ -166,7 +227,7 @@ WHERE m.type = 'table' AND m.name IN (SELECT value FROM json_each(?))
 LIVE_OBJECTS_SQL = "SELECT name FROM sqlite_master WHERE type IN ('index', 'table', 'trigger')"
 
 
-def lacks_declared_schema(conn: sqlite3.Connection) -> bool:
+def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     """True when a table, column or index ``SCHEMA_SQL`` declares, or any object of the search
     index, is missing (reads only)."""
     tables = expected_columns()
@@ -178,11 +239,11 @@ def lacks_declared_schema(conn: sqlite3.Connection) -> bool:
     return not (expected_indexes() <= names and set(rank.INDEX_OBJECTS) <= names)
 
 
-def _has_rows(conn: sqlite3.Connection, table: str) -> bool:
+def _has_rows(conn: sqlite3.Connection, /, table: str) -> bool:
     return conn.execute(f"SELECT 1 FROM {quote_identifier(table)} LIMIT 1").fetchone() is not None
 
 
-def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
+def _reconcile_columns(conn: sqlite3.Connection, /) -> list[str]:
     """Add every column ``SCHEMA_SQL`` declares that the live tables lack; returns them.
 
     Idempotent, and tolerant of a column that appeared meanwhile: a failed ADD is only an
@@ -218,7 +279,7 @@ def _reconcile_columns(conn: sqlite3.Connection) -> list[str]:
 _TITLE_SUFFIX_RE = re.compile(r"^(.*) #(\d+)$")
 
 
-def _migrate_unique_titles(conn: sqlite3.Connection) -> None:
+def _migrate_unique_titles(conn: sqlite3.Connection, /) -> None:
     """Titles became unique. Older files may hold duplicates: the oldest session keeps the title,
     later ones are renumbered in lineage style (``T #2``, ``T #3``…), so no title is lost."""
     dupes = conn.execute(
@@ -265,7 +326,7 @@ def _call_uids(tool_calls: str) -> str | None:
     return json.dumps(mapping, separators=(",", ":")) if mapping else None
 
 
-def _migrate_message_uids(conn: sqlite3.Connection) -> None:
+def _migrate_message_uids(conn: sqlite3.Connection, /) -> None:
     """Every message gets its lasting ``message_uid`` (uuid4 hex), and every assistant row that
     calls tools its ``tool_call_uids``; existing ones are kept. Tool results are paired with
     them when read (their ``tool_call_uid`` stays NULL, which means "derive it")."""
@@ -291,13 +352,13 @@ SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
 """
 
 
-def _drop_fts_triggers(conn: sqlite3.Connection) -> None:
+def _drop_fts_triggers(conn: sqlite3.Connection, /) -> None:
     legacy = [r[0] for r in conn.execute(FTS_FEEDING_TRIGGERS_SQL)]
     for name in {*FTS_TRIGGER_NAMES, *legacy}:
         conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
 
 
-def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
+def _drop_fts_table(conn: sqlite3.Connection, /, name: str) -> None:
     """Drop an old FTS table. FTS5 must open a table to drop it, which it cannot once the
     table's structure record is damaged; such an index is reset to an empty one first (its
     contents are about to be rebuilt from the rows anyway)."""
@@ -307,11 +368,11 @@ def _drop_fts_table(conn: sqlite3.Connection, name: str) -> None:
     except (sqlite3.Error, MemoryError) as exc:  # garbage in a structure can read as NOMEM
         if isinstance(exc, sqlite3.Error) and not is_corruption_error(exc):
             raise
-        fts._empty_index(conn, name)
+        fts.empty_index(conn, name)
         conn.execute(drop)
 
 
-def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
+def _migrate_fts_indexes(conn: sqlite3.Connection, /) -> None:
     """Three FTS5 indexes with gated sync triggers replace earlier generations; the new
     indexes are filled by the chunked rebuild (see hermes_state_fts)."""
     _drop_fts_triggers(conn)
@@ -324,7 +385,7 @@ def _migrate_fts_indexes(conn: sqlite3.Connection) -> None:
     fts.start_rebuild(conn)
 
 
-def restore_data_invariants(conn: sqlite3.Connection) -> None:
+def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
     """Make the data rules older files may break true again: unique titles (the unique index
     is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
     of any version into the current schema (recover)."""
@@ -332,7 +393,7 @@ def restore_data_invariants(conn: sqlite3.Connection) -> None:
     _migrate_message_uids(conn)
 
 
-def _finish(conn: sqlite3.Connection) -> None:
+def _finish(conn: sqlite3.Connection, /) -> None:
     """The declared indexes, and the search index when any part of it is missing (created
     empty; the library fills it in the background)."""
     for statement in split_sql(INDEXES_SQL):
@@ -355,7 +416,7 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
-def _create_fresh(conn: sqlite3.Connection) -> bool:
+def _create_fresh(conn: sqlite3.Connection, /) -> bool:
     if read_version(conn) is not None:
         return False
     for statement in split_sql(SCHEMA_SQL):
@@ -365,7 +426,7 @@ def _create_fresh(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def _bootstrap(conn: sqlite3.Connection) -> None:
+def _bootstrap(conn: sqlite3.Connection, /) -> None:
     """Tables and columns first. An old generation's FTS triggers go too: the data migrations
     below rewrite rows, and a legacy index that is damaged or already gone would make every
     such rewrite fail, while the FTS migration rebuilds the indexes from the rows anyway."""
@@ -378,7 +439,7 @@ def _bootstrap(conn: sqlite3.Connection) -> None:
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
 
 
-def _complete_current(conn: sqlite3.Connection) -> None:
+def _complete_current(conn: sqlite3.Connection, /) -> None:
     """A current-version file that lacks part of the declaration (written before a column or
     index was declared) gets it; the version stays."""
     if read_version(conn) != SCHEMA_VERSION or not lacks_declared_schema(conn):
@@ -389,7 +450,7 @@ def _complete_current(conn: sqlite3.Connection) -> None:
     _finish(conn)
 
 
-def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
+def _run_migration(conn: sqlite3.Connection, /, migration: Migration) -> None:
     if (read_version(conn) or 0) >= migration.version:
         return
     migration.apply(conn)
@@ -398,7 +459,7 @@ def _run_migration(conn: sqlite3.Connection, migration: Migration) -> None:
     _set_version(conn, migration.version)
 
 
-def _finish_upgrade(conn: sqlite3.Connection) -> None:
+def _finish_upgrade(conn: sqlite3.Connection, /) -> None:
     """The last step when no migration carries the current version: indexes, then the bump.
     (Indexes come last because the unique title index needs the title migration first.)"""
     if (read_version(conn) or 0) >= SCHEMA_VERSION:
@@ -407,7 +468,7 @@ def _finish_upgrade(conn: sqlite3.Connection) -> None:
     _set_version(conn, SCHEMA_VERSION)
 
 
-def ensure_schema(conn: sqlite3.Connection, write: WriteFn) -> int | None:
+def ensure_schema(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
     """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was found at.
 
     ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.

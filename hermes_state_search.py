@@ -119,8 +119,8 @@ __all__ = [
     "snippet_pattern",
     "sort_order",
     "search_filters",
-    "note_index_damage",
     "search_messages",
+    "SORTS",
 ]
 
 MAX_QUERY_TERMS = 32
@@ -873,16 +873,9 @@ def _hits(
     return hits
 
 
-def note_index_damage(write: Callable[[Callable[[sqlite3.Connection], Any]], Any] | None) -> None:
-    """After a search: when it found the impact index damaged, mark it so through ``write`` (a
-    retried write transaction; None for a handle that must not write), so that the next write
-    rebuilds it. Searches meanwhile rank with FTS5."""
-    if rank.damage_noticed() and write is not None:
-        write(rank.mark_index_damaged)
-
-
 def search_messages(
     conn: sqlite3.Connection,
+    /,
     query: object,
     source_filter: str | Iterable[str] | None = None,
     exclude_sources: str | Iterable[str] | None = None,

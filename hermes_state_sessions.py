@@ -9,15 +9,16 @@ or as a plain read. Rules that matter:
 * token accounting moves the session totals and the per-model ``session_model_usage`` row in
   the same transaction; the session's ``model`` is only filled while it is NULL;
 * a listed conversation is its lineage root: compression successors and delegate children are
-  folded into it, and the row shows the live tip;
+  folded into it, and the row shows its compression tip (``hermes_state_lineage``'s successor
+  rule);
 * archiving has two kinds. ``set_session_archived`` is a deliberate archive (``archived=1``,
   ``auto_archived=0``); ``auto_archive_idle_sessions`` is the idle clean-up, the only writer of
   ``auto_archived=1``. Resuming a conversation lifts only the clean-up's archive: reopening a
   session, appending a new user turn to it (an accepted input, not an ``observed`` one) and
   continuing its compression all do, a deliberate archive stays until it is unarchived. The
-  unit of every archive change is the conversation (:func:`conversation_sessions`: the
-  compression root and everything compression continues from it), so the row a list shows and
-  the live tip never disagree. ``list_sessions_rich``, ``search_sessions`` and
+  unit of every archive change, and of pruning, is the conversation's members
+  (``hermes_state_lineage.conversation_members``), so the row a list shows and the live tip
+  never disagree. ``list_sessions_rich``, ``search_sessions`` and
   ``session_count`` leave archived sessions out unless ``include_archived=True``;
 * deleting or pruning never cascades to other sessions (children are orphaned), and refuses
   while the runtime ledgers hold live work for the session.
@@ -30,7 +31,7 @@ import math
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from hermes_state_common import (
@@ -42,10 +43,12 @@ from hermes_state_common import (
     now,
     placeholders,
     quote_identifier,
+    row_to_dict,
     set_meta,
     sql_values,
 )
 from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
+from hermes_state_lineage import Family, conversation_members
 from hermes_state_schema import expected_columns
 
 __all__ = [
@@ -58,7 +61,6 @@ __all__ = [
     "list_sessions_rich",
     "search_sessions",
     "session_count",
-    "conversation_sessions",
     "set_session_archived",
     "auto_archive_idle_sessions",
     "lift_auto_archive",
@@ -66,7 +68,21 @@ __all__ = [
     "set_session_title",
     "delete_session",
     "prune_sessions",
+    "list_prune_candidates",
+    "select_prune_ids",
     "stats",
+    "claim_auto_prune",
+    "clear_messages",
+    "ensure_session",
+    "get_model_usage",
+    "get_next_title_in_lineage",
+    "get_session_by_title",
+    "get_session_title",
+    "message_count",
+    "require_session",
+    "resolve_session_by_title",
+    "session_columns",
+    "update_system_prompt",
 ]
 
 _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
@@ -74,10 +90,6 @@ _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
 
 def session_columns() -> tuple[str, ...]:
     return tuple(c[0] for c in expected_columns()["sessions"])
-
-
-def row_to_dict(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
-    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
 
 
 def _session_value(name: str, value: Any) -> Any:
@@ -98,7 +110,7 @@ def _check_session_id(session_id: Any) -> str:
     return session_id
 
 
-def require_session(conn: sqlite3.Connection, session_id: str) -> None:
+def require_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
         raise SessionNotFoundError(session_id)
 
@@ -130,14 +142,14 @@ def create_session(
 
 
 def ensure_session(
-    conn: sqlite3.Connection, session_id: str, source: str = "unknown", model: str | None = None
+    conn: sqlite3.Connection, /, session_id: str, source: str = "unknown", model: str | None = None
 ) -> str:
     """The session id, creating a minimal session row when there is none."""
     return create_session(conn, session_id, source, model=model)
 
 
 def _insert_session(
-    conn: sqlite3.Connection, session_id: str, source: str, columns: Mapping[str, Any]
+    conn: sqlite3.Connection, /, session_id: str, source: str, columns: Mapping[str, Any]
 ) -> bool:
     _check_session_id(session_id)
     if not isinstance(source, str) or not source:
@@ -165,7 +177,7 @@ def _insert_session(
     return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
 
 
-def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] | None:
     if isinstance(session_id, str) and clean_optional(session_id) != session_id:
         return None  # no stored id has a lone surrogate
     cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -178,7 +190,7 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
 PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
 
 
-def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> str | None:
+def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -> str | None:
     """The session id equal to, or uniquely starting with, the argument (compared exactly:
     case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
     if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
@@ -190,7 +202,7 @@ def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: str) -> s
     return rows[0][0] if len(rows) == 1 else None
 
 
-def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | None) -> bool:
+def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> bool:
     """End the session; the first end reason is kept. True when this call ended it."""
     cursor = conn.execute(
         "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
@@ -204,7 +216,7 @@ def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str | Non
 REOPEN_SQL = "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?"
 
 
-def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
+def reopen_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     """Clear the end so a later end applies; resuming lifts the conversation's archive only
     when the idle clean-up set it, never a deliberate one."""
     if conn.execute(REOPEN_SQL, (session_id,)).rowcount == 0:
@@ -212,12 +224,12 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
     lift_auto_archive(conn, session_id)
 
 
-def update_system_prompt(conn: sqlite3.Connection, session_id: str, prompt: str | None) -> None:
+def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: str | None) -> None:
     update_session_columns(conn, session_id, {"system_prompt": prompt})
 
 
 def update_session_columns(
-    conn: sqlite3.Connection, session_id: str, values: Mapping[str, Any]
+    conn: sqlite3.Connection, /, session_id: str, values: Mapping[str, Any]
 ) -> None:
     sets = ", ".join(f"{quote_identifier(k)} = ?" for k in values)
     cursor = conn.execute(
@@ -279,6 +291,7 @@ def _check_cost(name: str, value: Any) -> float | None:
 
 def update_token_counts(
     conn: sqlite3.Connection,
+    /,
     session_id: str,
     input_tokens: int = 0,
     output_tokens: int = 0,
@@ -301,11 +314,22 @@ def update_token_counts(
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
     transaction. ``model`` fills the session's model only while it is NULL."""
-    counts = {k: v for k, v in locals().items() if k not in ("conn", "session_id", "model",
-                                                              "absolute", "task")}
-    tokens = {f: _check_count(f, counts.get(f, 0)) for f in TOKEN_FIELDS}
-    costs = {f: _check_cost(f, counts.get(f)) for f in COST_FIELDS}
-    labels = {f: counts.get(f) for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if counts.get(f) is not None}
+    given_tokens = {
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens, "api_call_count": api_call_count,
+    }
+    given_costs = {"estimated_cost_usd": estimated_cost_usd, "actual_cost_usd": actual_cost_usd}
+    given_labels = {
+        "cost_status": cost_status, "cost_source": cost_source,
+        "pricing_version": pricing_version, "billing_provider": billing_provider,
+        "billing_base_url": billing_base_url, "billing_mode": billing_mode,
+    }
+    tokens = {f: _check_count(f, given_tokens[f]) for f in TOKEN_FIELDS}
+    costs = {f: _check_cost(f, given_costs[f]) for f in COST_FIELDS}
+    labels = {
+        f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
+    }
     row = conn.execute(
         "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
         (session_id,),
@@ -318,9 +342,9 @@ def update_token_counts(
         if value is not None:
             sets.append(f"{f} = ?" if absolute else f"{f} = COALESCE({f}, 0) + ?")
             params.append(value)
-    for f, value in labels.items():
+    for f, label in labels.items():
         sets.append(f"{f} = ?")
-        params.append(clean_optional(value))
+        params.append(clean_optional(label))
     if model is not None:
         sets.append("model = COALESCE(model, ?)")
         params.append(clean_optional(model))
@@ -344,7 +368,7 @@ def update_token_counts(
     )
 
 
-def get_model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def get_model_usage(conn: sqlite3.Connection, /, session_id: str) -> list[dict[str, Any]]:
     cursor = conn.execute(
         "SELECT * FROM session_model_usage WHERE session_id = ?"
         " ORDER BY first_used_at, model, task",
@@ -358,7 +382,7 @@ def get_model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str,
 PREVIEW_CHARS = 60
 
 # A conversation's root is the session without a parent (or whose parent is gone). The row it
-# is listed under shows the live tip of its compression chain (see compression_tip_sql).
+# is listed under shows the compression tip of its chain (hermes_state_lineage.Family).
 LIST_ROOTS_SQL = """
 SELECT s.*,
     (SELECT m.content FROM messages m
@@ -373,20 +397,6 @@ WHERE (s.parent_session_id IS NULL
 ORDER BY s.started_at DESC, s.id DESC
 LIMIT ? OFFSET ?
 """
-
-# Every session below a root, with the most recent activity of each.
-FAMILY_SQL = """
-WITH RECURSIVE family(id) AS (
-    SELECT ?
-    UNION
-    SELECT s.id FROM sessions s JOIN family f ON s.parent_session_id = f.id
-)
-SELECT s.id, s.parent_session_id, s.end_reason, s.successor_session_id, s.started_at,
-       COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id),
-                s.started_at) AS last_active
-FROM sessions s JOIN family f ON s.id = f.id
-"""
-
 
 def make_preview(text: str | None) -> str:
     """First user message, whitespace collapsed, at most 60 characters plus ``...``."""
@@ -419,51 +429,13 @@ def source_filters(
     return sql, params
 
 
-def next_in_chain(
-    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], node_id: str
-) -> str | None:
-    """The compression successor of a session: the published one, else the newest child of a
-    session that ended with ``end_reason='compression'``; None at the tip."""
-    node = family[node_id]
-    successor = node.get("successor_session_id")
-    if successor in family:
-        return str(successor)
-    kids = children.get(node_id)
-    if node.get("end_reason") == "compression" and kids:
-        return max(kids, key=lambda c: (family[c]["started_at"], c))
-    return None
-
-
-def chain_from(
-    family: Mapping[str, Mapping[str, Any]], children: Mapping[str, list[str]], start: str
-) -> list[str]:
-    """``start`` and its compression successors in order; the last one is the live tip."""
-    path, seen = [start], {start}
-    while (nxt := next_in_chain(family, children, path[-1])) is not None and nxt not in seen:
-        path.append(nxt)
-        seen.add(nxt)
-    return path
-
-
-def family_of(
-    conn: sqlite3.Connection, root: str
-) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    cursor = conn.execute(FAMILY_SQL, (root,))
-    family = {r[0]: row_to_dict(cursor, r) for r in cursor.fetchall()}
-    children: dict[str, list[str]] = {}
-    for sid, node in family.items():
-        parent = node["parent_session_id"]
-        if parent in family and sid != root:
-            children.setdefault(parent, []).append(sid)
-    return family, children
-
-
 # Lists and counts leave archived sessions out unless asked.
 _NOT_ARCHIVED = " AND COALESCE(s.archived, 0) = 0"
 
 
 def list_sessions_rich(
     conn: sqlite3.Connection,
+    /,
     source: str | None = None,
     exclude_sources: Iterable[str] | None = None,
     limit: int = 20,
@@ -482,12 +454,12 @@ def list_sessions_rich(
     out = []
     for root in roots:
         root["preview"] = make_preview(root.pop("_first_user"))
-        family, children = family_of(conn, root["id"])
-        tip_id = chain_from(family, children, root["id"])[-1]
+        family = Family(conn, root["id"])
+        tip_id = family.chain_from(root["id"])[-1]
         root["root_session_id"] = root["id"]
         root["tip_session_id"] = tip_id
-        root["lineage_size"] = len(family)
-        root["last_active"] = max(n["last_active"] for n in family.values())
+        root["lineage_size"] = len(family.nodes)
+        root["last_active"] = family.last_active()
         if tip_id != root["id"]:
             tip = get_session(conn, tip_id) or {}
             for key in ("title", "model", "ended_at", "end_reason", "message_count"):
@@ -498,6 +470,7 @@ def list_sessions_rich(
 
 def search_sessions(
     conn: sqlite3.Connection,
+    /,
     source: str | None = None,
     limit: int = 20,
     offset: int = 0,
@@ -516,7 +489,7 @@ def search_sessions(
 
 
 def session_count(
-    conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False
+    conn: sqlite3.Connection, /, source: str | None = None, include_archived: bool = False
 ) -> int:
     """Session rows, optionally of one source; archived ones only when asked."""
     filters, params = source_filters(source, None)
@@ -526,7 +499,7 @@ def session_count(
     return int(conn.execute(sql, params).fetchone()[0])
 
 
-def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+def message_count(conn: sqlite3.Connection, /, session_id: str | None = None) -> int:
     """Active messages of one session, or of the whole store."""
     if session_id is None:
         return int(conn.execute("SELECT COUNT(*) FROM messages WHERE active = 1").fetchone()[0])
@@ -576,7 +549,7 @@ FROM sessions
 """
 
 
-def stats(conn: sqlite3.Connection, top: int = 10) -> dict[str, Any]:
+def stats(conn: sqlite3.Connection, /, top: int = 10) -> dict[str, Any]:
     """Store-wide statistics: totals, sessions and messages by source, tokens and cost by
     model, and the ``top`` sessions by tokens. A plain read (works on read-only handles)."""
     (
@@ -646,13 +619,13 @@ def sanitize_title(title: str | None) -> str | None:
     return cleaned
 
 
-def _check_title_free(conn: sqlite3.Connection, session_id: str, title: str) -> None:
+def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) -> None:
     owner = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
     if owner is not None and owner[0] != session_id:
         raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
 
 
-def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
+def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: str | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
@@ -662,7 +635,7 @@ def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | No
     return cursor.rowcount > 0
 
 
-def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str, float]]:
+def _lineage_titles(conn: sqlite3.Connection, /, base: str) -> list[tuple[str, str, float]]:
     """(id, title, started_at) of sessions titled ``base`` or ``base #N``."""
     rows = conn.execute(
         "SELECT id, title, started_at FROM sessions"
@@ -677,12 +650,12 @@ def _lineage_titles(conn: sqlite3.Connection, base: str) -> list[tuple[str, str,
     return out
 
 
-def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+def get_session_title(conn: sqlite3.Connection, /, session_id: str) -> str | None:
     row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
     return None if row is None else row[0]
 
 
-def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict[str, Any] | None:
+def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, Any] | None:
     cleaned = sanitize_title(title)
     if cleaned is None:
         return None
@@ -690,7 +663,7 @@ def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict[str, Any]
     return None if row is None else get_session(conn, row[0])
 
 
-def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
+def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | None:
     """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
     cleaned = sanitize_title(title)
     if cleaned is None:
@@ -701,7 +674,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None
     return max(candidates, key=lambda c: (c[2], c[0]))[0]
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: str) -> str:
     """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
     cleaned = sanitize_title(title) or ""
     match = _TITLE_SUFFIX_RE.match(cleaned)
@@ -739,13 +712,13 @@ DELETE_SESSION_SQL = (
 )
 
 
-def _live_work(conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+def _live_work(conn: sqlite3.Connection, /, session_id: str) -> tuple[int, int]:
     """(live admissions, live worker executions) of the session."""
     admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
     return int(admissions), int(executions)
 
 
-def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
+def delete_session(conn: sqlite3.Connection, /, session_id: str) -> bool:
     """Delete a session, its messages, usage and terminal ledger rows; orphan its children
     (they are never deleted). False when there is no such session.
 
@@ -768,7 +741,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
 AUTO_PRUNE_KEY = "auto_prune_last_run_at"
 
 
-def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: float) -> bool:
+def claim_auto_prune(conn: sqlite3.Connection, /, min_interval_hours: float) -> bool:
     """True (and the run remembered in ``state_meta``) when the automatic prune is due."""
     last = get_meta(conn, AUTO_PRUNE_KEY)
     if last is not None and now() - float(last) < min_interval_hours * 3600:
@@ -795,103 +768,73 @@ WHERE s.ended_at IS NOT NULL
                s.started_at) < ?
   {filters}
 """
+PRUNE_CANDIDATE_COLUMNS = (
+    "id", "source", "title", "model", "started_at", "ended_at", "message_count", "archived",
+)
+PRUNE_CANDIDATE_ROWS_SQL = f"""
+SELECT {", ".join(PRUNE_CANDIDATE_COLUMNS)} FROM sessions
+WHERE id IN (SELECT value FROM json_each(?))
+ORDER BY started_at, id
+"""
 
 
-def prune_sessions(
-    conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None
-) -> int:
-    """Delete ended sessions idle for ``older_than_days``; returns how many.
+def select_prune_ids(
+    conn: sqlite3.Connection,
+    /,
+    older_than_days: float | None,
+    source: str | None = None,
+    *,
+    only_ids: Collection[str] | None = None,
+) -> list[str]:
+    """The sessions a prune deletes, sorted: the one place that selection is made, so the
+    list a caller is shown and what :func:`prune_sessions` deletes cannot differ.
 
-    A compression chain is pruned as a unit: a session is kept while any session of its chain
-    (its compression ancestors and successors) is still live or active after the cutoff, so
-    the ended parent of a live conversation is never pulled from under it. Sessions whose
-    ledgers hold live work are skipped.
-    """
-    cutoff = now() - older_than_days * 86400.0
+    Ended sessions idle for ``older_than_days`` (None: any ended session) of ``source``, and
+    of ``only_ids`` when given. A conversation is pruned as a unit (its members, see
+    ``hermes_state_lineage``): a session is kept while any member of its conversation is not
+    selected, so the ended parent of a live conversation is never pulled from under it.
+    Sessions whose ledgers hold live work are not selected. Reads only."""
+    cutoff = math.inf if older_than_days is None else now() - older_than_days * 86400.0
     filters, params = source_filters(source, None)
-    candidates = {
-        r[0] for r in conn.execute(PRUNE_CANDIDATES_SQL.format(filters=filters), (cutoff, *params))
-    }
+    sql = PRUNE_CANDIDATES_SQL.format(filters=filters)
+    candidates = {r[0] for r in conn.execute(sql, (cutoff, *params))}
+    if only_ids is not None:
+        candidates &= set(only_ids)
     # Busy sessions are taken out first, so that a chain with a busy member is not a subset
     # of what may go and stays whole.
     deletable = {sid for sid in candidates if not any(_live_work(conn, sid))}
-    pruned = 0
-    for session_id in sorted(deletable):
-        if compression_chain(conn, session_id) <= deletable:
-            pruned += delete_session(conn, session_id)
-    return pruned
+    return sorted(sid for sid in deletable if conversation_members(conn, sid) <= deletable)
 
 
-# The seed's ancestors query: the session first, then each parent in turn.
-ANCESTORS_SQL = """
-WITH RECURSIVE lineage(id, parent_session_id, depth) AS (
-    SELECT id, parent_session_id, 0 FROM sessions WHERE id = ?
-    UNION
-    SELECT s.id, s.parent_session_id, l.depth + 1
-    FROM sessions s JOIN lineage l ON s.id = l.parent_session_id
-    WHERE l.depth < 10000
-)
-SELECT s.id, s.title, s.started_at, s.parent_session_id, s.source, s.end_reason
-FROM lineage l JOIN sessions s ON s.id = l.id
-ORDER BY l.depth
-"""
-
-
-def session_ancestors(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The session and its ancestors, nearest first (empty when the session is unknown)."""
-    cursor = conn.execute(ANCESTORS_SQL, (session_id,))
+def list_prune_candidates(
+    conn: sqlite3.Connection, /, older_than_days: float | None = None, source: str | None = None
+) -> list[dict[str, Any]]:
+    """What ``prune_sessions(older_than_days, source)`` would delete now, oldest first:
+    ``id, source, title, model, started_at, ended_at, message_count, archived``. Reads only."""
+    ids = select_prune_ids(conn, older_than_days, source)
+    cursor = conn.execute(PRUNE_CANDIDATE_ROWS_SQL, (json.dumps(ids),))
     return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
 
-COMPRESSION_CHAIN_SQL = """
-WITH RECURSIVE
-up(id, parent, reason) AS (
-    SELECT id, parent_session_id, end_reason FROM sessions WHERE id = :id
-    UNION
-    SELECT p.id, p.parent_session_id, p.end_reason
-    FROM sessions p JOIN up ON p.id = up.parent
-    WHERE p.end_reason = 'compression'
-),
-down(id, reason) AS (
-    SELECT id, end_reason FROM sessions WHERE id = :id
-    UNION
-    SELECT c.id, c.end_reason FROM sessions c JOIN down ON c.parent_session_id = down.id
-    WHERE down.reason = 'compression'
-)
-SELECT id FROM up UNION SELECT id FROM down
-"""
+def prune_sessions(
+    conn: sqlite3.Connection,
+    /,
+    older_than_days: float | None = 90,
+    source: str | None = None,
+    *,
+    only_ids: Collection[str] | None = None,
+) -> int:
+    """Delete the sessions :func:`select_prune_ids` selects; returns how many.
 
-
-def compression_chain(conn: sqlite3.Connection, session_id: str) -> set[str]:
-    """The session, its compression ancestors and its compression successors."""
-    return {r[0] for r in conn.execute(COMPRESSION_CHAIN_SQL, {"id": session_id})}
+    ``only_ids`` bounds the deletion to sessions a caller was shown (by
+    :func:`list_prune_candidates`): one that changed since (new activity, live work) is kept,
+    and one that qualified only since is not deleted unseen. Deleting a selected session only
+    detaches the sessions outside the selection (their parent link), never deletes them."""
+    ids = select_prune_ids(conn, older_than_days, source, only_ids=only_ids)
+    return sum(delete_session(conn, session_id) for session_id in ids)
 
 
 # --- archiving -------------------------------------------------------------------------------
-
-# The session and each parent in turn while that parent ended by compression.
-COMPRESSION_UP_SQL = """
-WITH RECURSIVE up(id, parent) AS (
-    SELECT id, parent_session_id FROM sessions WHERE id = ?
-    UNION
-    SELECT p.id, p.parent_session_id FROM sessions p JOIN up ON p.id = up.parent
-    WHERE p.end_reason = 'compression'
-)
-SELECT id, parent FROM up
-"""
-
-
-def conversation_sessions(conn: sqlite3.Connection, session_id: str) -> set[str]:
-    """Every session of the conversation ``session_id`` belongs to: its compression root and
-    everything compression continues from there (successors, and children of sessions that
-    ended by compression). Any member gives the same set; empty for an unknown session."""
-    rows = conn.execute(COMPRESSION_UP_SQL, (session_id,)).fetchall()
-    if not rows:
-        return set()
-    ids = {r[0] for r in rows}
-    roots = [r[0] for r in rows if r[1] not in ids]
-    return compression_chain(conn, roots[0] if roots else session_id)
-
 
 SET_ARCHIVED_SQL = """
 UPDATE sessions SET archived = ?, auto_archived = 0
@@ -899,7 +842,7 @@ WHERE id IN (SELECT value FROM json_each(?))
 """
 
 
-def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bool) -> None:
+def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived: bool) -> None:
     """Archive (deliberately) or unarchive the session's conversation.
 
     Archiving sets ``archived=1`` and clears ``auto_archived``, so resuming or compressing
@@ -907,7 +850,7 @@ def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bo
     """
     if not isinstance(archived, bool):
         raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
-    members = conversation_sessions(conn, session_id)
+    members = conversation_members(conn, session_id)
     if not members:
         raise SessionNotFoundError(session_id)
     conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members))))
@@ -920,13 +863,13 @@ WHERE auto_archived = 1 AND id IN (SELECT value FROM json_each(?))
 """
 
 
-def lift_auto_archive(conn: sqlite3.Connection, session_id: str, *, check: bool = False) -> int:
+def lift_auto_archive(conn: sqlite3.Connection, /, session_id: str, *, check: bool = False) -> int:
     """Lift the idle clean-up's archive from the session's conversation (a deliberate archive
     stays); returns how many sessions changed. ``check`` first looks at the session's own flag
     and does nothing when it is clear (the cheap path for every appended user turn)."""
     if check and conn.execute(IS_AUTO_ARCHIVED_SQL, (session_id,)).fetchone() is None:
         return 0
-    members = conversation_sessions(conn, session_id)
+    members = conversation_members(conn, session_id)
     return conn.execute(LIFT_AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
 
 
@@ -943,19 +886,19 @@ WHERE COALESCE(archived, 0) = 0 AND id IN (SELECT value FROM json_each(?))
 """
 
 
-def _has_live_work(conn: sqlite3.Connection, session_id: str) -> bool:
+def _has_live_work(conn: sqlite3.Connection, /, session_id: str) -> bool:
     admissions, executions = conn.execute(LIVE_LEDGER_SQL, {"id": session_id}).fetchone()
     return bool(admissions or executions)
 
 
 def auto_archive_idle_sessions(
-    conn: sqlite3.Connection, idle_days: float, *, source: str | None = None
+    conn: sqlite3.Connection, /, idle_days: float, *, source: str | None = None
 ) -> int:
     """The idle clean-up: archive (``archived=1``, ``auto_archived=1``) conversations idle for
     more than ``idle_days``; returns how many sessions it archived.
 
-    A conversation (:func:`conversation_sessions`) is archived only as a whole, when every
-    session of it — all of ``source``, when given — is idle (latest message, else
+    A conversation (its members, see ``hermes_state_lineage``) is archived only as a whole,
+    when every session of it — all of ``source``, when given — is idle (latest message, else
     ``started_at``, before the cutoff), none is pinned and none has live work in its ledgers
     (queued, started or unknown admissions; registered, running or unknown executions).
     Sessions already archived keep the archive they have, so a deliberate one stays
@@ -976,7 +919,7 @@ def auto_archive_idle_sessions(
     for session_id in sorted(idle):
         if session_id in seen:
             continue
-        members = conversation_sessions(conn, session_id)
+        members = conversation_members(conn, session_id)
         seen |= members
         if not members <= idle.keys():
             continue  # part of the conversation is still active

@@ -32,13 +32,21 @@ import logging
 import sqlite3
 from typing import Any
 
-from hermes_state_common import get_meta, now, set_meta, split_sql, stored_text, table_exists
+from hermes_state_common import (
+    get_meta,
+    now,
+    row_to_dict,
+    set_meta,
+    split_sql,
+    stored_text,
+    table_exists,
+)
 from hermes_state_errors import (
     InvalidInputError,
     TopicAlreadyLinkedError,
     is_sqlite_lock_error,
 )
-from hermes_state_sessions import require_session, row_to_dict
+from hermes_state_sessions import require_session
 
 __all__ = [
     "TOPIC_SCHEMA_VERSION",
@@ -112,7 +120,7 @@ WHERE "table" = 'sessions' AND "from" = 'session_id'
 """
 
 
-def _cascades(conn: sqlite3.Connection) -> bool:
+def _cascades(conn: sqlite3.Connection, /) -> bool:
     return any(row[0].upper() == "CASCADE" for row in conn.execute(BINDING_SESSION_FK_SQL))
 
 
@@ -129,7 +137,7 @@ RENAME_REBUILT_SQL = (
 )
 
 
-def _rebuild_bindings(conn: sqlite3.Connection) -> None:
+def _rebuild_bindings(conn: sqlite3.Connection, /) -> None:
     """Replace a bindings table without the cascade by one with it (SQLite cannot alter a
     foreign key), copying every binding whose session still exists."""
     live = {r[0] for r in conn.execute(BINDINGS_COLUMNS_SQL)}
@@ -182,7 +190,7 @@ def _limit(value: int) -> int:
     return max(value, 0)
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+def _rows(conn: sqlite3.Connection, /, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     """The rows of a read over the topic tables; none while a table it reads does not exist.
     A missing key (lone surrogate) reads as no row."""
     if any(p is None for p in params):

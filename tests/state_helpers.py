@@ -1,4 +1,4 @@
-"""Helpers shared by the portability, recover, repair, read-only, CLI and search index tests:
+"""Helpers shared by the transfer, recover, maintenance, read-only, CLI and search index tests:
 stores with every kind of row, other processes holding a database, real damage to closed
 files, maintenance killed in the middle of its promotion, and the search index checked whole."""
 

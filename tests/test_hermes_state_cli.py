@@ -114,7 +114,7 @@ def test_doctor_on_a_fresh_home_reports_and_succeeds_without_creating_anything(
 ) -> None:
     result = cli(hermes_home, "doctor")
     assert result.returncode == 0, result.stderr
-    assert "no store yet" in result.stdout and "sqlite_version" in result.stdout
+    assert "no store yet" in result.stdout and "SQLite: " in result.stdout
     assert list(hermes_home.iterdir()) == []
 
 
@@ -155,7 +155,7 @@ def test_export_then_import_into_another_store(store: list[str], hermes_home: Pa
 def test_prune_and_delete(store: list[str], hermes_home: Path) -> None:
     pruned = cli(hermes_home, "sessions", "prune", "--older-than-days", "0", "--json")
     assert pruned.returncode == 0 and as_json(pruned)["pruned"] == 0  # the chain is live
-    deleted = cli(hermes_home, "sessions", "delete", store[2], "--json")
+    deleted = cli(hermes_home, "sessions", "delete", store[2], "--yes", "--json")
     assert deleted.returncode == 0 and as_json(deleted)["deleted"] is True
     assert cli(hermes_home, "sessions", "delete", "no-such-session").returncode == 1
 

@@ -25,6 +25,7 @@ import hermes_state
 import hermes_state_common as common
 import hermes_state_fts as fts
 import hermes_state_lockowners as lockowners
+import hermes_state_writes as writes
 from hermes_state import (
     ProfileStoreRegistry,
     SessionDB,
@@ -612,7 +613,7 @@ def test_every_connection_and_every_checkpoint_follows_the_exposure(
         return conn
 
     db._connect = connect_traced  # type: ignore[method-assign]
-    checkpoint = ("helper" if exposure else "handle", hermes_state.CHECKPOINT_SQL)
+    checkpoint = ("helper" if exposure else "handle", writes.CHECKPOINT_SQL)
 
     def one_checkpoint_in(taken: list[tuple[str, str]]) -> None:
         assert [s for s in taken if "wal_checkpoint" in s[1]] == [checkpoint], taken

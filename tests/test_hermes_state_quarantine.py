@@ -41,8 +41,9 @@ from state_helpers import process_holding
 
 import hermes_state_common as common
 import hermes_state_fts as fts
-import hermes_state_portability as portability
+import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
+import hermes_state_recover as recover
 from hermes_state import SessionDB, StateDbCorruptError, StateDbUnavailableError, UnsafePathError
 from hermes_state_errors import SQLITE_CORRUPT, SQLITE_CORRUPT_VTAB, SQLITE_NOTADB
 
@@ -343,8 +344,8 @@ def mode(path: Path) -> int:
 
 
 def test_pending_messages_are_appended_one_private_json_line_each(hermes_home: Path) -> None:
-    first = common.spool_pending_message("chat:42", {"role": "user", "content": "héllo\ud800"})
-    again = common.spool_pending_message("chat:42", {"role": "user", "content": "\x00second"})
+    first = quarantine.spool_pending_message("chat:42", {"role": "user", "content": "héllo\ud800"})
+    again = quarantine.spool_pending_message("chat:42", {"role": "user", "content": "\x00second"})
     assert first == again and first.parent == hermes_home / "pending_messages"
     assert [json.loads(line) for line in first.read_text().splitlines()] == [
         {"role": "user", "content": "héllo"}, {"role": "user", "content": "\x00second"}]
@@ -357,11 +358,11 @@ def test_pending_messages_are_appended_one_private_json_line_each(hermes_home: P
 def test_a_spool_key_never_names_a_path_outside_its_directory(
     hermes_home: Path, key: str
 ) -> None:
-    path = common.spool_pending_message(key, {"k": key})
+    path = quarantine.spool_pending_message(key, {"k": key})
     assert path.parent == hermes_home / "pending_messages"
     assert len(path.name) <= 128 and path.name.endswith(".jsonl")
     assert json.loads(path.read_text())["k"] == common.clean_text(key)
-    other = common.spool_pending_message(key + "!", {"k": 1})
+    other = quarantine.spool_pending_message(key + "!", {"k": 1})
     assert other != path  # two keys never share a file
 
 
@@ -372,10 +373,10 @@ def test_spools_refuse_a_planted_symlink(hermes_home: Path, tmp_path: Path) -> N
     spool.mkdir()
     (spool / "s1.jsonl").symlink_to(victim)
     with pytest.raises(OSError):
-        common.spool_pending_message("s1", {"x": 1})
+        quarantine.spool_pending_message("s1", {"x": 1})
     (hermes_home / "sessions").symlink_to(tmp_path)
     with pytest.raises(UnsafePathError):
-        common.spool_transcript("s1", [{"x": 1}])
+        quarantine.spool_transcript("s1", [{"x": 1}])
     assert victim.read_text() == "untouched"
 
 
@@ -652,7 +653,7 @@ def test_a_restarted_process_never_writes_into_a_quarantined_file(
     assert any(p.startswith("quarantined since ") for p in report["problems"])
     assert any("--clear-quarantine" in step for step in report["next"])
     text = cli(hermes_home, "--db", str(db_path), "doctor")
-    assert "quarantine: {" in text.stdout and "! quarantined since" in text.stdout
+    assert "quarantine: since " in text.stdout and "! quarantined since" in text.stdout
 
     still_damaged = cli(hermes_home, "--db", str(db_path), "doctor", "--clear-quarantine")
     assert still_damaged.returncode == 1 and "integrity_check" in still_damaged.stderr
@@ -791,13 +792,13 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
             stream = "".join(db.iter_export_jsonl())  # the snapshot reader
         with SessionDB(db_path, read_only=True) as reader:
             reader.get_session("s")
-        backup = portability.backup_state_db(db_path)
-        portability.repair_state_db(db_path, check_only=True)
+        backup = maintenance.backup_state_db(db_path)
+        maintenance.repair_state_db(db_path, check_only=True)
         with SessionDB(db_path) as db:
             db._write(fts.detach_index)  # a stale index, for the repair to work on
-        portability.repair_state_db(db_path)
-        portability.restore_state_db(backup, db_path)
-        portability.recover_state_db(db_path, hermes_home / "recovered.db")
+        maintenance.repair_state_db(db_path)
+        maintenance.restore_state_db(backup, db_path)
+        recover.recover_state_db(db_path, hermes_home / "recovered.db")
         with SessionDB(hermes_home / "imported.db") as other:
             other.import_jsonl(io.StringIO(stream))
         quarantine.write_marker(db_path, "a test")
@@ -810,3 +811,24 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
     assert len(on_files) > 15
     for name, statements in on_files:
         assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
+
+
+def test_reading_quarantined_changes_nothing_and_the_handle_adopts_before_its_next_write(
+    damaged: Path,
+) -> None:
+    bystander = SessionDB(damaged)
+    db = SessionDB(damaged)
+    with pytest.raises(StateDbCorruptError) as met:
+        db.append_message("s", "user", "x")
+    for _ in range(3):
+        assert bystander.quarantined  # what the process knows of the file, read
+    assert bystander._quarantined is None, "reading the property took nothing on"
+    trace = Statements(bystander._conn)
+    with pytest.raises(StateDbCorruptError) as refused:
+        bystander.set_meta("k", "v")
+    assert trace.take() == [], "refused before any statement"
+    assert refused.value.__cause__ is met.value.__cause__, "the error that proved the damage"
+    before = file_state(damaged)
+    bystander.close()
+    db.close()
+    assert file_state(damaged) == before, "no checkpoint at close either"

@@ -442,6 +442,7 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     got, reads = impact_reads(small, "session")
     assert not reads and got == exact(small, "session")
     assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
+    small.append_message("s1", "user", "the next write marks it")
     assert small._read(rank.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
         assert reopened._rebuild_thread is not None

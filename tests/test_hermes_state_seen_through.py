@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import hermes_state_messages
+import hermes_state_seen
 from hermes_state import InvalidInputError, SessionDB
 from hermes_state_gateway import OWNER_MARKER_KEY
-from hermes_state_messages import SeenThrough
+from hermes_state_seen import SeenThrough
 
 OPS = ("archive_and_compact", "replace_messages")
 
@@ -327,7 +327,7 @@ def test_the_rewrite_itself_moves_the_remembered_bound(
 def test_an_evicted_session_falls_back_to_the_rows_present(
     db_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
 ) -> None:
-    monkeypatch.setattr(hermes_state_messages, "SEEN_SESSIONS", 2)
+    monkeypatch.setattr(hermes_state_seen, "SEEN_SESSIONS", 2)
     with SessionDB(db_path, rebuild_fts=False) as db:
         for sid in ("a", "b", "c"):
             seed_session(db, sid)
@@ -532,3 +532,24 @@ def test_no_acknowledged_append_is_lost_to_a_concurrent_rewrite(
         every = db.get_messages("s", include_inactive=True)
         assert set(acknowledged) <= set(uids(every)), "compaction archives, never deletes"
         assert all(m["compacted"] for m in every if not m["active"])
+
+
+def test_a_seen_hook_must_run_what_takes_the_parameters_of_what_it_stands_for() -> None:
+    import hermes_state_compression as compression
+    import hermes_state_messages as messages
+
+    with pytest.raises(TypeError, match="must take the parameters of get_messages"):
+        hermes_state_seen.Seen(
+            like=messages.get_messages, run=compression.archive_generation,
+            after=lambda seen, session_id, rows: rows,
+        )
+
+
+def test_a_seen_hook_called_without_a_handle_is_the_function_it_stands_for(
+    db: SessionDB,
+) -> None:
+    seed_session(db, "s", rows=3)
+    rows = db._read(lambda c: hermes_state_seen.GET_MESSAGES(c, "s"))
+    assert rows == db.get_messages("s")
+    conversation = db._read(lambda c: hermes_state_seen.GET_CONVERSATION(c, "s"))
+    assert conversation == db.get_messages_as_conversation("s")

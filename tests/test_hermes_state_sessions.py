@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import random
 import sqlite3
 import time
 from pathlib import Path
@@ -61,7 +62,12 @@ def test_listing_and_pruning_keep_their_documented_defaults() -> None:
     assert _parameters(SessionDB.search_sessions)[:3] == [
         ("source", None), ("limit", 20), ("offset", 0)
     ]
-    assert _parameters(SessionDB.prune_sessions) == [("older_than_days", 90), ("source", None)]
+    assert _parameters(SessionDB.prune_sessions) == [
+        ("older_than_days", 90), ("source", None), ("only_ids", None)
+    ]
+    assert _parameters(SessionDB.list_prune_candidates) == [
+        ("older_than_days", None), ("source", None)
+    ]
     assert _parameters(SessionDB.maybe_auto_prune_and_vacuum) == [
         ("retention_days", 90), ("min_interval_hours", 24), ("vacuum", True)
     ]
@@ -590,6 +596,56 @@ def test_prune_keeps_a_chain_whole_while_a_member_has_live_work(db: SessionDB) -
     assert db.prune_sessions(older_than_days=90) == 0
     assert db.get_session("a-root") is not None
     assert db.get_session("b-tip")["parent_session_id"] == "a-root"
+
+
+def _random_forest(db: SessionDB, seed: int) -> list[str]:
+    """Sessions of random ages, ended or not, some continuing an earlier one by compression,
+    some with live ledger work; returns their ids."""
+    rng = random.Random(seed)
+    ids: list[str] = []
+    for n in range(40):
+        parent = rng.choice(ids) if ids and rng.random() < 0.4 else None
+        sid = f"s{n:02d}"
+        _old_session(db, sid, rng.choice([5, 60, 95, 200]) + rng.random(),
+                     source=rng.choice(["cli", "telegram"]),
+                     end=rng.choice([None, "user_exit", "compression", "compression"]),
+                     parent=parent)
+        if rng.random() < 0.15:
+            _admit(db, sid, "queued")
+        ids.append(sid)
+    return ids
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_prune_candidates_are_exactly_what_the_prune_deletes(
+    db: SessionDB, seed: int
+) -> None:
+    ids = _random_forest(db, seed)
+    for days, source in ((90, "telegram"), (90, None), (None, None)):
+        listed = db.list_prune_candidates(days, source=source)
+        assert all(set(row) == {"id", "source", "title", "model", "started_at", "ended_at",
+                                "message_count", "archived"} for row in listed)
+        assert [r["started_at"] for r in listed] == sorted(r["started_at"] for r in listed)
+        before = {sid for sid in ids if db.get_session(sid) is not None}
+        expected = {r["id"] for r in listed}
+        assert db.prune_sessions(days, source=source) == len(expected)
+        after = {sid for sid in ids if db.get_session(sid) is not None}
+        assert before - after == expected
+    assert db.list_prune_candidates() == []  # every ended session without live work is gone
+
+
+def test_a_prune_bounded_to_listed_ids_deletes_nothing_else(db: SessionDB) -> None:
+    _old_session(db, "listed", 100)
+    _old_session(db, "listed-then-active", 100)
+    _old_session(db, "not-listed", 100)
+    _old_session(db, "chain-root", 200, end="compression")
+    _old_session(db, "chain-tip", 150, parent="chain-root")
+    shown = ["listed", "listed-then-active", "chain-root", "unknown-id"]
+    db.append_message("listed-then-active", "user", "back again")
+    assert db.prune_sessions(90, only_ids=shown) == 1  # the chain goes only as a whole
+    assert {s["id"] for s in db.search_sessions(limit=10)} == {
+        "listed-then-active", "not-listed", "chain-root", "chain-tip"}
+    assert db.prune_sessions(90, only_ids=[]) == 0
 
 
 def test_auto_prune_remembers_its_last_run(db_path: Path) -> None:

@@ -1,20 +1,4 @@
-"""Portability: export and import, backup and restore, repair, and recovery of damaged files.
-
-*Export* is plain JSON data: the session row with every column, every message row of every
-generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
-rows. Nothing derived travels (no FTS text, no ``search_cjk``), so an import loses nothing.
-:func:`iter_export_jsonl` streams one JSON object per line from database cursors, so a session
-of any size exports in constant memory. *Import* writes each session in its own transaction,
-parents before children, messages through ``insert_message`` (uids kept): an existing identical
-session is skipped, an existing different one is a conflict and nothing of it is written.
-
-The file-level operations never copy ``state.db``, ``-wal`` and ``-shm`` as separate files:
-those three are one live image. Backups, the working copy of a repair and its promotion back
-onto the live file all go through SQLite's backup API, which reads a consistent snapshot
-through the WAL. Repair and restore hold the live store with SQLite's own EXCLUSIVE lock for
-their whole window (see *Exclusive maintenance* below), so no write of another process can
-land between their snapshot and their promotion: they refuse (:class:`StateDbInUseError`)
-while any other connection has the file open, and other processes' writes wait meanwhile.
+"""Recover: salvage what a damaged session store still holds into a fresh database.
 
 *Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
 so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads private byte
@@ -42,6 +26,10 @@ page's key range, which bounds the loss, and it reaches rows no key search can. 
 fresh file with the current schema; the FTS indexes, the search index, ``search_cjk`` and
 ``schema_version`` are rebuilt, never copied, and the four runtime ledgers are reported but not
 copied (a partial ledger could replay started work or adopt another owner's worker).
+
+A source with nothing to salvage — a missing or empty file, a directory — is refused, and so
+is one whose intact schema shows another application's database; a source that no page of can
+be read at all gives a report that says so (``readable`` False).
 """
 
 from __future__ import annotations
@@ -49,1155 +37,55 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime
-import functools
-import json
 import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 import hermes_state_rank as rank
 from hermes_state_common import (
-    DB_FILENAME,
     DELIVERY_OBLIGATIONS_SQL,
-    FTS_SQL,
-    INDEXES_SQL,
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
     TABLES_SQL,
-    clean_optional,
-    configure_connection,
+    connect,
     get_hermes_home,
-    hermes_root,
     journal_path,
+    make_private_dir,
     prepare_db_file,
     quote_identifier,
-    refuse_symlinks,
-    resolve_profile_home,
     sidecar_paths,
     split_sql,
     table_exists,
-    tighten_modes,
     transaction,
+    wal_without_database,
 )
-from hermes_state_compression import get_session_ancestors, get_session_descendants
 from hermes_state_errors import (
     HermesStateError,
-    SessionNotFoundError,
-    StateDbCorruptError,
     StateDbInUseError,
     StateDbUnavailableError,
-    hot_journal_error,
-    is_corruption_error,
-    is_hot_journal_error,
-    is_sqlite_lock_error,
+    foreign_database_error,
+    translated_errors,
 )
 from hermes_state_lockowners import describe_lock_holders, lock_holders
-from hermes_state_messages import (
-    MESSAGE_FIELDS,
-    SELECT_MESSAGES_SQL,
-    get_messages,
-    insert_message,
-    message_fields,
-    row_to_message,
+from hermes_state_maintenance import (
+    Progress,
+    no_progress,
+    quick_check,
+    rebuild_indexes,
+    utc_stamp,
 )
-from hermes_state_quarantine import clear_marker
-from hermes_state_schema import (
-    WriteFn,
-    expected_columns,
-    read_version,
-    restore_data_invariants,
-)
-from hermes_state_sessions import get_model_usage, get_session, search_sessions, session_columns
+from hermes_state_schema import read_version, restore_data_invariants
 from hermes_state_testguard import check_test_isolation
 
-__all__ = [
-    "EXPORT_FORMAT",
-    "EXPORT_FORMAT_VERSION",
-    "export_session",
-    "export_all",
-    "export_session_lineage",
-    "lineage_ids",
-    "iter_export_jsonl",
-    "import_sessions",
-    "import_jsonl",
-    "backup_state_db",
-    "restore_state_db",
-    "repair_state_db",
-    "health_report",
-    "recover_state_db",
-    "snapshot_dir",
-    "collect_profile_stats",
-]
+__all__ = ["recover_state_db"]
 
-Progress = Callable[[str, int, "int | None"], None]
-
-EXPORT_FORMAT = "hermes-state-export"
-EXPORT_FORMAT_VERSION = 1
-SNAPSHOT_DIRNAME = "state-snapshots"
-_BUSY_TIMEOUT_S = 5.0
-
-
-def _no_progress(stage: str, done: int, total: int | None) -> None:
-    pass
-
-
-# =============================================================================================
-# Export
-# =============================================================================================
-
-
-def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
-    """The session row plus ``messages`` (all generations, in order) and ``model_usage``."""
-    session = get_session(conn, session_id)
-    if session is None:
-        return None
-    session["messages"] = get_messages(conn, session_id, include_inactive=True)
-    session["model_usage"] = get_model_usage(conn, session_id)
-    return session
-
-
-def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict[str, Any]]:
-    """Every session (optionally of one source, archived ones included), oldest first,
-    exported as above."""
-    sessions = search_sessions(conn, source=source, limit=-1, include_archived=True)
-    exported = (export_session(conn, s["id"]) for s in reversed(sessions))
-    return [e for e in exported if e is not None]
-
-
-def lineage_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """Every session of the lineage ``session_id`` belongs to: its root (the topmost ancestor)
-    and everything below it, parents before children. Empty when the session is unknown."""
-    ancestors = get_session_ancestors(conn, session_id)
-    if not ancestors:
-        return []
-    return [r["id"] for r in get_session_descendants(conn, ancestors[-1]["id"])]
-
-
-def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The whole lineage of ``session_id`` (see :func:`lineage_ids`), each session exported
-    as by :func:`export_session`, parents first."""
-    exported = (export_session(conn, i) for i in lineage_ids(conn, session_id))
-    return [e for e in exported if e is not None]
-
-
-# Oldest first, so parents usually precede their children (import does not rely on it).
-EXPORT_IDS_SQL = "SELECT id FROM sessions ORDER BY started_at, id"
-EXPORT_IDS_BY_SOURCE_SQL = "SELECT id FROM sessions WHERE source = ? ORDER BY started_at, id"
-
-
-def _export_ids(
-    conn: sqlite3.Connection,
-    session_ids: Iterable[str] | None,
-    source: str | None,
-    lineage: bool,
-) -> list[str]:
-    if session_ids is None:
-        if source is None:
-            return [r[0] for r in conn.execute(EXPORT_IDS_SQL)]
-        return [r[0] for r in conn.execute(EXPORT_IDS_BY_SOURCE_SQL, (source,))]
-    ids: dict[str, None] = {}
-    for session_id in session_ids:
-        found = lineage_ids(conn, session_id) if lineage else (
-            [session_id] if get_session(conn, session_id) is not None else []
-        )
-        if not found:
-            raise SessionNotFoundError(session_id)
-        ids.update(dict.fromkeys(found))
-    return list(ids)
-
-
-SESSION_MESSAGES_SQL = SELECT_MESSAGES_SQL + " WHERE session_id = ? ORDER BY id"
-
-
-def _line(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-def iter_export_jsonl(
-    conn: sqlite3.Connection,
-    session_ids: Iterable[str] | None = None,
-    *,
-    source: str | None = None,
-    lineage: bool = False,
-) -> Iterator[str]:
-    """Export as JSON Lines, one line at a time, in constant memory.
-
-    Lines: a header ``{"kind": "header", ...}``; per session a ``session`` line (the row),
-    its ``message`` lines (every generation, in id order) and ``usage`` lines; a final
-    ``end`` line with the totals. ``session_ids`` (default: every session, or those of
-    ``source``) are expanded to their whole lineage with ``lineage=True``. Run it inside one
-    read transaction for a consistent snapshot; an unknown id raises before any line."""
-    ids = _export_ids(conn, session_ids, source, lineage)
-    yield _line(
-        {
-            "kind": "header",
-            "format": EXPORT_FORMAT,
-            "format_version": EXPORT_FORMAT_VERSION,
-            "schema_version": SCHEMA_VERSION,
-            "exported_at": datetime.datetime.now(datetime.UTC).isoformat(),
-        }
-    )
-    sessions = messages = 0
-    for session_id in ids:
-        session = get_session(conn, session_id)
-        if session is None:  # deleted since the ids were read (no snapshot held)
-            continue
-        sessions += 1
-        yield _line({"kind": "session", "session": session})
-        cursor = conn.execute(SESSION_MESSAGES_SQL, (session_id,))
-        for row in cursor:
-            messages += 1
-            message = row_to_message(row)
-            yield _line({"kind": "message", "session_id": session_id, "message": message})
-        for usage in get_model_usage(conn, session_id):
-            yield _line({"kind": "usage", "session_id": session_id, "usage": usage})
-    yield _line({"kind": "end", "sessions": sessions, "messages": messages})
-
-
-# =============================================================================================
-# Import
-# =============================================================================================
-
-_MESSAGE_DEFAULTS: dict[str, Any] = {
-    **dict.fromkeys(MESSAGE_FIELDS),
-    "observed": False,
-    "active": True,
-    "compacted": False,
-}
-_FLAGS = ("observed", "active", "compacted")
-_USAGE_KEY = ("model", "billing_provider", "billing_base_url", "billing_mode", "task")
-
-
-@dataclass
-class _Incoming:
-    """One session to import: its row, a re-iterable source of its messages (a retried
-    transaction reads them again) and its usage rows."""
-
-    session: dict[str, Any]
-    messages: Callable[[], Iterable[Mapping[str, Any]]]
-    usage: list[dict[str, Any]]
-
-    @property
-    def id(self) -> Any:
-        return self.session.get("id")
-
-
-def _from_dict(record: Mapping[str, Any]) -> _Incoming:
-    if not isinstance(record, Mapping):
-        raise TypeError(f"a session to import must be a mapping, got {type(record).__name__}")
-    session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
-    messages = list(record.get("messages") or [])
-    return _Incoming(session, lambda: messages, list(record.get("model_usage") or []))
-
-
-def _comparable_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {**_MESSAGE_DEFAULTS, **{k: v for k, v in message_fields(message).items()
-                                      if k in _MESSAGE_DEFAULTS}}
-    for flag in _FLAGS:
-        fields[flag] = bool(fields[flag])
-    return fields
-
-
-def _comparable_usage(rows: Iterable[Mapping[str, Any]]) -> list[tuple]:
-    return sorted(
-        tuple(sorted((k, v) for k, v in row.items() if k != "session_id")) for row in rows
-    )
-
-
-def _same_session(conn: sqlite3.Connection, existing: Mapping[str, Any], rec: _Incoming) -> bool:
-    """True when the stored session equals the incoming one in every column the incoming
-    record carries, message for message (streamed) and in its usage rows."""
-    columns = set(session_columns())
-    if any(existing.get(k) != v for k, v in rec.session.items() if k in columns):
-        return False
-    stored = conn.execute(SESSION_MESSAGES_SQL, (existing["id"],))
-    incoming = iter(rec.messages())
-    for row in stored:
-        other = next(incoming, None)
-        if other is None or _comparable_message(row_to_message(row)) != _comparable_message(other):
-            return False
-    if next(incoming, None) is not None:
-        return False
-    return _comparable_usage(get_model_usage(conn, existing["id"])) == _comparable_usage(rec.usage)
-
-
-def _usage_columns() -> list[str]:
-    return [c[0] for c in expected_columns()["session_model_usage"]]
-
-
-def _import_one(conn: sqlite3.Connection, rec: _Incoming) -> dict[str, Any]:
-    """Import one session in the caller's transaction; returns what happened to it."""
-    session_id = rec.id
-    if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
-    existing = get_session(conn, session_id)
-    if existing is not None:
-        if _same_session(conn, existing, rec):
-            return {"status": "skipped"}
-        return {"status": "conflict", "reason": "a different session with this id exists"}
-    outcome: dict[str, Any] = {"status": "imported"}
-    columns = session_columns()
-    row = {k: rec.session[k] for k in columns if k in rec.session}
-    unknown = sorted(set(rec.session) - set(columns))
-    if unknown:
-        outcome["ignored_fields"] = unknown
-    title = row.get("title")
-    if title is not None:
-        holder = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
-        if holder is not None:
-            row["title"] = None
-            outcome["title_conflict"] = {"title": title, "held_by": holder[0]}
-    parent = row.get("parent_session_id")
-    if parent is not None and get_session(conn, parent) is None:
-        row["parent_session_id"] = None
-        outcome["parent_missing"] = parent
-    names = list(row)
-    conn.execute(
-        f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
-        f" VALUES ({', '.join('?' * len(names))})",
-        [clean_optional(v) if isinstance(v, str) else v for v in row.values()],
-    )
-    count = 0
-    dropped: set[str] = set()
-    for message in rec.messages():
-        fields = message_fields(message)
-        dropped.update(k for k in fields if k not in _MESSAGE_DEFAULTS)
-        insert_message(
-            conn,
-            session_id,
-            {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS},
-            count=False,
-        )
-        count += 1
-    if dropped:
-        outcome["ignored_message_fields"] = sorted(dropped)
-    usage_columns = _usage_columns()
-    for usage in rec.usage:
-        values = {k: usage[k] for k in usage_columns if k in usage}
-        values["session_id"] = session_id
-        conn.execute(
-            f"INSERT INTO session_model_usage ({', '.join(quote_identifier(n) for n in values)})"
-            f" VALUES ({', '.join('?' * len(values))})",
-            list(values.values()),
-        )
-    outcome["messages"] = count
-    return outcome
-
-
-def _parents_first(records: list[_Incoming]) -> list[_Incoming]:
-    """The records reordered so that a session follows its parent when both are imported;
-    otherwise input order. Cycles and duplicate ids cannot loop."""
-    first: dict[Any, _Incoming] = {}
-    for rec in records:
-        first.setdefault(rec.id, rec)
-    placed: set[int] = set()
-    out: list[_Incoming] = []
-    for rec in records:
-        chain = []
-        node: _Incoming | None = rec
-        while node is not None and id(node) not in placed:
-            placed.add(id(node))
-            chain.append(node)
-            parent = node.session.get("parent_session_id")
-            node = first.get(parent) if parent is not None else None
-        out.extend(reversed(chain))
-    return out
-
-
-def _import_records(write: WriteFn, records: list[_Incoming]) -> dict[str, Any]:
-    report: dict[str, Any] = {
-        "imported": [],
-        "skipped": [],
-        "conflicts": [],
-        "title_conflicts": [],
-        "parent_missing": [],
-        "invalid": [],
-        "messages_imported": 0,
-    }
-    for rec in _parents_first(records):
-        try:
-            outcome = write(functools.partial(_import_one, rec=rec))
-        except (ValueError, TypeError, sqlite3.IntegrityError) as exc:
-            report["invalid"].append({"session_id": rec.id, "error": str(exc)})
-            continue
-        status = outcome["status"]
-        if status == "skipped":
-            report["skipped"].append(rec.id)
-        elif status == "conflict":
-            report["conflicts"].append({"session_id": rec.id, "reason": outcome["reason"]})
-        else:
-            report["imported"].append(rec.id)
-            report["messages_imported"] += outcome["messages"]
-            if "title_conflict" in outcome:
-                conflict = outcome["title_conflict"]
-                report["title_conflicts"].append({"session_id": rec.id, **conflict})
-            if "parent_missing" in outcome:
-                report["parent_missing"].append(
-                    {"session_id": rec.id, "parent_session_id": outcome["parent_missing"]}
-                )
-            for key in ("ignored_fields", "ignored_message_fields"):
-                if key in outcome:
-                    report.setdefault(key, {})[rec.id] = outcome[key]
-    return report
-
-
-def import_sessions(write: WriteFn, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Import exported sessions (``export_session`` / ``export_all`` dicts), any order.
-
-    ``write(fn)`` runs ``fn(conn)`` in one retried write transaction; each session gets its
-    own. Report: ``imported``, ``skipped`` (an identical session exists), ``conflicts`` (a
-    different one exists; nothing of it written), ``title_conflicts`` (imported without the
-    title another session holds), ``parent_missing`` (imported as a root: its parent is
-    neither stored nor imported), ``invalid`` (rejected records) and ``messages_imported``.
-    """
-    return _import_records(write, [_from_dict(s) for s in sessions])
-
-
-# The JSONL importer spools lines into a private SQLite file first: memory stays bounded,
-# sessions can be reordered parents-first, and a retried transaction can re-read a session.
-SPOOL_SCHEMA_SQL = """
-CREATE TABLE lines (n INTEGER PRIMARY KEY, block INTEGER, kind TEXT NOT NULL, body TEXT NOT NULL);
-CREATE INDEX lines_by_block ON lines (block, kind, n);
-"""
-SPOOL_INSERT_SQL = "INSERT INTO lines (n, block, kind, body) VALUES (?, ?, ?, ?)"
-SPOOL_BLOCK_SQL = "SELECT body FROM lines WHERE block = ? AND kind = ? ORDER BY n"
-
-
-def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict[str, Any]]]:
-    """Load JSONL lines into ``spool``; returns (block, session row) for each session line.
-    A message or usage line belongs to the latest session line of its session id."""
-    spool.executescript(SPOOL_SCHEMA_SQL)
-    sessions: list[tuple[int, dict[str, Any]]] = []
-    blocks: dict[Any, int] = {}
-    batch: list[tuple] = []
-    spool.execute("BEGIN")
-    for n, raw in enumerate(fp, start=1):
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-            kind = obj["kind"]
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"line {n} is not an export line: {exc}") from None
-        if kind == "header":
-            if obj.get("format") != EXPORT_FORMAT:
-                raise ValueError(f"line {n}: not a {EXPORT_FORMAT} stream")
-            continue
-        if kind == "end":
-            continue
-        if kind == "session":
-            session = obj.get("session")
-            if not isinstance(session, dict):
-                raise ValueError(f"line {n}: a session line needs a 'session' object")
-            blocks[session.get("id")] = n
-            sessions.append((n, session))
-            continue
-        if kind not in ("message", "usage"):
-            raise ValueError(f"line {n}: unknown kind {kind!r}")
-        block = blocks.get(obj.get("session_id"))
-        if block is None or not isinstance(obj.get(kind), dict):
-            raise ValueError(f"line {n}: {kind} of a session that has no session line before it")
-        batch.append((n, block, kind, json.dumps(obj[kind], ensure_ascii=False)))
-        if len(batch) >= 1000:
-            spool.executemany(SPOOL_INSERT_SQL, batch)
-            batch.clear()
-    spool.executemany(SPOOL_INSERT_SQL, batch)
-    spool.execute("COMMIT")
-    return sessions
-
-
-def import_jsonl(write: WriteFn, fp: IO[Any]) -> dict[str, Any]:
-    """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
-    read line by line; memory stays bounded by one session row at a time plus the ids).
-    Same rules and report as :func:`import_sessions`."""
-    with tempfile.TemporaryDirectory(prefix="hermes-import-") as tmp:
-        spool = configure_connection(
-            sqlite3.connect(Path(tmp) / "spool.db", isolation_level=None)
-        )
-        try:
-            spool.execute("PRAGMA journal_mode = OFF")
-            spool.execute("PRAGMA synchronous = OFF")
-            sessions = _spool_jsonl(fp, spool)
-
-            def spooled(block: int, kind: str) -> Iterator[dict[str, Any]]:
-                return (json.loads(b) for (b,) in spool.execute(SPOOL_BLOCK_SQL, (block, kind)))
-
-            records = [
-                _Incoming(
-                    session,
-                    functools.partial(spooled, block, "message"),
-                    list(spooled(block, "usage")),
-                )
-                for block, session in sessions
-            ]
-            return _import_records(write, records)
-        finally:
-            spool.close()
-
-
-# =============================================================================================
-# Files: snapshots, exclusivity, promotion
-# =============================================================================================
-
-
-def snapshot_dir() -> Path:
-    """Where snapshots live: ``get_hermes_home()/state-snapshots``."""
-    return get_hermes_home() / SNAPSHOT_DIRNAME
-
-
-def _utc_stamp() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
-def _new_private_file(path: Path) -> Path:
-    """Create ``path`` empty with mode 0600 (never an existing file, never through a link)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(
-        path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
-    )
-    os.close(fd)
-    return path
-
-
-def _unique_snapshot_path(directory: Path, prefix: str) -> Path:
-    stamp = _utc_stamp()
-    for n in range(1, 1000):
-        candidate = directory / (f"{prefix}-{stamp}.db" if n == 1 else f"{prefix}-{stamp}-{n}.db")
-        try:
-            return _new_private_file(candidate)
-        except FileExistsError:
-            continue
-    raise HermesStateError(f"no free snapshot name in {directory}")
-
-
-def _remove_db_files(path: Path) -> None:
-    for p in (path, *sidecar_paths(path), journal_path(path)):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-
-
-def _connect(
-    path: Path, mode: str, *, immutable: bool = False, timeout: float = _BUSY_TIMEOUT_S
-) -> sqlite3.Connection:
-    """A maintenance connection on a store, a snapshot or a working copy."""
-    uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
-    return configure_connection(sqlite3.connect(
-        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-    ))
-
-
-def _existing_db(db_path: str | os.PathLike[str]) -> Path:
-    path = Path(db_path).expanduser().absolute()
-    check_test_isolation(path)
-    refuse_symlinks(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        raise StateDbUnavailableError(
-            f"no initialised session store at {path}", reason="uninitialized", path=path
-        )
-    return path
-
-
-def _quick_check(conn: sqlite3.Connection) -> list[str]:
-    try:
-        return [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
-    except sqlite3.Error as exc:
-        return [f"{type(exc).__name__}: {exc}"]
-
-
-def _copy_into(src: sqlite3.Connection, dest: Path) -> sqlite3.Connection:
-    """Copy the database of ``src`` into the new file ``dest`` with the backup API and return
-    a connection on the copy. One backup step: a consistent snapshot read through the WAL,
-    while writers carry on (a stepwise backup would restart after every foreign write)."""
-    dst = configure_connection(
-        sqlite3.connect(dest, isolation_level=None, check_same_thread=False)
-    )
-    try:
-        src.backup(dst)
-    except BaseException:
-        dst.close()
-        raise
-    return dst
-
-
-@contextlib.contextmanager
-def _reading(db_path: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection on the live database, beside its writers. A hot journal, which
-    such a connection may not roll back, raises the typed ``hot_journal`` error."""
-    conn = _connect(db_path, "ro")
-    try:
-        yield conn
-    except sqlite3.Error as exc:
-        if is_hot_journal_error(exc):
-            raise hot_journal_error(db_path) from exc
-        raise
-    finally:
-        conn.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Exclusive maintenance: repair and restore hold SQLite's own EXCLUSIVE lock on the live file
-# for their whole window, from the first read of it to the last page written onto it.
-#
-# One connection takes it: ``locking_mode = EXCLUSIVE`` (it never releases a lock once taken),
-# then ``BEGIN EXCLUSIVE; COMMIT``. Every WAL connection keeps a SHARED lock for as long as it
-# is open, so this fails with SQLITE_BUSY while any other connection anywhere (this process's
-# own included) has the file open: that is the refusal, after a short busy timeout. From then
-# on every other open, read and write gets SQLITE_BUSY and waits within its patience. (With
-# the lock taken before its first read, the connection keeps the WAL index in its own memory
-# and never touches ``-shm``.) The snapshot and the working copy are read through it. The
-# promotion first takes the file out of WAL mode (``journal_mode = DELETE``: a rollback-mode
-# destination may even change its page size), then writes the repaired copy into it with the
-# backup API (the connection holds the lock but no transaction). At the end the file goes
-# back to WAL mode while the lock is still held, and closing the connection releases it. A
-# store found healthy is never switched: only its committed WAL frames, if any, are
-# checkpointed when the connection closes.
-#
-# A kill -9 at any step leaves a file SQLite itself makes whole: before the promotion, the
-# live store untouched; during it, a hot ``-journal`` that the next writable open rolls back to
-# the store as it was before the promotion (read-only opens cannot: ``hot_journal``); after
-# it, the promoted store in rollback mode, which the next writable open puts back in WAL mode.
-# /proc/locks is read only to name holders: SQLite's lock is the proof of exclusivity.
-# ---------------------------------------------------------------------------------------------
-
-# How long taking the store waits for a lock: a writer that is just closing is waited for, a
-# process that keeps the file open is refused promptly.
-_EXCLUSIVE_BUSY_TIMEOUT_S = 0.5
-# The promotion copies at least this many pages per step, and at most about 20 steps; progress
-# is reported after each.
-_PROMOTE_STEP_PAGES = 1024
-_PROMOTE_STEPS = 20
-# The first bytes of a rollback journal whose header is live (SQLite zeroes them when done).
-_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
-
-
-@dataclass
-class _Exclusive:
-    """The live store held by maintenance: its connection, its size in pages when it was
-    taken (0: an empty file), and whether taking it rolled back a hot journal left by an
-    interrupted write."""
-
-    conn: sqlite3.Connection
-    pages: int
-    rolled_back_journal: bool
-
-
-def _page_count(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA page_count").fetchone()[0])
-
-
-def _journal_is_hot(db_path: Path) -> bool:
-    """Whether a journal with a live header lies beside the file (it is hot when no process
-    is writing through it; under the admission lock and before taking the store, none is)."""
-    try:
-        with open(journal_path(db_path), "rb") as fh:  # not a database file: no locks at stake
-            return fh.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
-    except FileNotFoundError:
-        return False
-
-
-def _in_use_error(db_path: Path) -> StateDbInUseError:
-    others = describe_lock_holders(db_path)
-    own = len(describe_lock_holders(db_path, exclude_pids=())) > len(others)
-    parts = others + (["this process itself has it open"] if own else [])
-    detail = "; ".join(parts) or "another connection has it open"
-    return StateDbInUseError(f"{db_path} is in use: {detail}", path=db_path, holders=others)
-
-
-def _take_exclusive(db_path: Path) -> _Exclusive:
-    hot = _journal_is_hot(db_path)
-    conn = _connect(db_path, "rw", timeout=_EXCLUSIVE_BUSY_TIMEOUT_S)
-    try:
-        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
-        pages = _page_count(conn)  # the first read: a hot journal is rolled back here
-        conn.execute("BEGIN EXCLUSIVE")  # (which writes page 1 of an empty file)
-        conn.execute("COMMIT")
-    except BaseException as exc:
-        conn.close()
-        if not isinstance(exc, sqlite3.Error):
-            raise
-        if is_sqlite_lock_error(exc):
-            raise _in_use_error(db_path) from exc
-        if is_corruption_error(exc):
-            raise StateDbCorruptError(f"{db_path} is damaged: {exc}", path=db_path) from exc
-        raise HermesStateError(f"{db_path} cannot be taken for maintenance: {exc}") from exc
-    return _Exclusive(conn, pages, rolled_back_journal=hot and not _journal_is_hot(db_path))
-
-
-def _release_exclusive(held: _Exclusive, db_path: Path, *, check: bool) -> None:
-    """Back to WAL mode (if the promotion left it) while the lock is still held, then close,
-    which releases it. With ``check`` a store that stays in rollback mode is an error;
-    otherwise (cleaning up after a failure) the next writable open switches it."""
-    try:
-        mode = held.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if check and str(mode).lower() != "wal":
-            raise HermesStateError(f"{db_path} refused WAL mode (journal_mode={mode})")
-        if not _journal_is_hot(db_path):
-            # A promoted page 1 that already says WAL moves the connection to WAL mode by
-            # itself, and in exclusive locking mode SQLite then keeps the finished journal
-            # (header zeroed) instead of deleting it; nothing can need it now.
-            with contextlib.suppress(FileNotFoundError):
-                journal_path(db_path).unlink()
-    except sqlite3.Error:
-        if check:
-            raise
-    finally:
-        held.conn.close()
-        tighten_modes(db_path)
-
-
-@contextlib.contextmanager
-def _exclusive(db_path: Path, *, create: bool = False) -> Iterator[_Exclusive]:
-    """Hold the admission lock (one maintenance run at a time) and the live store itself for
-    the whole block (``create``: an empty private file first, when there is none).
-    :class:`StateDbInUseError` when either is taken; a damaged store is
-    :class:`StateDbCorruptError`."""
-    with fts.admission_lock(db_path) as admitted:
-        if not admitted:
-            raise StateDbInUseError(
-                f"another maintenance run holds the admission lock of {db_path}", path=db_path
-            )
-        if create:
-            prepare_db_file(db_path)
-        held = _take_exclusive(db_path)
-        try:
-            yield held
-        except BaseException:
-            _release_exclusive(held, db_path, check=False)
-            raise
-        _release_exclusive(held, db_path, check=True)
-
-
-def _promote(src: sqlite3.Connection, live: sqlite3.Connection, say: Progress) -> list[str]:
-    """Write the database of ``src`` onto the held live store in rollback mode, in steps with
-    progress (the source is private, so no step restarts); returns its quick_check."""
-    mode = live.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
-    if str(mode).lower() != "delete":
-        raise HermesStateError(f"the live store refused rollback mode (journal_mode={mode})")
-    total = _page_count(src)
-    step = max(_PROMOTE_STEP_PAGES, -(-total // _PROMOTE_STEPS))
-
-    def report(status: int, remaining: int, pages: int) -> None:
-        say("promoting", pages - remaining, pages)
-
-    say("promoting", 0, total)
-    src.backup(live, pages=step, progress=report)
-    return _quick_check(live)
-
-
-# Canonical and ledger tables whose row counts a repair must leave unchanged.
-COUNTED_TABLES = (
-    "sessions",
-    "messages",
-    "session_model_usage",
-    "gateway_routing",
-    "compression_locks",
-    "async_delegations",
-    "delivery_obligations",
-    *RUNTIME_LEDGER_TABLES,
-)
-
-
-def row_counts(conn: sqlite3.Connection) -> dict[str, int | str]:
-    """Row counts of the counted tables that exist (an error text where counting failed)."""
-    counts: dict[str, int | str] = {}
-    for table in COUNTED_TABLES:
-        try:
-            if table_exists(conn, table):
-                counts[table] = conn.execute(
-                    f"SELECT COUNT(*) FROM {quote_identifier(table)}"
-                ).fetchone()[0]
-        except sqlite3.Error as exc:
-            counts[table] = f"{type(exc).__name__}: {exc}"
-    return counts
-
-
-# =============================================================================================
-# Backup and restore
-# =============================================================================================
-
-
-def backup_state_db(
-    db_path: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None
-) -> Path:
-    """Snapshot the database with the backup API; returns the snapshot's path.
-
-    ``dest`` defaults to ``get_hermes_home()/state-snapshots/state-<UTC timestamp>.db`` and
-    must not exist. The snapshot is a self-contained file (rollback journal mode, 0600) that
-    passed ``PRAGMA quick_check``; one that fails it is kept for inspection and
-    :class:`StateDbCorruptError` names it. Works while writers are running; a store with a
-    hot journal cannot be read until a writable open rolls it back (``hot_journal``)."""
-    with _reading(_existing_db(db_path)) as src:
-        path, check = _snapshot(src, dest)
-    if check != ["ok"]:
-        raise StateDbCorruptError(
-            f"the snapshot of {path} fails quick_check: {'; '.join(check[:3])}", path=path
-        )
-    return path
-
-
-def _snapshot(
-    src: sqlite3.Connection, dest: str | os.PathLike[str] | None
-) -> tuple[Path, list[str]]:
-    """Copy the database of ``src`` into a new snapshot file; its path and quick_check."""
-    if dest is None:
-        target = _unique_snapshot_path(snapshot_dir(), "state")
-    else:
-        target = _new_private_file(Path(dest).expanduser().absolute())
-    try:
-        conn = _copy_into(src, target)
-        try:
-            conn.execute("PRAGMA journal_mode = DELETE")
-            return target, _quick_check(conn)
-        finally:
-            conn.close()
-    except BaseException:
-        _remove_db_files(target)
-        raise
-
-
-def restore_state_db(
-    snapshot: str | os.PathLike[str],
-    db_path: str | os.PathLike[str],
-    *,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Replace the database at ``db_path`` with ``snapshot`` (backup API, page for page, so
-    ledgers and everything else come back whole).
-
-    The snapshot must pass quick_check and be a session store no newer than this library.
-    The live store is held exclusively for the whole restore (see *Exclusive maintenance*):
-    refused with :class:`StateDbInUseError` while any other connection has it open; other
-    processes' opens and writes wait meanwhile. The current database, if any, is snapshotted
-    first (``previous_snapshot``), inside the same hold, so every write it acknowledged is
-    either in that snapshot or lands on the restored store afterwards. ``rolled_back_journal``
-    says that taking the store rolled back an interrupted write. A durable quarantine marker
-    of the file is cleared once the snapshot is in place."""
-    say = progress or _no_progress
-    snap = _existing_db(snapshot)
-    target = Path(db_path).expanduser().absolute()
-    check_test_isolation(target)
-    refuse_symlinks(target)
-    if target.exists() and snap.resolve() == target.resolve():
-        raise HermesStateError(f"{snap} is the database to restore, not a snapshot of it")
-    src = _connect(snap, "ro")
-    try:
-        check = _quick_check(src)
-        if check != ["ok"]:
-            raise StateDbCorruptError(
-                f"snapshot {snap} fails quick_check: {'; '.join(check[:3])}", path=snap
-            )
-        version = read_version(src)
-        if version is None or version > SCHEMA_VERSION:
-            raise StateDbUnavailableError(
-                f"snapshot {snap} has schema version {version}; this library reads "
-                f"up to {SCHEMA_VERSION}",
-                reason="uninitialized" if version is None else "incompatible",
-                path=snap,
-                schema_version=version,
-            )
-        report: dict[str, Any] = {
-            "restored_from": str(snap),
-            "db_path": str(target),
-            "schema_version": version,
-            "previous_snapshot": None,
-        }
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _exclusive(target, create=True) as held:
-            report["rolled_back_journal"] = held.rolled_back_journal
-            if held.pages > 0:
-                say("saving the current store", 0, None)
-                report["previous_snapshot"] = str(_snapshot(held.conn, None)[0])
-            report["quick_check"] = _promote(src, held.conn, say)
-            clear_marker(target)
-            report["row_counts"] = row_counts(held.conn)
-        return report
-    finally:
-        src.close()
-
-
-# =============================================================================================
-# Repair
-# =============================================================================================
-
-
-def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
-    """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
-    write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``fts_integrity`` (per
-    index, None when clean), ``search_index`` (its damage, None when none), ``fts_stale`` (the
-    marker), ``fts_rebuilding``, ``triggers``
-    (expected and missing), ``row_counts``, ``schema_version``, ``problems``, ``healthy``."""
-    problems: list[str] = []
-    try:
-        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-    except sqlite3.Error as exc:
-        integrity = [f"{type(exc).__name__}: {exc}"]
-    if integrity != ["ok"]:
-        problems.append("integrity_check: " + "; ".join(integrity[:3]))
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            fts_integrity = fts.integrity_report(conn)
-        finally:
-            conn.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
-    problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            search_index = rank.index_problem(conn)
-        finally:
-            conn.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        search_index = f"{type(exc).__name__}: {exc}"
-    if search_index is not None:
-        problems.append(f"search index: {search_index}")
-    try:
-        state = fts.index_state(conn)
-        stale, rebuilding = state.stale, state.rebuilding
-        missing = fts.missing_triggers(conn)
-        version: int | None = read_version(conn)
-    except sqlite3.Error as exc:
-        stale, rebuilding, missing, version = None, False, [], None
-        problems.append(f"state unreadable: {exc}")
-    if stale is not None:
-        problems.append(f"fts_stale marker set: {stale}")
-    if rebuilding:
-        problems.append("an FTS rebuild is unfinished")
-    if missing:
-        problems.append("missing FTS triggers: " + ", ".join(missing))
-    counts = row_counts(conn)
-    problems += [f"{t} cannot be counted: {c}" for t, c in counts.items() if isinstance(c, str)]
-    return {
-        "integrity": integrity,
-        "fts_integrity": fts_integrity,
-        "search_index": search_index,
-        "fts_stale": stale,
-        "fts_rebuilding": rebuilding,
-        "triggers": {"expected": list(fts.FTS_TRIGGER_NAMES), "missing": missing},
-        "row_counts": counts,
-        "schema_version": version,
-        "problems": problems,
-        "healthy": not problems,
-    }
-
-
-def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
-    """Remove the FTS tables, views and triggers from the working copy. A damaged shadow
-    b-tree cannot be dropped (DROP walks it), so then its schema rows are deleted instead and
-    the following VACUUM leaves the orphaned pages behind. Returns the connection to use."""
-    names = [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ? ESCAPE '\\'",
-            ("messages\\_fts%",),
-        )
-    ]
-    try:
-        with transaction(conn):
-            for name in names:
-                conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
-            for table in fts.FTS_TABLES:
-                conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table)}")
-            for view in ("messages_fts_trigram_source", "messages_fts_cjk_source"):
-                conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(view)}")
-            rank.drop_index(conn)
-        return conn
-    except sqlite3.DatabaseError as exc:
-        if not is_corruption_error(exc):
-            raise
-    conn.execute("PRAGMA writable_schema = ON")
-    with transaction(conn):
-        for pattern in ("messages\\_fts%", "search\\_impact%", "search\\_time%"):
-            conn.execute(
-                "DELETE FROM sqlite_master"
-                " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
-                {"p": pattern},
-            )
-    conn.execute("PRAGMA writable_schema = OFF")
-    conn.close()  # the schema changed underneath SQLite: start from a fresh connection
-    return configure_connection(
-        sqlite3.connect(work, isolation_level=None, check_same_thread=False)
-    )
-
-
-# A private copy has no other writer to make wait: bigger chunks than a live rebuild's.
-_REBUILD_CHUNK_ROWS = 5000
-
-
-def _rebuild_indexes(
-    conn: sqlite3.Connection, progress: Progress, *, defer: bool = False
-) -> None:
-    """Create the FTS objects of the current schema and the search index, and fill them in
-    chunks (the FTS rebuild also recomputes ``search_cjk``); clears every FTS marker on the
-    way. With ``defer`` the indexes are left empty with their rebuild and fill due: the first
-    writable open of the file fills them in the background while searches use the canonical
-    rows."""
-    with transaction(conn):
-        for statement in split_sql(INDEXES_SQL + FTS_SQL):
-            conn.execute(statement)
-        total = fts.start_rebuild(conn)
-        rank.create_index(conn)
-    if defer:
-        return
-    for label, chunk in (("rebuilding FTS", fts.rebuild_chunk), ("filling the search index",
-                                                                 rank.fill_chunk)):
-        done = 0
-        while True:
-            with transaction(conn):
-                step = chunk(conn, _REBUILD_CHUNK_ROWS)
-            if step is None or step.finished:
-                break
-            done += step.indexed
-            progress(label, done, total)
-        progress(label, total, total)
-
-
-def repair_state_db(
-    db_path: str | os.PathLike[str],
-    *,
-    check_only: bool = False,
-    backup: bool = True,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Check, and unless ``check_only`` repair, the derived structures of a session store.
-
-    ``check_only``: the :func:`health_report` of a backup-API copy (nothing is written to the
-    database; it may run while others use it; a hot journal, which only a writable open may
-    roll back, is :class:`StateDbUnavailableError` ``hot_journal``). Repair holds the live
-    store exclusively for its whole window (see *Exclusive maintenance*; refused with
-    :class:`StateDbInUseError` while any other connection has it open, other processes'
-    writes wait meanwhile):
-
-    1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
-    2. a working copy (backup API) on which the FTS objects are dropped, the file VACUUMed
-       (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
-       triggers and markers rebuilt; canonical rows are never deleted;
-    3. the checks on the working copy, which must pass with every row count unchanged;
-    4. only then the working copy is written onto the live file with the backup API, and a
-       durable quarantine marker of the file is cleared.
-
-    A store that is already healthy is left alone. When the checks fail, or the canonical
-    tables cannot be read, nothing is promoted and ``kept`` lists the live file and the
-    backup. Taking the store rolls back a hot journal an interrupted write left behind
-    (``rolled_back_journal``), before anything is copied.
-    """
-    path = _existing_db(db_path)
-    say = progress or _no_progress
-    report: dict[str, Any] = {"db_path": str(path), "check_only": check_only}
-    if check_only:
-        report["in_use_by"] = describe_lock_holders(path)
-        with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
-            try:
-                with _reading(path) as src:
-                    conn = _copy_into(src, Path(tmp) / "check.db")
-            except sqlite3.Error as exc:
-                return {**report, **_unreadable(exc)}
-            try:
-                report.update(health_report(conn))
-            finally:
-                conn.close()
-        return report
-    with contextlib.ExitStack() as stack:
-        try:
-            held = stack.enter_context(_exclusive(path))
-        except StateDbCorruptError as exc:
-            cause = exc.__cause__ if isinstance(exc.__cause__, sqlite3.Error) else exc
-            return {**report, **_unreadable(cause), "promoted": False, "kept": [str(path)]}
-        report["rolled_back_journal"] = held.rolled_back_journal
-        return _repair_held(held.conn, path, report, backup=backup, say=say)
-
-
-def _repair_held(
-    live: sqlite3.Connection,
-    path: Path,
-    report: dict[str, Any],
-    *,
-    backup: bool,
-    say: Progress,
-) -> dict[str, Any]:
-    """The repair proper, on the live store ``live`` held exclusively."""
-    snapshots = snapshot_dir()
-    snapshots.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
-        work = _new_private_file(Path(tmp) / "work.db")
-        say("copying", 0, None)
-        try:
-            conn = _copy_into(live, work)
-        except sqlite3.Error as exc:
-            return {**report, **_unreadable(exc), "promoted": False, "kept": [str(path)]}
-        try:
-            before = health_report(conn)
-            report["before"] = before
-            if before["healthy"]:
-                return {**report, "repaired": False, "promoted": False, "backup": None}
-            if backup:
-                snap, check = _snapshot(live, None)
-                report["backup"] = str(snap)
-                report["backup_quick_check"] = check
-            conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
-            report["after"] = after
-            if error is not None:
-                kept = [str(path)] + ([report["backup"]] if backup else [])
-                return {**report, "error": error, "repaired": False, "promoted": False,
-                        "kept": kept}
-            report["live_quick_check"] = _promote(conn, live, say)
-            clear_marker(path)
-            return {**report, "repaired": True, "promoted": True}
-        finally:
-            conn.close()
-
-
-def _unreadable(exc: BaseException) -> dict[str, Any]:
-    problem = f"the database cannot be read: {type(exc).__name__}: {exc}"
-    return {"healthy": False, "problems": [problem], "integrity": [problem], "repaired": False}
-
-
-def _repair_copy(
-    work: Path, conn: sqlite3.Connection, counts: Mapping[str, int | str], say: Progress
-) -> tuple[sqlite3.Connection, dict[str, Any] | None, str | None]:
-    """Rebuild the derived structures of the working copy and check it; returns the
-    connection, the health after, and the reason it must not be promoted (None: promote)."""
-    unreadable = [t for t, c in counts.items() if isinstance(c, str)]
-    if unreadable:
-        return conn, None, (
-            "canonical tables cannot be read (" + ", ".join(unreadable) + "); a rebuild of "
-            "the indexes cannot help, the file needs recovery"
-        )
-    try:
-        say("dropping FTS", 0, None)
-        conn = _drop_fts(work, conn)
-        say("vacuuming", 0, None)
-        conn.execute("VACUUM")
-        _rebuild_indexes(conn, say)
-        with transaction(conn):
-            conn.execute(
-                "DELETE FROM state_meta WHERE key IN (?, ?, ?)",
-                (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY),
-            )
-    except sqlite3.Error as exc:
-        return conn, None, f"rebuilding on the working copy failed: {type(exc).__name__}: {exc}"
-    after = health_report(conn)
-    if not after["healthy"]:
-        return conn, after, "the working copy still fails its checks"
-    changed = {t: (c, after["row_counts"].get(t)) for t, c in counts.items()
-               if after["row_counts"].get(t) != c}
-    if changed:
-        return conn, after, f"row counts changed on the working copy: {changed}"
-    return conn, after, None
-
-
-# =============================================================================================
-# Recover
-# =============================================================================================
 
 # Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the search
 # index, the version row.
@@ -1383,7 +271,7 @@ class _View:
         self.image = ff.DatabaseImage(path, page_size=page_size)
         self.sql: sqlite3.Connection | None = None
         try:
-            self.sql = _connect(path, "ro", immutable=True)
+            self.sql = connect(path, "ro", immutable=True)
             self.sql.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
             notes.append(f"SQLite cannot open the source ({name}): {exc}")
@@ -1395,10 +283,6 @@ class _View:
         if self.sql is not None:
             self.sql.close()
         self.image.close()
-
-
-def _journal_path(db_path: Path) -> Path:
-    return db_path.with_name(db_path.name + "-journal")
 
 
 class _Source:
@@ -1422,7 +306,7 @@ class _Source:
             self.unreadable_bytes += _copy_bytes(wal, self.wal_path)
         if self.unreadable_bytes:
             self.notes.append(f"{self.unreadable_bytes} bytes of the source could not be read")
-        self.journal = ff.roll_back_journal(_journal_path(source), base)
+        self.journal = ff.roll_back_journal(journal_path(source), base)
         self.notes += self.journal.notes
         torn = self._set_aside_unrestored(base, workdir / "torn.db")
         scan = ff.scan_wal(self.wal_path)
@@ -1534,6 +418,9 @@ class _Plan:
     table_roots: list[int]
     source_seq: dict[str, int]
     max_rowid: dict[str, int] = field(default_factory=dict)
+    # The tables of another application's database, read from an intact schema (SQLite read
+    # it) that names neither ``sessions`` nor ``schema_version``; empty for a session store.
+    foreign: list[str] = field(default_factory=list)
 
     def reports(self) -> list[_TableReport]:
         return [*self.copy.values(), *self.excluded.values()]
@@ -1605,6 +492,9 @@ def _plan(src: _View) -> _Plan:
         _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
     plan = _Plan(ordered, excluded, method, index_roots, table_roots, seq)
     plan.max_rowid = _max_rowids(src, plan.reports())
+    tables = [n for t, n, *_ in entries if t == "table" and not n.startswith("sqlite_")]
+    if method == "sql" and tables and not {"sessions", "schema_version"} & set(tables):
+        plan.foreign = tables
     return plan
 
 
@@ -1997,18 +887,15 @@ def _finish_output(
         outbox = plan.copy.get("delivery_obligations")
         if plan.schema_method == "none" and outbox is not None and not outbox.copied:
             out.execute("DROP TABLE delivery_obligations")  # created lazily: only with rows
-    _rebuild_indexes(out, say, defer=defer_index)
+    rebuild_indexes(out, say, defer=defer_index)
     checks: dict[str, Any] = {"fts_rebuild": "deferred" if defer_index else "done"}
     with transaction(out):
         out.execute("DELETE FROM schema_version")
         out.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     mode = out.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    checks.update(journal_mode=mode, quick_check=_quick_check(out))
-    out.execute("BEGIN IMMEDIATE")
-    try:
+    checks.update(journal_mode=mode, quick_check=quick_check(out))
+    with transaction(out, rollback_only=True):
         checks["fts_integrity"] = fts.integrity_report(out, against_content=False)
-    finally:
-        out.execute("ROLLBACK")
     return [r[0] for r in orphans], checks
 
 
@@ -2048,7 +935,9 @@ def recover_state_db(
     """
     src_path = Path(source).expanduser().absolute()
     check_test_isolation(src_path)
-    if not src_path.is_file():
+    if not src_path.is_file() or (
+        src_path.stat().st_size == 0 and not wal_without_database(src_path)
+    ):  # (an empty main file beside a -wal of frames still has pages to salvage)
         raise StateDbUnavailableError(
             f"no database file at {src_path}", reason="uninitialized", path=src_path
         )
@@ -2059,19 +948,22 @@ def recover_state_db(
             "(closing a descriptor would drop this process's locks on it)",
             path=src_path,
         )
-    say = progress or _no_progress
+    say = progress or no_progress
     out_path: Path | None = None
     if not inspect_only:
         out_path = Path(output).expanduser().absolute() if output is not None else (
-            get_hermes_home() / f"state-recovered-{_utc_stamp()}.db"
+            get_hermes_home() / f"state-recovered-{utc_stamp()}.db"
         )
         if out_path.resolve() in {p.resolve() for p in (src_path, *sidecar_paths(src_path))}:
             raise HermesStateError(f"the output {out_path} would overwrite the source")
         if out_path.exists() or out_path.is_symlink():
             raise HermesStateError(f"the output {out_path} already exists")
-        out_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(out_path.parent, for_file=out_path)
     workdir = out_path.parent if out_path is not None else None
-    with tempfile.TemporaryDirectory(prefix=".hermes-recover-", dir=workdir) as tmp:
+    # The output is the only file written: its errors name it (the source's are typed).
+    with translated_errors(out_path or src_path), tempfile.TemporaryDirectory(
+        prefix=".hermes-recover-", dir=workdir
+    ) as tmp:
         say("copying the source", 0, None)
         src = _Source(src_path, Path(tmp))
         try:
@@ -2085,12 +977,14 @@ def _recover(
     defer_index: bool = False,
 ) -> dict[str, Any]:
     plan = _plan(src.primary)
+    if plan.foreign:
+        raise foreign_database_error(src_path, plan.foreign)
     older = [(view, _plan(view)) for view in src.views[1:]]
     partial = tmp / "output.db"
     out: sqlite3.Connection | None = None
     if out_path is not None:
         prepare_db_file(partial)
-        out = configure_connection(sqlite3.connect(partial, isolation_level=None))
+        out = connect(partial, "rw")
         out.execute("PRAGMA journal_mode = MEMORY")
         out.execute("PRAGMA synchronous = OFF")
         ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
@@ -2163,19 +1057,8 @@ def _doubts(src: _Source, report: _TableReport, primary: str) -> list[str]:
     return doubts
 
 
-# The output's own FTS markers (a deferred rebuild sets them) are not rows recover copied.
-OUTPUT_META_COUNT_SQL = (
-    f"SELECT COUNT(*) FROM state_meta WHERE key NOT IN ({', '.join('?' * len(_FTS_MARKERS))})"
-)
-
-
-def _output_count(out: sqlite3.Connection, table: str) -> int:
-    """Rows of ``table`` in the output that recover wrote there."""
-    if not table_exists(out, table):
-        return 0
-    if table == "state_meta":
-        return int(out.execute(OUTPUT_META_COUNT_SQL, _FTS_MARKERS).fetchone()[0])
-    return int(out.execute(f"SELECT COUNT(*) FROM {quote_identifier(table)}").fetchone()[0])
+# The FTS markers of the output itself: a deferred rebuild sets them, nothing copies them.
+OUTPUT_MARKERS_SQL = "SELECT COUNT(*) FROM state_meta WHERE key IN (?, ?, ?)"
 
 
 def _table_entry(
@@ -2215,8 +1098,12 @@ def _table_entry(
         entry["unknown_table"] = True
     problems = []
     if out is not None and not report.excluded:
-        entry["output_count"] = _output_count(out, report.name)
+        entry["output_count"] = out.execute(
+            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+        ).fetchone()[0] if table_exists(out, report.name) else 0
         expected = report.copied + (placeholders if report.name == "sessions" else 0)
+        if report.name == "state_meta":  # the output's own markers (a deferred rebuild)
+            expected += out.execute(OUTPUT_MARKERS_SQL, _FTS_MARKERS).fetchone()[0]
         if entry["output_count"] != expected:
             entry["output_verified"] = False
             problems.append(f"the output holds {entry['output_count']} rows where {expected} "
@@ -2303,7 +1190,7 @@ def _assemble(
         _table_notes(src, name, report, bounds)
     version = None
     if src.primary.sql is not None:
-        with contextlib.suppress(sqlite3.Error):
+        with contextlib.suppress(sqlite3.Error, HermesStateError):
             version = read_version(src.primary.sql)
     found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
     lost_values = [t.get("lost") for t in tables.values()]
@@ -2366,32 +1253,3 @@ def _table_notes(src: _Source, name: str, report: _TableReport, bounds: Mapping[
                          f"inconsistent ({report.error}); the rest was read page by page")
 
 
-def collect_profile_stats(
-    root: str | os.PathLike[str] | None, open_read_only: Callable[[Path], Any]
-) -> dict[str, Any]:
-    """``stats()`` of every profile under ``root`` (default: the Hermes root): ``default``
-    (``<root>/state.db``) and each ``<root>/profiles/<name>/state.db``, each opened with
-    ``open_read_only(path)``. A profile that fails goes to ``errors`` (``profile``, ``error``
-    and the unavailable ``reason`` when there is one); the others are still returned."""
-    base = hermes_root() if root is None else Path(root).expanduser()
-    names = ["default"]
-    profiles = base / "profiles"
-    if profiles.is_dir():
-        names += sorted(
-            p.name
-            for p in profiles.iterdir()
-            if (p / DB_FILENAME).exists() or (p / DB_FILENAME).is_symlink()
-        )
-    result: dict[str, Any] = {"profiles": {}, "errors": []}
-    for name in names:
-        try:
-            home = resolve_profile_home(name, base)
-            with open_read_only(home / DB_FILENAME) as db:
-                result["profiles"][name] = db.stats()
-        except (HermesStateError, sqlite3.Error, OSError) as exc:
-            entry: dict[str, Any] = {"profile": name, "error": str(exc)}
-            reason = getattr(exc, "reason", None)
-            if reason:
-                entry["reason"] = reason
-            result["errors"].append(entry)
-    return result

@@ -1,0 +1,156 @@
+"""The write policy: how long a write waits for the lock, how it backs off, and what an error
+it meets does to it.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction (``hermes_state_common.transaction``), so
+lock contention surfaces when the transaction starts, never half-way through it. SQLite's own
+busy timeout is short (1 s); on a lock error (recognised by result code) the whole transaction
+is retried after a random pause — 20–150 ms during the first 2 s, then 250 ms–1 s, so that
+contending writers do not retry in lockstep — until the write's *patience* runs out. The
+patience depends on what is written (:data:`WriteKind`):
+
+* ``"write"``, 20 s: an ordinary write (a session, a title, a ledger row);
+* ``"transcript"``, 60 s: a message the user or the model produced, which would be lost;
+* ``"activity"``, 0.5 s: an observation-only stamp (the working directory a session was last
+  seen in). Nothing depends on it and the next observation stamps again, so it is skipped,
+  logged, when its patience runs out, rather than keeping the code that observed it waiting.
+
+Then :class:`~hermes_state_errors.StateDbLockedError` names the processes holding the lock.
+:func:`classify` sorts every other error a write meets (:class:`Verdict`): corruption proven to
+lie in the FTS indexes only detaches them (``fts_stale``) and the canonical write is retried
+once without them; any other corruption quarantines the file (``hermes_state_quarantine``);
+everything else is raised. ``MemoryError`` is one of those "everything else" unless the index
+is to blame: FTS5 reading a damaged index can ask for absurd amounts of memory.
+
+After a commit the handle counts the write; every 50th is followed by a PASSIVE checkpoint.
+Statements SQLite refuses inside a transaction (pragmas, ``VACUUM``, integrity checks,
+checkpoints) take the same retries under the handle's lock, with no ``BEGIN`` and no
+checkpoint after them.
+
+The figures are the ``hermes_state`` module's constants, read each time a policy is built (the
+seed names them, and tests shorten them at run time).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from hermes_state_common import append_error_log, transaction
+from hermes_state_errors import StateDbLockedError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_lockowners import describe_lock_holders
+
+__all__ = [
+    "WriteKind",
+    "RetryPolicy",
+    "delay",
+    "locked_error",
+    "Verdict",
+    "classify",
+    "CHECKPOINT_SQL",
+    "passive_checkpoint",
+]
+
+logger = logging.getLogger("hermes_state")
+
+#: What a write carries, which sets its patience (see the module docstring).
+WriteKind = Literal["write", "transcript", "activity"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How one write waits for SQLite's write lock."""
+
+    patience_s: float  # give up once this long has passed since the first attempt
+    fast_window_s: float  # pauses are short while less than this has passed
+    fast_pause_s: tuple[float, float]  # the range of a pause inside the fast window
+    slow_pause_s: tuple[float, float]  # the range of a pause after it
+
+
+def delay(elapsed: float, policy: RetryPolicy, rng: random.Random) -> float | None:
+    """The pause before the next attempt of a write that has waited ``elapsed`` seconds:
+    uniform in the window's range, never past the patience (at least 1 ms); None once the
+    patience has run out."""
+    remaining = policy.patience_s - elapsed
+    if remaining <= 0:
+        return None
+    low, high = policy.fast_pause_s if elapsed < policy.fast_window_s else policy.slow_pause_s
+    return max(min(rng.uniform(low, high), remaining), 0.001)
+
+
+def locked_error(db_path: Path, home: Path, waited: float, attempts: int) -> StateDbLockedError:
+    """The error of a write whose patience ran out, naming the processes holding the lock; the
+    same line goes to a WARNING and to ``<home>/logs/errors.log``."""
+    holders = describe_lock_holders(db_path)
+    line = "; ".join(holders) if holders else "no lock holder could be named"
+    logger.warning("write to %s gave up after %.1f s: %s", db_path, waited, line)
+    append_error_log(f"database is locked: {db_path}: {line}", home)
+    return StateDbLockedError(
+        f"{db_path} stayed locked for {waited:.1f} s ({attempts} attempts): {line}",
+        path=db_path,
+        waited_s=waited,
+        attempts=attempts,
+        holders=holders,
+    )
+
+
+class Verdict(enum.Enum):
+    """What an error met by a write attempt does to the write."""
+
+    RETRY = "retry"  # the file is locked: wait and try again (patience permitting)
+    DETACH_INDEX = "detach the index"  # the FTS indexes only are damaged: again without them
+    QUARANTINE = "quarantine"  # the file is damaged: never write to it again
+    RAISE = "raise"  # anything else: the caller sees it
+
+
+def classify(
+    exc: BaseException,
+    *,
+    index_detached: bool,
+    fts_only: Callable[[BaseException], bool],
+) -> Verdict:
+    """The verdict on ``exc``, met by a write attempt. ``index_detached``: the attempt already
+    ran without the indexes (a second proof of FTS-only damage is not believed);
+    ``fts_only(exc)`` proves the damage lies in the indexes only (it reads the file, so it is
+    asked only about corruption and memory errors)."""
+    if isinstance(exc, sqlite3.Error) and is_sqlite_lock_error(exc):
+        return Verdict.RETRY
+    corrupt = isinstance(exc, sqlite3.Error) and is_corruption_error(exc)
+    if not (corrupt or isinstance(exc, MemoryError)):
+        return Verdict.RAISE
+    if not index_detached and fts_only(exc):
+        return Verdict.DETACH_INDEX
+    return Verdict.QUARANTINE if corrupt else Verdict.RAISE
+
+
+# The checkpoint that never waits for readers or writers; its result row is inspected.
+CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
+
+
+def passive_checkpoint(
+    conn: sqlite3.Connection, /, helper: sqlite3.Connection | None
+) -> tuple[int, int, int]:
+    """One PASSIVE checkpoint, not retried; SQLite's result row (busy, frames in the WAL,
+    frames checkpointed).
+
+    With an SQLite inside the WAL-reset bug range the handle passes a ``helper`` connection:
+    the checkpoint then runs from it while ``conn`` holds the write lock, so that no writer of
+    any process can reset the WAL under it (a connection cannot checkpoint inside its own
+    transaction). The checkpoint SQLite runs when the last connection to the file closes is
+    safe as it is: SQLite runs it only after taking the database's EXCLUSIVE lock, which no
+    other connection holds while one exists."""
+    if helper is None:
+        row = conn.execute(CHECKPOINT_SQL).fetchone()
+    else:
+        with transaction(conn):
+            row = helper.execute(CHECKPOINT_SQL).fetchone()
+    busy, log_frames, checkpointed = int(row[0]), int(row[1]), int(row[2])
+    if busy or checkpointed < log_frames:
+        logger.debug("checkpoint: %d of %d WAL frames copied (busy=%d)",
+                     checkpointed, log_frames, busy)
+    return busy, log_frames, checkpointed
