@@ -280,6 +280,32 @@ def test_recover_never_copies_the_index_and_builds_it_anew(
     assert_search_index_exact(out)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_export_carries_no_index_and_import_builds_it_from_the_rows(
+    db_path: Path, tmp_path: Path, seed: int
+) -> None:
+    """The index is no part of an export: a poisoned one leaves no trace in the lines, and
+    the imported store's index is made from its own rows (whole, exact, searches in FTS5's
+    order)."""
+    store(db_path, seed, rows=600)
+    poison(db_path)
+    export = tmp_path / "export.jsonl"
+    with SessionDB(db_path, read_only=True) as db, open(export, "w", encoding="utf-8") as fh:
+        fh.writelines(db.iter_export_jsonl())
+    assert "bogus" not in export.read_text(encoding="utf-8")
+    imported = tmp_path / "imported" / "state.db"
+    imported.parent.mkdir()
+    with SessionDB(imported) as db, open(export, encoding="utf-8") as fh:
+        report = db.import_jsonl(fh)
+        assert len(report["imported"]) == 3 and not report["invalid"]
+        if db._rebuild_thread is not None:
+            db._rebuild_thread.join(30)
+        assert db._read(rank.index_health)["usable"]
+        assert_searches_exact(db)
+    assert_search_index_exact(imported)
+
+
 def test_repair_builds_a_damaged_index_anew(db_path: Path) -> None:
     store(db_path, 5, rows=600)
     conn = sqlite3.connect(db_path, isolation_level=None)
