@@ -17,7 +17,7 @@ SQLite that scores differently never takes the fast route.
 about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends on
 its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
 for a common word are its short messages and the long ones that repeat it. So the library
-writes, with each message, the message's high-impact postings: every term (ASCII letters and
+keeps, for each message, its high-impact postings: every term (ASCII letters and
 digits, folded as FTS5 folds them) whose impact under the index's reference length A reaches
 :data:`THRESHOLD` — all of a short message, the repeated words of a long one, about one
 posting in seven. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
