@@ -52,6 +52,7 @@ import hermes_state_messages as messages
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
+import hermes_state_rank as rank
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
 import hermes_state_schema as schema
@@ -645,9 +646,9 @@ class SessionDB:
     def _start_fts_maintenance(self) -> None:
         """Finish or start an index rebuild in the background when that is safe (see
         hermes_state_fts): only under the cross-process admission lock, and a stale index
-        only when no other process has the database open."""
-        state = self._read(fts.index_state)
-        if state.usable:
+        only when no other process has the database open; then the search index's fill, or
+        its replacement when damaged (see hermes_state_rank), under the same lock."""
+        if self._read(fts.index_state).usable and not self._read(rank.needs_maintenance):
             return
         self._rebuild_thread = threading.Thread(
             target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True
@@ -656,9 +657,14 @@ class SessionDB:
 
     def _rebuild_in_background(self) -> None:
         try:
-            self._rebuild(require_exclusive=True)
+            if self._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
+                self._fill_search_index()
         except (errors.HermesStateError, sqlite3.Error) as exc:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
+
+    def _fill_search_index(self) -> bool:
+        return rank.fill_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
+                                       before=self._refuse_rebuild_on_damage)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:
         return fts.rebuild_when_admitted(
@@ -686,12 +692,18 @@ class SessionDB:
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
-        handle's own background rebuild, if one is running, has finished)."""
+        handle's own background rebuild, if one is running, has finished); then finish the
+        search index's fill, or replace it when damaged."""
         if self._rebuild_thread is not None:
             self._rebuild_thread.join()
         if not self._rebuild(require_exclusive=False):
             raise errors.HermesStateError(
                 f"another process is rebuilding the FTS index of {self.path}"
+            )
+        if not self._fill_search_index():
+            raise errors.HermesStateError(
+                f"the search index of {self.path} is being filled by another process, "
+                "or is too damaged to be replaced in place"
             )
 
     fts_status = _reads(fts.status)

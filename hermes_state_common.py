@@ -11,7 +11,9 @@ resolved home is itself a profile directory, the root that profile belongs to; s
 already running inside one profile resolves a sibling profile next to it, never inside itself.
 
 ``SCHEMA_SQL`` declares every table, column, index, view and trigger of the current schema
-(version :data:`SCHEMA_VERSION`); ``hermes_state_schema`` applies it.
+(version :data:`SCHEMA_VERSION`) but the search index's (``SEARCH_INDEX_SQL``, derived data
+that ``hermes_state_rank`` creates whenever a file lacks any part of it);
+``hermes_state_schema`` applies both.
 """
 
 from __future__ import annotations
@@ -94,10 +96,11 @@ __all__ = [
     "IMPACT_DEFAULT_AVGDL",
     "SEARCH_INDEX_SQL",
     "SEARCH_TRIGGERS_SQL",
+    "SEARCH_TRIGGER_NAMES",
     "TIME_BLOCK_SHIFT",
 ]
 
-SCHEMA_VERSION = 32
+SCHEMA_VERSION = 31
 DB_FILENAME = "state.db"
 CONFIG_FILENAME = "config.yaml"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
@@ -905,27 +908,37 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
     ON delivery_obligations(status, created_at);
 """
 
-# The impact index behind ranked search (see hermes_state_rank). search_impact holds, for each
-# message, its high-impact postings (text the library computes and writes just before the
-# message itself) and the epoch of the index they were written for; search_impact_fts
-# (contentless) indexes them, each posting's term beside it, and holds the token _epoch_<n> of
-# its own epoch. Only the library writes those two, never a trigger, so a damaged impact index
-# cannot fail a canonical write. Triggers feed two plain queues the library drains:
-# search_impact_queue, messages whose postings are missing or stale (inserted without them by
-# another client or as a raw copy, changed, older than the index), and search_impact_gone,
-# deleted messages whose postings are still indexed. search_time_blocks bounds the message
-# times of each block of 4,096 ids, for searches sorted by time; a trigger keeps it for rows
-# written by any client.
+# The search index beside the FTS indexes, derived from `messages` like them and never copied
+# (hermes_state_rank creates, fills, keeps and describes it). search_impact_state is its one
+# row of state: the epoch, the reference length, the batch boundary, the fill markers, the
+# damaged flag. search_impact holds the high-impact postings of each message up to the batch
+# boundary (text the library computes, under the epoch it was written for); search_impact_fts
+# (contentless, no positions) indexes them, each posting's term beside it, and holds the token
+# _epoch_<n> of its own epoch. Only the library writes those, never a trigger, so a damaged
+# index cannot fail a canonical write. Triggers feed two plain queues the library drains:
+# search_impact_queue (messages written below the batch boundary by another client, or
+# changed) and search_impact_gone (deleted messages whose postings may still be indexed).
+# search_time_blocks bounds the message times of each block of 4,096 ids up to the boundary,
+# for searches sorted by time.
 IMPACT_DEFAULT_AVGDL = 256.0
 TIME_BLOCK_SHIFT = 12
-SEARCH_INDEX_SQL = f"""
+SEARCH_INDEX_SQL = """
+CREATE TABLE IF NOT EXISTS search_impact_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL,
+    avgdl REAL NOT NULL,
+    indexed INTEGER NOT NULL,
+    fill_high_water INTEGER,
+    fill_progress INTEGER,
+    damaged INTEGER NOT NULL DEFAULT 0
+);
 CREATE TABLE IF NOT EXISTS search_impact (
     id INTEGER PRIMARY KEY,
     epoch INTEGER NOT NULL,
     postings TEXT NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_fts USING fts5(
-    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0
+    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='column'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_vocab
     USING fts5vocab(search_impact_fts, 'instance');
@@ -936,50 +949,44 @@ CREATE TABLE IF NOT EXISTS search_time_blocks (
     first_at REAL NOT NULL,
     last_at REAL NOT NULL
 );
-INSERT OR IGNORE INTO state_meta (key, value)
-    VALUES ('search_impact',
-            json_object('epoch', abs(random() % 2000000000) + 1,
-                        'avgdl', {IMPACT_DEFAULT_AVGDL}, 'indexed', 0));
-INSERT INTO search_impact_fts (rowid, postings)
-    SELECT 0, '_epoch_' || json_extract(value, '$.epoch') FROM state_meta
-    WHERE key = 'search_impact';
 """
 
 SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
-                        "search_impact_on_delete", "search_time_on_insert",
-                        "search_time_on_update")
+                        "search_impact_on_delete")
+# Rows past the batch boundary (``indexed``) are indexed by the next batch, whoever wrote them;
+# the triggers queue the rows at or below it that are inserted, changed or moved, and bound
+# their times (a row without a time, which a file of an older store may hold, bounds none).
+_BOUNDARY = "(SELECT indexed FROM search_impact_state)"
 _TIME_BLOCK_UPSERT = f"""
     INSERT INTO search_time_blocks (block, first_at, last_at)
-        VALUES (new.id >> {TIME_BLOCK_SHIFT}, new.timestamp, new.timestamp)
+        SELECT new.id >> {TIME_BLOCK_SHIFT}, new.timestamp, new.timestamp
+        WHERE new.timestamp IS NOT NULL AND new.id <= {_BOUNDARY}
     ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
                                       last_at = max(last_at, excluded.last_at);"""
 SEARCH_TRIGGERS_SQL = f"""
 CREATE TRIGGER IF NOT EXISTS search_impact_on_insert AFTER INSERT ON messages
-WHEN NOT EXISTS (SELECT 1 FROM search_impact WHERE id = new.id)
+WHEN new.id <= {_BOUNDARY}
 BEGIN
-    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);
+    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);{_TIME_BLOCK_UPSERT}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_update
-AFTER UPDATE OF content, tool_name, tool_calls ON messages
+AFTER UPDATE OF id, content, tool_name, tool_calls, timestamp ON messages
+WHEN old.id <= {_BOUNDARY} OR new.id <= {_BOUNDARY}
 BEGIN
-    INSERT OR IGNORE INTO search_impact_queue (id) VALUES (old.id);
+    INSERT OR IGNORE INTO search_impact_queue (id)
+        SELECT value FROM (SELECT old.id AS value UNION SELECT new.id)
+        WHERE value <= {_BOUNDARY};{_TIME_BLOCK_UPSERT}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_delete AFTER DELETE ON messages
 BEGIN
     DELETE FROM search_impact_queue WHERE id = old.id;
     INSERT OR IGNORE INTO search_impact_gone (id) VALUES (old.id);
 END;
-CREATE TRIGGER IF NOT EXISTS search_time_on_insert AFTER INSERT ON messages
-BEGIN{_TIME_BLOCK_UPSERT}
-END;
-CREATE TRIGGER IF NOT EXISTS search_time_on_update AFTER UPDATE OF timestamp ON messages
-BEGIN{_TIME_BLOCK_UPSERT}
-END;
 """
 
-SCHEMA_SQL = (
-    TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL + SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL
-)
+# Everything but the search index, which hermes_state_rank creates on the same terms as a
+# missing one (empty, its fill due).
+SCHEMA_SQL = TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL
 
 # The runtime ledgers: never copied by recover (a partial ledger could replay or adopt work).
 RUNTIME_LEDGER_TABLES = (

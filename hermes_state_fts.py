@@ -74,6 +74,7 @@ __all__ = [
     "missing_triggers",
     "optimize_indexes",
     "other_processes_hold",
+    "RebuildStep",
     "rebuild_chunk",
     "rebuild_when_admitted",
     "start_rebuild",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import hermes_state_fts as fts
+import hermes_state_rank as rank
 from hermes_state_common import (
     FTS_SQL,
     INDEXES_SQL,
@@ -495,8 +496,9 @@ def _checked_snapshot(src: sqlite3.Connection, snap: Path) -> int:
 def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
     write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``fts_integrity`` (per
-    index, None when clean), ``fts_stale`` (the marker), ``fts_rebuilding``, ``triggers``
-    (expected and missing), ``row_counts``, ``schema_version``, ``problems``, ``healthy``."""
+    index, None when clean), ``search_index`` (its damage, None when none), ``fts_stale`` (the
+    marker), ``fts_rebuilding``, ``triggers`` (expected and missing), ``row_counts``,
+    ``schema_version``, ``problems``, ``healthy``."""
     problems: list[str] = []
     try:
         integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
@@ -510,6 +512,13 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     except sqlite3.Error as exc:
         fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
     problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
+    try:
+        with transaction(conn, rollback_only=True):
+            search_index = rank.index_problem(conn)
+    except sqlite3.Error as exc:
+        search_index = f"{type(exc).__name__}: {exc}"
+    if search_index is not None:
+        problems.append(f"search index: {search_index}")
     try:
         state = fts.index_state(conn)
         stale, rebuilding = state.stale, state.rebuilding
@@ -529,6 +538,7 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     return {
         "integrity": integrity,
         "fts_integrity": fts_integrity,
+        "search_index": search_index,
         "fts_stale": stale,
         "fts_rebuilding": rebuilding,
         "triggers": {"expected": list(fts.FTS_TRIGGER_NAMES), "missing": missing},
@@ -580,17 +590,19 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
                 conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table)}")
             for view in ("messages_fts_trigram_source", "messages_fts_cjk_source"):
                 conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(view)}")
+            rank.drop_index(conn)
         return conn
     except sqlite3.DatabaseError as exc:
         if not is_corruption_error(exc):
             raise
     conn.execute("PRAGMA writable_schema = ON")
     with transaction(conn):
-        conn.execute(
-            "DELETE FROM sqlite_master"
-            " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
-            {"p": "messages\\_fts%"},
-        )
+        for pattern in ("messages\\_fts%", "search\\_impact%", "search\\_time%"):
+            conn.execute(
+                "DELETE FROM sqlite_master"
+                " WHERE name LIKE :p ESCAPE '\\' OR tbl_name LIKE :p ESCAPE '\\'",
+                {"p": pattern},
+            )
     conn.execute("PRAGMA writable_schema = OFF")
     conn.close()  # the schema changed underneath SQLite: start from a fresh connection
     return connect(work, "rw")
@@ -603,25 +615,29 @@ _REBUILD_CHUNK_ROWS = 5000
 def rebuild_indexes(
     conn: sqlite3.Connection, progress: Progress, *, defer: bool = False
 ) -> None:
-    """Create the FTS objects of the current schema and fill them with the chunked rebuild
-    (which also recomputes ``search_cjk``); clears every FTS marker on the way. With
-    ``defer`` the indexes are left empty with the rebuild markers set: the first writable
-    open of the file fills them in the background while searches use the canonical rows."""
+    """Create the FTS objects of the current schema and the search index, and fill them in
+    chunks (the FTS rebuild also recomputes ``search_cjk``); clears every FTS marker on the
+    way. With ``defer`` the indexes are left empty with their rebuild and fill due: the first
+    writable open of the file fills them in the background while searches use the canonical
+    rows."""
     with transaction(conn):
         for statement in split_sql(INDEXES_SQL + FTS_SQL):
             conn.execute(statement)
         total = fts.start_rebuild(conn)
+        rank.create_index(conn)
     if defer:
         return
-    done = 0
-    while True:
-        with transaction(conn):
-            step = fts.rebuild_chunk(conn, _REBUILD_CHUNK_ROWS)
-        if step is None or step.finished:
-            break
-        done += step.indexed
-        progress("rebuilding FTS", done, total)
-    progress("rebuilding FTS", total, total)
+    for label, chunk in (("rebuilding FTS", fts.rebuild_chunk),
+                         ("filling the search index", rank.fill_chunk)):
+        done = 0
+        while True:
+            with transaction(conn):
+                step = chunk(conn, _REBUILD_CHUNK_ROWS)
+            if step is None or step.finished:
+                break
+            done += step.indexed
+            progress(label, done, total)
+        progress(label, total, total)
 
 
 def repair_state_db(
@@ -641,9 +657,10 @@ def repair_state_db(
     writes wait meanwhile):
 
     1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
-    2. a working copy (backup API) on which the FTS objects are dropped, the file VACUUMed
-       (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
-       triggers and markers rebuilt; canonical rows are never deleted;
+    2. a working copy (backup API) on which the FTS objects and the search index are dropped,
+       the file VACUUMed (rebuilding every ordinary index and dropping orphaned pages) and the
+       FTS indexes, triggers and markers and the search index rebuilt; canonical rows are
+       never deleted;
     3. the checks on the working copy, which must pass with every row count unchanged;
     4. only then the working copy is written onto the live file with the backup API, and a
        durable quarantine marker of the file is cleared.

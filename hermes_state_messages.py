@@ -131,8 +131,6 @@ JSON_FIELDS = frozenset(
 )
 _FLAG_FIELDS = ("observed", "active", "compacted")
 _COLUMNS = ("session_id", *MESSAGE_FIELDS, "search_cjk")
-# content, tool_name, tool_calls in a prepared row: the text messages_fts indexes.
-_INDEXED_TEXT = slice(_COLUMNS.index("content"), _COLUMNS.index("tool_calls") + 1)
 
 INSERT_MESSAGE_SQL = (
     f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -466,10 +464,8 @@ def insert_row(conn: sqlite3.Connection, /, row: MessageRow, *, count: bool = Tr
     elif not conn.execute(SESSION_EXISTS_SQL, (row.session_id,)).fetchone():
         raise SessionNotFoundError(row.session_id)
     values = row.values()
-    # The impact index's postings go in first, under the id the row will get (hermes_state_rank).
-    prepared = rank.index_next_message(conn, *values[_INDEXED_TEXT])
     row_id = int(conn.execute(INSERT_MESSAGE_SQL, values).lastrowid or 0)
-    rank.after_insert(conn, prepared, row_id)
+    rank.after_insert(conn, row_id)
     return row_id
 
 

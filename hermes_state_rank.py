@@ -17,7 +17,7 @@ SQLite that scores differently never takes the fast route.
 about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends on
 its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
 for a common word are its short messages and the long ones that repeat it. So the library
-writes, with each message, the message's high-impact postings: every term (ASCII letters and
+keeps, for each message, its high-impact postings: every term (ASCII letters and
 digits, folded as FTS5 folds them) whose impact under the index's reference length A reaches
 :data:`THRESHOLD` — all of a short message, the repeated words of a long one, about one
 posting in seven. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
@@ -43,24 +43,35 @@ Whenever the proof would cost more than FTS5's own ranking — a rare word, a se
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same.
 
-**Coverage.** The library writes a message's postings just before the message itself, under
-the id AUTOINCREMENT will give it (:func:`index_next_message`); a trigger queues any message
-inserted without them (another client, a raw copy), another queues changed rows and a third
-the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``). Postings reach
-``search_impact_fts`` in batches of :data:`FLUSH_ROWS` (FTS5 writes a segment per commit,
-which would cost more than the postings of one message); searches read the rows of the open
-batch directly, and score up to :data:`QUEUE_SCAN_LIMIT` queued rows from their text. With
-more queued, they rank with FTS5 until :func:`drain_queue` — a chunk per write — has indexed
-them. A store upgraded from before the index starts with every message queued.
+**Coverage.** Messages are indexed in batches, from their stored text: at every
+:data:`CHECK_EVERY`-th id an insert of the library looks whether :data:`FLUSH_ROWS` messages
+wait past the batch boundary (``indexed``) and indexes them (:func:`after_insert`), so an
+append writes nothing for the index in between (FTS5 writes a segment per commit, which would
+cost more than one message's postings). Rows past the boundary are the next batch's, whoever
+wrote them; triggers queue the rows at or below it that are inserted (an id in a gap), changed
+or moved, and the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``).
+Searches score the matching rows past the boundary (up to :data:`MAX_UNFLUSHED_SCORED`) and up
+to :data:`QUEUE_SCAN_LIMIT` queued rows from their text; with more, they rank with FTS5 until
+the batches and :func:`drain_queue` — a chunk per batch check — have indexed them.
 
-**Consistency and damage.** Every index has an epoch, in ``state_meta``, in each row of
-``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
+**Creation and fill.** The index is derived data, like the FTS indexes: a file that lacks any
+part of it (a fresh one, one written before it existed, a recovered or repaired copy) gets it
+whole and empty at open (:func:`create_index`, the version unchanged), with a fill due for
+every message up to the highest id (``fill_high_water``). The fill runs like an FTS rebuild:
+in the background of a writable open, under the cross-process admission lock, in chunks of
+:data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids), each
+chunk one write transaction (:func:`fill_when_admitted`, :func:`fill_chunk`). Rows above the
+high water are kept by the batches; a row below it that a drain indexed first is left
+as it is. Until the fill is done searches rank with FTS5 and sort by time without the blocks.
+
+**Consistency and damage.** Every index has an epoch, in ``search_impact_state``, in each row
+of ``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
 checks that they agree, so a copy of the file that kept one table without the other (a salvage
 that skips virtual tables) is never trusted. Errors from the impact index never reach a
-canonical write: the index is marked damaged, the row queued, and the next write replaces the
-index with an empty one of a new epoch, every message queued (:func:`reset_index`). A search
-that finds it damaged or inconsistent says so (:func:`damage_noticed`); a writable handle
-then marks it, through its own retried write.
+canonical write: the index is marked damaged and left alone, searches rank with FTS5, and the
+next writable open replaces it with an empty one of a new epoch and fills it
+(:func:`reset_index`). A search that finds it damaged or inconsistent says so
+(:func:`damage_noticed`); a writable handle then marks it, through its own retried write.
 """
 
 from __future__ import annotations
@@ -73,15 +84,18 @@ import math
 import os
 import re
 import sqlite3
-import unicodedata
+import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, get_meta, set_meta
-from hermes_state_common import split_sql
-from hermes_state_errors import is_corruption_error
+from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
+from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql
+from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
+from hermes_state_fts import RebuildStep, admission_lock
 
 logger = logging.getLogger("hermes_state")
 
@@ -95,12 +109,23 @@ __all__ = [
     "Bm25Stats",
     "column_tokens",
     "impact_postings",
-    "Prepared",
-    "index_next_message",
+    "INDEX_TABLES",
+    "INDEX_VIRTUAL_TABLES",
+    "INDEX_OBJECTS",
+    "index_text",
     "after_insert",
-    "flush",
     "drain_queue",
+    "missing_objects",
+    "drop_index",
+    "create_index",
+    "ensure_index",
     "reset_index",
+    "fill_chunk",
+    "needs_maintenance",
+    "index_whole",
+    "fill_when_admitted",
+    "time_ranges",
+    "index_problem",
     "index_health",
     "damage_noticed",
     "mark_index_damaged",
@@ -117,10 +142,8 @@ THRESHOLD = 0.7
 KEY_SCALE = 10_000
 MAX_TERM_CHARS = 64
 QUEUE_SCAN_LIMIT = 64
-DRAIN_PER_WRITE = 16
 MAX_WALK_POSTINGS = 40_000
 MAX_RESOLVED_ROWS = 4_000
-META_KEY = "search_impact"
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
 _BOUND_SLACK = 1e-9
 
@@ -128,47 +151,72 @@ _BOUND_SLACK = 1e-9
 # Tokens, as FTS5's unicode61 tokenizer makes them
 # ---------------------------------------------------------------------------------------------
 
-# Letters and digits are token characters (folded to lower case); every other ASCII byte
-# separates tokens; bytes of non-ASCII characters are kept for a closer look.
+# ASCII letters and digits are token characters (folded to lower case); every other ASCII
+# byte separates tokens. Exactly unicode61's rule for ASCII text.
 _ASCII_FOLD = bytes(
-    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c >= 128) else 32
+    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122) else 32
     for c in range(256)
 )
-# Inside a piece with non-ASCII text: runs of letters and numbers (marks break a run here,
-# which unicode61 would keep: a rare difference, for words spelled with combining marks).
-_WORD_RE = re.compile(r"[^\W_]+")
+# The same, keeping the bytes of non-ASCII characters for a closer look.
+_ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
+# Every character seen so far → what unicode61 makes of it: " " for a separator, else its
+# folded form (possibly empty). unicode61 decides and folds one code point at a time, from
+# tables of its own Unicode version (not Python's), so each new character is asked of FTS5
+# itself, once per process (:func:`_learn`); ASCII is known from the start.
+_CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
+_PROBE_LOCK = threading.Lock()
+_probe: sqlite3.Connection | None = None
+PROBE_SQL = "SELECT term FROM temp.probe_vocab ORDER BY offset"
 
 
-def _fold(token: str) -> str:
-    """Lower case without diacritics, as unicode61 folds a token (for Latin letters)."""
-    token = token.lower()
-    if token.isascii():
-        return token
-    decomposed = unicodedata.normalize("NFD", token)
-    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+def _learn(chars: Iterable[str]) -> None:
+    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s."""
+    global _probe
+    with _PROBE_LOCK:
+        todo = [ch for ch in chars if ord(ch) not in _CHARS]
+        if not todo:
+            return
+        if _probe is None:
+            _probe = sqlite3.connect(":memory:", check_same_thread=False)
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
+                           " USING fts5vocab(temp, probe, 'instance')")
+        _probe.execute("DELETE FROM temp.probe")
+        _probe.execute("INSERT INTO temp.probe (x) VALUES (?)",
+                       (" ".join(f"a{ch}a" for ch in todo),))
+        terms = iter([r[0] for r in _probe.execute(PROBE_SQL)])
+        for ch in todo:
+            term = next(terms)
+            if term == "a":  # a separator: "a", "a"
+                next(terms)
+                _CHARS[ord(ch)] = " "
+            else:
+                _CHARS[ord(ch)] = term[1:-1]
 
 
 def _pieces(text: str) -> list[bytes]:
-    """The text split at ASCII separators, ASCII letters folded; pieces may hold non-ASCII."""
-    return text.encode().translate(_ASCII_FOLD).split()
+    """The text split at ASCII separators, ASCII letters folded (bytes of other characters
+    kept as they are)."""
+    return text.encode().translate(_ASCII_FOLD_KEEP).split()
 
 
-def _split_piece(piece: bytes) -> list[str]:
-    return [_fold(t) for t in _WORD_RE.findall(piece.decode())]
+def _tokens_of(text: str) -> list[str]:
+    """The tokens of text holding non-ASCII characters."""
+    unknown = [ch for ch in set(text) if ord(ch) not in _CHARS]
+    if unknown:
+        _learn(unknown)
+    return [t for t in text.translate(_CHARS).split(" ") if t]
 
 
 def column_tokens(text: str | None) -> list[str]:
-    """The tokens of one column's text, folded as FTS5 folds them."""
+    """The tokens of one column's text, folded: exactly the ones FTS5 makes of it."""
     if not text:
         return []
     if text.isascii():
         return text.encode().translate(_ASCII_FOLD).decode().split()
     out: list[str] = []
     for piece in _pieces(text):
-        if piece.isascii():
-            out.append(piece.decode())
-        else:
-            out.extend(_split_piece(piece))
+        out.extend([piece.decode()] if piece.isascii() else _tokens_of(piece.decode()))
     return out
 
 
@@ -177,17 +225,11 @@ def _row_counts(text: str) -> tuple[Counter[bytes], int]:
     pieces = _pieces(text)
     if text.isascii():
         return Counter(pieces), len(pieces)
-    words: list[bytes] = []
-    length = 0
-    for piece in pieces:
-        if piece.isascii():
-            words.append(piece)
-            length += 1
-        else:
-            folded = _split_piece(piece)
-            length += len(folded)
-            words.extend(t.encode() for t in folded if t.isascii())
-    return Counter(words), length
+    plain = [piece for piece in pieces if piece.isascii()]
+    # The other pieces at once: they are separated anyway, and their order does not matter.
+    others = _tokens_of(b" ".join(piece for piece in pieces if not piece.isascii()).decode())
+    words = plain + [token.encode() for token in others if token.isascii()]
+    return Counter(words), len(plain) + len(others)
 
 
 def _reference_k(length: int, avgdl: float) -> float:
@@ -224,52 +266,59 @@ def impact_postings(
 # Keeping the index
 # ---------------------------------------------------------------------------------------------
 
-# Rows the library has written postings for but not yet put into search_impact_fts: they are
-# indexed in one batch (FTS5 writes a new segment at every commit, which costs more than the
-# postings of one row), and searches read them directly meanwhile.
-FLUSH_ROWS = 256
+# The plain tables, the virtual tables and the triggers: a file lacking any of them has its
+# whole index created anew (see :func:`create_index`).
+INDEX_TABLES = ("search_impact_state", "search_impact", "search_impact_queue",
+                "search_impact_gone", "search_time_blocks")
+INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
+INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
+_FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_config")
 
 
 @dataclass(frozen=True)
 class _Index:
+    """The row of ``search_impact_state``."""
+
     epoch: int
     avgdl: float  # the reference length A
-    indexed: int  # rows of search_impact with an id up to this one are in search_impact_fts
-    damaged: bool = False
+    indexed: int  # rows of search_impact up to this id are in search_impact_fts
+    fill_high_water: int | None  # a fill is due for the messages up to this id...
+    fill_progress: int | None  # ...and has reached this one
+    damaged: bool
 
-    def meta(self, **changes: object) -> dict[str, object]:
-        value: dict[str, object] = {
-            "epoch": self.epoch, "avgdl": self.avgdl, "indexed": self.indexed,
-            "damaged": self.damaged,
-        }
-        value.update(changes)
-        return value
+    @property
+    def whole(self) -> bool:
+        return not self.damaged and self.fill_high_water is None
 
 
-@functools.lru_cache(maxsize=16)
-def _parse_meta(value: str | None) -> _Index | None:
+STATE_SQL = """
+SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged FROM search_impact_state
+"""
+
+
+def _index_of(row: Sequence[Any]) -> _Index:
+    """The state from the first six columns of a row read by :data:`STATE_SQL`'s select."""
+    return _Index(int(row[0]), float(row[1]), int(row[2]), row[3], row[4], bool(row[5]))
+
+
+def _index_state(conn: sqlite3.Connection) -> _Index | None:
+    """The index's state; None on a file without it."""
     try:
-        meta = json.loads(value or "null")
-        return _Index(int(meta["epoch"]), float(meta["avgdl"]), int(meta.get("indexed", 0)),
-                      bool(meta.get("damaged")))
-    except (ValueError, TypeError, KeyError, AttributeError):
+        row = conn.execute(STATE_SQL).fetchone()
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise
         return None
+    return None if row is None else _index_of(row)
 
 
-def _index_meta(conn: sqlite3.Connection) -> _Index | None:
-    try:
-        return _parse_meta(get_meta(conn, META_KEY))
-    except sqlite3.OperationalError:
-        return None
+SET_INDEXED_SQL = "UPDATE search_impact_state SET indexed = ?"
+SET_DAMAGED_SQL = "UPDATE search_impact_state SET damaged = 1"
 
 
-def _set_index(conn: sqlite3.Connection, index: _Index, **changes: object) -> None:
-    set_meta(conn, META_KEY, index.meta(**changes))
-
-
-def _mark_damaged(conn: sqlite3.Connection, index: _Index, exc: BaseException) -> None:
+def _mark_damaged(conn: sqlite3.Connection, exc: BaseException) -> None:
     logger.warning("search impact index damaged (%s); ranking falls back to FTS5", exc)
-    _set_index(conn, index, damaged=True)
+    conn.execute(SET_DAMAGED_SQL)
 
 
 # Set when a read finds the impact index damaged; reads cannot write the marker themselves.
@@ -284,11 +333,13 @@ def damage_noticed() -> bool:
 
 
 def mark_index_damaged(conn: sqlite3.Connection) -> None:
-    """Mark the impact index damaged (the caller's write transaction): the next write
-    replaces it (see :func:`drain_queue`)."""
-    index = _index_meta(conn)
-    if index is not None and not index.damaged:
-        _set_index(conn, index, damaged=True)
+    """Mark the impact index damaged (the caller's write transaction): the library stops
+    keeping it, and the next writable open replaces it (see :func:`fill_when_admitted`)."""
+    try:
+        conn.execute(SET_DAMAGED_SQL)
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise  # else a file without the index: the next open creates it whole
 
 
 def _index_error(exc: BaseException) -> bool:
@@ -297,7 +348,7 @@ def _index_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or is_corruption_error(exc)
 
 
-def _index_text(postings: str) -> str:
+def index_text(postings: str) -> str:
     """What ``search_impact_fts`` indexes for a row: its postings, then each posting's term
     alone (so "indexed under every word of the query" is a plain FTS5 AND)."""
     terms = " ".join(token.rsplit("_", 3)[0] for token in postings.split())
@@ -309,90 +360,104 @@ FTS_REMOVE_SQL = """
 INSERT INTO search_impact_fts (search_impact_fts, rowid, postings) VALUES ('delete', ?, ?)
 """
 ADD_ROW_SQL = "INSERT OR REPLACE INTO search_impact (id, epoch, postings) VALUES (?, ?, ?)"
-QUEUE_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) VALUES (?)"
-# The index, the id the next message will get (AUTOINCREMENT: one more than any ever used),
-# and whether anything waits in the queues.
-NEXT_MESSAGE_SQL = """
-SELECT (SELECT value FROM state_meta WHERE key = 'search_impact'),
-       coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0) + 1,
+TIME_BLOCK_SQL = """
+INSERT INTO search_time_blocks (block, first_at, last_at) VALUES (?, ?, ?)
+ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
+                                  last_at = max(last_at, excluded.last_at)
+"""
+# Messages are indexed in batches (FTS5 writes a segment per commit, which would cost more
+# than a message's postings; tokenizing them is the same work at any time): searches read the
+# rows past the batch boundary from their text meanwhile. An insert looks whether a batch is
+# due at every CHECK_EVERY-th id (an id is handed out once, so some insert of the library
+# sees each multiple); a batch is FLUSH_ROWS rows, and one write takes at most MAX_FLUSH_ROWS
+# (a store where another program wrote many rows catches up over several writes).
+CHECK_EVERY = 16
+FLUSH_ROWS = 128
+MAX_FLUSH_ROWS = 1024
+AFTER_INSERT_SQL = """
+SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged,
        EXISTS (SELECT 1 FROM search_impact_queue) OR EXISTS (SELECT 1 FROM search_impact_gone)
+FROM search_impact_state
 """
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """Postings written ahead of a message (see :func:`index_next_message`)."""
-
-    row_id: int
-    index: _Index
-    postings: str
-    waiting: bool
-
-
-def index_next_message(
-    conn: sqlite3.Connection, content: str | None, tool_name: str | None,
-    tool_calls: str | None,
-) -> Prepared | None:
-    """Write the postings of the message about to be inserted (the caller's transaction), as
-    the text ``messages_fts`` indexes: content, tool name, stored tool-call JSON. They go in
-    first, under the id the message will get, so the insert trigger sees the row is indexed;
-    :func:`after_insert` checks the id. None when there is no usable index (the trigger then
-    queues the message). A search of this context that found the index damaged marks it so
-    here, in the write, and :func:`after_insert` then replaces it."""
+def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
+    """Keep the index after the library inserted message ``row_id`` (the caller's
+    transaction): at every :data:`CHECK_EVERY`-th id, index a due batch and work a little on
+    the queues. Nothing else is written for a message; searches read the rows past the
+    batch boundary from their text. A search of this context that found the index damaged
+    marks it so here, in the write (the next writable open replaces it)."""
     if damage_noticed():
         mark_index_damaged(conn)
-    try:
-        value, row_id, waiting = conn.execute(NEXT_MESSAGE_SQL).fetchone()
-    except sqlite3.OperationalError:
-        return None  # a file without the impact index tables: nothing to keep
-    index = _parse_meta(value)
-    if index is None or index.damaged:
-        return None
-    postings, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-    conn.execute(ADD_ROW_SQL, (row_id, index.epoch, postings))
-    return Prepared(row_id, index, postings, bool(waiting))
-
-
-def after_insert(conn: sqlite3.Connection, prepared: Prepared | None, row_id: int) -> None:
-    """Finish :func:`index_next_message` once the message has ``row_id``: index a full batch,
-    work a little on the queues."""
-    if prepared is None:
-        drain_queue(conn, DRAIN_PER_WRITE)  # a damaged index is replaced here
+    if row_id % CHECK_EVERY:
         return
-    if prepared.row_id != row_id:  # never under AUTOINCREMENT; kept honest all the same
-        conn.execute("DELETE FROM search_impact WHERE id = ?", (prepared.row_id,))
-        conn.execute(QUEUE_SQL, (row_id,))
-    if row_id - prepared.index.indexed >= FLUSH_ROWS:
-        flush(conn)
-    if prepared.waiting:
+    try:
+        row = conn.execute(AFTER_INSERT_SQL).fetchone()
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise
+        return  # a file without the index: the next open creates it
+    if row is None or row[5]:
+        return  # no index, or a damaged one
+    index, waiting = _index_of(row), bool(row[6])
+    if row_id - index.indexed >= FLUSH_ROWS:
+        _flush(conn, index)
+    if waiting:
         drain_queue(conn, DRAIN_PER_WRITE)
 
 
-BUFFERED_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id"
+# The messages past the batch boundary, oldest first.
+UNFLUSHED_SQL = """
+SELECT id, content, tool_name, tool_calls, timestamp FROM messages WHERE id > ? ORDER BY id
+LIMIT ?
+"""
 
 
-def flush(conn: sqlite3.Connection) -> None:
-    """Put the rows written since the last batch into ``search_impact_fts`` (the caller's
-    transaction)."""
-    index = _index_meta(conn)
-    if index is None or index.damaged:
-        return
-    rows = conn.execute(BUFFERED_SQL, (index.indexed,)).fetchall()
-    if not rows:
-        return
+def _flush(conn: sqlite3.Connection, index: _Index) -> None:
+    """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them."""
+    rows = conn.execute(UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS)).fetchall()
+    if rows and _write_postings(conn, index, rows):
+        conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
+
+
+def _write_postings(
+    conn: sqlite3.Connection, index: _Index,
+    rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
+) -> bool:
+    """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
+    into the blocks, all or nothing; False (the index marked damaged) when the index fails."""
+    postings: list[tuple[int, int, str]] = []
+    fts_rows: list[tuple[int, str]] = []
+    blocks: dict[int, tuple[float, float]] = {}
+    for row_id, content, tool_name, tool_calls, stamp in rows:
+        text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+        postings.append((row_id, index.epoch, text))
+        if text:
+            fts_rows.append((row_id, index_text(text)))
+        if stamp is not None:
+            first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
+            blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
+    conn.execute("SAVEPOINT hermes_impact_write")
     try:
-        conn.executemany(FTS_ADD_SQL, [(i, _index_text(p)) for i, e, p in rows
-                                       if p and e == index.epoch])
+        conn.executemany(ADD_ROW_SQL, postings)
+        conn.executemany(FTS_ADD_SQL, fts_rows)
+        conn.executemany(TIME_BLOCK_SQL, [(b, lo, hi) for b, (lo, hi) in blocks.items()])
     except (sqlite3.Error, MemoryError) as exc:
+        conn.execute("ROLLBACK TO hermes_impact_write")
+        conn.execute("RELEASE hermes_impact_write")
         if not _index_error(exc):
             raise
-        _mark_damaged(conn, index, exc)
-        return
-    _set_index(conn, index, indexed=rows[-1][0])
+        _mark_damaged(conn, exc)
+        return False
+    conn.execute("RELEASE hermes_impact_write")
+    return True
 
 
+# Queued rows (all at or below the batch boundary: the triggers leave newer ones to the next
+# batch), with the postings they have and their text now.
 QUEUE_BATCH_SQL = """
-SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls
+SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls,
+       m.timestamp
 FROM (SELECT id FROM search_impact_queue ORDER BY id DESC LIMIT ?) AS q
 LEFT JOIN search_impact i ON i.id = q.id
 LEFT JOIN messages m ON m.id = q.id
@@ -402,54 +467,43 @@ SELECT g.id, i.epoch, i.postings
 FROM (SELECT id FROM search_impact_gone LIMIT ?) AS g
 LEFT JOIN search_impact i ON i.id = g.id
 """
-
-
-def _unindex(conn: sqlite3.Connection, index: _Index, row_id: int, epoch: int | None,
-             postings: str | None) -> None:
-    """Remove a row's postings. Only rows of this epoch up to ``indexed`` are in the FTS5
-    table (an older epoch's are not; newer rows wait for the next batch)."""
-    if postings and epoch == index.epoch and row_id <= index.indexed:
-        conn.execute(FTS_REMOVE_SQL, (row_id, _index_text(postings)))
-    if postings is not None:
-        conn.execute("DELETE FROM search_impact WHERE id = ?", (row_id,))
+DRAIN_PER_WRITE = 16
+UNGONE_SQL = "DELETE FROM search_impact_gone WHERE id = ?"
+UNQUEUE_SQL = "DELETE FROM search_impact_queue WHERE id = ?"
+REMOVE_ROW_SQL = "DELETE FROM search_impact WHERE id = ?"
 
 
 def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     """Index up to ``limit`` queued rows, newest first, and purge as many deleted ones (the
-    caller's transaction); returns how many rows were handled. A damaged or inconsistent
-    index is replaced by a new, empty one first (:func:`reset_index`)."""
-    found = _index_meta(conn)
-    if found is None:
+    caller's transaction); returns how many rows were handled (0 for a damaged index)."""
+    index = _index_state(conn)
+    if index is None or index.damaged:
         return 0
-    index = found
+    gone = conn.execute(GONE_BATCH_SQL, (limit,)).fetchall()
+    queued = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
+    if not gone and not queued:
+        return 0
+    conn.execute("SAVEPOINT hermes_impact_drain")
     try:
-        if index.damaged or not _consistent(conn, index):
-            fresh = reset_index(conn)
-            if fresh is None:
-                return 0
-            index = fresh
-        done = 0
-        for row_id, epoch, postings in conn.execute(GONE_BATCH_SQL, (limit,)).fetchall():
-            _unindex(conn, index, row_id, epoch, postings)
-            conn.execute("DELETE FROM search_impact_gone WHERE id = ?", (row_id,))
-            done += 1
-        batch = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
-        for row_id, epoch, postings, exists, content, tool_name, tool_calls in batch:
-            _unindex(conn, index, row_id, epoch, postings)
-            if exists:
-                text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
-                if text and row_id <= index.indexed:
-                    conn.execute(FTS_ADD_SQL, (row_id, _index_text(text)))
-                conn.execute(ADD_ROW_SQL, (row_id, index.epoch, text))
-            conn.execute("DELETE FROM search_impact_queue WHERE id = ?", (row_id,))
-            done += 1
+        for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]:
+            # Only rows of this epoch are in the FTS5 table (an older epoch's are not).
+            if postings and epoch == index.epoch:
+                conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
+            conn.execute(REMOVE_ROW_SQL, (row_id,))
+        conn.executemany(UNGONE_SQL, [(g[0],) for g in gone])
+        conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
     except (sqlite3.Error, MemoryError) as exc:
+        conn.execute("ROLLBACK TO hermes_impact_drain")
+        conn.execute("RELEASE hermes_impact_drain")
         if not _index_error(exc):
             raise
-        _mark_damaged(conn, index, exc)
+        _mark_damaged(conn, exc)
         return 0
-    flush(conn)
-    return done
+    conn.execute("RELEASE hermes_impact_drain")
+    live = [(q[0], *q[4:]) for q in queued if q[3]]
+    if live and not _write_postings(conn, index, live):
+        return 0
+    return len(gone) + len(queued)
 
 
 @functools.cache
@@ -457,44 +511,108 @@ def _fresh_index_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
     """What the shadow tables of a new, empty ``search_impact_fts`` hold on this SQLite."""
     mem = sqlite3.connect(":memory:")
     try:
-        mem.execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)")
-        for statement in split_sql(SEARCH_INDEX_SQL):
-            if not statement.startswith("INSERT"):
-                mem.execute(statement)
-        return {
-            name: tuple(mem.execute(f"SELECT * FROM {name}").fetchall())
-            for name in ("search_impact_fts_data", "search_impact_fts_idx",
-                         "search_impact_fts_config")
-        }
+        mem.executescript(SEARCH_INDEX_SQL)
+        return {name: tuple(mem.execute(f"SELECT * FROM {name}").fetchall())
+                for name in _FTS_SHADOWS}
     finally:
         mem.close()
 
 
+def _rewrite_shadow_tables(conn: sqlite3.Connection) -> None:
+    """Put ``search_impact_fts``'s shadow tables back to those of a new, empty table, without
+    FTS5 reading the old ones: once its structure record is damaged, nothing that goes
+    through the table works (DROP TABLE included), but the shadow tables are plain ones."""
+    for name, rows in _fresh_index_rows().items():
+        conn.execute(f"DELETE FROM {name}")
+        for row in rows:
+            conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+
+
+MISSING_OBJECTS_SQL = """
+SELECT value FROM json_each(?) WHERE value NOT IN (SELECT name FROM sqlite_master)
+"""
+
+
+def missing_objects(conn: sqlite3.Connection) -> list[str]:
+    """The index's tables and triggers this file lacks (reads only)."""
+    return [r[0] for r in conn.execute(MISSING_OBJECTS_SQL, (json.dumps(INDEX_OBJECTS),))]
+
+
+def drop_index(conn: sqlite3.Connection) -> None:
+    """Drop every object of the index (the caller's transaction), however damaged."""
+    for name in SEARCH_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+    conn.execute("DROP TABLE IF EXISTS search_impact_vocab")
+    try:
+        conn.execute("DROP TABLE IF EXISTS search_impact_fts")
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        _rewrite_shadow_tables(conn)
+        conn.execute("DROP TABLE search_impact_fts")
+    for name in INDEX_TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def create_index(conn: sqlite3.Connection) -> None:
+    """Create the index anew, empty, with a fill of every message there is due (the caller's
+    transaction): what a file without it gets (a fresh one, one written before the index
+    existed or by a salvage that kept only part of it, a recovered or repaired copy)."""
+    drop_index(conn)
+    for statement in split_sql(SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL):
+        conn.execute(statement)
+    _start(conn, _reference_length(conn))
+
+
+def ensure_index(conn: sqlite3.Connection) -> None:
+    """:func:`create_index` when any part of the index is missing (the caller's transaction)."""
+    if missing_objects(conn):
+        create_index(conn)
+
+
 EPOCH_TOKEN = "_epoch_{epoch}"
-REQUEUE_ALL_SQL = "INSERT OR IGNORE INTO search_impact_queue (id) SELECT id FROM messages"
+# A new epoch; the fill covers every message there is (none: nothing to fill).
+START_SQL = """
+INSERT OR REPLACE INTO search_impact_state
+    (id, epoch, avgdl, indexed, fill_high_water, fill_progress, damaged)
+SELECT 1, ?, ?, coalesce(max(id), 0), max(id), CASE WHEN max(id) IS NULL THEN NULL ELSE 0 END, 0
+FROM messages
+"""
 
 
-def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index | None:
-    """Start a new, empty impact index (a new epoch) with every message queued (the caller's
-    transaction). Its shadow tables are rewritten directly, so an index too damaged for FTS5
-    to open is replaced too. Returns the new index, or None when its tables cannot be written
-    (it stays marked damaged, and ranking uses FTS5)."""
-    old = _index_meta(conn)
-    reference = avgdl or (old.avgdl if old else IMPACT_DEFAULT_AVGDL)
-    fresh = _Index(int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1, reference, 0)
+def _reference_length(conn: sqlite3.Connection) -> float:
+    """The reference length A of a new epoch: the mean length ``messages_fts`` knows now (it
+    only orders the postings; any value is exact, one near the mean proves sooner)."""
+    try:
+        stats = read_stats(conn)
+    except (sqlite3.Error, MemoryError):
+        return IMPACT_DEFAULT_AVGDL
+    return stats.avgdl if stats.rows and stats.tokens else IMPACT_DEFAULT_AVGDL
+
+
+def _start(conn: sqlite3.Connection, avgdl: float) -> int:
+    """A new, empty epoch with its fill due (the caller's transaction); returns the epoch."""
+    epoch = int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1
+    for name in ("search_impact", "search_impact_queue", "search_impact_gone",
+                 "search_time_blocks"):
+        conn.execute(f"DELETE FROM {name}")
+    conn.execute(START_SQL, (epoch, avgdl))
+    conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=epoch)))
+    return epoch
+
+
+def reset_index(conn: sqlite3.Connection) -> bool:
+    """Start the index over, empty, with its fill due (the caller's transaction): for an
+    index found damaged or inconsistent. Its shadow tables are rewritten directly, so an index
+    too damaged for FTS5 to open is replaced too. False when its tables cannot be written (it
+    stays marked damaged; searches rank with FTS5)."""
+    avgdl = _reference_length(conn)
     conn.execute("SAVEPOINT hermes_impact_reset")
     try:
-        for name, rows in _fresh_index_rows().items():
-            conn.execute(f"DELETE FROM {name}")
-            for row in rows:
-                conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
+        _rewrite_shadow_tables(conn)
         # FTS5 can open the table again; this makes it drop what it still holds in memory.
         conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
-        conn.execute("DELETE FROM search_impact")
-        conn.execute("DELETE FROM search_impact_gone")
-        conn.execute(REQUEUE_ALL_SQL)
-        conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=fresh.epoch)))
-        _set_index(conn, fresh)
+        _start(conn, avgdl)
         conn.execute("RELEASE hermes_impact_reset")
     except (sqlite3.Error, MemoryError) as exc:
         conn.execute("ROLLBACK TO hermes_impact_reset")
@@ -502,9 +620,120 @@ def reset_index(conn: sqlite3.Connection, avgdl: float | None = None) -> _Index 
         if not _index_error(exc):
             raise
         logger.warning("search impact index cannot be reset (%s); ranking uses FTS5", exc)
+        return False
+    logger.info("search impact index reset; a fill of every message is due")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Filling the index for the messages already there
+# ---------------------------------------------------------------------------------------------
+
+FILL_CHUNK_ROWS = 2000
+# The end of the next chunk: the id of the n-th message above the progress marker, or of the
+# last one below the high water when fewer are left (a keyset over the ids).
+FILL_CHUNK_END_SQL = """
+SELECT max(id), count(*) FROM (
+    SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?
+)
+"""
+# The chunk's messages, and whether a drain already gave one its postings in this epoch.
+FILL_ROWS_SQL = """
+SELECT m.id, m.content, m.tool_name, m.tool_calls, m.timestamp, i.id IS NOT NULL
+FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
+WHERE m.id > ? AND m.id <= ?
+"""
+FILL_PROGRESS_SQL = "UPDATE search_impact_state SET fill_progress = ?"
+FILL_DONE_SQL = "UPDATE search_impact_state SET fill_high_water = NULL, fill_progress = NULL"
+
+
+def fill_chunk(
+    conn: sqlite3.Connection, chunk_rows: int | None = None
+) -> RebuildStep | None:
+    """Fill the index for the next ``chunk_rows`` (default :data:`FILL_CHUNK_ROWS`) messages
+    of a due fill (the caller's transaction): their postings, straight into
+    ``search_impact_fts``, and their time blocks. None when no fill is due or the index is
+    damaged. Rows past the high water are kept by the batches; a row a drain indexed
+    meanwhile is left as it is (its time is in the blocks already)."""
+    index = _index_state(conn)
+    if index is None or index.damaged or index.fill_high_water is None:
         return None
-    logger.info("search impact index reset; its rows are queued for indexing")
-    return fresh
+    lo, want = index.fill_progress or 0, chunk_rows or FILL_CHUNK_ROWS
+    last, count = conn.execute(FILL_CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
+    finished = count < want or last == index.fill_high_water
+    hi = index.fill_high_water if finished else last
+    rows = [row[:5] for row in conn.execute(FILL_ROWS_SQL, (index.epoch, lo, hi)) if not row[5]]
+    if not _write_postings(conn, index, rows):
+        return None
+    conn.execute(FILL_DONE_SQL if finished else FILL_PROGRESS_SQL, () if finished else (hi,))
+    return RebuildStep(count, finished)
+
+
+def needs_maintenance(conn: sqlite3.Connection) -> bool:
+    """Whether the index waits for a writable open's maintenance: missing, damaged, or with
+    a fill due (one cheap read; an inconsistency searches find is marked damaged)."""
+    index = _index_state(conn)
+    return index is None or not index.whole
+
+
+def _needs_reset(conn: sqlite3.Connection) -> bool:
+    index = _index_state(conn)
+    if index is None or index.damaged:
+        return True
+    try:
+        return not _consistent(conn, index)
+    except (sqlite3.Error, MemoryError) as exc:
+        if not _index_error(exc):
+            raise
+        return True
+
+
+def index_whole(conn: sqlite3.Connection) -> bool:
+    index = _index_state(conn)
+    return index is not None and index.whole
+
+
+TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks WHERE block <= ?"
+
+
+def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]:
+    """Ranges of message ids with bounds of their messages' times, (first id, last id, first
+    time, last time), covering every id: the blocks up to the batch boundary, then the ids past
+    it, whose times are not bounded yet. One range of everything while a fill is due."""
+    index = _index_state(conn)
+    if index is None or index.fill_high_water is not None:
+        return [(0, 2**62, -math.inf, math.inf)]
+    ranges = [(block << TIME_BLOCK_SHIFT, min(((block + 1) << TIME_BLOCK_SHIFT) - 1,
+                                               index.indexed), first_at, last_at)
+              for block, first_at, last_at in conn.execute(
+                  TIME_BLOCKS_SQL, (index.indexed >> TIME_BLOCK_SHIFT,))]
+    ranges.append((index.indexed + 1, 2**62, -math.inf, math.inf))
+    return ranges
+
+
+def fill_when_admitted(
+    db_path: Path,
+    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    stop: threading.Event,
+    *,
+    before: Callable[[], None],
+) -> bool:
+    """Replace a damaged or inconsistent index and run its fill in chunks, if this process gets
+    the admission lock of the FTS rebuilds; True when the index is whole. ``read``/``write``
+    run a function on the store (the latter in a retried write transaction), ``before`` vets
+    the file first (it raises to refuse), ``stop`` ends the loop between two chunks."""
+    with admission_lock(db_path) as admitted:
+        if not admitted:
+            return False
+        before()
+        if read(_needs_reset) and not write(reset_index):
+            return False
+        while not stop.is_set():
+            step = write(fill_chunk)
+            if step is None or step.finished:
+                break
+        return bool(read(index_whole))
 
 
 EPOCH_SQL = "SELECT 1 FROM search_impact_fts WHERE search_impact_fts MATCH ? AND rowid = 0"
@@ -512,12 +741,35 @@ NEWEST_EPOCH_SQL = "SELECT epoch FROM search_impact ORDER BY id DESC LIMIT 1"
 
 
 def _consistent(conn: sqlite3.Connection, index: _Index) -> bool:
-    """The FTS5 table, the row table and ``state_meta`` belong to the same index."""
+    """The FTS5 table, the postings and the state belong to the same epoch."""
     token = '"' + EPOCH_TOKEN.format(epoch=index.epoch) + '"'
     if conn.execute(EPOCH_SQL, (token,)).fetchone() is None:
         return False
     newest = conn.execute(NEWEST_EPOCH_SQL).fetchone()
     return newest is None or newest[0] == index.epoch
+
+
+INTEGRITY_CHECK_SQL = "INSERT INTO search_impact_fts (search_impact_fts) VALUES ('integrity-check')"
+
+
+def index_problem(conn: sqlite3.Connection) -> str | None:
+    """The damage the index shows, None when none (a missing index or a due fill is not
+    damage: the next writable open sees to those). FTS5's 'integrity-check' runs as a write:
+    on a private copy, in a transaction the caller rolls back."""
+    index = _index_state(conn)
+    if index is None:
+        return None
+    if index.damaged:
+        return "marked damaged"
+    try:
+        conn.execute(INTEGRITY_CHECK_SQL)
+        if not _consistent(conn, index):
+            return "its tables belong to different epochs"
+    except (sqlite3.Error, MemoryError) as exc:
+        if isinstance(exc, sqlite3.Error) and is_sqlite_lock_error(exc):
+            raise
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 INDEX_HEALTH_SQL = """
@@ -526,18 +778,20 @@ SELECT (SELECT count(*) FROM search_impact_queue), (SELECT count(*) FROM search_
 
 
 def index_health(conn: sqlite3.Connection) -> dict[str, object]:
-    """The impact index's state: usable, damaged, rows queued, deleted rows to purge."""
-    index = _index_meta(conn)
+    """The impact index's state: usable, damaged, filling, rows queued, deleted rows to purge."""
+    index = _index_state(conn)
     if index is None:
-        return {"usable": False, "damaged": False, "queued": None, "gone": None}
+        return {"usable": False, "damaged": False, "filling": False, "queued": None,
+                "gone": None}
     try:
-        usable = not index.damaged and _consistent(conn, index)
+        usable = index.whole and _consistent(conn, index)
     except (sqlite3.Error, MemoryError) as exc:
         if not _index_error(exc):
             raise
         usable = False
     queued, gone = conn.execute(INDEX_HEALTH_SQL).fetchone()
-    return {"usable": usable, "damaged": index.damaged, "queued": queued, "gone": gone,
+    return {"usable": usable, "damaged": index.damaged,
+            "filling": index.fill_high_water is not None, "queued": queued, "gone": gone,
             "epoch": index.epoch, "avgdl": index.avgdl, "indexed": index.indexed}
 
 
@@ -693,10 +947,6 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 # table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
-QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
-# The rows of the last, not yet indexed batch (a bounded read: past the cap FTS5 ranks).
-BATCH_ROWS_SQL = "SELECT id, epoch, postings FROM search_impact WHERE id > ? ORDER BY id LIMIT ?"
-MAX_BATCH_READ = 1_024
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
@@ -945,10 +1195,30 @@ class _Walk:
             self.settle(new)
 
 
-def _unindexed(conn: sqlite3.Connection) -> list[int] | None:
-    """Rows without current postings (None when more than the search scores itself)."""
-    ids = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
-    return None if len(ids) > QUEUE_SCAN_LIMIT else ids
+# Matching rows past the batch boundary; queued rows (changed, or written below it by another
+# program). Neither has current postings: both are scored from their text, and when there
+# are more than a search scores itself, FTS5 ranks.
+UNFLUSHED_MATCHES_SQL = """
+SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?
+"""
+QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
+MAX_UNFLUSHED_SCORED = 256
+
+
+def _outside_the_index(
+    conn: sqlite3.Connection, conj: Conjunction, index: _Index
+) -> tuple[set[int], list[int]] | None:
+    """(Rows whose postings must be ignored, those of them that match), or None."""
+    queued = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
+    if len(queued) > QUEUE_SCAN_LIMIT:
+        return None
+    args = (conj.match, index.indexed, MAX_UNFLUSHED_SCORED + 1)
+    unflushed = [r[0] for r in conn.execute(UNFLUSHED_MATCHES_SQL, args)]
+    if len(unflushed) > MAX_UNFLUSHED_SCORED:
+        return None
+    if queued:
+        unflushed += [r[0] for r in conn.execute(MATCHING_SQL, (conj.match, json.dumps(queued)))]
+    return set(queued) | set(unflushed), unflushed
 
 
 def top_k(
@@ -982,14 +1252,14 @@ def _top_k(
     params: Sequence[object],
     wanted: int,
 ) -> list[int] | None:
-    index = _index_meta(conn)
-    if index is None or index.damaged:
+    index = _index_state(conn)
+    if index is None or not index.whole:
         return None
     if not _consistent(conn, index):
         _damage_noticed.set(True)  # a copy that kept one table without the other
         return None
-    unindexed = _unindexed(conn)
-    if unindexed is None:
+    outside = _outside_the_index(conn, conj, index)
+    if outside is None:
         return None
     stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:
@@ -1018,18 +1288,8 @@ def _top_k(
         idf_of = {p: stats.idf(_count(conn, "messages_fts", _phrase_match(p)))
                   for p in distinct}
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], seen=set(unindexed), fts_scores=not scale_free)
-    if unindexed:
-        matching = conn.execute(MATCHING_SQL, (conj.match, json.dumps(unindexed))).fetchall()
-        walk.resolve_texts(sorted(walk.passing(r[0] for r in matching)))
-    batch = conn.execute(BATCH_ROWS_SQL, (index.indexed, MAX_BATCH_READ + 1)).fetchall()
-    if len(batch) > MAX_BATCH_READ:
-        return None
-    # Rows not in search_impact_fts yet, read directly; one without any of the query's words
-    # indexed is bounded like every other unseen row.
-    batch = [r for r in batch if r[0] not in walk.seen and walk.terms_re.search(r[2] or "")]
-    walk.seen.update(r[0] for r in batch)
-    walk.score_rows(batch)
+                 [idf_of[p] for p in conj.phrases], seen=outside[0], fts_scores=not scale_free)
+    walk.resolve_texts(sorted(walk.passing(outside[1])))
     weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the

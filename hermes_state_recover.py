@@ -23,9 +23,9 @@ every cell that still parses, and finally the leaf pages no tree reaches any mor
 under a destroyed interior page) are read and matched to the damaged tables by the shape of
 their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
 page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
-fresh file with the current schema; the FTS indexes, ``search_cjk`` and ``schema_version`` are
-rebuilt, never copied, and the four runtime ledgers are reported but not copied (a partial
-ledger could replay started work or adopt another owner's worker).
+fresh file with the current schema; the FTS indexes, the search index, ``search_cjk`` and
+``schema_version`` are rebuilt, never copied, and the four runtime ledgers are reported but not
+copied (a partial ledger could replay started work or adopt another owner's worker).
 
 A source with nothing to salvage — a missing or empty file, a directory — is refused, and so
 is one whose intact schema shows another application's database; a source that no page of can
@@ -48,6 +48,7 @@ from typing import Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
+import hermes_state_rank as rank
 from hermes_state_common import (
     DELIVERY_OBLIGATIONS_SQL,
     RUNTIME_LEDGER_TABLES,
@@ -86,8 +87,9 @@ from hermes_state_testguard import check_test_isolation
 __all__ = ["recover_state_db"]
 
 
-# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the version row.
-_REBUILT = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk", "schema_version")
+# Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the search
+# index, the version row.
+_REBUILT = (*fts.FTS_TABLES, *rank.INDEX_TABLES, "schema_version")
 # state_meta keys that describe the old file's FTS indexes, not the recovered one's.
 _FTS_MARKERS = (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY)
 _INSERT_BATCH = 500

@@ -1,11 +1,13 @@
 """Applying the schema: fresh creation, declarative column reconciliation, numbered migrations.
 
 An up-to-date database costs two reads at open: the version, and the live tables, columns and
-indexes compared with ``SCHEMA_SQL``; only a file that lacks something declared (a column
-added to the declaration since the file was written) takes a write, which adds what is missing
-and leaves the version as it is. Anything older is brought forward in place, each step in its
-own write transaction that first re-reads the version, so several processes opening an old
-file at once do every step exactly once:
+indexes compared with ``SCHEMA_SQL`` and the search index's objects; only a file that lacks
+something declared (a column added to the declaration since the file was written, the search
+index of a file written before it existed) takes a write, which adds what is missing and leaves
+the version as it is. The search index is derived data: a file lacking any part of it gets it
+whole and empty, and the library fills it in the background (see hermes_state_rank). Anything
+older is brought forward in place, each step in its own write transaction that first re-reads
+the version, so several processes opening an old file at once do every step exactly once:
 
 1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
    compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
+import hermes_state_rank as rank
 from hermes_state_common import (
     FTS_SQL,
     FTS_TRIGGER_NAMES,
@@ -48,10 +51,7 @@ from hermes_state_common import (
     INDEXES_SQL,
     SCHEMA_SQL,
     SCHEMA_VERSION,
-    SEARCH_INDEX_SQL,
-    SEARCH_TRIGGERS_SQL,
     TABLES_SQL,
-    TIME_BLOCK_SHIFT,
     quote_identifier,
     split_sql,
     table_exists,
@@ -224,17 +224,19 @@ LIVE_COLUMNS_SQL = """
 SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c
 WHERE m.type = 'table' AND m.name IN (SELECT value FROM json_each(?))
 """
-LIVE_INDEXES_SQL = "SELECT name FROM sqlite_master WHERE type = 'index'"
+LIVE_OBJECTS_SQL = "SELECT name FROM sqlite_master WHERE type IN ('index', 'table', 'trigger')"
 
 
 def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
-    """True when a table, column or index ``SCHEMA_SQL`` declares is missing (reads only)."""
+    """True when a table, column or index ``SCHEMA_SQL`` declares, or any object of the search
+    index, is missing (reads only)."""
     tables = expected_columns()
     live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
     declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
     if not declared <= live:
         return True
-    return not expected_indexes() <= {r[0] for r in conn.execute(LIVE_INDEXES_SQL)}
+    names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
+    return not (expected_indexes() <= names and set(rank.INDEX_OBJECTS) <= names)
 
 
 def _has_rows(conn: sqlite3.Connection, /, table: str) -> bool:
@@ -383,23 +385,6 @@ def _migrate_fts_indexes(conn: sqlite3.Connection, /) -> None:
     fts.start_rebuild(conn)
 
 
-# The time bounds of the rows a file already holds; triggers keep them from then on.
-TIME_BLOCKS_FROM_MESSAGES_SQL = f"""
-INSERT OR REPLACE INTO search_time_blocks (block, first_at, last_at)
-SELECT id >> {TIME_BLOCK_SHIFT}, min(timestamp), max(timestamp) FROM messages GROUP BY 1
-"""
-
-
-def _migrate_search_index(conn: sqlite3.Connection) -> None:
-    """The impact index for ranked search and the time blocks. The rows already there are
-    queued: the library computes their postings a chunk at a time, and searches treat them as
-    not yet indexed until then (see hermes_state_rank)."""
-    for statement in split_sql(SEARCH_INDEX_SQL + SEARCH_TRIGGERS_SQL):
-        conn.execute(statement)
-    conn.execute("INSERT OR IGNORE INTO search_impact_queue (id) SELECT id FROM messages")
-    conn.execute(TIME_BLOCKS_FROM_MESSAGES_SQL)
-
-
 def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
     """Make the data rules older files may break true again: unique titles (the unique index
     is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
@@ -409,8 +394,11 @@ def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
 
 
 def _finish(conn: sqlite3.Connection, /) -> None:
+    """The declared indexes, and the search index when any part of it is missing (created
+    empty; the library fills it in the background)."""
     for statement in split_sql(INDEXES_SQL):
         conn.execute(statement)
+    rank.ensure_index(conn)
 
 
 @dataclass(frozen=True)
@@ -425,7 +413,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "unique session titles", _migrate_unique_titles),
     Migration(18, "lasting message uids", _migrate_message_uids),
     Migration(31, "three FTS5 indexes with gated triggers", _migrate_fts_indexes),
-    Migration(32, "impact index for ranked search, time blocks", _migrate_search_index),
 )
 
 
@@ -434,6 +421,7 @@ def _create_fresh(conn: sqlite3.Connection, /) -> bool:
         return False
     for statement in split_sql(SCHEMA_SQL):
         conn.execute(statement)
+    rank.create_index(conn)
     _set_version(conn, SCHEMA_VERSION)
     return True
 

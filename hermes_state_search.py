@@ -99,7 +99,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hermes_state_rank as rank
-from hermes_state_common import TIME_BLOCK_SHIFT, clean_text, escape_like
+from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
 
@@ -629,8 +629,7 @@ WHERE 1 {filters}
 ORDER BY r.score, r.id LIMIT ?
 """
 COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
-# Time order: the rows of one block of ids, read block by block (see search_time_blocks).
-TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks"
+# Time order: the rows of one range of ids, read range by range (see rank.time_ranges).
 BLOCK_HITS_SQL = """
 SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
 JOIN sessions s ON s.id = m.session_id
@@ -671,22 +670,17 @@ def _by_time(
     """The first ``wanted`` rows of ``table`` for ``match`` by message time (newest or oldest
     first), ties by relevance, then id; as (id, timestamp).
 
-    Blocks of ids are read in the order of their time bounds, and reading stops at the first
-    block that cannot hold a row as new (old) as the last one kept: for a history written in
-    time order that is a block or two, for any history it is exact."""
-    try:
-        blocks = conn.execute(TIME_BLOCKS_SQL).fetchall()
-    except sqlite3.OperationalError:  # a file without time blocks: one block of everything
-        blocks = [(-1, -math.inf, math.inf)]
+    Ranges of ids are read in the order of their time bounds, and reading stops at the first
+    range that cannot hold a row as new (old) as the last one kept: for a history written in
+    time order that is a range or two, for any history it is exact."""
+    ranges = rank.time_ranges(conn)
     sign = -1.0 if newest else 1.0  # keys ascend from the best row
-    blocks.sort(key=lambda b: (sign * (b[2] if newest else b[1]), b[0]))
+    ranges.sort(key=lambda r: (sign * (r[3] if newest else r[2]), r[0]))
     sql = BLOCK_HITS_SQL.format(table=table, filters=filters)
     found: list[tuple[float, int]] = []  # (sign * timestamp, id), the best rows so far
-    for block, first_at, last_at in blocks:
+    for lo, hi, first_at, last_at in ranges:
         if len(found) >= wanted and sign * (last_at if newest else first_at) > found[-1][0]:
-            break  # no row here, nor in the blocks after, is as new (old) as the last kept
-        lo, hi = (0, 2**62) if block < 0 else (block << TIME_BLOCK_SHIFT,
-                                                 ((block + 1) << TIME_BLOCK_SHIFT) - 1)
+            break  # no row here, nor in the ranges after, is as new (old) as the last kept
         rows = conn.execute(sql, (match, lo, hi, *params))
         found = sorted(found + [(sign * ts, row_id) for row_id, ts in rows])
         if len(found) > wanted:  # keep every row tied with the last one kept

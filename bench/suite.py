@@ -104,46 +104,50 @@ def append_batch(corpus: list[CorpusSession], n_messages: int) -> tuple[list, li
 
 def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: bool) -> float:
     """appends/s of raw sqlite3 running the statements append_message runs, every parameter
-    computed beforehand (the impact postings and their index text included); without the FTS
-    sync triggers (and the impact index) when ``triggers`` is False."""
+    computed beforehand (the impact postings of each batch and their index text included);
+    without the FTS sync triggers (and the impact index) when ``triggers`` is False."""
     with scratch_dir() as d:
         path = d / "state.db"
         fresh_store(path, sessions)
         prep = sqlite3.connect(path)
-        (meta,) = prep.execute("SELECT value FROM state_meta WHERE key = 'search_impact'"
-                               ).fetchone()
-        index = json.loads(meta)
+        (epoch, avgdl) = prep.execute("SELECT epoch, avgdl FROM search_impact_state").fetchone()
         rows = []
-        for sid, kwargs in batch:
+        for n, (sid, kwargs) in enumerate(batch, start=1):
             row = messages.MessageRow.from_fields(prep, sid, kwargs)
             values = row.values()
-            postings, _ = rank.impact_postings(*values[messages._INDEXED_TEXT], index["avgdl"])
-            rows.append((sid, values, row.tool_call_count, postings, rank._index_text(postings)))
+            text = dict(zip(messages._COLUMNS, values))
+            postings, _ = rank.impact_postings(text["content"], text["tool_name"],
+                                               text["tool_calls"], avgdl)
+            block = (n >> hermes_state.common.TIME_BLOCK_SHIFT, row.timestamp, row.timestamp)
+            rows.append((sid, values, row.tool_call_count, (n, epoch, postings),
+                         (n, rank.index_text(postings)) if postings else None, block))
         if not triggers:
-            for name in hermes_state.common.FTS_TRIGGER_NAMES:
+            for name in (*hermes_state.common.FTS_TRIGGER_NAMES,
+                         *hermes_state.common.SEARCH_TRIGGER_NAMES):
                 prep.execute(f"DROP TRIGGER {name}")
             prep.commit()
         prep.close()
         conn = raw_connect(path)
         start = time.perf_counter()
-        for n, (sid, values, calls, postings, text) in enumerate(rows, start=1):
+        indexed = 0
+        for n, (sid, values, calls, _, _, _) in enumerate(rows, start=1):
             conn.execute("BEGIN IMMEDIATE")
-            if triggers:
-                conn.execute(rank.NEXT_MESSAGE_SQL).fetchone()
-                conn.execute(rank.ADD_ROW_SQL, (n, index["epoch"], postings))
             conn.execute(messages.COUNT_MESSAGE_SQL, (calls, sid))
             conn.execute(messages.INSERT_MESSAGE_SQL, values)
-            if triggers and n % rank.FLUSH_ROWS == 0:
-                conn.executemany(rank.FTS_ADD_SQL, [(i, r[4]) for i, r in enumerate(
-                    rows[n - rank.FLUSH_ROWS:n], start=n - rank.FLUSH_ROWS + 1) if r[3]])
-                conn.execute(SET_META_SQL, ("search_impact", json.dumps({**index, "indexed": n})))
+            if triggers and n % rank.CHECK_EVERY == 0:
+                conn.execute(rank.AFTER_INSERT_SQL).fetchone()
+                if n - indexed >= rank.FLUSH_ROWS:
+                    conn.execute(rank.UNFLUSHED_SQL, (indexed, rank.MAX_FLUSH_ROWS)).fetchall()
+                    due = rows[indexed:n]
+                    conn.executemany(rank.ADD_ROW_SQL, [r[3] for r in due])
+                    conn.executemany(rank.FTS_ADD_SQL, [r[4] for r in due if r[4]])
+                    conn.executemany(rank.TIME_BLOCK_SQL, [r[5] for r in due])
+                    conn.execute(rank.SET_INDEXED_SQL, (n,))
+                    indexed = n
             conn.execute("COMMIT")
         elapsed = time.perf_counter() - start
         conn.close()
     return len(batch) / elapsed
-
-
-SET_META_SQL = "UPDATE state_meta SET value = ?2 WHERE key = ?1"
 
 
 def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> list[Figure]:

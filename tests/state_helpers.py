@@ -1,6 +1,6 @@
-"""Helpers shared by the transfer, recover, maintenance, read-only and CLI tests: stores with
-every kind of row, other processes holding a database, real damage to closed files, and
-maintenance killed in the middle of its promotion."""
+"""Helpers shared by the transfer, recover, maintenance, read-only, CLI and search index tests:
+stores with every kind of row, other processes holding a database, real damage to closed
+files, maintenance killed in the middle of its promotion, and the search index checked whole."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import hermes_state_rank as rank
 from hermes_state import SessionDB
-from hermes_state_common import DELIVERY_OBLIGATIONS_SQL
+from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, SEARCH_TRIGGER_NAMES, TIME_BLOCK_SHIFT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -380,3 +382,53 @@ def flip_byte(path: Path, offset: int) -> None:
 def wal_frame_offset(wal: Path, frame: int, page_size: int = 4096) -> int:
     """Where frame ``frame`` (from 1) of a -wal starts: its 24-byte header, then the page."""
     return 32 + (frame - 1) * (24 + page_size)
+
+
+def strip_search_index(path: Path) -> None:
+    """Make a closed store what a file of schema 31 written before the search index existed
+    is: every object of the index gone, everything else as it was."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for name in SEARCH_TRIGGER_NAMES:
+            conn.execute(f"DROP TRIGGER {name}")
+        for name in (*rank.INDEX_VIRTUAL_TABLES[::-1], *rank.INDEX_TABLES):
+            conn.execute(f"DROP TABLE {name}")
+    finally:
+        conn.close()
+
+
+def assert_search_index_exact(path: Path) -> None:
+    """The search index of a closed store is whole and right: every message up to the batch
+    boundary not waiting in the queue has the postings its text gives, and its time in its
+    block; ``search_impact_fts`` holds exactly the stored postings, each once (nothing indexed
+    twice or missed), beside its epoch token."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        epoch, avgdl, indexed, high_water, damaged = conn.execute(
+            "SELECT epoch, avgdl, indexed, fill_high_water, damaged FROM search_impact_state"
+        ).fetchone()
+        assert high_water is None and not damaged, "the index is whole"
+        queued = {r[0] for r in conn.execute("SELECT id FROM search_impact_queue")}
+        gone = {r[0] for r in conn.execute("SELECT id FROM search_impact_gone")}
+        kept = {i: (e, p) for i, e, p in conn.execute(
+            "SELECT id, epoch, postings FROM search_impact")}
+        rows = conn.execute("SELECT id, content, tool_name, tool_calls FROM messages").fetchall()
+        for row_id, content, tool_name, tool_calls in rows:
+            if row_id not in queued and row_id <= indexed:  # past it: the next batch's
+                expected = rank.impact_postings(content, tool_name, tool_calls, avgdl)[0]
+                assert kept.get(row_id) == (epoch, expected), row_id
+        assert set(kept) - {r[0] for r in rows} <= gone, "postings of deleted rows are purged"
+        expected_tokens = Counter(
+            (token, row_id) for row_id, (_, postings) in kept.items()
+            if postings for token in rank.index_text(postings).split())
+        expected_tokens[(f"_epoch_{epoch}", 0)] += 1
+        found = Counter(conn.execute("SELECT term, doc FROM search_impact_vocab").fetchall())
+        assert found == expected_tokens
+        blocks = dict(((b, (lo, hi)) for b, lo, hi in conn.execute(
+            "SELECT block, first_at, last_at FROM search_time_blocks")))
+        for row_id, stamp in conn.execute("SELECT id, timestamp FROM messages WHERE id <= ?",
+                                          (indexed,)):
+            lo, hi = blocks[row_id >> TIME_BLOCK_SHIFT]
+            assert lo <= stamp <= hi, row_id
+    finally:
+        conn.close()

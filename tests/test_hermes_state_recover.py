@@ -517,34 +517,42 @@ def last_commit_frames(wal: Path, page_size: int = 4096) -> list[tuple[int, int]
     return [(n, pgno) for n, pgno, _ in frames[start : commits[-1]]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_row_only_a_damaged_frame_holds_is_kept_last_and_named(
     seed: int, db_path: Path, tmp_path: Path
 ) -> None:
     store_of(db_path, "base", 1, 120, seed)
     acknowledged = append_and_die(db_path, "base-0", 10 + seed)
+    texts = [f"acked {n} " + "y" * (100 + 37 * n) for n in range(len(acknowledged))]
     wal = db_path.with_name("state.db-wal")
-    data = wal.read_bytes()
-    # The frame of the last commit that holds the messages leaf with the last message (its
-    # text is in the page): damage a byte of the page's free space, so its content still
-    # reads, but no checksum vouches for it.
-    text = f"acked {len(acknowledged) - 1} ".encode()
-    for number, pgno in last_commit_frames(wal):
-        page = data[wal_frame_offset(wal, number) + 24 :][:4096]
-        cells = int.from_bytes(page[3:5], "big")
-        if page[0] == 0x0D and acknowledged[-1] in leaf_rowids(page) and text in page:
-            free = 8 + 2 * cells
-            assert free < int.from_bytes(page[5:7], "big")
-            flip_byte(wal, wal_frame_offset(wal, number) + 24 + free)
+    # A frame of the last commit, not its commit frame (damage there uncommits the whole
+    # transaction), that holds the messages leaf with the last message (its text is in the
+    # page): damage a byte of the page's free space, so its content still reads, but no
+    # checksum vouches for it. When the leaf is the commit frame (it is the highest page
+    # the commit wrote), one more append makes another last commit.
+    for _ in range(40):
+        data = wal.read_bytes()
+        text = texts[-1].split(" y")[0].encode()
+        target = next(((number, pgno, page) for number, pgno in last_commit_frames(wal)[:-1]
+                       for page in [data[wal_frame_offset(wal, number) + 24:][:4096]]
+                       if page[0] == 0x0D and acknowledged[-1] in leaf_rowids(page)
+                       and text in page), None)
+        if target is not None:
             break
+        acknowledged += append_and_die(db_path, "base-0", 1)
+        texts.append("acked 0 " + "y" * 100)
     else:
-        raise AssertionError("no frame of the last commit holds the last message")
+        raise AssertionError("no frame of the last commits holds the last message")
+    number, pgno, page = target
+    free = 8 + 2 * int.from_bytes(page[3:5], "big")
+    assert free < int.from_bytes(page[5:7], "big")
+    flip_byte(wal, wal_frame_offset(wal, number) + 24 + free)
 
     out = tmp_path / "recovered.db"
     report = recover_state_db(db_path, out)
     salvaged = message_rows(out)
-    assert [salvaged[i][2] for i in acknowledged] == [
-        f"acked {n} " + "y" * (100 + 37 * n) for n in range(len(acknowledged))]
+    assert [salvaged[i][2] for i in acknowledged] == texts
     assert report["wal"]["damaged_frames"] == [number]
     assert report["wal"]["unreplaced_pages"] == [pgno]
     entry = report["tables"]["messages"]

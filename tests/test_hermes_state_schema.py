@@ -34,6 +34,7 @@ EXPECTED_TABLES = {
     "worker_executions",
     "worker_receipts",
     "schema_version",
+    "search_impact_state",
     "search_impact",
     "search_impact_fts",
     "search_impact_queue",
@@ -97,8 +98,8 @@ def wait_for_fts_rebuild(db: SessionDB, timeout: float = 20.0) -> None:
 # --- a fresh store ---------------------------------------------------------------------------
 
 
-def test_schema_version_is_32() -> None:
-    assert SCHEMA_VERSION == 32
+def test_schema_version_is_31() -> None:
+    assert SCHEMA_VERSION == 31
 
 
 def test_fresh_store_has_every_table_and_no_delivery_obligations(db: SessionDB) -> None:
@@ -107,7 +108,7 @@ def test_fresh_store_has_every_table_and_no_delivery_obligations(db: SessionDB) 
         # FTS5 shadow tables (messages_fts_data, ...) come with the virtual tables.
         assert EXPECTED_TABLES <= tables
         assert "delivery_obligations" not in tables
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(32,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(31,)]
 
 
 @pytest.mark.parametrize(

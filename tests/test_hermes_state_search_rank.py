@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import hermes_state_rank as rank
 import hermes_state_search as search
 from hermes_state import SessionDB
+from state_helpers import assert_search_index_exact
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
@@ -195,6 +196,50 @@ def test_the_librarys_bm25_is_this_sqlites_bit_for_bit(
     conn.close()
 
 
+# Characters unicode61 and Python classify or fold differently: symbols and letters newer than
+# SQLite's tables, combining marks, stacked diacritics, Greek with accents, ligatures, emoji,
+# private use, unassigned code points.
+TRICKY = ["⭊", "⮳", "ễ", "ầ", "Ὑ", "\u0301", "\u09fe", "ﬁ", "😀", "\ue000", "\u0ee6", "Ａ",
+          "東京", "x²", "café", "—", "\u200d", "\u00ad", "é", "ß"]
+tricky_text = st.lists(st.one_of(st.sampled_from(TRICKY), st.sampled_from(["a", "b", " ", "-"]),
+                                 st.characters(blacklist_categories=("Cs",))),
+                       max_size=24).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=tricky_text)
+def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
+    theirs = [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
+    conn.close()
+    assert rank.column_tokens(text) == theirs
+    postings, length = rank.impact_postings(text, None, None, 256.0)
+    assert length == len(theirs)
+    assert {p.rsplit("_", 3)[0] for p in postings.split()} <= {t for t in theirs if t.isascii()}
+
+
+def test_rows_of_any_script_rank_as_fts5_ranks_them(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
+    two tokens tie, and ties go by id, wherever the second token comes from."""
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 10)
+    monkeypatch.setattr(rank, "SINGLE_WORD_PROBE_POSTINGS", 10**6)
+    db.create_session("s1", "cli")
+    long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
+                 for n in range(200)]  # so that the short rows below stand out
+    db.replace_messages("s1", long_rows + [
+        {"role": "user", "content": f"session {TRICKY[n % len(TRICKY)] * 2 if n % 3 else 'w1'}"}
+        for n in range(300)])
+    for query in ("session", "session cafe", "cafe"):
+        got, reads = impact_reads(db, query, limit=50)
+        assert got == fts5_order(db, query, 50), query
+    assert impact_reads(db, "session", limit=50)[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Pages are slices of one order
 # ---------------------------------------------------------------------------------------------
@@ -321,21 +366,31 @@ def small(db: SessionDB) -> SessionDB:
     return db
 
 
-def test_rows_another_client_writes_are_queued_found_and_then_indexed(
+def test_rows_another_client_writes_are_found_and_then_indexed(
     small: SessionDB, db_path: Path
 ) -> None:
+    """Rows past the batch boundary are scored from their text until a batch indexes them;
+    a row written below it (an explicit id in a gap) is queued, found, and drained."""
+    gap = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    small._write(lambda c: c.execute("DELETE FROM messages WHERE id = ?", (gap,)))
     conn = raw(db_path)
     conn.executemany(
-        "INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s1', 'user', ?, 0)",
-        [("session session session",), ("session",)])
+        "INSERT INTO messages (id, session_id, role, content, timestamp)"
+        " VALUES (?, 's1', 'user', ?, 0)",
+        [(gap, "session session"), (None, "session session session"), (None, "session")])
     conn.close()
     health = small._read(rank.index_health)
-    assert health["queued"] == 2
+    assert health["queued"] == 1 and health["indexed"] < small._read(
+        lambda c: c.execute("SELECT max(id) FROM messages").fetchone()[0])
     got, reads = impact_reads(small, "session")
-    assert reads and got == exact(small, "session")  # queued rows are scored from their text
-    small.append_message("s1", "user", "one more session")  # a write drains the queue
-    assert small._read(rank.index_health)["queued"] == 0
+    assert reads and got == exact(small, "session")  # these rows are scored from their text
+    for _ in range(rank.FLUSH_ROWS + rank.CHECK_EVERY):  # the library's writes index them
+        small.append_message("s1", "user", "one more session")
+    health = small._read(rank.index_health)
+    assert health["queued"] == 0 and health["usable"]
     assert ids(small.search_messages("session")) == exact(small, "session")
+    small.close()
+    assert_search_index_exact(db_path)
 
 
 def test_changed_and_deleted_rows_never_rank_by_stale_postings(
@@ -347,7 +402,7 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     conn.execute("DELETE FROM messages WHERE id = ?", (top[1],))
     conn.close()
     assert ids(small.search_messages("gateway")) == exact(small, "gateway")
-    for _ in range(3):
+    for _ in range(rank.CHECK_EVERY):  # some of the library's writes drain the queues
         small.append_message("s1", "user", "drain the queues")
     health = small._read(rank.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
@@ -355,25 +410,27 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     assert reads and got == exact(small, "gateway")
 
 
-def test_a_damaged_impact_index_never_fails_a_write_and_is_rebuilt(
+def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_open(
     small: SessionDB, db_path: Path
 ) -> None:
     conn = raw(db_path)
     conn.execute("UPDATE search_impact_fts_data SET block = randomblob(length(block))"
                  " WHERE id > 10")
     conn.close()
-    assert ids(small.search_messages("session")) == exact(small, "session")
-    for n in range(80):  # writes go on; the flush and the drain find the damage
+    assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
+    for n in range(80):  # writes go on; the index is left alone, marked damaged
         small.append_message("s1", "user", f"session after the damage {n}")
     assert not small.quarantined and small.fts_status()["stale"] is None
-    for _ in range(40):
-        small.append_message("s1", "user", "drain")
-        if small._read(rank.index_health)["queued"] == 0:
-            break
-    health = small._read(rank.index_health)
-    assert health["usable"] and not health["damaged"] and health["queued"] == 0
-    got, reads = impact_reads(small, "session")
-    assert reads and got == exact(small, "session")
+    assert small._read(rank.index_health)["damaged"]
+    assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
+    with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
+        assert reopened._rebuild_thread is not None
+        reopened._rebuild_thread.join(30)
+        health = reopened._read(rank.index_health)
+        assert health["usable"] and not health["damaged"] and health["queued"] == 0
+        got, reads = impact_reads(reopened, "session")
+        assert reads and got == exact(reopened, "session")
+    assert_search_index_exact(db_path)
 
 
 def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_path: Path) -> None:
@@ -385,36 +442,12 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     got, reads = impact_reads(small, "session")
     assert not reads and got == exact(small, "session")
     assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
-    small.append_message("s1", "user", "session")  # which makes this write reset the index
-    assert small._read(rank.index_health)["usable"]
-    while small._read(rank.index_health)["queued"]:
-        small._write(lambda c: rank.drain_queue(c, 500))
-    got, reads = impact_reads(small, "session")
-    assert reads and got == exact(small, "session")
-
-
-def test_a_store_from_before_the_index_is_queued_whole(db_path: Path) -> None:
-    with SessionDB(db_path) as db:
-        db.create_session("s1", "cli")
-        r = random.Random(9)
-        db.replace_messages("s1", [_message(r, n) for n in range(200)])
-    conn = raw(db_path)  # back to what schema 31 had: no impact index at all
-    for name in ("search_impact", "search_impact_queue", "search_impact_gone",
-                 "search_time_blocks", "search_impact_vocab", "search_impact_fts"):
-        conn.execute(f"DROP TABLE {name}")
-    for name in ("search_impact_on_insert", "search_impact_on_update", "search_impact_on_delete",
-                 "search_time_on_insert", "search_time_on_update"):
-        conn.execute(f"DROP TRIGGER {name}")
-    conn.execute("DELETE FROM state_meta WHERE key = 'search_impact'")
-    conn.execute("UPDATE schema_version SET version = 31")
-    conn.close()
-    with SessionDB(db_path) as db:
-        assert db._read(rank.index_health)["queued"] == 200
-        assert ids(db.search_messages("session")) == exact(db, "session")
-        stamps = {m["id"]: m["timestamp"] for m in db.get_messages("s1")}
-        relevance = exact(db, "session", 500)  # ties on time go by relevance, then id
-        assert ids(db.search_messages("session", sort="newest")) == sorted(
-            relevance, key=lambda i: (-stamps[i], relevance.index(i)))[:20]
-        db._write(lambda c: rank.drain_queue(c, 500))
-        got, reads = impact_reads(db, "session")
-        assert reads and got == exact(db, "session")
+    small.append_message("s1", "user", "the next write marks it")
+    assert small._read(rank.index_health)["damaged"]
+    with SessionDB(db_path) as reopened:
+        assert reopened._rebuild_thread is not None
+        reopened._rebuild_thread.join(30)
+        assert reopened._read(rank.index_health)["usable"]
+        got, reads = impact_reads(reopened, "session")
+        assert reads and got == exact(reopened, "session")
+    assert_search_index_exact(db_path)
