@@ -90,7 +90,6 @@ whole word it begins), CJK and substring hits the text wherever it occurs.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sqlite3
 import unicodedata
