@@ -49,6 +49,7 @@ import hermes_state_lineage as lineage
 import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
+import hermes_state_openability as openability
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
@@ -77,6 +78,11 @@ from hermes_state_common import (
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
 from hermes_state_maintenance import backup_state_db, repair_state_db, restore_state_db
+from hermes_state_openability import (
+    format_session_db_unavailable,
+    get_last_init_error,
+    repair_state_db_schema,
+)
 from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
 from hermes_state_recover import recover_state_db
 from hermes_state_wal import apply_wal_with_fallback
@@ -91,6 +97,10 @@ __all__ = [
     "restore_state_db",
     "repair_state_db",
     "recover_state_db",
+    "repair_state_db_schema",
+    "format_session_db_unavailable",
+    "get_last_init_error",
+    "DEFAULT_DB_PATH",
     "SCHEMA_VERSION",
     "get_hermes_home",
     "hermes_home_override",
@@ -109,6 +119,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
+#: The default store when this module was imported (``SessionDB()`` resolves it at each call).
+DEFAULT_DB_PATH = common.default_db_path()
+# The previous store's doctor probes a file with this name.
+_db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 P = ParamSpec("P")
@@ -308,6 +322,7 @@ class SessionDB:
     ) -> None:
         path = common.default_db_path() if db_path is None else Path(db_path).expanduser()
         testguard.check_test_isolation(path)
+        self.db_path = path
         self.path = path.absolute()
         # A home's own store is its state.db; a scratch file belongs to the context's home.
         in_home = self.path.name == common.DB_FILENAME
@@ -329,12 +344,13 @@ class SessionDB:
         self._rebuild_thread: threading.Thread | None = None
         self._stop_rebuild = threading.Event()
         self._seen = seen.SeenThrough()
-        if read_only:
-            self._conn = self._open_read_only()
-        else:
-            self._conn = self._open_writable()
-            if rebuild_fts and self._quarantined is None:
-                self._start_fts_maintenance()
+        try:
+            self._conn = self._open_read_only() if read_only else self._open_writable()
+        except BaseException as exc:
+            openability.record_open_error(exc)
+            raise
+        if not read_only and rebuild_fts and self._quarantined is None:
+            self._start_fts_maintenance()
 
     # --- opening ------------------------------------------------------------------------------
 

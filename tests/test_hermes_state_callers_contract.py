@@ -9,6 +9,7 @@ function or class itself. A shape that does not bind is a caller that breaks wit
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -203,6 +204,11 @@ MODULE_CALL_SHAPES: list[tuple[str, int, tuple[str, ...]]] = [
     ("apply_wal_with_fallback", 1, ("db_label",)),
     ("is_malformed_db_error", 1, ()),
     ("workspace_key", 1, ()),
+    ("format_session_db_unavailable", 0, ()),
+    ("format_session_db_unavailable", 1, ()),
+    ("get_last_init_error", 0, ()),
+    ("repair_state_db_schema", 1, ()),
+    ("repair_state_db_schema", 1, ("backup",)),
 ]
 
 # Methods whose parameters the contract makes keyword-only (after any positional it lists).
@@ -324,6 +330,15 @@ def test_signatures_keep_their_names_kinds_and_defaults(
     found = list(inspect.signature(getattr(SessionDB, name)).parameters.values())
     assert found[0].name == "self"
     assert [(p.name, p.kind, p.default) for p in found[1:]] == parameters
+
+
+def test_the_module_level_names_callers_import() -> None:
+    """``_db_opens_cleanly`` is imported by name though private; the attributes are read."""
+    _bind(hermes_state._db_opens_cleanly, 1, (), method=False)
+    assert isinstance(hermes_state.DEFAULT_DB_PATH, Path)
+    assert "DEFAULT_DB_PATH" in hermes_state.__all__
+    signature = inspect.signature(hermes_state.repair_state_db_schema)
+    assert signature.parameters["backup"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_contains_cjk_is_a_static_method_of_one_text() -> None:

@@ -1,0 +1,245 @@
+"""Whether a store opens, and why not: the previous ``SessionDB``'s module-level helpers.
+
+The agent's doctor, its ``sessions repair`` and every "session database not available"
+message call these names, so they keep their results and wording:
+
+* :func:`record_open_error` / :func:`get_last_init_error` /
+  :func:`format_session_db_unavailable`: the process-wide last error a ``SessionDB()`` open
+  raised, as ``<ExceptionTypeName>: <message>`` (a later successful open never clears it);
+* :func:`db_opens_cleanly`: a probe that opens the file as a writer would — journal mode,
+  ``integrity_check``, a count of sessions, and a session and message insert rolled back (a
+  search index that rejects writes shows there);
+* :func:`repair_state_db_schema`: a raw copy of the damaged file beside it, then three
+  strategies in order until the probe passes — rebuild the FTS indexes; delete duplicate
+  ``sqlite_master`` rows; delete the FTS indexes from the schema and VACUUM. Session and
+  message rows are never modified.
+
+Where this store parts ways on purpose: a schema repair runs only while no other process has
+the file open (a process that met the damage is quarantined until it exits, and the file must
+not change under it), bumps the schema cookie after editing ``sqlite_master`` so no other
+connection goes on with the old schema, creates and fills again the indexes the last strategy
+deleted before it returns (the previous store left that to the next open), and clears the store's
+quarantine once the probe passes. ``SessionDB()`` itself never runs it: a damaged file is
+quarantined, not repaired on open.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import TypedDict
+
+import hermes_state_fts as fts
+import hermes_state_maintenance as maintenance
+import hermes_state_quarantine as quarantine
+from hermes_state_common import connect, sidecar_paths, transaction
+from hermes_state_errors import HermesStateError
+
+__all__ = [
+    "RepairResult",
+    "db_opens_cleanly",
+    "format_session_db_unavailable",
+    "get_last_init_error",
+    "record_open_error",
+    "repair_state_db_schema",
+]
+
+_last_open_error: str | None = None
+_last_open_error_lock = threading.Lock()
+
+# Causes that usually mean a network or FUSE file system without the locking WAL needs.
+_LOCKING_HINTS = ("locking protocol", "not authorized")
+_NETWORK_FS_HINT = (
+    " (the file may be on NFS, SMB or a FUSE file system, where SQLite's WAL mode does not"
+    " work: see https://www.sqlite.org/wal.html)"
+)
+
+
+def record_open_error(exc: BaseException) -> None:
+    """Remember ``exc`` as the last error a store open raised in this process."""
+    global _last_open_error
+    with _last_open_error_lock:
+        _last_open_error = f"{type(exc).__name__}: {exc}"
+
+
+def get_last_init_error() -> str | None:
+    """The last error a ``SessionDB()`` open raised in this process, None when none did."""
+    with _last_open_error_lock:
+        return _last_open_error
+
+
+def format_session_db_unavailable(prefix: str = "Session database not available") -> str:
+    """``prefix`` with the last open error and, for a locking failure, where to look."""
+    cause = get_last_init_error()
+    if cause is None:
+        return f"{prefix}."
+    lowered = cause.lower()
+    hint = _NETWORK_FS_HINT if any(h in lowered for h in _LOCKING_HINTS) else ""
+    return f"{prefix}: {cause}{hint}."
+
+
+JOURNAL_MODE_SQL = "PRAGMA journal_mode"
+INTEGRITY_CHECK_SQL = "PRAGMA integrity_check"
+COUNT_SESSIONS_SQL = "SELECT COUNT(*) FROM sessions"
+PROBE_SESSION_SQL = "INSERT INTO sessions (id, source, started_at) VALUES (?, ?, ?)"
+PROBE_MESSAGE_SQL = (
+    "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)"
+)
+# A table or column the probe names but an older layout lacks is not damage. SQLite gives both
+# the generic SQLITE_ERROR code, so its text is the only way to tell them from other errors.
+_MISSING_SCHEMA_TEXT = ("no such table", "no such column", "has no column named")
+
+
+def db_opens_cleanly(db_path: str | Path) -> str | None:
+    """None when the store at ``db_path`` opens and takes a write, else the reason."""
+    try:
+        conn = connect(Path(db_path), "rw")
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        conn.execute(JOURNAL_MODE_SQL).fetchall()
+        problems = [row[0] for row in conn.execute(INTEGRITY_CHECK_SQL)]
+        if problems != ["ok"]:
+            return "; ".join(problems[:3])
+        conn.execute(COUNT_SESSIONS_SQL).fetchall()
+        return _probe_write(conn)
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        conn.close()
+
+
+def _probe_write(conn: sqlite3.Connection) -> str | None:
+    now = time.time()
+    try:
+        with transaction(conn, rollback_only=True):
+            probe = f"__opens_cleanly_probe_{now}"
+            conn.execute(PROBE_SESSION_SQL, (probe, "probe", now))
+            conn.execute(PROBE_MESSAGE_SQL, (probe, "user", "probe", now))
+    except sqlite3.OperationalError as exc:
+        if any(text in str(exc).lower() for text in _MISSING_SCHEMA_TEXT):
+            return None
+        return str(exc)
+    return None
+
+
+class RepairResult(TypedDict):
+    repaired: bool
+    strategy: str | None
+    backup_path: str | None
+    error: str | None
+
+
+def _result(
+    repaired: bool, strategy: str | None, backup: Path | None, error: str | None
+) -> RepairResult:
+    return {"repaired": repaired, "strategy": strategy,
+            "backup_path": None if backup is None else str(backup), "error": error}
+
+
+def _raw_backup(path: Path) -> Path | None:
+    """A byte copy of the damaged file (and its sidecars) beside it; None when copying failed.
+    A file that cannot be read through SQLite cannot be copied through its backup API."""
+    backup = path.with_name(f"{path.name}.malformed-backup-{time.strftime('%Y%m%d_%H%M%S')}")
+    try:
+        shutil.copy2(path, backup)
+        for sidecar in sidecar_paths(path):
+            if sidecar.exists():
+                shutil.copy2(sidecar, backup.with_name(backup.name + sidecar.name[len(path.name):]))
+    except OSError:
+        return None
+    return backup
+
+
+REBUILD_SQL = "INSERT INTO {table} ({table}) VALUES ('rebuild')"
+WRITABLE_SCHEMA_ON_SQL = "PRAGMA writable_schema = ON"
+WRITABLE_SCHEMA_OFF_SQL = "PRAGMA writable_schema = OFF"
+SCHEMA_VERSION_SQL = "PRAGMA schema_version"
+# Every entry but the first of each (type, name): SQLite reads only one of them.
+DELETE_DUPLICATE_SCHEMA_SQL = """
+    DELETE FROM sqlite_master WHERE rowid NOT IN (
+        SELECT MIN(rowid) FROM sqlite_master GROUP BY type, name
+    )
+"""
+DELETE_FTS_SCHEMA_SQL = "DELETE FROM sqlite_master WHERE name LIKE 'messages\\_fts%' ESCAPE '\\'"
+VACUUM_SQL = "VACUUM"
+
+
+def _rebuild_fts(conn: sqlite3.Connection) -> None:
+    with transaction(conn):
+        for table in fts.FTS_TABLES:
+            conn.execute(REBUILD_SQL.format(table=table))
+
+
+def _edit_schema(conn: sqlite3.Connection, sql: str) -> None:
+    """Run ``sql`` on ``sqlite_master`` and bump the schema cookie in the same transaction,
+    so that every other connection reloads the schema instead of writing by the old one."""
+    conn.execute(WRITABLE_SCHEMA_ON_SQL)
+    try:
+        with transaction(conn):
+            version = conn.execute(SCHEMA_VERSION_SQL).fetchone()[0]
+            conn.execute(sql)
+            conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    finally:
+        conn.execute(WRITABLE_SCHEMA_OFF_SQL)
+
+
+def _dedup_schema(conn: sqlite3.Connection) -> None:
+    _edit_schema(conn, DELETE_DUPLICATE_SCHEMA_SQL)
+
+
+def _drop_fts_rebuild(conn: sqlite3.Connection) -> None:
+    """Delete the FTS objects from the schema (a damaged shadow b-tree cannot be dropped),
+    VACUUM the orphaned pages away, then create and fill the indexes again."""
+    _edit_schema(conn, DELETE_FTS_SCHEMA_SQL)
+    conn.execute(VACUUM_SQL)
+    maintenance.rebuild_indexes(conn, maintenance.no_progress)
+
+
+_STRATEGIES = (
+    ("rebuild_fts", _rebuild_fts),
+    ("dedup_schema", _dedup_schema),
+    ("drop_fts_rebuild", _drop_fts_rebuild),
+)
+
+
+def repair_state_db_schema(db_path: str | Path, *, backup: bool = True) -> RepairResult:
+    """Repair a store whose schema or search index keeps it from opening (see the module
+    docstring); never raises for a store that cannot be repaired: ``error`` says why."""
+    path = Path(db_path)
+    if not path.is_file():
+        return _result(False, None, None, f"no database file at {path}")
+    reason = db_opens_cleanly(path)
+    if reason is None:
+        return _result(True, "already_healthy", None, None)
+    if fts.other_processes_hold(path):
+        return _result(False, None, None, f"{path} is in use by another process: {reason}")
+    copy = _raw_backup(path) if backup else None
+    for strategy, run in _STRATEGIES:
+        try:
+            conn = connect(path, "rw")
+        except sqlite3.Error as exc:
+            reason = str(exc)
+            break
+        try:
+            run(conn)
+        except sqlite3.Error as exc:
+            reason = str(exc)
+            continue
+        finally:
+            conn.close()
+        reason = db_opens_cleanly(path)
+        if reason is None:
+            return _result(True, strategy, copy, _cleared_quarantine(path))
+    return _result(False, None, copy, reason)
+
+
+def _cleared_quarantine(path: Path) -> str | None:
+    try:
+        quarantine.clear_quarantine(path)
+    except HermesStateError as exc:
+        return f"repaired, but the quarantine stays: {exc}"
+    return None
