@@ -77,6 +77,7 @@ __all__ = [
     "RebuildStep",
     "rebuild_chunk",
     "rebuild_when_admitted",
+    "restore_missing_indexes",
     "start_rebuild",
     "status",
 ]
@@ -385,6 +386,21 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     else:
         _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
     return int(rows)
+
+
+def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
+    """Create again an index whose schema row is gone (a repair that could not drop a damaged
+    one, a hand edit), with its rebuild due; the caller's transaction. Shadow tables it left
+    behind are dropped first: FTS5 refuses to create a table over them. True when any was."""
+    missing = [table for table in FTS_TABLES if not table_exists(conn, table)]
+    for table in missing:
+        for suffix in _SHADOW_SUFFIXES:
+            conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table + suffix)}")
+    if missing:
+        for statement in split_sql(FTS_SQL):
+            conn.execute(statement)
+        start_rebuild(conn)
+    return bool(missing)
 
 
 # What a rebuild starting now must index: everything up to the highest id, and how many rows.

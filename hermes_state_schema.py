@@ -236,7 +236,8 @@ def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     if not declared <= live:
         return True
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
-    return not (expected_indexes() <= names and set(rank.INDEX_OBJECTS) <= names)
+    return not (expected_indexes() <= names and set(rank.INDEX_OBJECTS) <= names
+                and set(fts.FTS_TABLES) <= names)
 
 
 def _has_rows(conn: sqlite3.Connection, /, table: str) -> bool:
@@ -447,6 +448,8 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
     _reconcile_columns(conn)
+    # The handle runs a rebuild it finds due in the background; searches read the rows meanwhile.
+    fts.restore_missing_indexes(conn)
     _finish(conn)
 
 

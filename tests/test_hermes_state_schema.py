@@ -623,3 +623,35 @@ def test_processes_completing_one_file_at_once_all_succeed(db_path: Path, spawn_
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert out.strip() == "0"
+
+
+@pytest.mark.parametrize("shadows_too", [True, False])
+@pytest.mark.parametrize("removed", ["messages_fts", "messages_fts_trigram", "messages_fts_cjk"])
+def test_an_index_removed_from_the_schema_comes_back_rebuilt(
+    db_path: Path, removed: str, shadows_too: bool
+) -> None:
+    """The schema rows of an FTS index deleted (as a repair does when DROP cannot walk a
+    damaged b-tree), its shadow tables' too or not: the next writable open creates it again
+    and rebuilds every index."""
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        for n in range(30):
+            db.append_message("s", "user", f"deploy the gateway {n} 東京の天気")
+        before = db.get_messages("s")
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA writable_schema = ON")
+    raw.execute("BEGIN IMMEDIATE")
+    version = raw.execute("PRAGMA schema_version").fetchone()[0]
+    shadows = removed + "\\_%" if shadows_too else removed
+    raw.execute("DELETE FROM sqlite_master WHERE name = ? OR name LIKE ? ESCAPE '\\'",
+                (removed, shadows))
+    raw.execute(f"PRAGMA schema_version = {version + 1}")
+    raw.execute("COMMIT")
+    raw.close()
+    with SessionDB(db_path) as db:
+        db.rebuild_fts()
+        assert all(v is None for v in db.check_fts_integrity().values())
+        assert db.get_messages("s") == before
+        hits = db.search_messages("gateway", limit=50)
+        assert len(hits) == 30 and all(h.get("match") != "substring" for h in hits)
+        assert len(db.search_messages("東京", limit=50)) == 30
