@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
+import hermes_state_arguments as arguments
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -50,6 +51,7 @@ import hermes_state_messages as messages
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
+import hermes_state_recover as recover
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
 import hermes_state_schema as schema
@@ -62,22 +64,23 @@ import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
-from hermes_state_common import (
-    SCHEMA_VERSION,
-    child_process_env,
-    display_hermes_home,
-    get_hermes_home,
-    hermes_home_override,
-    profile_config_path,
-    resolve_profile_home,
-)
+from hermes_state_common import SCHEMA_VERSION, get_hermes_home, hermes_home_override
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
-from hermes_state_maintenance import backup_state_db, repair_state_db, restore_state_db
-from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
-from hermes_state_recover import recover_state_db
+from hermes_state_profiles import ProfileStoreRegistry
 from hermes_state_wal import apply_wal_with_fallback
-from hermes_state_workspace import workspace_key
+
+# The module-level operations: arguments checked, operating-system failures typed.
+backup_state_db = arguments.operation(maintenance.backup_state_db)
+restore_state_db = arguments.operation(maintenance.restore_state_db)
+repair_state_db = arguments.operation(maintenance.repair_state_db)
+recover_state_db = arguments.operation(recover.recover_state_db)
+resolve_store_home = arguments.operation(profiles.resolve_store_home)
+display_hermes_home = arguments.operation(common.display_hermes_home)
+resolve_profile_home = arguments.operation(common.resolve_profile_home)
+profile_config_path = arguments.operation(common.profile_config_path)
+child_process_env = arguments.operation(common.child_process_env)
+workspace_key = arguments.operation(workspace.workspace_key)
 
 __all__ = [
     "SessionDB",
@@ -223,10 +226,13 @@ def _parts(
 
 
 def _reads(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]:
-    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
+    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read, once
+    its arguments passed ``hermes_state_arguments``' check."""
     hook, like, run = _parts(fn)
+    check = arguments.checker(like)
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = check(args, kwargs)
         if hook is None:
             return self._read(lambda conn: run(conn, *args, **kwargs))
         session_id, kwargs = hook.prepare(self._seen, args, kwargs)
@@ -244,19 +250,22 @@ def _writes(
     fallback: Fallback[T] | None = None,
 ) -> Method[P, T]:
     """A SessionDB method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
-    :meth:`SessionDB._write`). With ``spool``, the messages of a write refused because the
-    file is corrupt are spooled and the raised :class:`StateDbCorruptError` names the file in
-    ``spooled_to``."""
+    :meth:`SessionDB._write`) once its arguments passed ``hermes_state_arguments``' check. A
+    store that takes no writes says so first: with ``spool``, the messages of a write refused
+    because the file is corrupt are spooled, whatever their values, and the raised
+    :class:`StateDbCorruptError` names the file in ``spooled_to``."""
     hook, like, run = _parts(fn)
-    signature = inspect.signature(like)
+    signature, check = inspect.signature(like), arguments.checker(like)
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
         # A retried transaction calls fn again: one-shot iterators must survive that.
         args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        if hook is not None:
-            session_id, kwargs = hook.prepare(self._seen, args, kwargs)
         try:
+            self._check_writable()
+            args, kwargs = check(args, kwargs)
+            if hook is not None:
+                session_id, kwargs = hook.prepare(self._seen, args, kwargs)
             result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
         except errors.StateDbCorruptError as exc:
             if spool is not None:
@@ -721,6 +730,7 @@ class SessionDB:
     export_session = _reads(seen.EXPORT_SESSION)
     export_session_lineage = _reads(seen.EXPORT_SESSION_LINEAGE)
 
+    @arguments.checked
     def iter_export_jsonl(
         self,
         session_ids: Iterable[str] | None = None,
@@ -735,11 +745,13 @@ class SessionDB:
                 conn, session_ids, source=source, lineage=lineage
             )
 
+    @arguments.checked
     def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Import exported sessions, each in its own transaction, parents first; returns the
         report (see hermes_state_transfer.import_sessions)."""
         return transfer.import_sessions(self._transcript_write, sessions)
 
+    @arguments.checked
     def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
         return transfer.import_jsonl(self._transcript_write, fp)
@@ -769,6 +781,7 @@ class SessionDB:
     def vacuum(self) -> None:
         self._outside_transaction(lambda conn: conn.execute(VACUUM_SQL).close())
 
+    @arguments.checked
     def maybe_auto_prune_and_vacuum(
         self, retention_days: float = 90, min_interval_hours: float = 24, vacuum: bool = True
     ) -> dict[str, Any] | None:
@@ -910,6 +923,7 @@ class SessionDB:
     )
 
 
+@arguments.operation
 def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
     """:meth:`SessionDB.stats` of every profile under ``root`` (see
     hermes_state_profiles.collect_profile_stats); each store is opened read-only."""

@@ -34,12 +34,17 @@ from typing import Any
 
 from hermes_state_errors import (
     HermesStateError,
+    InvalidInputError,
+    InvalidTypeError,
     StateDbCannotOpenError,
     StateDbReadOnlyError,
     UnsafePathError,
 )
 
 __all__ = [
+    "Text",
+    "Key",
+    "Bound",
     "SCHEMA_VERSION",
     "SCHEMA_SQL",
     "get_hermes_home",
@@ -415,6 +420,21 @@ _SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
+#: The annotation of a parameter of prose (a message's content, a system prompt, an end
+#: reason): stored with lone surrogates removed (:func:`clean_text`), where a lone surrogate in
+#: an id or a key is refused (see hermes_state_arguments).
+Text = str
+
+#: The annotation of a key a read looks up (a session id, a chat id): one holding a lone
+#: surrogate names no stored row (none can hold one), so the read answers as for an absent
+#: key (see hermes_state_arguments); a write refuses such a key.
+Key = str
+
+#: The annotation of a message id used as a bound (``seen_through_id``): an int of any size,
+#: clamped to the ids SQLite can hold by its sibling (a bound beyond every row covers them all).
+Bound = int
+
+
 def clean_text(value: str) -> str:
     """Remove lone surrogates (SQLite cannot bind them); join valid pairs. Nothing else changes."""
     if value.isascii():
@@ -441,11 +461,21 @@ def stored_text(value: object) -> str | None:
     return text if clean_text(text) == text else None
 
 
-def encode_json(value: Any) -> str | None:
-    """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is."""
+def encode_json(value: Any, field: str = "value") -> str | None:
+    """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is, lone
+    surrogates removed. What JSON cannot carry is refused, naming ``field``: another type of
+    object (:class:`InvalidTypeError`), a circular or too deeply nested structure, NaN or an
+    infinity (:class:`InvalidInputError`)."""
     if value is None:
         return None
-    return clean_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{field} is not JSON: {exc}", argument=field) from exc
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidInputError(f"{field} is not JSON: {reason}", argument=field) from exc
+    return clean_text(text)
 
 
 def decode_json(text: str | None) -> Any:
@@ -553,14 +583,19 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value
 """
 
 
-def get_meta(conn: sqlite3.Connection, /, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
+def get_meta(conn: sqlite3.Connection, /, key: Text) -> str | None:
+    """The value stored under ``key`` (lone surrogates removed, as :func:`set_meta` does)."""
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"a meta key must be a string, got {type(key).__name__}")
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (clean_text(key),)).fetchone()
     return None if row is None else row[0]
 
 
-def set_meta(conn: sqlite3.Connection, /, key: str, value: object) -> None:
+def set_meta(conn: sqlite3.Connection, /, key: Text, value: object) -> None:
     """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"a meta key must be a string, got {type(key).__name__}")
+    text = value if isinstance(value, str) else encode_json(value) or "null"
     conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 

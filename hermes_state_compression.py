@@ -63,13 +63,19 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hermes_state_common import clean_optional, now, stored_text
-from hermes_state_errors import CompressionConflictError, InvalidInputError, SessionNotFoundError
+from hermes_state_common import Bound, Text, clean_optional, now, stored_text
+from hermes_state_errors import (
+    CompressionConflictError,
+    InvalidInputError,
+    InvalidTypeError,
+    SessionNotFoundError,
+)
 from hermes_state_messages import (
     RECOUNT_SQL,
     check_bound,
     insert_message,
     message_fields,
+    message_list,
     put_back,
     take_unseen,
     tool_call_count_of,
@@ -143,12 +149,13 @@ def archive_generation(
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> list[int]:
     """:func:`archive_and_compact`, returning the ids of the new generation's rows."""
     bound = check_bound(seen_through_id)
     require_session(conn, session_id)
-    generation = [message_fields(message) for message in compacted_messages]
+    generation = [message_fields(message)
+                  for message in message_list(compacted_messages, "compacted_messages")]
     unseen = take_unseen(conn, session_id, bound, generation)
     conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
     ids, calls = _insert_generation(conn, session_id, generation, count=False)
@@ -164,7 +171,7 @@ def archive_and_compact(
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> int:
     """Compress a session in place (the caller's transaction); returns the number of rows
     inserted as the new active generation, i.e. ``len(compacted_messages)``.
@@ -218,7 +225,7 @@ def publish_compression_child(
     create_session(
         conn, child_session_id, source, parent_session_id=parent_session_id, **session_columns
     )
-    _insert_generation(conn, child_session_id, messages, count=True)
+    _insert_generation(conn, child_session_id, message_list(messages), count=True)
     conn.execute(PUBLISH_SUCCESSOR_SQL, (now(), child_session_id, parent_session_id))
     lift_auto_archive(conn, child_session_id)
     conn.execute(
@@ -264,15 +271,15 @@ def holder_is_gone(holder: str) -> bool:
 
 def _check_ttl(ttl_seconds: float) -> float:
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float)):
-        raise TypeError(f"ttl_seconds must be a number, got {type(ttl_seconds).__name__}")
+        raise InvalidTypeError(f"ttl_seconds must be a number, got {type(ttl_seconds).__name__}")
     if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
-        raise ValueError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
+        raise InvalidInputError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
     return float(ttl_seconds)
 
 
 def _check_holder(holder: str) -> str:
     if not isinstance(holder, str) or not holder:
-        raise ValueError(f"holder must be a non-empty string, got {holder!r}")
+        raise InvalidInputError(f"holder must be a non-empty string, got {holder!r}")
     return holder
 
 
@@ -363,7 +370,7 @@ SET_STREAK_SQL = "UPDATE sessions SET compression_fallback_streak = ? WHERE id =
 
 
 def set_compression_fallback_streak(
-    conn: sqlite3.Connection, /, session_id: str, streak: int
+    conn: sqlite3.Connection, /, session_id: str, streak: Any
 ) -> None:
     """Store ``max(0, int(streak))``."""
     try:
@@ -382,7 +389,7 @@ WHERE id = ?
 
 
 def record_compression_failure_cooldown(
-    conn: sqlite3.Connection, /, session_id: str, cooldown_until: float, error: str | None = None
+    conn: sqlite3.Connection, /, session_id: str, cooldown_until: float, error: Text | None = None
 ) -> None:
     """Remember that compression should not be tried again before ``cooldown_until`` (epoch
     seconds), and why."""

@@ -24,6 +24,7 @@ meet on their own ``sqlite3`` connections, whose contract is the message text (s
 from __future__ import annotations
 
 import contextlib
+import errno
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "StateDbReplacedError",
     "StateDbInUseError",
     "InvalidInputError",
+    "InvalidTypeError",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -67,6 +69,7 @@ __all__ = [
     "hot_journal_error",
     "translate",
     "translated_errors",
+    "translate_os_error",
     "foreign_database_error",
     "HOT_JOURNAL_REASON",
     "is_malformed_db_error",
@@ -264,7 +267,19 @@ class StateDbInUseError(HermesStateError):
 
 
 class InvalidInputError(HermesStateError, ValueError):
-    """An argument of the wrong kind was refused before anything was written."""
+    """An argument was refused before anything was read or written: a value out of its range
+    (an integer past SQLite's 64 bits, a number that is not finite, a title too long), a key
+    holding a lone surrogate (no stored key can), a structure that is not JSON. ``argument``
+    names the refused parameter (or field) where one is to blame."""
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class InvalidTypeError(InvalidInputError, TypeError):
+    """An argument of the wrong type was refused before anything was read or written; also a
+    ``TypeError``, as such refusals were before they were typed."""
 
 
 class UnsafePathError(HermesStateError, ValueError):
@@ -532,3 +547,36 @@ def translated_errors(path: Path | None) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise translate(exc, path) from exc
+
+
+# What the operating system's refusals mean for a store, by errno (never by message text).
+_OS_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_OS_DENIED = frozenset({errno.EACCES, errno.EPERM})
+_OS_MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
+
+
+def translate_os_error(exc: OSError) -> HermesStateError:
+    """The typed error for an operating-system failure met by a module-level operation, by
+    ``errno``: a full disk or quota (:class:`StateDbFullError`), a read-only file system
+    (:class:`StateDbReadOnlyError`), no permission or a missing file
+    (:class:`StateDbCannotOpenError`), a file name too long (:class:`InvalidInputError`),
+    anything else (:class:`StateDbIOError`). ``path`` is the file the system named; the
+    original stays as ``__cause__``."""
+    path = Path(exc.filename) if isinstance(exc.filename, str) else None
+    where = str(path) if path is not None else "a file of the store"
+    reason = exc.strerror or type(exc).__name__
+    error: HermesStateError
+    if exc.errno in _OS_FULL:
+        error = StateDbFullError(f"no space left for {where}: {reason}", path=path)
+    elif exc.errno == errno.EROFS:
+        error = StateDbReadOnlyError(f"{where} is on a read-only file system", path=path)
+    elif exc.errno in _OS_DENIED:
+        error = StateDbCannotOpenError(f"no permission for {where}: {reason}", path=path)
+    elif exc.errno in _OS_MISSING:
+        error = StateDbCannotOpenError(f"{where} cannot be opened: {reason}", path=path)
+    elif exc.errno == errno.ENAMETOOLONG:
+        error = InvalidInputError(f"a file name is too long: {where[:120]}")
+    else:
+        error = StateDbIOError(f"I/O error on {where}: {reason}", path=path)
+    error.__cause__ = exc
+    return error

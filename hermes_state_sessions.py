@@ -37,6 +37,8 @@ from typing import Any
 from hermes_state_common import (
     LIVE_ADMISSION_STATUSES,
     LIVE_EXECUTION_STATUSES,
+    Key,
+    Text,
     clean_optional,
     escape_like,
     get_meta,
@@ -46,8 +48,15 @@ from hermes_state_common import (
     row_to_dict,
     set_meta,
     sql_values,
+    stored_text,
 )
-from hermes_state_errors import LedgerBusyError, SessionNotFoundError, TitleConflictError
+from hermes_state_errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    LedgerBusyError,
+    SessionNotFoundError,
+    TitleConflictError,
+)
 from hermes_state_lineage import Family, conversation_members
 from hermes_state_schema import expected_columns
 
@@ -104,9 +113,9 @@ def _session_value(name: str, value: Any) -> Any:
 
 def _check_session_id(session_id: Any) -> str:
     if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+        raise InvalidInputError(f"session id must be a non-empty string, got {session_id!r}")
     if clean_optional(session_id) != session_id:  # SQLite cannot store a lone surrogate
-        raise ValueError(f"session id has a lone surrogate: {session_id!r}")
+        raise InvalidInputError(f"session id has a lone surrogate: {session_id!r}")
     return session_id
 
 
@@ -119,11 +128,11 @@ def create_session(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    source: str,
-    model: str | None = None,
+    source: Text,
+    model: Text | None = None,
     model_config: Mapping[str, Any] | str | None = None,
-    system_prompt: str | None = None,
-    user_id: str | None = None,
+    system_prompt: Text | None = None,
+    user_id: Text | None = None,
     parent_session_id: str | None = None,
     **columns: Any,
 ) -> str:
@@ -142,7 +151,7 @@ def create_session(
 
 
 def ensure_session(
-    conn: sqlite3.Connection, /, session_id: str, source: str = "unknown", model: str | None = None
+    conn: sqlite3.Connection, /, session_id: str, source: Text = "unknown", model: Text | None = None
 ) -> str:
     """The session id, creating a minimal session row when there is none."""
     return create_session(conn, session_id, source, model=model)
@@ -153,11 +162,11 @@ def _insert_session(
 ) -> bool:
     _check_session_id(session_id)
     if not isinstance(source, str) or not source:
-        raise ValueError(f"source must be a non-empty string, got {source!r}")
+        raise InvalidInputError(f"source must be a non-empty string, got {source!r}")
     allowed = set(session_columns()) - {"id", "source"}
     unknown = set(columns) - allowed
     if unknown:
-        raise TypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
+        raise InvalidTypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
     values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
     values.setdefault("started_at", now())
     if "title" in values:
@@ -177,7 +186,7 @@ def _insert_session(
     return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
 
 
-def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] | None:
+def get_session(conn: sqlite3.Connection, /, session_id: Key) -> dict[str, Any] | None:
     if isinstance(session_id, str) and clean_optional(session_id) != session_id:
         return None  # no stored id has a lone surrogate
     cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -190,19 +199,21 @@ def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] 
 PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
 
 
-def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -> str | None:
+def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: Key) -> str | None:
     """The session id equal to, or uniquely starting with, the argument (compared exactly:
     case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
     if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
         return None
-    prefix = clean_optional(session_id_or_prefix)
+    prefix = stored_text(session_id_or_prefix)
+    if prefix is None:
+        return None  # no stored id has a lone surrogate, nor starts with one
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
         return prefix
     rows = conn.execute(PREFIX_MATCH_SQL, {"p": prefix}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
 
 
-def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> bool:
+def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: Text | None) -> bool:
     """End the session; the first end reason is kept. True when this call ended it."""
     cursor = conn.execute(
         "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
@@ -224,7 +235,7 @@ def reopen_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     lift_auto_archive(conn, session_id)
 
 
-def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: str | None) -> None:
+def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: Text | None) -> None:
     update_session_columns(conn, session_id, {"system_prompt": prompt})
 
 
@@ -277,7 +288,7 @@ def _usage_sql(absolute: bool) -> str:
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     return value
 
 
@@ -285,7 +296,7 @@ def _check_cost(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or None, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a number or None, got {type(value).__name__}")
     return float(value)
 
 
@@ -295,21 +306,21 @@ def update_token_counts(
     session_id: str,
     input_tokens: int = 0,
     output_tokens: int = 0,
-    model: str | None = None,
+    model: Text | None = None,
     cache_read_tokens: int = 0,
     cache_write_tokens: int = 0,
     reasoning_tokens: int = 0,
     estimated_cost_usd: float | None = None,
     actual_cost_usd: float | None = None,
-    cost_status: str | None = None,
-    cost_source: str | None = None,
-    pricing_version: str | None = None,
-    billing_provider: str | None = None,
-    billing_base_url: str | None = None,
-    billing_mode: str | None = None,
+    cost_status: Text | None = None,
+    cost_source: Text | None = None,
+    pricing_version: Text | None = None,
+    billing_provider: Text | None = None,
+    billing_base_url: Text | None = None,
+    billing_mode: Text | None = None,
     api_call_count: int = 0,
     absolute: bool = False,
-    task: str | None = None,
+    task: Text | None = None,
 ) -> None:
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
@@ -602,7 +613,7 @@ def sanitize_title(title: str | None) -> str | None:
     if title is None:
         return None
     if not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
+        raise InvalidTypeError(f"title must be a string, got {type(title).__name__}")
     kept = []
     for ch in clean_optional(title) or "":
         if ch.isspace():
@@ -615,7 +626,7 @@ def sanitize_title(title: str | None) -> str | None:
     if not cleaned:
         return None
     if len(cleaned) > TITLE_MAX_CHARS:
-        raise ValueError(f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
+        raise InvalidInputError(f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
     return cleaned
 
 
@@ -625,7 +636,7 @@ def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) 
         raise TitleConflictError(f"title {title!r} is already used by session {owner[0]}")
 
 
-def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: str | None) -> bool:
+def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: Text | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`."""
     cleaned = sanitize_title(title)
@@ -655,7 +666,7 @@ def get_session_title(conn: sqlite3.Connection, /, session_id: str) -> str | Non
     return None if row is None else row[0]
 
 
-def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, Any] | None:
+def get_session_by_title(conn: sqlite3.Connection, /, title: Text) -> dict[str, Any] | None:
     cleaned = sanitize_title(title)
     if cleaned is None:
         return None
@@ -663,7 +674,7 @@ def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, A
     return None if row is None else get_session(conn, row[0])
 
 
-def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | None:
+def resolve_session_by_title(conn: sqlite3.Connection, /, title: Text) -> str | None:
     """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
     cleaned = sanitize_title(title)
     if cleaned is None:
@@ -674,7 +685,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | N
     return max(candidates, key=lambda c: (c[2], c[0]))[0]
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: str) -> str:
+def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: Text) -> str:
     """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
     cleaned = sanitize_title(title) or ""
     match = _TITLE_SUFFIX_RE.match(cleaned)
@@ -743,6 +754,14 @@ AUTO_PRUNE_KEY = "auto_prune_last_run_at"
 
 def claim_auto_prune(conn: sqlite3.Connection, /, min_interval_hours: float) -> bool:
     """True (and the run remembered in ``state_meta``) when the automatic prune is due."""
+    if isinstance(min_interval_hours, bool) or not isinstance(min_interval_hours, (int, float)):
+        raise InvalidTypeError(
+            f"min_interval_hours must be a number, got {type(min_interval_hours).__name__}",
+            argument="min_interval_hours")
+    if not min_interval_hours >= 0:
+        raise InvalidInputError(
+            f"min_interval_hours must not be negative, got {min_interval_hours!r}",
+            argument="min_interval_hours")
     last = get_meta(conn, AUTO_PRUNE_KEY)
     if last is not None and now() - float(last) < min_interval_hours * 3600:
         return False
@@ -794,6 +813,10 @@ def select_prune_ids(
     ``hermes_state_lineage``): a session is kept while any member of its conversation is not
     selected, so the ended parent of a live conversation is never pulled from under it.
     Sessions whose ledgers hold live work are not selected. Reads only."""
+    if older_than_days is not None and not older_than_days >= 0:
+        raise InvalidInputError(
+            f"older_than_days must not be negative, got {older_than_days!r}",
+            argument="older_than_days")
     cutoff = math.inf if older_than_days is None else now() - older_than_days * 86400.0
     filters, params = source_filters(source, None)
     sql = PRUNE_CANDIDATES_SQL.format(filters=filters)
@@ -849,7 +872,7 @@ def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived:
     never lifts it; unarchiving clears both. Raises :class:`SessionNotFoundError`.
     """
     if not isinstance(archived, bool):
-        raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
+        raise InvalidTypeError(f"archived must be a bool, got {type(archived).__name__}")
     members = conversation_members(conn, session_id)
     if not members:
         raise SessionNotFoundError(session_id)
@@ -905,9 +928,9 @@ def auto_archive_idle_sessions(
     deliberate.
     """
     if isinstance(idle_days, bool) or not isinstance(idle_days, (int, float)):
-        raise TypeError(f"idle_days must be a number, got {type(idle_days).__name__}")
+        raise InvalidTypeError(f"idle_days must be a number, got {type(idle_days).__name__}")
     if not math.isfinite(idle_days) or idle_days < 0:
-        raise ValueError(f"idle_days must be finite and not negative, got {idle_days!r}")
+        raise InvalidInputError(f"idle_days must be finite and not negative, got {idle_days!r}")
     cutoff = now() - idle_days * 86400.0
     filters, params = source_filters(source, None)
     idle = {
