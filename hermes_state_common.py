@@ -21,6 +21,7 @@ import errno
 import functools
 import itertools
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -493,20 +494,37 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+ERROR_LOG_DIR, ERROR_LOG_NAME = "logs", "errors.log"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def append_error_log(line: str, home: Path | None = None) -> None:
     """Append one timestamped line to ``<home>/logs/errors.log`` (private file; ``home``
-    defaults to this context's); never raises."""
+    defaults to this context's); never raises.
+
+    Neither ``logs`` nor ``errors.log`` may be a symlink (as the database, its sidecars and
+    the spools may not): the directory is opened ``O_NOFOLLOW|O_DIRECTORY`` and the file
+    ``O_NOFOLLOW`` relative to it, so no planted link is followed out of the home; a refused
+    or failed write is a warning on the ``hermes_state`` logger instead."""
     try:
-        logs = (get_hermes_home() if home is None else home) / "logs"
+        logs = (get_hermes_home() if home is None else home) / ERROR_LOG_DIR
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        directory = os.open(logs, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+        try:
+            fd = os.open(ERROR_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW,
+                         0o600, dir_fd=directory)
+        finally:
+            os.close(directory)
         try:
             os.write(fd, f"{stamp} {clean_text(line)}\n".encode())
         finally:
             os.close(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        refused = exc.errno in (errno.ELOOP, errno.EEXIST, errno.ENOTDIR)
+        logging.getLogger("hermes_state").warning(
+            "%s: %s", "refusing a symlink as the error log" if refused
+            else f"the error log could not be written ({exc})", line)
 
 
 def now() -> float:
