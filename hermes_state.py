@@ -381,6 +381,11 @@ class SessionDB:
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
+        if common.wal_without_database(self.path):  # the first read would delete the -wal
+            raise errors.StateDbUnavailableError(
+                f"{self.path} is truncated: the main file is empty but its -wal is not (it "
+                "lost its content; it is not a new store)",
+                reason=errors.TRUNCATED_REASON, path=self.path)
         if not self.path.is_file() or self.path.stat().st_size == 0:
             raise errors.StateDbUnavailableError(
                 f"no initialised session store at {self.path}",
@@ -711,6 +716,7 @@ class SessionDB:
     ensure_session = _writes(sessions.ensure_session)
     get_session = _reads(sessions.get_session)
     resolve_session_id = _reads(sessions.resolve_session_id)
+    sessions_starting_with = _reads(sessions.sessions_starting_with)
     end_session = _writes(sessions.end_session)
     reopen_session = _writes(sessions.reopen_session)
     update_system_prompt = _writes(sessions.update_system_prompt)

@@ -79,7 +79,8 @@ def has_lone_surrogate(text: str) -> bool:
 
 # The Python types each scalar annotation takes (an int is a float, as for type checkers).
 _TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str, int), "Text": (str,), "Key": (str, int), "Bound": (int,), "int": (int,), "float": (int, float),
+    "str": (str, int), "Text": (str,), "Key": (str, int), "Bound": (int,), "int": (int,),
+    "float": (int, float),
     "bool": (int,),
     "None": (),
 }
@@ -182,6 +183,8 @@ def _rule(param: inspect.Parameter) -> _Rule | None:
     types: set[type] = {t for member in scalars for t in _TYPES[member]}
     if paths:
         types |= {str, os.PathLike}
+        if "int" not in members:
+            types.discard(int)  # a number is no file name
     if mappings:
         types.add(Mapping)
     if callables:

@@ -462,7 +462,7 @@ def stored_text(value: object) -> str | None:
     return text if clean_text(text) == text else None
 
 
-def encode_json(value: Any, field: str = "value") -> str | None:
+def encode_json(value: Any, field: str = "value", *, sort_keys: bool = False) -> str | None:
     """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is, lone
     surrogates removed. What JSON cannot carry is refused, naming ``field``: another type of
     object (:class:`InvalidTypeError`), a circular or too deeply nested structure, NaN or an
@@ -470,7 +470,8 @@ def encode_json(value: Any, field: str = "value") -> str | None:
     if value is None:
         return None
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                          sort_keys=sort_keys)
     except TypeError as exc:
         raise InvalidTypeError(f"{field} is not JSON: {exc}", argument=field) from exc
     except (ValueError, RecursionError) as exc:

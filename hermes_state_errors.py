@@ -74,6 +74,7 @@ __all__ = [
     "HOT_JOURNAL_REASON",
     "is_malformed_db_error",
     "FOREIGN_REASON",
+    "TRUNCATED_REASON",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -102,6 +103,7 @@ SQLITE_READONLY_ROLLBACK = SQLITE_READONLY | (3 << 8)
 LOCKED_REASON = "session_persistence_failed:locked"
 HOT_JOURNAL_REASON = "hot_journal"
 FOREIGN_REASON = "foreign"
+TRUNCATED_REASON = "truncated"
 
 
 class HermesStateError(Exception):
@@ -224,8 +226,10 @@ class FtsCorruptError(HermesStateError):
 class StateDbUnavailableError(HermesStateError):
     """The store cannot serve this request: ``reason`` is "uninitialized" (no session store
     there yet), "incompatible" (another schema version), "foreign" (the file is another
-    application's SQLite database, left untouched), "busy" or "hot_journal" (an interrupted
-    write left a rollback journal that only a writable open may roll back). ``http_status`` is
+    application's SQLite database, left untouched), "truncated" (the main file is empty beside
+    a ``-wal`` that is not: it lost its content, it is not a new store), "busy" or
+    "hot_journal" (an interrupted write left a rollback journal that only a writable open may
+    roll back). ``http_status`` is
     what a web front end should answer (503: try again later)."""
 
     def __init__(

@@ -668,7 +668,8 @@ def settle_delivery_obligation(
     """Settle an owed obligation as ``delivered`` or ``abandoned``; settling one that is not
     owed (unknown or already settled) raises :class:`LedgerConflictError`."""
     if outcome not in DELIVERY_OUTCOMES:
-        raise InvalidInputError(f"outcome must be one of {sorted(DELIVERY_OUTCOMES)}, got {outcome!r}")
+        raise InvalidInputError(
+            f"outcome must be one of {sorted(DELIVERY_OUTCOMES)}, got {outcome!r}")
     current = _existing_obligation(conn, obligation_key)
     stamp = now()
     if not conn.execute(SETTLE_OBLIGATION_SQL, (outcome, stamp, stamp, obligation_key)).rowcount:
@@ -905,7 +906,8 @@ def _marker_part(name: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise InvalidTypeError(f"{name} must be a string, an int or None, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be a string, an int or None, got {type(value).__name__}")
     return clean_text(str(value))
 
 

@@ -40,6 +40,7 @@ from hermes_state_common import (
     Key,
     Text,
     clean_optional,
+    encode_json,
     escape_like,
     get_meta,
     now,
@@ -64,6 +65,7 @@ __all__ = [
     "create_session",
     "get_session",
     "resolve_session_id",
+    "sessions_starting_with",
     "end_session",
     "reopen_session",
     "update_token_counts",
@@ -102,12 +104,21 @@ def session_columns() -> tuple[str, ...]:
 
 
 def _session_value(name: str, value: Any) -> Any:
+    """A session column's value as it is bound: JSON columns encoded, text cleaned, flags as
+    integers; a value no column can hold is refused, naming the column."""
     if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
-        return clean_optional(json.dumps(value, ensure_ascii=False, sort_keys=True))
+        return clean_optional(encode_json(value, name, sort_keys=True))
     if isinstance(value, str):
         return clean_optional(value)
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise InvalidInputError(f"{name} does not fit in 64 bits: {value}", argument=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r}", argument=name)
+    if value is not None and not isinstance(value, (int, float)):
+        raise InvalidTypeError(
+            f"{name} must be text or a number, got {type(value).__name__}", argument=name)
     return value
 
 
@@ -151,7 +162,11 @@ def create_session(
 
 
 def ensure_session(
-    conn: sqlite3.Connection, /, session_id: str, source: Text = "unknown", model: Text | None = None
+    conn: sqlite3.Connection,
+    /,
+    session_id: str,
+    source: Text = "unknown",
+    model: Text | None = None,
 ) -> str:
     """The session id, creating a minimal session row when there is none."""
     return create_session(conn, session_id, source, model=model)
@@ -211,6 +226,22 @@ def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: Key) -
         return prefix
     rows = conn.execute(PREFIX_MATCH_SQL, {"p": prefix}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
+
+
+PREFIX_MATCHES_SQL = """
+SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p ORDER BY started_at DESC, id LIMIT :n
+"""
+
+
+def sessions_starting_with(
+    conn: sqlite3.Connection, /, prefix: Key, limit: int = 10
+) -> list[str]:
+    """The ids starting with ``prefix`` (compared exactly), newest first, at most ``limit``:
+    what an ambiguous :func:`resolve_session_id` could have meant."""
+    key = stored_text(prefix) if isinstance(prefix, str) else None
+    if not key:
+        return []
+    return [r[0] for r in conn.execute(PREFIX_MATCHES_SQL, {"p": key, "n": limit})]
 
 
 def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: Text | None) -> bool:
@@ -626,7 +657,8 @@ def sanitize_title(title: str | None) -> str | None:
     if not cleaned:
         return None
     if len(cleaned) > TITLE_MAX_CHARS:
-        raise InvalidInputError(f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
+        raise InvalidInputError(
+            f"title is {len(cleaned)} characters; the limit is {TITLE_MAX_CHARS}")
     return cleaned
 
 

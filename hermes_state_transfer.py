@@ -203,7 +203,8 @@ class _Incoming:
 
 def _from_dict(record: Mapping[str, Any]) -> _Incoming:
     if not isinstance(record, Mapping):
-        raise InvalidTypeError(f"a session to import must be a mapping, got {type(record).__name__}")
+        raise InvalidTypeError(
+            f"a session to import must be a mapping, got {type(record).__name__}")
     session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
     messages = list(record.get("messages") or [])
     return _Incoming(session, lambda: messages, list(record.get("model_usage") or []))
