@@ -820,7 +820,7 @@ class SessionDB:
 
     # --- titles -------------------------------------------------------------------------------
 
-    sanitize_title = staticmethod(sessions.sanitize_title)
+    sanitize_title = staticmethod(arguments.operation(sessions.sanitize_title))
     set_session_title = _writes(sessions.set_session_title)
     get_session_title = _reads(sessions.get_session_title)
     get_session_by_title = _reads(sessions.get_session_by_title)
@@ -875,7 +875,7 @@ class SessionDB:
     resolve_unknown_input = _writes(gateway.resolve_unknown_input)
     get_admission = _reads(gateway.get_admission)
     list_admissions = _reads(gateway.list_admissions)
-    receipt_digest = staticmethod(gateway.receipt_digest)
+    receipt_digest = staticmethod(arguments.operation(gateway.receipt_digest))
     register_worker_execution = _writes(gateway.register_worker_execution)
     record_worker_receipt = _writes(gateway.record_worker_receipt)
     finish_worker_execution = _writes(gateway.finish_worker_execution)
@@ -922,7 +922,7 @@ class SessionDB:
 
     # --- gateway: exception-path ownership ----------------------------------------------------
 
-    ingress_owner_marker = staticmethod(gateway.ingress_owner_marker)
+    ingress_owner_marker = staticmethod(arguments.operation(gateway.ingress_owner_marker))
     find_owned_input = _reads(gateway.find_owned_input)
     persist_exception_input = _writes(
         gateway.persist_exception_input, "transcript", spool=_TRANSCRIPT

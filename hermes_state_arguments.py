@@ -68,7 +68,10 @@ _SHOWN_CHARS = 80
 
 def shown(value: object) -> str:
     """``repr(value)`` cut to a length an error message can carry."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an object that cannot describe itself is named
+        return f"<{type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} chars)"
 
 
@@ -181,6 +184,8 @@ def _rule(param: inspect.Parameter) -> _Rule | None:
     if scalars | collections | paths | mappings | streams | callables != members:
         return None
     types: set[type] = {t for member in scalars for t in _TYPES[member]}
+    if collections and "int" not in members:
+        types.discard(int)  # one number is no collection (its items may be numbers)
     if paths:
         types |= {str, os.PathLike}
         if "int" not in members:

@@ -86,6 +86,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hermes_state_arguments import shown
 from hermes_state_common import (
     DELIVERY_OBLIGATIONS_SQL,
     LIVE_ADMISSION_STATUSES,
@@ -161,7 +162,7 @@ OWNER_MARKER_KEY = "owner_marker"
 
 def _check_text(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidInputError(f"{name} must be a non-empty string, got {shown(value)}")
     return clean_text(value)
 
 
@@ -172,7 +173,7 @@ def _payload_json(payload: Any) -> str:
 
 def _check_outcome(outcome: Any) -> str:
     if outcome not in OUTCOMES:
-        raise InvalidInputError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
+        raise InvalidInputError(f"outcome must be one of {sorted(OUTCOMES)}, got {shown(outcome)}")
     return str(outcome)
 
 
@@ -616,7 +617,8 @@ def _existing_obligation(conn: sqlite3.Connection, /, obligation_key: str) -> di
 
 def _chat_part(name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-        raise InvalidInputError(f"{name} must be a non-empty string or an int, got {value!r}")
+        raise InvalidInputError(
+            f"{name} must be a non-empty string or an int, got {shown(value)}")
     return clean_text(str(value))
 
 
