@@ -392,7 +392,10 @@ class SessionDB:
                 reason="uninitialized",
                 path=self.path,
             )
-        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        try:
+            conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        except sqlite3.Error as exc:
+            raise self._read_error(exc) from exc
         try:
             schema.require_current(conn, self.path)
         except sqlite3.Error as exc:
@@ -585,7 +588,7 @@ class SessionDB:
                 reason="busy",
                 path=self.path,
             )
-        return self._translate(exc)
+        return errors.translate_read(exc, self.path) if self.read_only else self._translate(exc)
 
     @contextlib.contextmanager
     def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:

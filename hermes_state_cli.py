@@ -165,6 +165,9 @@ def _advice(exc: BaseException, db: Path) -> str | None:
             return "the store is older than this library reads: the next writable open (by the " \
                 "program that writes this home) upgrades the store in place; if it cannot, run " \
                 f"`{PROG} sessions recover --inspect-only`"
+        if exc.reason == "read_only_directory":
+            return "ask the store's owner to open it once (that creates the -shm beside it), " \
+                "or copy the file somewhere you may write and browse the copy with --db"
         if exc.reason == "truncated":
             return "open it with nothing that writes (the first read would delete the -wal); " \
                 f"copy both files aside, then restore a snapshot " \

@@ -312,9 +312,12 @@ def refuse_write_protected(db_path: Path) -> None:
         # os.access is False for a file gone since the lstat too (a sidecar another
         # process's SQLite removed): only a second look that agrees refuses.
         if _protected_mode(path) is not None and (mode := _protected_mode(path)) is not None:
+            owner = path.stat().st_uid if path.exists() else os.geteuid()
+            whose = "" if owner == os.geteuid() else (
+                f", owned by uid {owner} and not writable by uid {os.geteuid()}")
             raise StateDbReadOnlyError(
-                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}): the store is "
-                "not opened for writing and nothing was changed",
+                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}{whose}): the store "
+                "is not opened for writing and nothing was changed",
                 path=path,
             )
 

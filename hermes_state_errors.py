@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -75,6 +76,8 @@ __all__ = [
     "is_malformed_db_error",
     "FOREIGN_REASON",
     "TRUNCATED_REASON",
+    "READ_ONLY_DIRECTORY_REASON",
+    "translate_read",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -99,11 +102,13 @@ SQLITE_CONSTRAINT = 19
 SQLITE_NOTADB = 26
 SQLITE_CORRUPT_VTAB = SQLITE_CORRUPT | (1 << 8)
 SQLITE_READONLY_ROLLBACK = SQLITE_READONLY | (3 << 8)
+SQLITE_READONLY_DIRECTORY = SQLITE_READONLY | (6 << 8)
 
 LOCKED_REASON = "session_persistence_failed:locked"
 HOT_JOURNAL_REASON = "hot_journal"
 FOREIGN_REASON = "foreign"
 TRUNCATED_REASON = "truncated"
+READ_ONLY_DIRECTORY_REASON = "read_only_directory"
 
 
 class HermesStateError(Exception):
@@ -229,7 +234,8 @@ class StateDbUnavailableError(HermesStateError):
     application's SQLite database, left untouched), "truncated" (the main file is empty beside
     a ``-wal`` that is not: it lost its content, it is not a new store), "busy" or
     "hot_journal" (an interrupted write left a rollback journal that only a writable open may
-    roll back). ``http_status`` is
+    roll back), "read_only_directory" (a read-only open of a WAL store with no ``-shm`` in a
+    directory this user may not write: SQLite cannot create the ``-shm`` a reader needs). ``http_status`` is
     what a web front end should answer (503: try again later)."""
 
     def __init__(
@@ -504,6 +510,19 @@ def foreign_database_error(path: Path | None, tables: Sequence[str]) -> StateDbU
     )
 
 
+def _why_not(path: Path | None, exc: sqlite3.Error) -> str:
+    """Why SQLite could not open ``path``, where the file system says: a file this user may
+    not read (another user's, or its read bit taken), else SQLite's own words."""
+    try:
+        if path is not None and path.exists() and not os.access(path, os.R_OK):
+            st = path.stat()
+            return (f"no permission to read it (it belongs to uid {st.st_uid}, mode "
+                    f"{st.st_mode & 0o777:04o}; this process runs as uid {os.geteuid()})")
+    except OSError:
+        pass
+    return str(exc)
+
+
 def _typed(exc: sqlite3.Error, path: Path | None, where: str) -> HermesStateError:
     """The typed error for an SQLite error, by its result code."""
     code = _error_code(exc)
@@ -519,7 +538,8 @@ def _typed(exc: sqlite3.Error, path: Path | None, where: str) -> HermesStateErro
     if primary == SQLITE_READONLY:
         return StateDbReadOnlyError(f"{where} is write-protected: {exc}", path=path)
     if primary in (SQLITE_CANTOPEN, SQLITE_PERM):
-        return StateDbCannotOpenError(f"{where} cannot be opened: {exc}", path=path)
+        return StateDbCannotOpenError(f"{where} cannot be opened: {_why_not(path, exc)}",
+                                      path=path)
     if primary == SQLITE_CONSTRAINT:
         return StateDbConstraintError(f"a write to {where} broke a constraint: {exc}", path=path)
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
@@ -582,5 +602,24 @@ def translate_os_error(exc: OSError) -> HermesStateError:
         error = InvalidInputError(f"a file name is too long: {where[:120]}")
     else:
         error = StateDbIOError(f"I/O error on {where}: {reason}", path=path)
+    error.__cause__ = exc
+    return error
+
+
+def translate_read(exc: sqlite3.Error, path: Path) -> HermesStateError:
+    """The typed error of a read-only handle's SQLite error on ``path``: :func:`translate`,
+    saying why where the cause is the directory around the store: a WAL store whose ``-shm``
+    cannot be created (a directory this user may not write) is
+    :class:`StateDbUnavailableError` ``read_only_directory``."""
+    error: HermesStateError
+    if _error_code(exc) == SQLITE_READONLY_DIRECTORY:
+        error = StateDbUnavailableError(
+            f"{path} cannot be read here: it is a WAL store without a -shm file, and SQLite "
+            f"cannot create one in {path.parent} (this user may not write that directory)",
+            reason=READ_ONLY_DIRECTORY_REASON, path=path)
+    else:
+        return translate(exc, path)
+    error.sqlite_errorcode = _error_code(exc)
+    error.sqlite_errorname = getattr(exc, "sqlite_errorname", None)
     error.__cause__ = exc
     return error
