@@ -636,7 +636,7 @@ _INVISIBLE = frozenset(
 _TITLE_SUFFIX_RE = re.compile(r"^(.*?) #(\d+)$")
 
 
-def sanitize_title(title: str | None) -> str | None:
+def sanitize_title(title: Text | None) -> str | None:
     """Strip, collapse whitespace, drop control/DEL/zero-width/bidi/BOM characters.
 
     Empty → None; longer than 100 characters → ValueError.
