@@ -695,7 +695,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         nxt.append(_recover_hint(path))
         return
     if report["quick_check"] != ["ok"]:
-        problems.append("quick_check: " + "; ".join(report["quick_check"][:3]))
+        problems.append(_check_problem("quick_check", report["quick_check"]))
         nxt.append(_recover_hint(path))
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
@@ -795,14 +795,28 @@ def _doctor_replica(
         nxt.append("read the replicator's log (its stderr): the replica may be unreachable")
 
 
+# How many of a check's findings doctor shows (the count says how many there are).
+_CHECK_LINES_SHOWN = 3
+
+
+def _check_problem(name: str, rows: Sequence[str]) -> str:
+    """One problem line for a check's findings: how many, and the first few."""
+    lines = fmt.check_findings(rows)
+    first = "; ".join(lines[:_CHECK_LINES_SHOWN])
+    more = ", ..." if len(lines) > _CHECK_LINES_SHOWN else ""
+    return f"{name}: {fmt.plural(len(lines), 'problem')}, first: {first}{more}"
+
+
 def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
     """``--full``: the health report of a copy (every check repair makes)."""
     if "unavailable" in report or "quick_check" not in report:
         return
     health = repair_state_db(path, check_only=True)
     report["health"] = health
+    checked = any(problem.startswith("quick_check") for problem in problems)
     for problem in health.get("problems", []):
-        if problem not in problems:
+        # integrity_check repeats what quick_check already listed: the damage is said once.
+        if problem not in problems and not (checked and problem.startswith("integrity_check")):
             problems.append(problem)
     if not health.get("healthy") and not nxt:
         nxt.append(f"{STOP_USERS}; `{PROG} sessions repair`")

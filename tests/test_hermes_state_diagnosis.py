@@ -169,3 +169,21 @@ def test_advice_for_a_missing_store_assumes_no_gateway(hermes_home: Path) -> Non
     result = cli(hermes_home, "sessions", "list")
     assert result.returncode == 1
     assert "no session store" in result.stderr and "gateway" not in result.stderr
+
+
+def test_doctor_says_the_check_findings_once_with_a_count(
+    hermes_home: Path, db_path: Path
+) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        for n in range(300):
+            db.append_message("s", "user", f"message {n} " + "x" * 200)
+    for leaf in table_pages(db_path, "messages", "leaf")[2:6]:
+        overwrite(db_path, (leaf - 1) * PAGE + 3, b"\x00\x50")  # bad cell counts
+    result = cli(hermes_home, "doctor", "--full")
+    assert result.returncode == 1
+    findings = [line for line in result.stdout.splitlines() if "free space corruption" in line]
+    assert len(findings) == 1, result.stdout  # quick_check's, not integrity_check's again
+    assert findings[0].startswith("! quick_check: ") and " problems, first: " in findings[0]
+    assert findings[0].count("Page ") == 3
+    assert "\n*** in database" not in result.stdout
