@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
+import hermes_state_arguments as arguments
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -54,6 +55,7 @@ import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
 import hermes_state_rank as rank
+import hermes_state_recover as recover
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
 import hermes_state_schema as schema
@@ -66,27 +68,25 @@ import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
-from hermes_state_common import (
-    SCHEMA_VERSION,
-    child_process_env,
-    display_hermes_home,
-    get_hermes_home,
-    hermes_home_override,
-    profile_config_path,
-    resolve_profile_home,
-)
+from hermes_state_common import SCHEMA_VERSION, get_hermes_home, hermes_home_override
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
-from hermes_state_maintenance import backup_state_db, repair_state_db, restore_state_db
-from hermes_state_openability import (
-    format_session_db_unavailable,
-    get_last_init_error,
-    repair_state_db_schema,
-)
-from hermes_state_profiles import ProfileStoreRegistry, resolve_store_home
-from hermes_state_recover import recover_state_db
+from hermes_state_openability import format_session_db_unavailable, get_last_init_error
+from hermes_state_profiles import ProfileStoreRegistry
 from hermes_state_wal import apply_wal_with_fallback
-from hermes_state_workspace import workspace_key
+
+# The module-level operations: arguments checked, operating-system failures typed.
+backup_state_db = arguments.operation(maintenance.backup_state_db)
+restore_state_db = arguments.operation(maintenance.restore_state_db)
+repair_state_db = arguments.operation(maintenance.repair_state_db)
+recover_state_db = arguments.operation(recover.recover_state_db)
+resolve_store_home = arguments.operation(profiles.resolve_store_home)
+display_hermes_home = arguments.operation(common.display_hermes_home)
+resolve_profile_home = arguments.operation(common.resolve_profile_home)
+profile_config_path = arguments.operation(common.profile_config_path)
+child_process_env = arguments.operation(common.child_process_env)
+workspace_key = arguments.operation(workspace.workspace_key)
+repair_state_db_schema = arguments.operation(openability.repair_state_db_schema)
 
 __all__ = [
     "SessionDB",
@@ -242,10 +242,13 @@ def _parts(
 
 
 def _reads(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]:
-    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read."""
+    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read, once
+    its arguments passed ``hermes_state_arguments``' check."""
     hook, like, run = _parts(fn)
+    check = arguments.checker(like)
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = check(args, kwargs)
         if hook is None:
             return self._read(lambda conn: run(conn, *args, **kwargs))
         session_id, kwargs = hook.prepare(self._seen, args, kwargs)
@@ -263,20 +266,24 @@ def _writes(
     fallback: Fallback[T] | None = None,
 ) -> Method[P, T]:
     """A SessionDB method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
-    :meth:`SessionDB._write`). With ``spool``, the messages of a write refused because the
-    file is corrupt are spooled and the raised :class:`StateDbCorruptError` names the file in
-    ``spooled_to``. An :class:`~hermes_state_deletion.AfterCommit` finishes once committed."""
+    :meth:`SessionDB._write`) once its arguments passed ``hermes_state_arguments``' check. A
+    store that takes no writes says so first: with ``spool``, the messages of a write refused
+    because the file is corrupt are spooled, whatever their values, and the raised
+    :class:`StateDbCorruptError` names the file in ``spooled_to``. An
+    :class:`~hermes_state_deletion.AfterCommit` finishes once committed."""
     hook, like, run = _parts(fn)
-    signature = inspect.signature(like)
+    signature, check = inspect.signature(like), arguments.checker(like)
     finish = fn.finish if isinstance(fn, deletion.AfterCommit) else None
 
     def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
         # A retried transaction calls fn again: one-shot iterators must survive that.
         args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
         kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        if hook is not None:
-            session_id, kwargs = hook.prepare(self._seen, args, kwargs)
         try:
+            self._check_writable()
+            args, kwargs = check(args, kwargs)
+            if hook is not None:
+                session_id, kwargs = hook.prepare(self._seen, args, kwargs)
             result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
         except errors.StateDbCorruptError as exc:
             if spool is not None:
@@ -396,13 +403,21 @@ class SessionDB:
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
+        if common.wal_without_database(self.path):  # the first read would delete the -wal
+            raise errors.StateDbUnavailableError(
+                f"{self.path} is truncated: the main file is empty but its -wal is not (it "
+                "lost its content; it is not a new store)",
+                reason=errors.TRUNCATED_REASON, path=self.path)
         if not self.path.is_file() or self.path.stat().st_size == 0:
             raise errors.StateDbUnavailableError(
                 f"no initialised session store at {self.path}",
                 reason="uninitialized",
                 path=self.path,
             )
-        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        try:
+            conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        except sqlite3.Error as exc:
+            raise self._read_error(exc) from exc
         try:
             schema.require_current(conn, self.path)
         except sqlite3.Error as exc:
@@ -595,7 +610,7 @@ class SessionDB:
                 reason="busy",
                 path=self.path,
             )
-        return self._translate(exc)
+        return errors.translate_read(exc, self.path) if self.read_only else self._translate(exc)
 
     @contextlib.contextmanager
     def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
@@ -737,6 +752,7 @@ class SessionDB:
     ensure_session = _writes(sessions.ensure_session)
     get_session = _reads(sessions.get_session)
     resolve_session_id = _reads(sessions.resolve_session_id)
+    sessions_starting_with = _reads(sessions.sessions_starting_with)
     end_session = _writes(sessions.end_session)
     reopen_session = _writes(sessions.reopen_session)
     update_system_prompt = _writes(sessions.update_system_prompt)
@@ -758,6 +774,7 @@ class SessionDB:
     export_session = _reads(seen.EXPORT_SESSION)
     export_session_lineage = _reads(seen.EXPORT_SESSION_LINEAGE)
 
+    @arguments.checked
     def iter_export_jsonl(
         self,
         session_ids: Iterable[str] | None = None,
@@ -772,11 +789,13 @@ class SessionDB:
                 conn, session_ids, source=source, lineage=lineage
             )
 
+    @arguments.checked
     def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Import exported sessions, each in its own transaction, parents first; returns the
         report (see hermes_state_transfer.import_sessions)."""
         return transfer.import_sessions(self._transcript_write, sessions)
 
+    @arguments.checked
     def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
         """Import a JSON Lines export read from ``fp``; same rules and report."""
         return transfer.import_jsonl(self._transcript_write, fp)
@@ -868,7 +887,7 @@ class SessionDB:
 
     # --- titles -------------------------------------------------------------------------------
 
-    sanitize_title = staticmethod(sessions.sanitize_title)
+    sanitize_title = staticmethod(arguments.operation(sessions.sanitize_title))
     set_session_title = _writes(sessions.set_session_title)
     get_session_title = _reads(sessions.get_session_title)
     get_session_by_title = _reads(sessions.get_session_by_title)
@@ -927,7 +946,7 @@ class SessionDB:
     resolve_unknown_input = _writes(gateway.resolve_unknown_input)
     get_admission = _reads(gateway.get_admission)
     list_admissions = _reads(gateway.list_admissions)
-    receipt_digest = staticmethod(gateway.receipt_digest)
+    receipt_digest = staticmethod(arguments.operation(gateway.receipt_digest))
     register_worker_execution = _writes(gateway.register_worker_execution)
     record_worker_receipt = _writes(gateway.record_worker_receipt)
     finish_worker_execution = _writes(gateway.finish_worker_execution)
@@ -974,13 +993,14 @@ class SessionDB:
 
     # --- gateway: exception-path ownership ----------------------------------------------------
 
-    ingress_owner_marker = staticmethod(gateway.ingress_owner_marker)
+    ingress_owner_marker = staticmethod(arguments.operation(gateway.ingress_owner_marker))
     find_owned_input = _reads(gateway.find_owned_input)
     persist_exception_input = _writes(
         gateway.persist_exception_input, "transcript", spool=_TRANSCRIPT
     )
 
 
+@arguments.operation
 def collect_profile_stats(root: str | Path | None = None) -> dict[str, Any]:
     """:meth:`SessionDB.stats` of every profile under ``root`` (see
     hermes_state_profiles.collect_profile_stats); each store is opened read-only."""

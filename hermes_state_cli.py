@@ -67,7 +67,9 @@ from hermes_state_lockowners import describe_lock_holders
 __all__ = ["main", "build_parser"]
 
 PROG = "hermes-state"
-STOP_OWNER = "hermes gateway stop"
+# Which processes have a store open is what doctor reports; nothing here assumes who they are.
+STOP_USERS = f"stop every process that has it open (`{PROG} doctor` lists them under 'in use by')"
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 # --- where --------------------------------------------------------------------------------
@@ -118,9 +120,26 @@ def _print_lines(lines: Sequence[str], file: IO[str] | None = None) -> None:
 # --- advice -------------------------------------------------------------------------------
 
 
+def _not_sqlite(path: Path) -> bool:
+    """True when ``path`` is a non-empty file that does not start with SQLite's header."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError:
+        return False
+    return bool(head) and head != SQLITE_MAGIC
+
+
+def _condition(exc: BaseException, db: Path) -> str:
+    """The condition to report for ``exc``, in the words that fit the file on disk."""
+    if isinstance(exc, StateDbCorruptError) and _not_sqlite(db):
+        return f"{db} is not an SQLite file (it does not start with the SQLite header)"
+    return str(exc)
+
+
 def _recover_hint(db: Path) -> str:
     return (
-        f"stop every process using it ({STOP_OWNER}), then inspect it with "
+        f"{STOP_USERS}, then inspect it with "
         f"`{PROG} --db {db} sessions recover --inspect-only` and recover with "
         f"`{PROG} --db {db} sessions recover --output <new file>`, or restore a snapshot "
         f"with `{PROG} restore <snapshot>`"
@@ -143,14 +162,26 @@ def _advice(exc: BaseException, db: Path) -> str | None:
             version = exc.schema_version
             if version is not None and version > common.SCHEMA_VERSION:
                 return "the store was written by a newer hermes; upgrade hermes-state"
-            return "start the profile's owner (the gateway) once: it upgrades the store in " \
-                f"place; if it cannot, run `{PROG} sessions recover --inspect-only`"
-        return "start the profile's owner (the gateway), which creates and initialises the " \
-            f"store; if a store should be there, run `{PROG} sessions recover --inspect-only`"
+            return "the store is older than this library reads: the next writable open (by the " \
+                "program that writes this home) upgrades the store in place; if it cannot, run " \
+                f"`{PROG} sessions recover --inspect-only`"
+        if exc.reason == "read_only_directory":
+            return "ask the store's owner to open it once (that creates the -shm beside it), " \
+                "or copy the file somewhere you may write and browse the copy with --db"
+        if exc.reason == "truncated":
+            return "open it with nothing that writes (the first read would delete the -wal); " \
+                f"copy both files aside, then restore a snapshot " \
+                f"(`{PROG} restore <snapshot>`)"
+        return "there is no session store here yet: the first program that writes to it " \
+            f"creates it (or `{PROG} sessions import`); if one should be there, check " \
+            f"--db, --home or --profile, or run `{PROG} sessions recover --inspect-only`"
     if isinstance(exc, StateDbCorruptError):
+        if _not_sqlite(db):
+            return "point --db, --home or --profile at a session store; if this file was " \
+                f"one, {_recover_hint(db)}"
         return _recover_hint(db)
     if isinstance(exc, StateDbInUseError):
-        return f"stop every process using the database ({STOP_OWNER}) and run this again"
+        return f"{STOP_USERS} and run this again"
     if isinstance(exc, StateDbLockedError):
         return f"another process holds the write lock; see `{PROG} doctor`"
     if isinstance(exc, LedgerBusyError):
@@ -195,11 +226,23 @@ def _writable(args: argparse.Namespace, *, create: bool = False) -> SessionDB:
     return SessionDB(path, rebuild_fts=False)
 
 
+# How many of the sessions an ambiguous prefix matches are named.
+_AMBIGUOUS_SHOWN = 5
+
+
 def _resolve_session(db: SessionDB, key: str) -> str:
     session_id = db.resolve_session_id(key) or db.resolve_session_by_title(key)
-    if session_id is None:
-        raise HermesStateError(f"no session matches {key!r} (id, unique id prefix or title)")
-    return session_id
+    if session_id is not None:
+        return session_id
+    matches = db.sessions_starting_with(key, _AMBIGUOUS_SHOWN + 1)
+    if len(matches) > 1:
+        shown = ", ".join(matches[:_AMBIGUOUS_SHOWN])
+        more = "" if len(matches) <= _AMBIGUOUS_SHOWN else ", ..."
+        count = (f"{len(matches)}" if len(matches) <= _AMBIGUOUS_SHOWN
+                 else f"more than {_AMBIGUOUS_SHOWN}")
+        raise HermesStateError(
+            f"ambiguous: {count} sessions start with {key} — {shown}{more}; give more of the id")
+    raise HermesStateError(f"no session matches {key!r} (id, unique id prefix or title)")
 
 
 # The columns of ``sessions list --format csv`` (JSON and JSON Lines carry whole rows).
@@ -548,8 +591,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     source = Path(args.source).expanduser() if args.source else _resolve_db(args)
     holders = describe_lock_holders(source)
     if holders:
-        _warn(f"{source} is in use ({'; '.join(holders)}); stop them ({STOP_OWNER}) for a "
-              "consistent copy")
+        _warn(f"{source} is in use ({'; '.join(holders)}); stop them for a consistent copy")
     report = recover_state_db(
         source, args.output, inspect_only=args.inspect_only, defer_index=args.defer_index,
         progress=_Progress(),
@@ -582,6 +624,13 @@ def _health_text(report: dict[str, Any]) -> None:
     print(f"row counts: {fmt.counts(report.get('row_counts'))}")
 
 
+def _record_damaged(report: dict[str, Any]) -> bool:
+    """True when the store's own rows (not only its indexes) failed the integrity check before
+    the repair: nothing repair rebuilds can mend them."""
+    integrity = (report.get("before") or {}).get("integrity")
+    return bool(integrity) and integrity != ["ok"] and not report.get("promoted")
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
     db = _resolve_db(args)
     report = repair_state_db(
@@ -595,7 +644,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             for problem in report.get("problems", []):
                 print(f"! {problem}")
             if not report.get("healthy"):
-                print(f"next: {STOP_OWNER}; then `{PROG} sessions repair`")
+                print(f"next: {STOP_USERS}; then `{PROG} sessions repair`")
             if report.get("in_use_by"):
                 print(f"in use by: {'; '.join(report['in_use_by'])}")
         return 0 if report.get("healthy") else 1
@@ -610,6 +659,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
         elif report.get("promoted"):
             print(f"repaired and promoted; backup: {report.get('backup')}")
             _health_text(report["after"])
+        elif _record_damaged(report):
+            print("repair failed: the record is damaged (integrity check: "
+                  f"{'; '.join(report['before']['integrity'][:3])}); repair rebuilds indexes, "
+                  "not damaged rows: run recover")
+            print(f"kept unchanged: {', '.join(report.get('kept', []))}")
+            print(f"next: {_recover_hint(db)}")
         else:
             print(f"repair failed: {report.get('error') or report.get('problems')}")
             print(f"kept unchanged: {', '.join(report.get('kept', []))}")
@@ -636,14 +691,14 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         if exc.reason == "uninitialized" and not path.exists():
             # A fresh home: nothing is wrong, the first writer creates the store.
             report["notes"].append(
-                "no store yet: the first writer (the gateway, or any SessionDB) creates it")
+                "no store yet: the first program that writes to it creates it")
             return
         problems.append(f"store unavailable ({exc.reason}): {exc}")
         nxt.append(_advice(exc, path) or "")
         return
     except StateDbCorruptError as exc:
-        problems.append(f"store damaged: {exc}")
-        nxt.append(_recover_hint(path))
+        problems.append(_condition(exc, path) if _not_sqlite(path) else f"store damaged: {exc}")
+        nxt.append(_advice(exc, path) or "")
         return
     try:
         with db:
@@ -654,7 +709,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         nxt.append(_recover_hint(path))
         return
     if report["quick_check"] != ["ok"]:
-        problems.append("quick_check: " + "; ".join(report["quick_check"][:3]))
+        problems.append(_check_problem("quick_check", report["quick_check"]))
         nxt.append(_recover_hint(path))
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
@@ -663,7 +718,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
             + (f"; missing triggers: {', '.join(fts['missing_triggers'])}"
                if fts["missing_triggers"] else "")
         )
-        nxt.append(f"{STOP_OWNER}; `{PROG} sessions repair --check-only`; "
+        nxt.append(f"{STOP_USERS}; `{PROG} sessions repair --check-only`; "
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
         report["notes"].append(
@@ -682,7 +737,7 @@ def _doctor_quarantine(
                     f"refuses writes (marker {marker['path']})")
     nxt.append(_recover_hint(path))
     nxt.append(f"once the file is mended in place (restore, repair) and checks clean: "
-               f"{STOP_OWNER}; `{PROG} --db {path} doctor --clear-quarantine`")
+               f"{STOP_USERS}; `{PROG} --db {path} doctor --clear-quarantine`")
 
 
 def cmd_clear_quarantine(args: argparse.Namespace) -> int:
@@ -754,6 +809,33 @@ def _doctor_replica(
         nxt.append("read the replicator's log (its stderr): the replica may be unreachable")
 
 
+# How many of a check's findings doctor shows (the count says how many there are).
+_CHECK_LINES_SHOWN = 3
+
+
+def _check_problem(name: str, rows: Sequence[str]) -> str:
+    """One problem line for a check's findings: how many, and the first few."""
+    lines = fmt.check_findings(rows)
+    first = "; ".join(lines[:_CHECK_LINES_SHOWN])
+    more = ", ..." if len(lines) > _CHECK_LINES_SHOWN else ""
+    return f"{name}: {fmt.plural(len(lines), 'problem')}, first: {first}{more}"
+
+
+def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
+    """``--full``: the health report of a copy (every check repair makes)."""
+    if "unavailable" in report or "quick_check" not in report:
+        return
+    health = repair_state_db(path, check_only=True)
+    report["health"] = health
+    checked = any(problem.startswith("quick_check") for problem in problems)
+    for problem in health.get("problems", []):
+        # integrity_check repeats what quick_check already listed: the damage is said once.
+        if problem not in problems and not (checked and problem.startswith("integrity_check")):
+            problems.append(problem)
+    if not health.get("healthy") and not nxt:
+        nxt.append(f"{STOP_USERS}; `{PROG} sessions repair`")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.clear_quarantine:
         return cmd_clear_quarantine(args)
@@ -777,18 +859,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"SQLite {sqlite3.sqlite_version} is inside the WAL-reset bug range (fixed in "
             "3.51.3, 3.50.7, 3.44.6): automatic checkpoints are off and only a writer holding "
             "the write lock checkpoints; upgrading SQLite removes the exposure")
-    _doctor_quarantine(path, report, problems, nxt)
-    _doctor_store(path, report, problems, nxt)
-    _doctor_wal(path, report, problems, nxt)
-    _doctor_replica(path, report, problems, nxt)
-    if args.full and "unavailable" not in report:
-        health = repair_state_db(path, check_only=True)
-        report["health"] = health
-        for problem in health.get("problems", []):
-            if problem not in problems:
-                problems.append(problem)
-        if not health.get("healthy") and not nxt:
-            nxt.append(f"{STOP_OWNER}; `{PROG} sessions repair`")
+    checks = [_doctor_quarantine, _doctor_store, _doctor_wal, _doctor_replica]
+    if args.full:
+        checks.append(_doctor_full)
+    for check in checks:
+        # One check that cannot run is one problem: the report (one JSON document with
+        # --json) still comes out whole.
+        try:
+            check(path, report, problems, nxt)
+        except (HermesStateError, OSError) as exc:
+            problems.append(_condition(exc, path))
+            nxt.append(_advice(exc, path) or "")
+    report.setdefault("replica", None)
     report["problems"] = problems
     report["next"] = [n for n in dict.fromkeys(nxt) if n]
     if args.json:
@@ -819,7 +901,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     if args.from_replica:
         return _restore_from_replica(args)
-    report = restore_state_db(args.snapshot, _resolve_db(args), progress=_Progress())
+    snapshot = Path(args.snapshot).expanduser()
+    if not snapshot.exists():
+        raise HermesStateError(f"snapshot not found: {snapshot}")
+    report = restore_state_db(snapshot, _resolve_db(args), progress=_Progress())
     if args.json:
         _print_json(report)
     else:
@@ -1118,11 +1203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn(str(exc))
         return 2
     except (HermesStateError, OSError, ValueError) as exc:
-        _warn(str(exc))
         try:
-            advice = _advice(exc, _resolve_db(args))
+            db: Path | None = _resolve_db(args)
         except HermesStateError:
-            advice = None
+            db = None
+        _warn(str(exc) if db is None else _condition(exc, db))
+        advice = None if db is None else _advice(exc, db)
         if advice:
             _warn(f"next: {advice}")
         return 1

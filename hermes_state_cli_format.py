@@ -41,6 +41,7 @@ __all__ = [
     "when",
     "money",
     "plural",
+    "check_findings",
     "counts",
     "session_table",
     "hit_table",
@@ -320,6 +321,13 @@ def _fts_line(fts: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "ok"
 
 
+def check_findings(rows: Sequence[str]) -> list[str]:
+    """The findings of an SQLite check, one a line (SQLite puts several on one row, under a
+    header line)."""
+    return [line.strip() for row in rows for line in str(row).splitlines()
+            if line.strip() and not line.startswith("*** in database")]
+
+
 def doctor_lines(report: Mapping[str, Any]) -> list[str]:
     """``doctor``'s findings in words, a line each (its problems and advice follow apart). A
     check that could not run on a damaged file is missing from the report and from here."""
@@ -340,7 +348,7 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
     if "quick_check" in report:
         check = report["quick_check"]
         lines.append("quick check: " + (
-            "ok" if check == ["ok"] else f"{plural(len(check), 'problem')} found"))
+            "ok" if check == ["ok"] else f"{plural(len(check_findings(check)), 'problem')} found"))
     if "fts" in report:
         lines.append(f"search index: {_fts_line(report['fts'])}")
     holders = report["in_use_by"]

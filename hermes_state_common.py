@@ -23,6 +23,7 @@ import errno
 import functools
 import itertools
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -36,12 +37,17 @@ from typing import Any
 
 from hermes_state_errors import (
     HermesStateError,
+    InvalidInputError,
+    InvalidTypeError,
     StateDbCannotOpenError,
     StateDbReadOnlyError,
     UnsafePathError,
 )
 
 __all__ = [
+    "Text",
+    "Key",
+    "Bound",
     "SCHEMA_VERSION",
     "SCHEMA_SQL",
     "get_hermes_home",
@@ -309,9 +315,12 @@ def refuse_write_protected(db_path: Path) -> None:
         # os.access is False for a file gone since the lstat too (a sidecar another
         # process's SQLite removed): only a second look that agrees refuses.
         if _protected_mode(path) is not None and (mode := _protected_mode(path)) is not None:
+            owner = path.stat().st_uid if path.exists() else os.geteuid()
+            whose = "" if owner == os.geteuid() else (
+                f", owned by uid {owner} and not writable by uid {os.geteuid()}")
             raise StateDbReadOnlyError(
-                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}): the store is "
-                "not opened for writing and nothing was changed",
+                f"{path} is write-protected (mode {stat.S_IMODE(mode):04o}{whose}): the store "
+                "is not opened for writing and nothing was changed",
                 path=path,
             )
 
@@ -418,6 +427,21 @@ _SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
+#: The annotation of a parameter of prose (a message's content, a system prompt, an end
+#: reason): stored with lone surrogates removed (:func:`clean_text`), where a lone surrogate in
+#: an id or a key is refused (see hermes_state_arguments).
+Text = str
+
+#: The annotation of a key a read looks up (a session id, a chat id): one holding a lone
+#: surrogate names no stored row (none can hold one), so the read answers as for an absent
+#: key (see hermes_state_arguments); a write refuses such a key.
+Key = str
+
+#: The annotation of a message id used as a bound (``seen_through_id``): an int of any size,
+#: clamped to the ids SQLite can hold by its sibling (a bound beyond every row covers them all).
+Bound = int
+
+
 def clean_text(value: str) -> str:
     """Remove lone surrogates (SQLite cannot bind them); join valid pairs. Nothing else changes."""
     if value.isascii():
@@ -444,11 +468,22 @@ def stored_text(value: object) -> str | None:
     return text if clean_text(text) == text else None
 
 
-def encode_json(value: Any) -> str | None:
-    """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is."""
+def encode_json(value: Any, field: str = "value", *, sort_keys: bool = False) -> str | None:
+    """JSON text for a JSON-typed column (None stays NULL); non-ASCII is kept as is, lone
+    surrogates removed. What JSON cannot carry is refused, naming ``field``: another type of
+    object (:class:`InvalidTypeError`), a circular or too deeply nested structure, NaN or an
+    infinity (:class:`InvalidInputError`)."""
     if value is None:
         return None
-    return clean_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                          sort_keys=sort_keys)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{field} is not JSON: {exc}", argument=field) from exc
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidInputError(f"{field} is not JSON: {reason}", argument=field) from exc
+    return clean_text(text)
 
 
 def decode_json(text: str | None) -> Any:
@@ -466,20 +501,37 @@ def escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+ERROR_LOG_DIR, ERROR_LOG_NAME = "logs", "errors.log"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def append_error_log(line: str, home: Path | None = None) -> None:
     """Append one timestamped line to ``<home>/logs/errors.log`` (private file; ``home``
-    defaults to this context's); never raises."""
+    defaults to this context's); never raises.
+
+    Neither ``logs`` nor ``errors.log`` may be a symlink (as the database, its sidecars and
+    the spools may not): the directory is opened ``O_NOFOLLOW|O_DIRECTORY`` and the file
+    ``O_NOFOLLOW`` relative to it, so no planted link is followed out of the home; a refused
+    or failed write is a warning on the ``hermes_state`` logger instead."""
     try:
-        logs = (get_hermes_home() if home is None else home) / "logs"
+        logs = (get_hermes_home() if home is None else home) / ERROR_LOG_DIR
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        directory = os.open(logs, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+        try:
+            fd = os.open(ERROR_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW,
+                         0o600, dir_fd=directory)
+        finally:
+            os.close(directory)
         try:
             os.write(fd, f"{stamp} {clean_text(line)}\n".encode())
         finally:
             os.close(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        refused = exc.errno in (errno.ELOOP, errno.EEXIST, errno.ENOTDIR)
+        logging.getLogger("hermes_state").warning(
+            "%s: %s", "refusing a symlink as the error log" if refused
+            else f"the error log could not be written ({exc})", line)
 
 
 def now() -> float:
@@ -556,14 +608,19 @@ ON CONFLICT(key) DO UPDATE SET value = excluded.value
 """
 
 
-def get_meta(conn: sqlite3.Connection, /, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (key,)).fetchone()
+def get_meta(conn: sqlite3.Connection, /, key: Text) -> str | None:
+    """The value stored under ``key`` (lone surrogates removed, as :func:`set_meta` does)."""
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"a meta key must be a string, got {type(key).__name__}")
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (clean_text(key),)).fetchone()
     return None if row is None else row[0]
 
 
-def set_meta(conn: sqlite3.Connection, /, key: str, value: object) -> None:
+def set_meta(conn: sqlite3.Connection, /, key: Text, value: object) -> None:
     """Store ``value`` under ``key`` (strings as they are, anything else as JSON)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"a meta key must be a string, got {type(key).__name__}")
+    text = value if isinstance(value, str) else encode_json(value) or "null"
     conn.execute(SET_META_SQL, (clean_text(key), clean_text(text)))
 
 

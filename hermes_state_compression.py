@@ -30,12 +30,16 @@ archived parent is born archived the same way, so the conversation stays archive
 row of ``compression_locks``: a holder string and an expiry (wall-clock time, since holders
 live in different processes). Another holder may take the lock over only when it has expired,
 or when its holder string names a process that provably no longer exists: it contains
-``pid=<n>``, names this host or no host (``host=<name>``), and ``os.kill(n, 0)`` raises
-``ProcessLookupError``. A live pid, a pid of another host, a pid we may not signal, or no pid
-at all proves nothing, and the lock is honoured until it expires. :func:`lock_holder_name`
-builds a holder string in that format. The functions here do not take the lock themselves:
-whoever compresses holds it around the work. The lock keeps compressors apart, not appenders:
-``seen_through_id`` is what keeps a compression from archiving a turn appended meanwhile.
+``pid=<n>``, names this host or no host (``host=<name>``), and — when it records its PID
+namespace (``pidns=<inode>``, since a pid names another process in each namespace) — that
+namespace is ours, and either the pid's start time differs from the recorded ``start=<ticks>``
+(the pid was reused) or ``os.kill(n, 0)`` raises ``ProcessLookupError``. A live pid, a pid of
+another host or another PID namespace, a pid we may not signal, or no pid at all proves
+nothing, and the lock is honoured until it expires. :func:`lock_holder_name` builds a holder
+string in that format; an older one without ``pidns`` is judged by its pid alone. The
+functions here do not take the lock themselves: whoever compresses holds it around the work.
+The lock keeps compressors apart, not appenders: ``seen_through_id`` is what keeps a
+compression from archiving a turn appended meanwhile.
 
 **The compressor's memory** is two pieces of state on the session row:
 
@@ -63,13 +67,20 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hermes_state_common import clean_optional, now, stored_text
-from hermes_state_errors import CompressionConflictError, InvalidInputError, SessionNotFoundError
+from hermes_state_arguments import shown
+from hermes_state_common import Bound, Text, clean_optional, now, stored_text
+from hermes_state_errors import (
+    CompressionConflictError,
+    InvalidInputError,
+    InvalidTypeError,
+    SessionNotFoundError,
+)
 from hermes_state_messages import (
     RECOUNT_SQL,
     check_bound,
     insert_message,
     message_fields,
+    message_list,
     put_back,
     take_unseen,
     tool_call_count_of,
@@ -143,12 +154,13 @@ def archive_generation(
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> list[int]:
     """:func:`archive_and_compact`, returning the ids of the new generation's rows."""
     bound = check_bound(seen_through_id)
     require_session(conn, session_id)
-    generation = [message_fields(message) for message in compacted_messages]
+    generation = [message_fields(message)
+                  for message in message_list(compacted_messages, "compacted_messages")]
     unseen = take_unseen(conn, session_id, bound, generation)
     conn.execute(ARCHIVE_GENERATION_SQL, (session_id,))
     ids, calls = _insert_generation(conn, session_id, generation, count=False)
@@ -164,7 +176,7 @@ def archive_and_compact(
     session_id: str,
     compacted_messages: Iterable[Mapping[str, Any]],
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> int:
     """Compress a session in place (the caller's transaction); returns the number of rows
     inserted as the new active generation, i.e. ``len(compacted_messages)``.
@@ -218,7 +230,7 @@ def publish_compression_child(
     create_session(
         conn, child_session_id, source, parent_session_id=parent_session_id, **session_columns
     )
-    _insert_generation(conn, child_session_id, messages, count=True)
+    _insert_generation(conn, child_session_id, message_list(messages), count=True)
     conn.execute(PUBLISH_SUCCESSOR_SQL, (now(), child_session_id, parent_session_id))
     lift_auto_archive(conn, child_session_id)
     conn.execute(
@@ -231,18 +243,64 @@ def publish_compression_child(
 
 _PID_RE = re.compile(r"(?<![\w-])pid=(\d+)(?!\w)")
 _HOST_RE = re.compile(r"(?<![\w-])host=(\S+)")
+_PIDNS_RE = re.compile(r"(?<![\w-])pidns=(\d+)(?!\w)")
+_START_RE = re.compile(r"(?<![\w-])start=(\d+)(?!\w)")
+_NS_INODE_RE = re.compile(r"\[(\d+)\]")
+
+
+def _pid_namespace() -> str | None:
+    """The inode of this process's PID namespace (``/proc/self/ns/pid``), None unknown."""
+    try:
+        match = _NS_INODE_RE.search(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        return None
+    return None if match is None else match.group(1)
+
+
+def _proc_is_ours() -> bool:
+    """True when ``/proc`` shows this PID namespace (``/proc/self`` is our own pid): only then
+    does ``/proc/<n>`` describe the process we call ``n``."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _start_time(pid: int | str) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat`` field 22, clock ticks since boot);
+    None when there is no such process or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat_line = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat_line[stat_line.rfind(")") + 2:].split()  # the name may hold spaces
+    return fields[19] if len(fields) > 19 else None
 
 
 def lock_holder_name(label: str = "") -> str:
-    """A holder string for this process: ``host=<hostname> pid=<pid>`` and the label."""
-    name = f"host={socket.gethostname()} pid={os.getpid()}"
+    """A holder string for this process: ``host=<hostname> pid=<pid>``, where known
+    ``pidns=<PID namespace inode> start=<start time>`` (what proves it gone later, see
+    :func:`holder_is_gone`), and the label."""
+    parts = [f"host={socket.gethostname()}", f"pid={os.getpid()}"]
+    namespace = _pid_namespace()
+    if namespace is not None:
+        parts.append(f"pidns={namespace}")
+        start = _start_time("self")
+        if start is not None:
+            parts.append(f"start={start}")
+    name = " ".join(parts)
     return f"{name} {label}" if label else name
 
 
 def holder_is_gone(holder: str) -> bool:
-    """True only when ``holder`` names a process of this host that no longer exists.
+    """True only when ``holder`` names a process of this host that provably no longer exists.
 
-    Never signals anything on Windows, where ``os.kill`` terminates the process.
+    A holder string that records its PID namespace is judged only from the same namespace (a
+    pid means another process, or none, in any other); there, a recorded start time that
+    differs from the pid's now proves the pid was reused. Without those facts (an older
+    holder string) the pid alone is judged, as before. Never signals anything on Windows,
+    where ``os.kill`` terminates the process.
     """
     match = _PID_RE.search(holder)
     if match is None or sys.platform == "win32":
@@ -253,6 +311,14 @@ def holder_is_gone(holder: str) -> bool:
     pid = int(match.group(1))
     if pid <= 0:
         return False
+    namespace, start = _PIDNS_RE.search(holder), _START_RE.search(holder)
+    if namespace is not None:
+        if namespace.group(1) != _pid_namespace():
+            return False  # another PID namespace: nothing here says whether it lives
+        if start is not None and _proc_is_ours():
+            now_started = _start_time(pid)
+            if now_started is not None:
+                return now_started != start.group(1)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -264,15 +330,15 @@ def holder_is_gone(holder: str) -> bool:
 
 def _check_ttl(ttl_seconds: float) -> float:
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float)):
-        raise TypeError(f"ttl_seconds must be a number, got {type(ttl_seconds).__name__}")
+        raise InvalidTypeError(f"ttl_seconds must be a number, got {type(ttl_seconds).__name__}")
     if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
-        raise ValueError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
+        raise InvalidInputError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
     return float(ttl_seconds)
 
 
 def _check_holder(holder: str) -> str:
     if not isinstance(holder, str) or not holder:
-        raise ValueError(f"holder must be a non-empty string, got {holder!r}")
+        raise InvalidInputError(f"holder must be a non-empty string, got {holder!r}")
     return holder
 
 
@@ -362,13 +428,13 @@ SET_STREAK_SQL = "UPDATE sessions SET compression_fallback_streak = ? WHERE id =
 
 
 def set_compression_fallback_streak(
-    conn: sqlite3.Connection, /, session_id: str, streak: int
+    conn: sqlite3.Connection, /, session_id: str, streak: Any
 ) -> None:
     """Store ``max(0, int(streak))``."""
     try:
         value = max(0, int(streak))
     except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidInputError(f"streak must be an integer, got {streak!r}") from exc
+        raise InvalidInputError(f"streak must be an integer, got {shown(streak)}") from exc
     key = _failure_key(session_id)
     if key is not None:
         conn.execute(SET_STREAK_SQL, (min(value, 2**63 - 1), key))
@@ -381,7 +447,7 @@ WHERE id = ?
 
 
 def record_compression_failure_cooldown(
-    conn: sqlite3.Connection, /, session_id: str, cooldown_until: float, error: str | None = None
+    conn: sqlite3.Connection, /, session_id: str, cooldown_until: float, error: Text | None = None
 ) -> None:
     """Remember that compression should not be tried again before ``cooldown_until`` (epoch
     seconds), and why."""

@@ -24,6 +24,8 @@ meet on their own ``sqlite3`` connections, whose contract is the message text (s
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -44,6 +46,7 @@ __all__ = [
     "StateDbReplacedError",
     "StateDbInUseError",
     "InvalidInputError",
+    "InvalidTypeError",
     "UnknownFilterError",
     "UnsafePathError",
     "LedgerBusyError",
@@ -68,10 +71,14 @@ __all__ = [
     "hot_journal_error",
     "translate",
     "translated_errors",
+    "translate_os_error",
     "foreign_database_error",
     "HOT_JOURNAL_REASON",
     "is_malformed_db_error",
     "FOREIGN_REASON",
+    "TRUNCATED_REASON",
+    "READ_ONLY_DIRECTORY_REASON",
+    "translate_read",
     "SQLITE_BUSY",
     "SQLITE_LOCKED",
     "SQLITE_CORRUPT",
@@ -96,10 +103,13 @@ SQLITE_CONSTRAINT = 19
 SQLITE_NOTADB = 26
 SQLITE_CORRUPT_VTAB = SQLITE_CORRUPT | (1 << 8)
 SQLITE_READONLY_ROLLBACK = SQLITE_READONLY | (3 << 8)
+SQLITE_READONLY_DIRECTORY = SQLITE_READONLY | (6 << 8)
 
 LOCKED_REASON = "session_persistence_failed:locked"
 HOT_JOURNAL_REASON = "hot_journal"
 FOREIGN_REASON = "foreign"
+TRUNCATED_REASON = "truncated"
+READ_ONLY_DIRECTORY_REASON = "read_only_directory"
 
 
 class HermesStateError(Exception):
@@ -222,8 +232,11 @@ class FtsCorruptError(HermesStateError):
 class StateDbUnavailableError(HermesStateError):
     """The store cannot serve this request: ``reason`` is "uninitialized" (no session store
     there yet), "incompatible" (another schema version), "foreign" (the file is another
-    application's SQLite database, left untouched), "busy" or "hot_journal" (an interrupted
-    write left a rollback journal that only a writable open may roll back). ``http_status`` is
+    application's SQLite database, left untouched), "truncated" (the main file is empty beside
+    a ``-wal`` that is not: it lost its content, it is not a new store), "busy" or
+    "hot_journal" (an interrupted write left a rollback journal that only a writable open may
+    roll back), "read_only_directory" (a read-only open of a WAL store with no ``-shm`` in a
+    directory this user may not write: SQLite cannot create the ``-shm`` a reader needs). ``http_status`` is
     what a web front end should answer (503: try again later)."""
 
     def __init__(
@@ -265,15 +278,27 @@ class StateDbInUseError(HermesStateError):
 
 
 class InvalidInputError(HermesStateError, ValueError):
-    """An argument of the wrong kind was refused before anything was written."""
+    """An argument was refused before anything was read or written: a value out of its range
+    (an integer past SQLite's 64 bits, a number that is not finite, a title too long), a key
+    holding a lone surrogate (no stored key can), a structure that is not JSON. ``argument``
+    names the refused parameter (or field) where one is to blame."""
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
-class UnknownFilterError(HermesStateError, TypeError):
+class InvalidTypeError(InvalidInputError, TypeError):
+    """An argument of the wrong type was refused before anything was read or written; also a
+    ``TypeError``, as such refusals were before they were typed."""
+
+
+class UnknownFilterError(InvalidTypeError):
     """A filter name the call does not know (a ``TypeError``, as an unknown keyword is);
     ``names`` lists them. Nothing was read or written."""
 
     def __init__(self, message: str, *, names: list[str]) -> None:
-        super().__init__(message)
+        super().__init__(message, argument=names[0] if len(names) == 1 else None)
         self.names = list(names)
 
 
@@ -495,6 +520,19 @@ def foreign_database_error(path: Path | None, tables: Sequence[str]) -> StateDbU
     )
 
 
+def _why_not(path: Path | None, exc: sqlite3.Error) -> str:
+    """Why SQLite could not open ``path``, where the file system says: a file this user may
+    not read (another user's, or its read bit taken), else SQLite's own words."""
+    try:
+        if path is not None and path.exists() and not os.access(path, os.R_OK):
+            st = path.stat()
+            return (f"no permission to read it (it belongs to uid {st.st_uid}, mode "
+                    f"{st.st_mode & 0o777:04o}; this process runs as uid {os.geteuid()})")
+    except OSError:
+        pass
+    return str(exc)
+
+
 def _typed(exc: sqlite3.Error, path: Path | None, where: str) -> HermesStateError:
     """The typed error for an SQLite error, by its result code."""
     code = _error_code(exc)
@@ -510,7 +548,8 @@ def _typed(exc: sqlite3.Error, path: Path | None, where: str) -> HermesStateErro
     if primary == SQLITE_READONLY:
         return StateDbReadOnlyError(f"{where} is write-protected: {exc}", path=path)
     if primary in (SQLITE_CANTOPEN, SQLITE_PERM):
-        return StateDbCannotOpenError(f"{where} cannot be opened: {exc}", path=path)
+        return StateDbCannotOpenError(f"{where} cannot be opened: {_why_not(path, exc)}",
+                                      path=path)
     if primary == SQLITE_CONSTRAINT:
         return StateDbConstraintError(f"a write to {where} broke a constraint: {exc}", path=path)
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
@@ -542,3 +581,55 @@ def translated_errors(path: Path | None) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise translate(exc, path) from exc
+
+
+# What the operating system's refusals mean for a store, by errno (never by message text).
+_OS_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_OS_DENIED = frozenset({errno.EACCES, errno.EPERM})
+_OS_MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
+
+
+def translate_os_error(exc: OSError) -> HermesStateError:
+    """The typed error for an operating-system failure met by a module-level operation, by
+    ``errno``: a full disk or quota (:class:`StateDbFullError`), a read-only file system
+    (:class:`StateDbReadOnlyError`), no permission or a missing file
+    (:class:`StateDbCannotOpenError`), a file name too long (:class:`InvalidInputError`),
+    anything else (:class:`StateDbIOError`). ``path`` is the file the system named; the
+    original stays as ``__cause__``."""
+    path = Path(exc.filename) if isinstance(exc.filename, str) else None
+    where = str(path) if path is not None else "a file of the store"
+    reason = exc.strerror or type(exc).__name__
+    error: HermesStateError
+    if exc.errno in _OS_FULL:
+        error = StateDbFullError(f"no space left for {where}: {reason}", path=path)
+    elif exc.errno == errno.EROFS:
+        error = StateDbReadOnlyError(f"{where} is on a read-only file system", path=path)
+    elif exc.errno in _OS_DENIED:
+        error = StateDbCannotOpenError(f"no permission for {where}: {reason}", path=path)
+    elif exc.errno in _OS_MISSING:
+        error = StateDbCannotOpenError(f"{where} cannot be opened: {reason}", path=path)
+    elif exc.errno == errno.ENAMETOOLONG:
+        error = InvalidInputError(f"a file name is too long: {where[:120]}")
+    else:
+        error = StateDbIOError(f"I/O error on {where}: {reason}", path=path)
+    error.__cause__ = exc
+    return error
+
+
+def translate_read(exc: sqlite3.Error, path: Path) -> HermesStateError:
+    """The typed error of a read-only handle's SQLite error on ``path``: :func:`translate`,
+    saying why where the cause is the directory around the store: a WAL store whose ``-shm``
+    cannot be created (a directory this user may not write) is
+    :class:`StateDbUnavailableError` ``read_only_directory``."""
+    error: HermesStateError
+    if _error_code(exc) == SQLITE_READONLY_DIRECTORY:
+        error = StateDbUnavailableError(
+            f"{path} cannot be read here: it is a WAL store without a -shm file, and SQLite "
+            f"cannot create one in {path.parent} (this user may not write that directory)",
+            reason=READ_ONLY_DIRECTORY_REASON, path=path)
+    else:
+        return translate(exc, path)
+    error.sqlite_errorcode = _error_code(exc)
+    error.sqlite_errorname = getattr(exc, "sqlite_errorname", None)
+    error.__cause__ = exc
+    return error

@@ -86,10 +86,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hermes_state_arguments import shown
 from hermes_state_common import (
     DELIVERY_OBLIGATIONS_SQL,
     LIVE_ADMISSION_STATUSES,
     LIVE_EXECUTION_STATUSES,
+    Text,
     clean_optional,
     clean_text,
     decode_json,
@@ -101,6 +103,8 @@ from hermes_state_common import (
     table_exists,
 )
 from hermes_state_errors import (
+    InvalidInputError,
+    InvalidTypeError,
     LedgerConflictError,
     OwnerLookupError,
     ReceiptRejectedError,
@@ -158,18 +162,18 @@ OWNER_MARKER_KEY = "owner_marker"
 
 def _check_text(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidInputError(f"{name} must be a non-empty string, got {shown(value)}")
     return clean_text(value)
 
 
 def _payload_json(payload: Any) -> str:
     """JSON text of a payload column (NOT NULL): None is stored as JSON ``null``."""
-    return encode_json(payload) or "null"
+    return encode_json(payload, "payload") or "null"
 
 
 def _check_outcome(outcome: Any) -> str:
     if outcome not in OUTCOMES:
-        raise ValueError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
+        raise InvalidInputError(f"outcome must be one of {sorted(OUTCOMES)}, got {shown(outcome)}")
     return str(outcome)
 
 
@@ -214,7 +218,7 @@ def get_runtime_epoch(conn: sqlite3.Connection, /) -> dict[str, Any] | None:
 
 def _require_epoch(conn: sqlite3.Connection, /, epoch: int) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, int):
-        raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
+        raise InvalidTypeError(f"epoch must be an int, got {type(epoch).__name__}")
     row = conn.execute(SELECT_EPOCH_SQL).fetchone()
     current = 0 if row is None else int(row[0])
     if epoch != current:
@@ -348,7 +352,7 @@ def settle_input(
         )
     conn.execute(
         FINISH_ADMISSION_SQL,
-        ("settled", epoch, outcome, encode_json(result), now(), admission_id),
+        ("settled", epoch, outcome, encode_json(result, "result"), now(), admission_id),
     )
     return _existing_admission(conn, admission_id)
 
@@ -388,10 +392,20 @@ def list_admissions(
 
 
 def canonical_json(payload: Any) -> str:
-    """The canonical JSON text of a receipt payload (see the module docstring)."""
-    return json.dumps(
-        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    """The canonical JSON text of a receipt payload (see the module docstring); a payload JSON
+    cannot carry, or whose text has no UTF-8 bytes (a lone surrogate), is refused."""
+    try:
+        text = json.dumps(
+            payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except TypeError as exc:
+        raise InvalidTypeError(f"payload is not JSON: {exc}", argument="payload") from exc
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInputError(f"payload is not JSON: {exc!r}", argument="payload") from exc
+    if clean_text(text) != text:
+        raise InvalidInputError("payload holds a lone surrogate: it has no UTF-8 bytes to digest",
+                                argument="payload")
+    return text
 
 
 def receipt_digest(payload: Any) -> str:
@@ -463,7 +477,7 @@ def record_worker_receipt(
     Returns the receipt: ``execution_id, session_id, sequence, payload, digest, recorded_at``.
     """
     if isinstance(sequence, bool) or not isinstance(sequence, int):
-        raise TypeError(f"sequence must be an int, got {type(sequence).__name__}")
+        raise InvalidTypeError(f"sequence must be an int, got {type(sequence).__name__}")
     execution = _execution(conn, execution_id)
 
     def refuse(reason: str, message: str, expected: int | None = None) -> ReceiptRejectedError:
@@ -603,7 +617,8 @@ def _existing_obligation(conn: sqlite3.Connection, /, obligation_key: str) -> di
 
 def _chat_part(name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-        raise ValueError(f"{name} must be a non-empty string or an int, got {value!r}")
+        raise InvalidInputError(
+            f"{name} must be a non-empty string or an int, got {shown(value)}")
     return clean_text(str(value))
 
 
@@ -639,7 +654,7 @@ def record_delivery_obligation(
 
 
 def record_delivery_failure(
-    conn: sqlite3.Connection, /, obligation_key: str, error: str
+    conn: sqlite3.Connection, /, obligation_key: str, error: Text
 ) -> dict[str, Any]:
     """Count a failed delivery attempt; the obligation stays ``owed``."""
     if not conn.execute(
@@ -655,7 +670,8 @@ def settle_delivery_obligation(
     """Settle an owed obligation as ``delivered`` or ``abandoned``; settling one that is not
     owed (unknown or already settled) raises :class:`LedgerConflictError`."""
     if outcome not in DELIVERY_OUTCOMES:
-        raise ValueError(f"outcome must be one of {sorted(DELIVERY_OUTCOMES)}, got {outcome!r}")
+        raise InvalidInputError(
+            f"outcome must be one of {sorted(DELIVERY_OUTCOMES)}, got {outcome!r}")
     current = _existing_obligation(conn, obligation_key)
     stamp = now()
     if not conn.execute(SETTLE_OBLIGATION_SQL, (outcome, stamp, stamp, obligation_key)).rowcount:
@@ -709,11 +725,15 @@ def _routing_json(entry_json: Any) -> str:
     """JSON text for an entry: a string is taken as JSON text (and must parse), anything else
     is encoded."""
     if isinstance(entry_json, str):
-        json.loads(entry_json)
+        try:
+            json.loads(entry_json)
+        except ValueError as exc:
+            raise InvalidInputError(f"a routing entry is not JSON text: {exc}",
+                                    argument="entry_json") from exc
         return clean_text(entry_json)
-    text = encode_json(entry_json)
+    text = encode_json(entry_json, "entry_json")
     if text is None:
-        raise ValueError("a routing entry cannot be None")
+        raise InvalidInputError("a routing entry cannot be None")
     return text
 
 
@@ -743,6 +763,9 @@ def replace_gateway_routing_entries(
     conn: sqlite3.Connection, /, entries: Mapping[str, Any], *, scope: str = ""
 ) -> None:
     """Make ``entries`` the whole content of ``scope`` (other scopes untouched)."""
+    if not isinstance(entries, Mapping):
+        raise InvalidTypeError(
+            f"entries must be a mapping of session keys, got {type(entries).__name__}")
     conn.execute("DELETE FROM gateway_routing WHERE scope = ?", (scope,))
     stamp = now()
     conn.executemany(
@@ -757,8 +780,9 @@ def delete_gateway_routing_entries(
 ) -> int:
     """Delete the entries of ``session_keys`` (any number) within ``scope``; returns how many
     existed."""
-    if isinstance(session_keys, str):
-        raise TypeError("session_keys must be a collection of keys, not one string")
+    if session_keys is None or isinstance(session_keys, str):
+        raise InvalidTypeError("session_keys must be a collection of keys, not "
+                               f"{'one string' if session_keys else 'None'}")
     keys = [str(k) for k in session_keys]
     if not keys:
         return 0
@@ -799,7 +823,7 @@ def record_async_delegation(
     delegation_id: str,
     parent_session_id: str,
     *,
-    task: str | None = None,
+    task: Text | None = None,
     child_session_id: str | None = None,
 ) -> dict[str, Any]:
     """Record a delegation (``pending``); recording the same id again for the same parent
@@ -841,7 +865,7 @@ def update_async_delegation(
         raise LedgerConflictError(f"delegation {delegation_id!r} is already {current['status']}")
     if status is not None:
         if status not in DELEGATION_STATUSES:
-            raise ValueError(f"status must be one of {DELEGATION_STATUSES}, got {status!r}")
+            raise InvalidInputError(f"status must be one of {DELEGATION_STATUSES}, got {status!r}")
         if DELEGATION_STATUSES.index(status) < DELEGATION_STATUSES.index(current["status"]):
             raise LedgerConflictError(
                 f"delegation {delegation_id!r} cannot go from {current['status']} to {status}"
@@ -850,7 +874,8 @@ def update_async_delegation(
         "UPDATE async_delegations SET status = COALESCE(?, status),"
         " child_session_id = COALESCE(?, child_session_id),"
         " result_json = COALESCE(?, result_json), updated_at = ? WHERE delegation_id = ?",
-        (status, clean_optional(child_session_id), encode_json(result), now(), delegation_id),
+        (status, clean_optional(child_session_id), encode_json(result, "result"), now(),
+         delegation_id),
     )
     updated = get_async_delegation(conn, delegation_id)
     assert updated is not None
@@ -883,7 +908,8 @@ def _marker_part(name: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f"{name} must be a string, an int or None, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be a string, an int or None, got {type(value).__name__}")
     return clean_text(str(value))
 
 
@@ -923,10 +949,10 @@ def with_owner_marker(display_metadata: Mapping[str, Any] | None, marker: str) -
     if display_metadata is None:
         display_metadata = {}
     if not isinstance(display_metadata, Mapping):
-        raise TypeError("display_metadata must be a mapping to carry an owner marker")
+        raise InvalidTypeError("display_metadata must be a mapping to carry an owner marker")
     present = display_metadata.get(OWNER_MARKER_KEY)
     if present is not None and present != marker:
-        raise ValueError(f"display_metadata already carries owner marker {present!r}")
+        raise InvalidInputError(f"display_metadata already carries owner marker {present!r}")
     return {**display_metadata, OWNER_MARKER_KEY: marker}
 
 
@@ -1003,10 +1029,10 @@ def persist_exception_input(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    content: str | None,
+    content: Text | None,
     *,
     marker: str,
-    role: str = "user",
+    role: Text = "user",
     agent_owns_persistence: bool = False,
     **fields: Any,
 ) -> tuple[str, int | None]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import clean_text, row_to_dict, stored_text
+from hermes_state_common import Text, clean_text, row_to_dict, stored_text
 from hermes_state_errors import InvalidInputError
 
 __all__ = [
@@ -78,7 +78,7 @@ def complete_handoff(conn: sqlite3.Connection, /, session_id: str) -> None:
 FAIL_HANDOFF_SQL = "UPDATE sessions SET handoff_state = 'failed', handoff_error = ? WHERE id = ?"
 
 
-def fail_handoff(conn: sqlite3.Connection, /, session_id: str, error: str) -> None:
+def fail_handoff(conn: sqlite3.Connection, /, session_id: str, error: Text) -> None:
     """Mark the handoff failed with the first 500 characters of ``error``, whatever its state
     was."""
     key = stored_text(session_id)

@@ -56,8 +56,17 @@ from typing import Any
 
 import hermes_state_fts as fts
 import hermes_state_rank as rank
-from hermes_state_common import clean_optional, clean_text, decode_json, encode_json, now
-from hermes_state_errors import InvalidInputError, SessionNotFoundError
+from hermes_state_arguments import INT64_MAX, INT64_MIN, shown
+from hermes_state_common import (
+    Bound,
+    Text,
+    clean_optional,
+    clean_text,
+    decode_json,
+    encode_json,
+    now,
+)
+from hermes_state_errors import InvalidInputError, InvalidTypeError, SessionNotFoundError
 from hermes_state_lineage import session_ancestors
 from hermes_state_sessions import lift_auto_archive
 
@@ -77,6 +86,7 @@ __all__ = [
     "hydrated_message",
     "get_messages_as_conversation",
     "read_conversation",
+    "message_list",
     "message_fields",
     "check_bound",
     "take_unseen",
@@ -151,7 +161,7 @@ def new_uid() -> str:
 
 def _check_uid(value: Any, field: str) -> str:
     if not isinstance(value, str) or not _UID_RE.fullmatch(value):
-        raise ValueError(f"{field} must be 32 lowercase hex characters, got {value!r}")
+        raise InvalidInputError(f"{field} must be 32 lowercase hex characters, got {value!r}")
     return value
 
 
@@ -212,19 +222,31 @@ def _pair_tool_result(
 def _text(name: str, value: Any) -> str | None:
     """A text field: a string or None; lone surrogates removed."""
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a string or None, got {type(value).__name__}")
     return clean_optional(value)
 
 
+def _json_field(name: str, value: Any) -> Any:
+    """``value`` once JSON is shown to carry it (:func:`encode_json` refuses it, naming
+    ``name``, when it cannot): a row is refused whole when it is built, never half-written."""
+    encode_json(value, name)
+    return value
+
+
 def _role(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"role must be a non-empty string, got {value!r}")
-    return clean_text(value)
+    role = clean_text(value) if isinstance(value, str) else ""
+    if not role:
+        raise InvalidInputError(f"role must be a non-empty string, got {shown(value)}",
+                                argument="role")
+    return role
 
 
 def _token_count(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError("token_count must be an int or None")
+        raise InvalidTypeError("token_count must be an int or None", argument="token_count")
+    if value is not None and not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidInputError(f"token_count does not fit in 64 bits: {shown(value)}",
+                                argument="token_count")
     return value
 
 
@@ -233,9 +255,9 @@ def _timestamp(value: Any) -> float:
     if value is None:
         return now()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"timestamp must be a number, got {type(value).__name__}")
+        raise InvalidTypeError(f"timestamp must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise ValueError(f"timestamp must be finite, got {value!r}")
+        raise InvalidInputError(f"timestamp must be finite, got {value!r}")
     return float(value)
 
 
@@ -296,7 +318,8 @@ class MessageRow:
     """One message row as it is inserted, every field checked (:meth:`build`).
 
     Text fields are strings or None (lone surrogates removed); the JSON-typed fields hold any
-    JSON value, encoded only when the row is written; flags are bools."""
+    JSON value, encoded only when the row is written (a value JSON cannot carry is refused
+    when the row is built: :func:`_json_field`); flags are bools."""
 
     session_id: str
     role: str
@@ -375,25 +398,26 @@ class MessageRow:
             role=role,
             content=content,
             tool_name=_text("tool_name", tool_name),
-            tool_calls=tool_calls,
+            tool_calls=_json_field("tool_calls", tool_calls),
             tool_call_id=tool_call_id,
             token_count=_token_count(token_count),
             finish_reason=finish_reason,
             reasoning=reasoning,
             reasoning_content=reasoning_content,
-            reasoning_details=reasoning_details,
-            codex_reasoning_items=codex_reasoning_items,
-            codex_message_items=codex_message_items,
+            reasoning_details=_json_field("reasoning_details", reasoning_details),
+            codex_reasoning_items=_json_field("codex_reasoning_items", codex_reasoning_items),
+            codex_message_items=_json_field("codex_message_items", codex_message_items),
             platform_message_id=_text("platform_message_id", platform_message_id),
             observed=bool(observed),
             effect_disposition=_text("effect_disposition", effect_disposition),
             api_content=api_content,
             display_kind=_text("display_kind", display_kind),
-            display_metadata=display_metadata,
+            display_metadata=_json_field("display_metadata", display_metadata),
             message_uid=_message_uid(_text("message_uid", message_uid)),
             timestamp=_timestamp(timestamp),
-            absorbed_message_uids=absorbed_message_uids,
-            tool_call_uids=_tool_call_uids(role, tool_calls, tool_call_uids),
+            absorbed_message_uids=_json_field("absorbed_message_uids", absorbed_message_uids),
+            tool_call_uids=_json_field(
+                "tool_call_uids", _tool_call_uids(role, tool_calls, tool_call_uids)),
             tool_call_uid=_tool_call_uid(
                 conn, session_id, role, tool_call_id, live, _text("tool_call_uid", tool_call_uid)
             ),
@@ -408,7 +432,7 @@ class MessageRow:
         """:meth:`build` from a mapping of message fields (see :data:`MESSAGE_FIELDS`)."""
         unknown = set(fields) - set(MESSAGE_FIELDS)
         if unknown:
-            raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
+            raise InvalidTypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
         return cls.build(conn, session_id, **fields)
 
     @property
@@ -486,23 +510,23 @@ def append_message(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    role: str,
-    content: str | None = None,
-    tool_name: str | None = None,
+    role: Text,
+    content: Text | None = None,
+    tool_name: Text | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
-    tool_call_id: str | None = None,
+    tool_call_id: Text | None = None,
     token_count: int | None = None,
-    finish_reason: str | None = None,
-    reasoning: str | None = None,
-    reasoning_content: str | None = None,
+    finish_reason: Text | None = None,
+    reasoning: Text | None = None,
+    reasoning_content: Text | None = None,
     reasoning_details: Any = None,
     codex_reasoning_items: Any = None,
     codex_message_items: Any = None,
-    platform_message_id: str | None = None,
+    platform_message_id: Text | None = None,
     observed: bool = False,
-    effect_disposition: str | None = None,
-    api_content: str | None = None,
-    display_kind: str | None = None,
+    effect_disposition: Text | None = None,
+    api_content: Text | None = None,
+    display_kind: Text | None = None,
     display_metadata: Any = None,
     message_uid: str | None = None,
     timestamp: float | None = None,
@@ -808,6 +832,24 @@ _CONVERSATION_ALIASES = {
 _IGNORED_KEYS = frozenset({"_row_id", "id", "session_id"})
 
 
+def message_list(messages: object, name: str = "messages") -> list[Mapping[str, Any]]:
+    """``messages`` as a list of message dicts (a rewrite's or an import's); anything else,
+    or a dict with a key that is not a string, is refused before a row is written."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidTypeError(
+            f"{name} must be a list of message dicts, got {type(messages).__name__}",
+            argument=name)
+    listed = list(messages)
+    for index, message in enumerate(listed):
+        if not isinstance(message, Mapping):
+            raise InvalidTypeError(
+                f"{name}[{index}] must be a dict, got {type(message).__name__}", argument=name)
+        if not all(isinstance(key, str) for key in message):
+            raise InvalidTypeError(f"{name}[{index}] has a key that is not a string",
+                                   argument=name)
+    return listed
+
+
 def message_fields(message: Mapping[str, Any]) -> dict[str, Any]:
     """The insert fields of a message dict in append, export or replay format (the replay's
     ``message_id`` is the platform's id, used when ``platform_message_id`` has none)."""
@@ -859,7 +901,7 @@ _TOOL_CALLS_COLUMN = _COLUMNS.index("tool_calls")
 def take_unseen(
     conn: sqlite3.Connection,
     session_id: str,
-    seen_through_id: int | None,
+    seen_through_id: Bound | None,
     written: Iterable[Mapping[str, Any]],
 ) -> list[tuple[Any, ...]]:
     """Lift out the live rows of a session the caller did not see (the caller's transaction):
@@ -963,17 +1005,9 @@ def replacement_fields(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
       any other unknown key is refused.
 
     Anything else malformed raises :class:`InvalidInputError` before a row is written."""
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-        raise InvalidInputError(
-            f"messages must be a list of message dicts, got {type(messages).__name__}"
-        )
     clock = now()
     out = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise InvalidInputError(
-                f"messages[{index}] must be a dict, got {type(message).__name__}"
-            )
+    for index, message in enumerate(message_list(messages)):
         fields = {key: value for key, value in message_fields(message).items()
                   if key in MESSAGE_FIELDS or not key.startswith("_")}
         unknown = sorted(set(fields) - set(MESSAGE_FIELDS))
@@ -1013,7 +1047,7 @@ def replace_messages(
     messages: Iterable[Mapping[str, Any]],
     active_only: bool = False,
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> None:
     """Replace the messages of a session (the caller's transaction): see
     :func:`replace_message_rows`, which also returns the ids it wrote."""
@@ -1029,7 +1063,7 @@ def replace_message_rows(
     messages: Iterable[Mapping[str, Any]],
     active_only: bool = False,
     *,
-    seen_through_id: int | None = None,
+    seen_through_id: Bound | None = None,
 ) -> list[int]:
     """Replace the messages of a session (the caller's transaction); returns the ids of the
     rows written for ``messages``, in order.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import clean_text, row_to_dict, stored_text
+from hermes_state_common import Text, clean_text, row_to_dict, stored_text
 from hermes_state_errors import InvalidInputError
 
 __all__ = [
@@ -187,8 +187,8 @@ def record_gateway_session_peer(
     chat_id: str | None = None,
     chat_type: str | None = None,
     thread_id: str | None = None,
-    display_name: str | None = None,
-    origin_json: str | None = None,
+    display_name: Text | None = None,
+    origin_json: Text | None = None,
 ) -> None:
     """Point the session at this peer: key, platform, chat, chat type and thread are
     overwritten (None included), display name and origin only when given; ``user_id`` stays

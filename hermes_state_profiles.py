@@ -41,7 +41,12 @@ from hermes_state_common import (
     hermes_root,
     resolve_profile_home,
 )
-from hermes_state_errors import HermesStateError, ProfileNotFoundError, StoreNotHeldError
+from hermes_state_errors import (
+    HermesStateError,
+    InvalidTypeError,
+    ProfileNotFoundError,
+    StoreNotHeldError,
+)
 
 __all__ = [
     "ProfileStore",
@@ -56,7 +61,7 @@ PathArg = str | os.PathLike[str]
 def _named_home(profile: str | None, home: PathArg | None) -> Path | None:
     """The home an explicit ``profile`` or ``home`` names (unchecked), None when neither."""
     if profile is not None and home is not None:
-        raise TypeError("name a profile or a home directory, not both")
+        raise InvalidTypeError("name a profile or a home directory, not both")
     if home is not None:
         return Path(home).expanduser().absolute()
     if profile is not None:

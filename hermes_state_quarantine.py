@@ -71,7 +71,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import hermes_state_fts as fts
 from hermes_state_common import append_error_log, clean_text, configure_connection, get_hermes_home
@@ -457,6 +457,41 @@ def spool_file_name(key: str) -> str:
     return f"{safe}~{digest}.jsonl" if safe else f"~{digest}.jsonl"
 
 
+# Past this depth a spooled value is cut short: a structure nested deeper is not a transcript.
+_SPOOL_DEPTH = 100
+CIRCULAR_MARK = "<circular reference>"
+TOO_DEEP_MARK = "<nested too deeply>"
+
+
+def spoolable(value: Any, depth: int = 0, seen: frozenset[int] = frozenset()) -> Any:
+    """``value`` as JSON can carry it, as faithfully as it allows: mappings (keys as text) and
+    sequences kept, a reference back into itself as :data:`CIRCULAR_MARK`, what lies deeper
+    than ``_SPOOL_DEPTH`` as :data:`TOO_DEEP_MARK`, any other object as its ``str`` (its type
+    name when even that fails). A spool that refused a value would lose the whole turn."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if id(value) in seen:
+        return CIRCULAR_MARK
+    if depth >= _SPOOL_DEPTH:
+        return TOO_DEEP_MARK
+    inner = seen | {id(value)}
+    if isinstance(value, Mapping):
+        return {_spool_key(k): spoolable(v, depth + 1, inner) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [spoolable(item, depth + 1, inner) for item in value]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - an object that cannot describe itself is named instead
+        return f"<{type(value).__name__}>"
+
+
+def _spool_key(key: object) -> str:
+    text = spoolable(key)
+    return text if isinstance(text, str) else json.dumps(text)
+
+
 def _append_jsonl(
     directory: Path, key: str, records: Iterable[Mapping[str, Any]]
 ) -> Path:
@@ -473,7 +508,7 @@ def _append_jsonl(
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / spool_file_name(key)
     data = "".join(
-        clean_text(json.dumps(dict(r), ensure_ascii=False, default=str)) + "\n" for r in records
+        clean_text(json.dumps(spoolable(r), ensure_ascii=False)) + "\n" for r in records
     ).encode()
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -531,9 +566,16 @@ class Spool:
         ``spooled_to``; ``signature`` is the write's (its connection parameter first). When
         the spool cannot be written either, the error says so in a note and stays the one
         raised."""
-        bound = signature.bind(None, *args, **kwargs).arguments
-        session_id = str(bound[self.session])
-        records = bound.get(self.messages) or [_call_record(signature, bound)]
+        try:
+            bound = signature.bind(None, *args, **kwargs).arguments
+        except TypeError as call_error:  # not a call of this write: nothing names a turn
+            exc.add_note(f"nothing was spooled: {call_error}")
+            return
+        session_id = _spool_key(bound.get(self.session))
+        messages = bound.get(self.messages)
+        listed: list[Any] = (list(messages) if _is_records(messages)
+                             else [_call_record(signature, bound)])
+        records = [r if isinstance(r, Mapping) else {"message": r} for r in listed]
         try:
             exc.spooled_to = spool_transcript(
                 session_id, [{"session_id": session_id, **r} for r in records], home=home
@@ -541,6 +583,11 @@ class Spool:
         except (OSError, UnsafePathError) as spool_error:
             logger.error("could not spool the transcript of %s: %s", session_id, spool_error)
             exc.add_note(f"the transcript could not be spooled: {spool_error}")
+
+
+def _is_records(messages: Any) -> TypeGuard[Iterable[Any]]:
+    return bool(messages) and isinstance(messages, Iterable) and not isinstance(
+        messages, (str, bytes, bytearray, Mapping))
 
 
 def _call_record(signature: inspect.Signature, bound: Mapping[str, Any]) -> dict[str, Any]:

@@ -166,8 +166,9 @@ def configure_writable(conn: sqlite3.Connection, /, path: Path) -> None:
 
 def require_current(conn: sqlite3.Connection, /, path: Path) -> None:
     """What a read-only handle needs: a database at exactly :data:`SCHEMA_VERSION` (it can
-    neither create nor migrate one), else :class:`StateDbUnavailableError`."""
-    version = read_version(conn)
+    neither create nor migrate one), else :class:`StateDbUnavailableError` (``foreign`` for
+    another application's database, see :func:`refuse_foreign`)."""
+    version = refuse_foreign(conn)
     if version != SCHEMA_VERSION:
         raise StateDbUnavailableError(
             f"session store {path} has schema version {version}, "

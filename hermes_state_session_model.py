@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from hermes_state_common import clean_optional, clean_text, stored_text
+from hermes_state_common import Text, clean_optional, clean_text, stored_text
 from hermes_state_errors import InvalidInputError
 
 __all__ = [
@@ -67,7 +67,7 @@ def update_session_meta(
 UPDATE_MODEL_SQL = "UPDATE sessions SET model = ? WHERE id = ?"
 
 
-def update_session_model(conn: sqlite3.Connection, /, session_id: str, model: str) -> None:
+def update_session_model(conn: sqlite3.Connection, /, session_id: str, model: Text) -> None:
     """Set the session's model, whatever it was; the system prompt stays."""
     new_model = _optional_text("model", model)
     key = stored_text(session_id)
@@ -87,9 +87,9 @@ def update_session_billing_route(
     /,
     session_id: str,
     *,
-    provider: str,
-    base_url: str,
-    billing_mode: str | None = None,
+    provider: Text,
+    base_url: Text,
+    billing_mode: Text | None = None,
 ) -> None:
     """Set provider and base URL (``billing_mode`` when not None) and drop the cached system
     prompt."""

@@ -32,16 +32,21 @@ from typing import Any
 from hermes_state_common import (
     LIVE_ADMISSION_STATUSES,
     LIVE_EXECUTION_STATUSES,
+    Key,
+    Text,
     clean_optional,
+    encode_json,
     escape_like,
     now,
     placeholders,
     quote_identifier,
     row_to_dict,
     sql_values,
+    stored_text,
 )
 from hermes_state_errors import (
     InvalidInputError,
+    InvalidTypeError,
     SessionNotFoundError,
     TitleConflictError,
 )
@@ -52,6 +57,7 @@ __all__ = [
     "create_session",
     "get_session",
     "resolve_session_id",
+    "sessions_starting_with",
     "end_session",
     "reopen_session",
     "update_token_counts",
@@ -84,20 +90,29 @@ def session_columns() -> tuple[str, ...]:
 
 
 def _session_value(name: str, value: Any) -> Any:
+    """A session column's value as it is bound: JSON columns encoded, text cleaned, flags as
+    integers; a value no column can hold is refused, naming the column."""
     if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
-        return clean_optional(json.dumps(value, ensure_ascii=False, sort_keys=True))
+        return clean_optional(encode_json(value, name, sort_keys=True))
     if isinstance(value, str):
         return clean_optional(value)
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise InvalidInputError(f"{name} does not fit in 64 bits: {value}", argument=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r}", argument=name)
+    if value is not None and not isinstance(value, (int, float)):
+        raise InvalidTypeError(
+            f"{name} must be text or a number, got {type(value).__name__}", argument=name)
     return value
 
 
 def _check_session_id(session_id: Any) -> str:
     if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+        raise InvalidInputError(f"session id must be a non-empty string, got {session_id!r}")
     if clean_optional(session_id) != session_id:  # SQLite cannot store a lone surrogate
-        raise ValueError(f"session id has a lone surrogate: {session_id!r}")
+        raise InvalidInputError(f"session id has a lone surrogate: {session_id!r}")
     return session_id
 
 
@@ -110,11 +125,11 @@ def create_session(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    source: str,
-    model: str | None = None,
+    source: Text,
+    model: Text | None = None,
     model_config: Mapping[str, Any] | str | None = None,
-    system_prompt: str | None = None,
-    user_id: str | None = None,
+    system_prompt: Text | None = None,
+    user_id: Text | None = None,
     parent_session_id: str | None = None,
     **columns: Any,
 ) -> str:
@@ -133,7 +148,11 @@ def create_session(
 
 
 def ensure_session(
-    conn: sqlite3.Connection, /, session_id: str, source: str = "unknown", model: str | None = None
+    conn: sqlite3.Connection,
+    /,
+    session_id: str,
+    source: Text = "unknown",
+    model: Text | None = None,
 ) -> str:
     """The session id, creating a minimal session row when there is none."""
     return create_session(conn, session_id, source, model=model)
@@ -144,11 +163,11 @@ def _insert_session(
 ) -> bool:
     _check_session_id(session_id)
     if not isinstance(source, str) or not source:
-        raise ValueError(f"source must be a non-empty string, got {source!r}")
+        raise InvalidInputError(f"source must be a non-empty string, got {source!r}")
     allowed = set(session_columns()) - {"id", "source"}
     unknown = set(columns) - allowed
     if unknown:
-        raise TypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
+        raise InvalidTypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
     values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
     values.setdefault("started_at", now())
     if "title" in values:
@@ -168,7 +187,7 @@ def _insert_session(
     return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
 
 
-def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] | None:
+def get_session(conn: sqlite3.Connection, /, session_id: Key) -> dict[str, Any] | None:
     if isinstance(session_id, str) and clean_optional(session_id) != session_id:
         return None  # no stored id has a lone surrogate
     cursor = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -181,16 +200,34 @@ def get_session(conn: sqlite3.Connection, /, session_id: str) -> dict[str, Any] 
 PREFIX_MATCH_SQL = "SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p LIMIT 2"
 
 
-def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: str) -> str | None:
+def resolve_session_id(conn: sqlite3.Connection, /, session_id_or_prefix: Key) -> str | None:
     """The session id equal to, or uniquely starting with, the argument (compared exactly:
     case matters and ``%``/``_`` are literal); None when there is no match or more than one."""
     if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
         return None
-    prefix = clean_optional(session_id_or_prefix)
+    prefix = stored_text(session_id_or_prefix)
+    if prefix is None:
+        return None  # no stored id has a lone surrogate, nor starts with one
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (prefix,)).fetchone():
         return prefix
     rows = conn.execute(PREFIX_MATCH_SQL, {"p": prefix}).fetchall()
     return rows[0][0] if len(rows) == 1 else None
+
+
+PREFIX_MATCHES_SQL = """
+SELECT id FROM sessions WHERE substr(id, 1, length(:p)) = :p ORDER BY started_at DESC, id LIMIT :n
+"""
+
+
+def sessions_starting_with(
+    conn: sqlite3.Connection, /, prefix: Key, limit: int = 10
+) -> list[str]:
+    """The ids starting with ``prefix`` (compared exactly), newest first, at most ``limit``:
+    what an ambiguous :func:`resolve_session_id` could have meant."""
+    key = stored_text(prefix) if isinstance(prefix, str) else None
+    if not key:
+        return []
+    return [r[0] for r in conn.execute(PREFIX_MATCHES_SQL, {"p": key, "n": limit})]
 
 
 # Only a live session changes: the first end (and its reason) is kept.
@@ -199,7 +236,7 @@ END_SESSION_SQL = (
 )
 
 
-def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: str | None) -> None:
+def end_session(conn: sqlite3.Connection, /, session_id: str, end_reason: Text | None) -> None:
     """End the session; the first end reason is kept. An unknown or already ended session is
     left as it is (callers end sessions another process may have deleted)."""
     conn.execute(END_SESSION_SQL, (now(), clean_optional(end_reason), session_id))
@@ -216,7 +253,7 @@ def reopen_session(conn: sqlite3.Connection, /, session_id: str) -> None:
     lift_auto_archive(conn, session_id)
 
 
-def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: str | None) -> None:
+def update_system_prompt(conn: sqlite3.Connection, /, session_id: str, prompt: Text | None) -> None:
     update_session_columns(conn, session_id, {"system_prompt": prompt})
 
 
@@ -269,7 +306,7 @@ def _usage_sql(absolute: bool) -> str:
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
     return value
 
 
@@ -277,7 +314,7 @@ def _check_cost(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or None, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a number or None, got {type(value).__name__}")
     return float(value)
 
 
@@ -287,21 +324,21 @@ def update_token_counts(
     session_id: str,
     input_tokens: int = 0,
     output_tokens: int = 0,
-    model: str | None = None,
+    model: Text | None = None,
     cache_read_tokens: int = 0,
     cache_write_tokens: int = 0,
     reasoning_tokens: int = 0,
     estimated_cost_usd: float | None = None,
     actual_cost_usd: float | None = None,
-    cost_status: str | None = None,
-    cost_source: str | None = None,
-    pricing_version: str | None = None,
-    billing_provider: str | None = None,
-    billing_base_url: str | None = None,
-    billing_mode: str | None = None,
+    cost_status: Text | None = None,
+    cost_source: Text | None = None,
+    pricing_version: Text | None = None,
+    billing_provider: Text | None = None,
+    billing_base_url: Text | None = None,
+    billing_mode: Text | None = None,
     api_call_count: int = 0,
     absolute: bool = False,
-    task: str | None = None,
+    task: Text | None = None,
 ) -> None:
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
@@ -488,7 +525,7 @@ _INVISIBLE = frozenset(
 _TITLE_SUFFIX_RE = re.compile(r"^(.*?) #(\d+)$")
 
 
-def sanitize_title(title: str | None) -> str | None:
+def sanitize_title(title: Text | None) -> str | None:
     """Strip, collapse whitespace, drop control/DEL/zero-width/bidi/BOM characters.
 
     Empty → None; longer than 100 characters → :class:`InvalidInputError` (a ValueError)
@@ -497,7 +534,7 @@ def sanitize_title(title: str | None) -> str | None:
     if title is None:
         return None
     if not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
+        raise InvalidTypeError(f"title must be a string, got {type(title).__name__}")
     kept = []
     for ch in clean_optional(title) or "":
         if ch.isspace():
@@ -535,7 +572,7 @@ def _check_title_free(conn: sqlite3.Connection, /, session_id: str, title: str) 
         raise _title_taken(title, holder)
 
 
-def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: str | None) -> bool:
+def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: Text | None) -> bool:
     """Set (or, with an empty title, clear) the title; False when there is no such session.
     Titles are unique: another session's title raises :class:`TitleConflictError`, except
     that a title held by one of the session's compression ancestors moves to the session (a
@@ -571,7 +608,7 @@ def get_session_title(conn: sqlite3.Connection, /, session_id: str) -> str | Non
     return None if row is None else row[0]
 
 
-def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, Any] | None:
+def get_session_by_title(conn: sqlite3.Connection, /, title: Text) -> dict[str, Any] | None:
     cleaned = sanitize_title(title)
     if cleaned is None:
         return None
@@ -579,7 +616,7 @@ def get_session_by_title(conn: sqlite3.Connection, /, title: str) -> dict[str, A
     return None if row is None else get_session(conn, row[0])
 
 
-def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | None:
+def resolve_session_by_title(conn: sqlite3.Connection, /, title: Text) -> str | None:
     """The most recent session of the title's lineage (``T``, ``T #2``, ``T #3``…)."""
     cleaned = sanitize_title(title)
     if cleaned is None:
@@ -590,7 +627,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, /, title: str) -> str | N
     return max(candidates, key=lambda c: (c[2], c[0]))[0]
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: str) -> str:
+def get_next_title_in_lineage(conn: sqlite3.Connection, /, title: Text) -> str:
     """``T`` → ``T #2`` (or the next free number); an existing ``#N`` suffix is stripped."""
     cleaned = sanitize_title(title) or ""
     match = _TITLE_SUFFIX_RE.match(cleaned)
@@ -637,7 +674,7 @@ def set_session_archived(conn: sqlite3.Connection, /, session_id: str, archived:
     never lifts it; unarchiving clears both.
     """
     if not isinstance(archived, bool):
-        raise TypeError(f"archived must be a bool, got {type(archived).__name__}")
+        raise InvalidTypeError(f"archived must be a bool, got {type(archived).__name__}")
     members = conversation_members(conn, session_id)
     return conn.execute(SET_ARCHIVED_SQL, (int(archived), json.dumps(sorted(members)))).rowcount > 0
 
@@ -704,9 +741,9 @@ def auto_archive_idle_sessions(
     deliberate.
     """
     if isinstance(idle_days, bool) or not isinstance(idle_days, (int, float)):
-        raise TypeError(f"idle_days must be a number, got {type(idle_days).__name__}")
+        raise InvalidTypeError(f"idle_days must be a number, got {type(idle_days).__name__}")
     if not math.isfinite(idle_days) or idle_days < 0:
-        raise ValueError(f"idle_days must be finite and not negative, got {idle_days!r}")
+        raise InvalidInputError(f"idle_days must be finite and not negative, got {idle_days!r}")
     cutoff = now() - idle_days * 86400.0
     filters, params = source_filters(source, None)
     idle = {

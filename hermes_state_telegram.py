@@ -33,6 +33,7 @@ import sqlite3
 from typing import Any
 
 from hermes_state_common import (
+    Key,
     get_meta,
     now,
     row_to_dict,
@@ -326,7 +327,7 @@ def bind_telegram_topic(
 
 
 def get_telegram_topic_binding(
-    conn: sqlite3.Connection, /, *, chat_id: str, thread_id: str
+    conn: sqlite3.Connection, /, *, chat_id: Key, thread_id: Key
 ) -> dict[str, Any] | None:
     """The binding of one topic, or None."""
     found = _rows(conn, BINDING_BY_TOPIC_SQL, (stored_text(chat_id), stored_text(thread_id)))
@@ -358,7 +359,7 @@ CHAT_HAS_BINDINGS_SQL = "SELECT 1 FROM telegram_dm_topic_bindings WHERE chat_id 
 
 
 def delete_telegram_topic_binding(
-    conn: sqlite3.Connection, /, *, chat_id: str, thread_id: str
+    conn: sqlite3.Connection, /, *, chat_id: Key, thread_id: Key
 ) -> int:
     """Drop one topic's binding; returns the rows removed (0 when absent or without tables).
     Removing the chat's last binding switches the chat's topic mode off in the same

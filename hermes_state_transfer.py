@@ -34,7 +34,13 @@ from hermes_state_common import (
     quote_identifier,
     transaction,
 )
-from hermes_state_errors import SessionNotFoundError, StateDbConstraintError, translated_errors
+from hermes_state_errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    SessionNotFoundError,
+    StateDbConstraintError,
+    translated_errors,
+)
 from hermes_state_lineage import compression_chain, lineage_tree
 from hermes_state_listing import search_sessions
 from hermes_state_messages import (
@@ -214,7 +220,8 @@ class _Incoming:
 
 def _from_dict(record: Mapping[str, Any]) -> _Incoming:
     if not isinstance(record, Mapping):
-        raise TypeError(f"a session to import must be a mapping, got {type(record).__name__}")
+        raise InvalidTypeError(
+            f"a session to import must be a mapping, got {type(record).__name__}")
     session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
     messages = list(record.get("messages") or [])
     return _Incoming(session, lambda: messages, list(record.get("model_usage") or []))
@@ -259,7 +266,7 @@ def _import_one(conn: sqlite3.Connection, rec: _Incoming) -> dict[str, Any]:
     """Import one session in the caller's transaction; returns what happened to it."""
     session_id = rec.id
     if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError(f"session id must be a non-empty string, got {session_id!r}")
+        raise InvalidInputError(f"session id must be a non-empty string, got {session_id!r}")
     existing = get_session(conn, session_id)
     if existing is not None:
         if _same_session(conn, existing, rec):
@@ -393,6 +400,18 @@ SPOOL_INSERT_SQL = "INSERT INTO lines (n, block, kind, body) VALUES (?, ?, ?, ?)
 SPOOL_BLOCK_SQL = "SELECT body FROM lines WHERE block = ? AND kind = ? ORDER BY n"
 
 
+def _line_text(n: int, raw: object) -> str:
+    """Line ``n`` of a stream as text: a string, or bytes in UTF-8."""
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, (bytes, bytearray)):
+        raise InvalidTypeError(f"line {n} is not text but {type(raw).__name__}")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"line {n} is not UTF-8: {exc}") from None
+
+
 def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict[str, Any]]]:
     """Load JSONL lines into ``spool``; returns (block, session row) for each session line.
     A message or usage line belongs to the latest session line of its session id."""
@@ -402,32 +421,32 @@ def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict
     batch: list[tuple[Any, ...]] = []
     with transaction(spool):
         for n, raw in enumerate(fp, start=1):
-            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            text = _line_text(n, raw)
             if not text.strip():
                 continue
             try:
                 obj = json.loads(text)
                 kind = obj["kind"]
             except (ValueError, TypeError, KeyError) as exc:
-                raise ValueError(f"line {n} is not an export line: {exc}") from None
+                raise InvalidInputError(f"line {n} is not an export line: {exc}") from None
             if kind == "header":
                 if obj.get("format") != EXPORT_FORMAT:
-                    raise ValueError(f"line {n}: not a {EXPORT_FORMAT} stream")
+                    raise InvalidInputError(f"line {n}: not a {EXPORT_FORMAT} stream")
                 continue
             if kind == "end":
                 continue
             if kind == "session":
                 session = obj.get("session")
                 if not isinstance(session, dict):
-                    raise ValueError(f"line {n}: a session line needs a 'session' object")
+                    raise InvalidInputError(f"line {n}: a session line needs a 'session' object")
                 blocks[session.get("id")] = n
                 sessions.append((n, session))
                 continue
             if kind not in ("message", "usage"):
-                raise ValueError(f"line {n}: unknown kind {kind!r}")
+                raise InvalidInputError(f"line {n}: unknown kind {kind!r}")
             block = blocks.get(obj.get("session_id"))
             if block is None or not isinstance(obj.get(kind), dict):
-                raise ValueError(
+                raise InvalidInputError(
                     f"line {n}: {kind} of a session that has no session line before it"
                 )
             batch.append((n, block, kind, json.dumps(obj[kind], ensure_ascii=False)))

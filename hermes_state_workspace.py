@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_state_common import clean_text, stored_text
+from hermes_state_common import Text, clean_text, stored_text
 from hermes_state_errors import InvalidInputError
 
 __all__ = [
@@ -49,9 +49,9 @@ def update_session_cwd(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    cwd: str,
-    git_branch: str | None = None,
-    git_repo_root: str | None = None,
+    cwd: Text,
+    git_branch: Text | None = None,
+    git_repo_root: Text | None = None,
 ) -> None:
     """Record the session's working directory, and its git branch and repository root when
     the probe found them. Nothing happens for an empty id or directory, or an unknown id."""

@@ -185,12 +185,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "open": ("UnsafePathError", None), "open_read_only": NOT_A_STORE,
     },
     # A writable open creates the store in a database that has none, beside its tables;
-    # a read-only one finds no store there. What needs a store, or would replace the whole
-    # file, refuses it as another application's.
-    "foreign": {op: FOREIGN for op in OPERATIONS} | {
-        "stats": U, "export": NOT_A_STORE, "import": OK, "open": OK,
-        "open_read_only": NOT_A_STORE,
-    },
+    # a read-only one says it is another application's database, as what needs a store, or
+    # would replace the whole file, does.
+    "foreign": {op: FOREIGN for op in OPERATIONS} | {"stats": U, "import": OK, "open": OK},
     "missing": {
         "backup": NOT_A_STORE, "restore_snapshot": NOT_A_STORE, "restore_target": OK,
         "repair_check": NOT_A_STORE, "repair": NOT_A_STORE, "recover_inspect": NOT_A_STORE,
@@ -265,7 +262,7 @@ def test_a_bad_file_gives_a_typed_error_and_stays_as_it_was(
         [entry] = result["errors"]
         assert entry["profile"] == "default" and str(case["path"]) in entry["error"], entry
         if want == U:
-            assert entry["reason"] == "uninitialized"
+            assert entry["reason"] == ("foreign" if kind == "foreign" else "uninitialized")
         else:
             assert "reason" not in entry and " is damaged: " in entry["error"], entry
     else:

@@ -1,0 +1,260 @@
+"""Hostile values through every public entry point: only typed errors, and a consistent store.
+
+The methods are enumerated from ``SessionDB`` itself and their argument slots derived from
+``inspect.signature``, so a method added later is covered without touching this file. Each
+call fills every required slot with a plain value and poisons a drawn subset of slots with
+lone surrogates, NUL, integers past 64 bits, negative and non-finite numbers, wrong types,
+circular and unserialisable structures, very long and empty strings, and bytes. A call may
+return normally or raise a ``HermesStateError`` subclass; anything else fails the test. After
+the examples the file passes ``integrity_check`` and every session's counters match its rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hermes_state
+from hermes_state import HermesStateError, SessionDB
+from state_helpers import populate
+
+SESSION = "sess-0"
+
+
+def _circular_list() -> list[Any]:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+def _circular_dict() -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    value["self"] = value
+    return value
+
+
+def _deep(depth: int = 5000) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class _Unrepresentable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+# Builders, so that a method that keeps or mutates a value never sees it again.
+HOSTILE: list[Callable[[], Any]] = [
+    lambda: "\ud800",
+    lambda: "lone \udfff inside",
+    lambda: "nul\x00byte",
+    lambda: "",
+    lambda: "x" * 100_000,
+    lambda: b"bytes",
+    lambda: bytearray(b"\xff\xfe"),
+    lambda: 2**64,
+    lambda: -(2**70),
+    lambda: -1,
+    lambda: float("nan"),
+    lambda: float("inf"),
+    lambda: float("-inf"),
+    lambda: -0.5,
+    lambda: True,
+    lambda: None,
+    lambda: object(),
+    lambda: _Unrepresentable(),
+    lambda: _circular_list(),
+    lambda: _circular_dict(),
+    lambda: _deep(),
+    lambda: [object()],
+    lambda: [{"role": "user", "content": "\ud800", "tool_calls": _circular_list()}],
+    lambda: [{"role": "assistant", "tool_calls": [{"id": object()}]}],
+    lambda: {"k": object()},
+    lambda: {1: 2},
+    lambda: {"a": "\ud800"},
+    lambda: [1, 2, 3],
+    lambda: ["\ud800"],
+    lambda: [2**70],
+    lambda: "just a string",
+    lambda: 3.5,
+    lambda: set(),
+]
+
+
+def plain(param: inspect.Parameter, paths: dict[str, Path]) -> Any:
+    """A value the slot takes in ordinary use, read from its annotation (a path slot's from
+    ``paths``, by name, else the first one)."""
+    text = str(param.annotation)
+    if "Path" in text:
+        return paths.get(param.name, next(iter(paths.values())))
+    if param.default is not inspect.Parameter.empty and param.default is not None:
+        return param.default
+    if "IO[" in text:
+        return io.StringIO("")
+    if text.startswith(("Iterable[Mapping", "Collection[Mapping")):
+        return []
+    if "Iterable[str]" in text or "Collection[str]" in text or "tuple[str" in text:
+        return [SESSION]
+    if text.startswith("Mapping"):
+        return {}
+    if text.startswith("int"):
+        return 1
+    if text.startswith("float"):
+        return 1.0
+    if text.startswith("bool"):
+        return False
+    if text in ("Any", "object"):
+        return {"k": "v"}
+    return SESSION
+
+
+def slots(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The named argument slots of ``fn`` (``self`` and ``*``/``**`` parameters left out)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY,
+             inspect.Parameter.POSITIONAL_ONLY)
+    return [p for p in inspect.signature(fn).parameters.values()
+            if p.kind in kinds and p.name != "self"]
+
+
+def public_methods() -> list[str]:
+    return sorted(
+        name for name, value in vars(SessionDB).items()
+        if not name.startswith("_") and callable(getattr(SessionDB, name))
+        and slots(getattr(SessionDB, name))
+    )
+
+
+def call(fn: Callable[..., Any], params: list[inspect.Parameter], poison: dict[str, Any],
+         paths: dict[str, Path]) -> Any:
+    positional, keywords = [], {}
+    for param in params:
+        if param.name in poison:
+            value = poison[param.name]
+        elif param.default is not inspect.Parameter.empty:
+            continue
+        else:
+            value = plain(param, paths)
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            positional.append(value)
+        else:
+            keywords[param.name] = value
+    result = fn(*positional, **keywords)
+    if isinstance(result, Iterator):
+        result = list(result)
+    return result
+
+
+def poisonings(params: list[inspect.Parameter]) -> st.SearchStrategy[dict[str, Any]]:
+    names = [p.name for p in params]
+    return st.dictionaries(
+        st.sampled_from(names), st.sampled_from(HOSTILE).map(lambda build: build()),
+        min_size=1, max_size=min(3, len(names)),
+    )
+
+
+def assert_only_typed(fn: Callable[..., Any], params: list[inspect.Parameter],
+                      poison: dict[str, Any], paths: dict[str, Path]) -> None:
+    try:
+        call(fn, params, poison, paths)
+    except HermesStateError:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - the point is to see what escapes
+        shown = {k: repr(v)[:60] for k, v in poison.items()}
+        pytest.fail(f"{fn.__name__}({shown}) raised untyped {type(exc).__name__}: {exc!s:.200}")
+
+
+# Documented: a rewind and its restore leave the counters as they were (callers expect it).
+COUNTERS_LEFT_ALONE = frozenset({"rewind_to_message", "restore_rewound"})
+
+
+def assert_consistent(db: SessionDB, *, counters: bool = True) -> None:
+    conn = sqlite3.connect(f"{db.path.as_uri()}?mode=ro", uri=True)
+    try:
+        assert [row[0] for row in conn.execute("PRAGMA integrity_check")] == ["ok"]
+    finally:
+        conn.close()
+    for session in db.search_sessions(limit=-1, include_archived=True) if counters else []:
+        rows = db.get_messages(session["id"])
+        assert session["message_count"] == len(rows), session["id"]
+        calls = sum(len(row["tool_calls"] or ()) for row in rows if row["role"] == "assistant")
+        assert session["tool_call_count"] == calls, session["id"]
+
+
+_SETTINGS = settings(
+    max_examples=6, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.mark.parametrize("name", public_methods())
+def test_every_method_meets_hostile_values_with_typed_errors(name: str, db_path: Path) -> None:
+    db = SessionDB(db_path)
+    try:
+        populate(db, sessions=2, messages=2)
+        method = getattr(db, name)
+        params = slots(method)
+
+        @_SETTINGS
+        @given(poison=poisonings(params))
+        def run(poison: dict[str, Any]) -> None:
+            assert_only_typed(method, params, poison, {"path": db_path})
+
+        run()
+        assert_consistent(db, counters=name not in COUNTERS_LEFT_ALONE)
+    finally:
+        db.close()
+
+
+def test_the_method_list_is_the_class() -> None:
+    """A new public method is covered without being named here."""
+    names = public_methods()
+    assert "append_message" in names and "list_sessions_rich" in names
+    assert len(names) > 100
+
+
+# The module-level operations a caller runs on a store or a home. Paths that are hostile must
+# be refused with a typed error before any file is touched.
+MODULE_OPERATIONS = [
+    "backup_state_db", "restore_state_db", "repair_state_db", "recover_state_db",
+    "collect_profile_stats", "display_hermes_home", "resolve_profile_home",
+    "resolve_store_home", "profile_config_path", "child_process_env", "workspace_key",
+]
+
+
+@pytest.mark.parametrize("name", MODULE_OPERATIONS)
+def test_module_operations_meet_hostile_values_with_typed_errors(
+    name: str, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hostile string is a relative path too: whatever it creates lands in a scratch folder.
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    db = SessionDB(db_path)
+    populate(db, sessions=1, messages=2)
+    db.close()
+    fn = getattr(hermes_state, name)
+    params = slots(fn)
+    home = db_path.parent
+    paths = {"db_path": db_path, "source": db_path, "snapshot": db_path,
+             "dest": home / "copy.db", "output": home / "recovered.db", "root": home,
+             "home": home, "profile_home": home}
+
+    @_SETTINGS
+    @given(poison=poisonings(params))
+    def run(poison: dict[str, Any]) -> None:
+        assert_only_typed(fn, params, poison, paths)
+
+    run()
+    with SessionDB(db_path) as reopened:
+        assert_consistent(reopened)
