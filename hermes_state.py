@@ -2,18 +2,9 @@
 
 ``SessionDB`` owns one connection, one re-entrant lock and the public API. Every concern lives
 in a sibling module as plain functions that take the connection first (positional-only); the
-class body is a table of methods built from them by two factories, :func:`_reads` and
-:func:`_writes`, each generated method showing its sibling's own parameters and result to type
-checkers. What varies between methods is said in the table, never in a method body:
-
-* the write kind (``"write"``, ``"transcript"``, ``"activity"``), which picks the retry
-  policy of ``hermes_state_writes`` (patience, backoff, what an error does to a write);
-* a :class:`~hermes_state_quarantine.Spool`: where a transcript write refused on a quarantined
-  file keeps its messages (a file proven corrupt is never written again: see that module);
-* a :class:`~hermes_state_seen.Seen` in place of the function: what the handle remembers of
-  the messages a call read or wrote (the bound of later rewrites);
-* a :class:`Fallback`: what a method answers instead of raising some errors (a probe that
-  switches a feature off, an activity stamp skipped, a search past a damaged index).
+class body is a table of methods built from them by ``hermes_state_methods`` (``_reads`` and
+``_writes`` here), each showing its sibling's own parameters and result to type checkers, with
+the write kind, spool, compaction-bound memory or fallback of each named in the table.
 
 A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
 SQLite would delete that ``-wal`` on the first read.
@@ -26,16 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 import random
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
+from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
 import hermes_state_common as common
@@ -50,6 +39,7 @@ import hermes_state_lineage as lineage
 import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
+import hermes_state_methods as methods
 import hermes_state_openability as openability
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
@@ -71,6 +61,9 @@ import hermes_state_writes as writes
 from hermes_state_common import SCHEMA_VERSION, get_hermes_home, hermes_home_override
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
+from hermes_state_methods import Fallback, lenient
+from hermes_state_methods import read_method as _reads
+from hermes_state_methods import write_method as _writes
 from hermes_state_openability import format_session_db_unavailable, get_last_init_error
 from hermes_state_profiles import ProfileStoreRegistry
 from hermes_state_wal import apply_wal_with_fallback
@@ -124,8 +117,6 @@ DEFAULT_DB_PATH = common.default_db_path()
 # The previous store's doctor probes a file with this name.
 _db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
-P = ParamSpec("P")
 
 _WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
 _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
@@ -148,45 +139,7 @@ def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
     return writes.RetryPolicy(patience, _FAST_RETRY_WINDOW_S, fast, slow)
 
 
-# --- the method factories ----------------------------------------------------------------------
-
-# A generated method: the sibling function's own parameters and result, the connection dropped.
-Method = Callable[Concatenate["SessionDB", P], T]
-Sibling = Callable[Concatenate[sqlite3.Connection, P], T]
-
-
-@dataclass(frozen=True)
-class Fallback(Generic[T_co]):
-    """What a method answers instead of raising one of ``catch``: ``answer(db, args, kwargs)``
-    of the call, after a WARNING that says ``what`` happened."""
-
-    catch: tuple[type[BaseException], ...]
-    what: str
-    answer: Callable[[SessionDB, tuple[Any, ...], dict[str, Any]], T_co]
-
-
-# What a failing store does (a closed handle included) — not what a bad argument does: an
-# InvalidInputError still reaches the caller.
-_STORE_ERRORS: tuple[type[BaseException], ...] = (
-    sqlite3.Error, errors.StateDbLockedError, errors.StateDbCorruptError, errors.StateDbFullError,
-    errors.StateDbIOError, errors.StateDbReadOnlyError, errors.StateDbCannotOpenError,
-    errors.StateDbConstraintError, errors.StateDbError, errors.StateDbClosedError,
-    errors.StateDbUnavailableError,
-)
-
-
-def _lenient(answer: Callable[[], T]) -> Fallback[T]:
-    """For callers that probe the store and switch a feature off on failure: a store error is
-    answered with ``answer()``."""
-    return Fallback(_STORE_ERRORS, "answered without the store", lambda db, a, k: answer())
-
-
-# An activity stamp whose patience ran out is skipped (the write wrapper has already logged the
-# lock holders) rather than an error reaching the code that made the observation.
-_SKIPPED_WHEN_LOCKED: Fallback[None] = Fallback(
-    (errors.StateDbLockedError,), "skipped: the store stayed locked", lambda db, a, k: None
-)
-
+# --- what some methods answer instead of raising (see hermes_state_methods) -----------------
 
 def _search_without_index(
     db: SessionDB, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -201,99 +154,6 @@ def _search_without_index(
 _WITHOUT_DAMAGED_INDEX = Fallback(
     (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
 )
-
-
-def _method_signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """``fn``'s signature with its leading connection parameter shown as ``self``."""
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sig.replace(parameters=[self_param, *params[1:]])
-
-
-def _finish(
-    method: Callable[..., Any], like: Callable[..., Any], fallback: Fallback[Any] | None
-) -> Callable[..., Any]:
-    """``method`` named, documented and signed as ``like``, with its ``fallback``."""
-    if fallback is not None:
-        call = method
-
-        def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return call(self, *args, **kwargs)
-            except fallback.catch as exc:
-                logger.warning("%s on %s %s: %s", like.__name__, self.path, fallback.what, exc)
-                return fallback.answer(self, args, kwargs)
-
-    functools.update_wrapper(method, like)
-    method.__signature__ = _method_signature(like)  # type: ignore[attr-defined]
-    return method
-
-
-def _parts(
-    fn: Callable[..., Any],
-) -> tuple[seen.Seen[..., Any, Any] | None, Callable[..., Any], Callable[..., Any]]:
-    """(hook, like, run) of a factory's function: a Seen, or a plain sibling function."""
-    if isinstance(fn, seen.Seen):
-        return fn, fn.like, fn.run
-    if isinstance(fn, deletion.AfterCommit):
-        return None, fn.like, fn.run
-    return None, fn, fn
-
-
-def _reads(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]:
-    """A SessionDB method that runs the sibling function ``fn(conn, ...)`` as a read, once
-    its arguments passed ``hermes_state_arguments``' check."""
-    hook, like, run = _parts(fn)
-    check = arguments.checker(like)
-
-    def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = check(args, kwargs)
-        if hook is None:
-            return self._read(lambda conn: run(conn, *args, **kwargs))
-        session_id, kwargs = hook.prepare(self._seen, args, kwargs)
-        result = self._read(lambda conn: run(conn, *args, **kwargs))
-        return hook.after(self._seen, session_id, result)
-
-    return cast("Method[P, T]", _finish(method, like, fallback))
-
-
-def _writes(
-    fn: Sibling[P, T],
-    kind: writes.WriteKind = "write",
-    *,
-    spool: quarantine.Spool | None = None,
-    fallback: Fallback[T] | None = None,
-) -> Method[P, T]:
-    """A SessionDB method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
-    :meth:`SessionDB._write`) once its arguments passed ``hermes_state_arguments``' check. A
-    store that takes no writes says so first: with ``spool``, the messages of a write refused
-    because the file is corrupt are spooled, whatever their values, and the raised
-    :class:`StateDbCorruptError` names the file in ``spooled_to``. An
-    :class:`~hermes_state_deletion.AfterCommit` finishes once committed."""
-    hook, like, run = _parts(fn)
-    signature, check = inspect.signature(like), arguments.checker(like)
-    finish = fn.finish if isinstance(fn, deletion.AfterCommit) else None
-
-    def method(self: SessionDB, /, *args: Any, **kwargs: Any) -> Any:
-        # A retried transaction calls fn again: one-shot iterators must survive that.
-        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
-        kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        try:
-            self._check_writable()
-            args, kwargs = check(args, kwargs)
-            if hook is not None:
-                session_id, kwargs = hook.prepare(self._seen, args, kwargs)
-            result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
-        except errors.StateDbCorruptError as exc:
-            if spool is not None:
-                spool.keep(exc, signature, args, kwargs, self.profile_home)
-            raise
-        if finish is not None:
-            return finish(result)
-        return result if hook is None else hook.after(self._seen, session_id, result)
-
-    return cast("Method[P, T]", _finish(method, like, fallback))
 
 
 # What transcript writes spool: most name their session and messages as append_message does.
@@ -806,7 +666,7 @@ class SessionDB:
     update_session_model = _writes(session_model.update_session_model)
     update_session_billing_route = _writes(session_model.update_session_billing_route)
     update_session_cwd = _writes(
-        workspace.update_session_cwd, "activity", fallback=_SKIPPED_WHEN_LOCKED
+        workspace.update_session_cwd, "activity", fallback=methods.SKIPPED_WHEN_LOCKED
     )
     backfill_repo_roots = _writes(workspace.backfill_repo_roots)
     distinct_session_cwds = _reads(workspace.distinct_session_cwds)
@@ -814,8 +674,8 @@ class SessionDB:
     claim_handoff = _writes(handoff.claim_handoff)
     complete_handoff = _writes(handoff.complete_handoff)
     fail_handoff = _writes(handoff.fail_handoff)
-    get_handoff_state = _reads(handoff.get_handoff_state, fallback=_lenient(lambda: None))
-    list_pending_handoffs = _reads(handoff.list_pending_handoffs, fallback=_lenient(list))
+    get_handoff_state = _reads(handoff.get_handoff_state, fallback=lenient(lambda: None))
+    list_pending_handoffs = _reads(handoff.list_pending_handoffs, fallback=lenient(list))
 
     clear_messages = _writes(sessions.clear_messages, "transcript")
 
@@ -919,21 +779,21 @@ class SessionDB:
     try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
     refresh_compression_lock = _writes(compression.refresh_compression_lock)
     release_compression_lock = _writes(
-        compression.release_compression_lock, fallback=_lenient(lambda: None)
+        compression.release_compression_lock, fallback=lenient(lambda: None)
     )
     get_compression_lock_holder = _reads(compression.get_compression_lock_holder)
     get_compression_fallback_streak = _reads(
-        compression.get_compression_fallback_streak, fallback=_lenient(int)
+        compression.get_compression_fallback_streak, fallback=lenient(int)
     )
     set_compression_fallback_streak = _writes(compression.set_compression_fallback_streak)
     record_compression_failure_cooldown = _writes(
-        compression.record_compression_failure_cooldown, fallback=_lenient(lambda: None)
+        compression.record_compression_failure_cooldown, fallback=lenient(lambda: None)
     )
     get_compression_failure_cooldown = _reads(
         compression.get_compression_failure_cooldown
     )
     clear_compression_failure_cooldown = _writes(
-        compression.clear_compression_failure_cooldown, fallback=_lenient(lambda: None)
+        compression.clear_compression_failure_cooldown, fallback=lenient(lambda: None)
     )
 
     # --- gateway: runtime epoch, admissions, workers ------------------------------------------

@@ -58,7 +58,7 @@ from hermes_state_errors import (
 
 __all__ = [
     "INT64_MIN", "INT64_MAX", "shown", "has_lone_surrogate", "Check", "checker", "checked",
-    "operation",
+    "operation", "integer",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -73,6 +73,14 @@ def shown(value: object) -> str:
     except Exception:  # noqa: BLE001 - an object that cannot describe itself is named
         return f"<{type(value).__name__}>"
     return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} chars)"
+
+
+def integer(name: str, value: object) -> int:
+    """``value`` when it is an int (not a bool), else :class:`InvalidTypeError` naming ``name``:
+    for an ``int`` parameter whose sibling has no meaning for None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{name} must be an integer, got {shown(value)}", argument=name)
+    return value
 
 
 def has_lone_surrogate(text: str) -> bool:

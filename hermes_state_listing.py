@@ -33,6 +33,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from hermes_state_arguments import integer
 from hermes_state_common import escape_like, row_to_dict
 from hermes_state_errors import InvalidInputError
 from hermes_state_lineage import CONTINUATION_EDGE_SQL, LISTABLE_SQL, get_compression_tip
@@ -132,11 +133,10 @@ ENRICHED_ONE_SQL = f"SELECT s.*, {ENRICHED_SQL} FROM sessions s WHERE s.id = ?"
 
 
 def _check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}")
-    return value
+    number = integer(name, value)
+    if minimum is not None and number < minimum:
+        raise InvalidInputError(f"{name} must be at least {minimum}, got {number}")
+    return number
 
 
 def _check_text(name: str, value: Any) -> str | None:

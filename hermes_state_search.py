@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hermes_state_rank as rank
+from hermes_state_arguments import integer
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
@@ -903,7 +904,7 @@ def search_messages(
     index proves damaged (the caller detaches it and searches again with ``use_index=False``).
     """
     plan = plan_search(query)
-    limit, offset = max(int(limit), 0), max(int(offset), 0)
+    limit, offset = max(integer("limit", limit), 0), max(integer("offset", offset), 0)
     if plan is None or limit == 0:
         return []
     order = sort_order(sort)

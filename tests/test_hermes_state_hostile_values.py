@@ -185,7 +185,7 @@ def assert_consistent(db: SessionDB, *, counters: bool = True) -> None:
         assert [row[0] for row in conn.execute("PRAGMA integrity_check")] == ["ok"]
     finally:
         conn.close()
-    for session in db.search_sessions(limit=-1, include_archived=True) if counters else []:
+    for session in db.search_sessions(limit=-1) if counters else []:
         rows = db.get_messages(session["id"])
         assert session["message_count"] == len(rows), session["id"]
         calls = sum(len(row["tool_calls"] or ()) for row in rows if row["role"] == "assistant")
