@@ -55,6 +55,7 @@ from hermes_state import (
 )
 from hermes_state_errors import (
     HermesStateError,
+    ImportRejectedError,
     LedgerBusyError,
     ReplicationError,
     StateDbCorruptError,
@@ -63,6 +64,7 @@ from hermes_state_errors import (
     StateDbUnavailableError,
 )
 from hermes_state_lockowners import describe_lock_holders
+from hermes_state_transfer import ON_CONFLICT_CHOICES
 
 __all__ = ["main", "build_parser"]
 
@@ -377,34 +379,54 @@ def _detect_format(fh: IO[bytes], hint: str | None, name: str) -> str:
     return "jsonl" if b'"kind"' in line else "json"
 
 
+def _import_errors(errors: Sequence[dict[str, Any]]) -> None:
+    for e in errors:
+        where = f"line {e['line']}" if "line" in e else (
+            f"record {e['index']}" if "index" in e else "import")
+        session = f" (session {e['session_id']})" if "session_id" in e else ""
+        _warn(f"{where}{session}: {e['error']}")
+    _warn("nothing was imported")
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     try:
         fmt = _detect_format(source, args.format, args.file)
         with _writable(args, create=True) as db:
             if fmt == "jsonl":
-                report = db.import_jsonl(source)
+                try:
+                    report = db.import_jsonl(
+                        source, on_conflict=args.on_conflict, progress=_Progress()
+                    )
+                except ImportRejectedError as exc:
+                    report = {"ok": False, "errors": exc.errors}
             else:
                 data = json.load(source)
-                report = db.import_sessions(data if isinstance(data, list) else [data])
+                report = db.import_sessions(
+                    data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
+                    limited=False, progress=_Progress(),
+                )
     finally:
         if source is not sys.stdin.buffer:
             source.close()
     if args.json:
         _print_json(report)
+    elif not report["ok"]:
+        _import_errors(report["errors"])
+    elif fmt == "json":
+        print(f"imported {report['imported']} session(s); skipped {report['skipped']}; "
+              f"{report['detached']} imported as a root (parent missing)")
     else:
         print(f"imported {len(report['imported'])} session(s), {report['messages_imported']} "
-              f"message(s); skipped {len(report['skipped'])} identical")
-        for c in report["conflicts"]:
-            print(f"conflict: {c['session_id']}: {c['reason']} (nothing of it was written)")
+              f"message(s); replaced {len(report['replaced'])}; skipped "
+              f"{len(report['skipped'])}")
         for c in report["title_conflicts"]:
             print(f"title kept by {c['held_by']}: {c['session_id']} imported without "
                   f"title {c['title']!r}")
         for c in report["parent_missing"]:
-            print(f"parent {c['parent_session_id']} missing: {c['session_id']} imported as a root")
-        for c in report["invalid"]:
-            print(f"invalid: {c['session_id']}: {c['error']}")
-    return 1 if report["conflicts"] or report["invalid"] else 0
+            print(f"parent {c['parent_session_id']} {c['reason']}: {c['session_id']} imported "
+                  "as a root")
+    return 0 if report["ok"] else 1
 
 
 # --- sessions: maintenance ----------------------------------------------------------------
@@ -993,8 +1015,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines streams; json is one array")
     p.add_argument("--output", "-o", help="new file to write (default: stdout)")
 
-    p = command(ssub, "import", cmd_import, "import an export; identical sessions are skipped")
+    p = command(ssub, "import", cmd_import,
+                "import a whole export, or nothing of it when any record or line is wrong")
     p.add_argument("file", help="export file, or - for stdin")
+    p.add_argument("--on-conflict", choices=ON_CONFLICT_CHOICES, default="fail",
+                   help="a stored session with the same id but different content: skip it, "
+                        "replace it, or fail the whole import (an identical one is always "
+                        "skipped)")
     p.add_argument("--format", choices=("jsonl", "json"),
                    help="the file's format (default: from its name or first line)")
 

@@ -138,12 +138,12 @@ def test_export_import_export_round_trips_every_field(spec: list[dict[str, Any]]
             as_dicts = a.export_all()
         with SessionDB(Path(tmp) / "b.db") as b:
             report = b.import_jsonl(io.StringIO("".join(reversed_sessions(lines))))
-            assert report["conflicts"] == [] and report["invalid"] == []
+            assert report["ok"] and report["errors"] == []
             assert len(report["imported"]) == len(spec)
             assert comparable(list(b.iter_export_jsonl())) == comparable(lines)
         with SessionDB(Path(tmp) / "c.db") as c:
             report = c.import_sessions(list(reversed(as_dicts)))
-            assert len(report["imported"]) == len(spec)
+            assert report["ok"] and report["imported"] == len(spec)
             assert without_message_ids(c.export_all()) == without_message_ids(as_dicts)
 
 
@@ -165,39 +165,44 @@ def test_import_puts_parents_before_children_whatever_the_input_order(tmp_path: 
     assert [s["id"] for s in exported] == ids  # the whole lineage, root first
     with SessionDB(tmp_path / "b.db") as b:
         report = b.import_sessions(list(reversed(exported)))
-        assert report["imported"] == ids
+        assert report["imported_ids"] == ids
         assert b.get_session(ids[3])["parent_session_id"] == ids[2]
         assert [r["id"] for r in b.get_session_ancestors(ids[3])] == list(reversed(ids))
 
 
-def test_existing_identical_session_is_skipped_and_different_one_is_a_conflict(
-    tmp_path: Path,
-) -> None:
+def test_existing_sessions_are_skipped_replaced_or_fail_the_import(tmp_path: Path) -> None:
     with SessionDB(tmp_path / "a.db") as a:
         ids = populate(a, sessions=2, messages=2)
         exported = a.export_all()
     with SessionDB(tmp_path / "b.db") as b:
-        assert b.import_sessions(exported)["imported"] == ids
+        assert b.import_sessions(exported)["imported_ids"] == ids
         again = b.import_sessions(exported)
-        assert again["skipped"] == ids and again["imported"] == []
+        assert again["skipped_ids"] == ids and again["imported"] == 0
         changed = json.loads(json.dumps(exported))
         changed[1]["messages"].append({"role": "user", "content": "not in the store"})
-        before = b.message_count(ids[1])
-        report = b.import_sessions(changed)
-        assert report["skipped"] == [ids[0]]
-        assert [c["session_id"] for c in report["conflicts"]] == [ids[1]]
-        assert b.message_count(ids[1]) == before
+        before = b.get_messages(ids[1], include_inactive=True)
+        # The default of a list import: an existing id is skipped, whatever it holds.
+        assert b.import_sessions(changed)["skipped_ids"] == ids
+        failed = b.import_sessions(changed, on_conflict="fail")
+        assert failed["ok"] is False and failed["imported"] == 0
+        assert [(e["index"], e["session_id"]) for e in failed["errors"]] == [(1, ids[1])]
+        assert b.get_messages(ids[1], include_inactive=True) == before
+        replaced = b.import_sessions(changed, on_conflict="replace")
+        assert replaced["imported_ids"] == [ids[1]] and replaced["skipped_ids"] == [ids[0]]
+        rows = b.get_messages(ids[1], include_inactive=True)
+        assert rows[-1]["content"] == "not in the store" and len(rows) == len(before) + 1
 
 
 def test_a_title_held_by_another_session_is_reported_and_not_taken(tmp_path: Path) -> None:
     with SessionDB(tmp_path / "a.db") as a:
         a.create_session("incoming", "cli")
         a.set_session_title("incoming", "Shared title")
-        exported = a.export_all()
+        a_lines = list(a.iter_export_jsonl())
     with SessionDB(tmp_path / "b.db") as b:
         b.create_session("resident", "cli")
         b.set_session_title("resident", "Shared title")
-        report = b.import_sessions(exported)
+        buf = io.StringIO("".join(a_lines))
+        report = b.import_jsonl(buf)
         assert report["imported"] == ["incoming"]
         assert report["title_conflicts"] == [
             {"session_id": "incoming", "title": "Shared title", "held_by": "resident"}
@@ -212,7 +217,7 @@ def test_a_child_without_its_parent_is_imported_as_a_root_and_reported(tmp_path:
         child = a.export_session(ids[1])
     with SessionDB(tmp_path / "b.db") as b:
         report = b.import_sessions([child])
-        assert report["parent_missing"] == [{"session_id": ids[1], "parent_session_id": ids[0]}]
+        assert report["ok"] and report["detached"] == 1
         assert b.get_session(ids[1])["parent_session_id"] is None
 
 
