@@ -28,12 +28,14 @@ import argparse
 import contextlib
 import csv
 import datetime
+import errno
 import json
 import math
 import os
 import sqlite3
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -325,16 +327,36 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # --- sessions: export and import ----------------------------------------------------------
 
 
+# A file being written beside its target: `.<target name>.hermes-partial-<pid>...`.
+PARTIAL_MARK = ".hermes-partial-"
+
+
 @contextlib.contextmanager
 def _output_file(path: str | None) -> Iterator[IO[str]]:
-    """stdout, or a new private file (never an existing one)."""
+    """stdout, or a new private file (never an existing one) that appears only whole: it is
+    written beside the target under a temporary name and linked into place at the end, so an
+    interruption (Ctrl-C, a full disk) leaves no partial file behind."""
     if path is None or path == "-":
         yield sys.stdout
         return
     target = Path(path).expanduser()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        yield fh
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(errno.EEXIST, "already exists (an export never overwrites a file)",
+                              str(target))
+    common.remove_abandoned_temps(target.parent, PARTIAL_MARK)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}{common.temp_prefix(PARTIAL_MARK)}", dir=target.parent
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, target)  # fails on a file created meanwhile: never overwrites
+        common.fsync_directory(target.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

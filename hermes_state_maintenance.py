@@ -42,9 +42,11 @@ from hermes_state_common import (
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
+    remove_abandoned_temps,
     sidecar_paths,
     split_sql,
     table_exists,
+    temp_prefix,
     tighten_modes,
     transaction,
 )
@@ -82,6 +84,10 @@ __all__ = [
     "QuickHealth",
     "quick_health",
 ]
+
+# A repair's work copy: ``.repair-<pid>...`` in the snapshot folder; a later repair removes
+# those of a killed one.
+REPAIR_MARK = ".repair-"
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -703,7 +709,8 @@ def _repair_held(
     """The repair proper, on the live store ``live`` held exclusively."""
     snapshots = snapshot_dir()
     make_private_dir(snapshots, for_file=snapshots / "state.db")
-    with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
+    remove_abandoned_temps(snapshots, REPAIR_MARK)  # a killed repair's work copies
+    with tempfile.TemporaryDirectory(prefix=temp_prefix(REPAIR_MARK), dir=snapshots) as tmp:
         work = _new_private_file(Path(tmp) / "work.db")
         say("copying", 0, None)
         try:

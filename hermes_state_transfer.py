@@ -38,7 +38,6 @@ import datetime
 import functools
 import json
 import math
-import os
 import sqlite3
 import tempfile
 import time
@@ -53,7 +52,9 @@ from hermes_state_common import (
     clean_optional,
     connect,
     quote_identifier,
+    remove_abandoned_temps,
     set_meta,
+    temp_prefix,
     transaction,
 )
 from hermes_state_compression import holder_is_gone, lock_holder_name
@@ -1005,7 +1006,8 @@ def import_jsonl(
     ``title_conflicts`` (imported without the title another session holds),
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
-    with tempfile.TemporaryDirectory(prefix=f"{SPOOL_PREFIX}{os.getpid()}-") as tmp:
+    remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
+    with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
         with translated_errors(spool_path):  # the spool's own errors (the store's are typed)
             spool = connect(spool_path, "rwc")

@@ -370,3 +370,132 @@ def test_other_writers_keep_writing_while_a_long_import_runs(
     # Each publish transaction is short: no append waited anywhere near its patience (20 s),
     # nor for more than a small part of the whole import.
     assert float(slowest) < min(3.0, took / 2), (slowest, took)
+
+
+# --- exports appear whole; Ctrl-C anywhere leaves nothing behind -------------------------------
+
+
+def partials(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".hermes-partial-" in p.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.8])
+def test_ctrl_c_during_an_export_leaves_no_partial_file(
+    big_export: Path, tmp_path: Path, delay: float
+) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes_state_cli", "--db", str(big_export.parent / "source.db"),
+         "sessions", "export", "-o", str(out)],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+    )
+    wait_until(lambda: bool(partials(tmp_path)), proc, timeout=60)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert partials(tmp_path) == []
+    if proc.returncode == 0:  # it finished first: then the file is whole
+        assert json.loads(out.read_text().splitlines()[-1])["kind"] == "end"
+        return
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_an_import_is_checked_writes_nothing_and_removes_its_spool(
+    big_export: Path, resident: Path, tmp_path: Path
+) -> None:
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes_state_cli", "--db", str(resident), "sessions", "import",
+         str(big_export)],
+        env=subprocess_env({"TMPDIR": str(spools)}), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+    )
+    wait_until(lambda: any(spools.iterdir()), proc, timeout=60)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert store_rows(resident) == (1, 1) and list(spools.iterdir()) == []
+
+
+def test_an_export_never_replaces_an_existing_file(tmp_path: Path) -> None:
+    with SessionDB(tmp_path / "a.db") as a:
+        populate(a, sessions=1, messages=1)
+    out = tmp_path / "out.jsonl"
+    out.write_text("mine\n")
+    done = cli("--db", str(tmp_path / "a.db"), "sessions", "export", "-o", str(out))
+    assert done.returncode == 1 and "exists" in done.stderr
+    assert out.read_text() == "mine\n" and partials(tmp_path) == []
+
+
+# --- what killed runs left is removed by the next run, and only that ----------------------------
+
+
+def dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+def leftovers(folder: Path, mark: str, *, as_dir: bool) -> tuple[Path, Path]:
+    """A temporary entry of a process that is gone and one of this (live) process."""
+    from hermes_state_common import temp_prefix
+
+    mine = temp_prefix(mark)
+    dead = mine.replace(f"{mark}{os.getpid()}.", f"{mark}{dead_pid()}.")
+    made = []
+    for prefix in (dead, mine):
+        path = folder / f"{prefix}leftover"
+        if as_dir:
+            path.mkdir()
+            (path / "spool.db").write_bytes(b"x" * 100)
+        else:
+            path.write_bytes(b"partial")
+        made.append(path)
+    return made[0], made[1]
+
+
+def test_the_next_export_removes_partial_files_of_killed_exports_only(tmp_path: Path) -> None:
+    with SessionDB(tmp_path / "a.db") as a:
+        populate(a, sessions=1, messages=1)
+    gone, live = leftovers(tmp_path, ".out.jsonl.hermes-partial-", as_dir=False)
+    done = cli("--db", str(tmp_path / "a.db"), "sessions", "export", "-o",
+               str(tmp_path / "out.jsonl"))
+    assert done.returncode == 0, done.stderr
+    assert not gone.exists() and live.exists()
+
+
+def test_the_next_import_removes_spools_of_killed_imports_only(
+    tmp_path: Path, resident: Path
+) -> None:
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    gone, live = leftovers(spools, "hermes-import-", as_dir=True)
+    with SessionDB(tmp_path / "a.db") as a:
+        populate(a, sessions=1, messages=1)
+        stream = "".join(stream_of(a))
+    done = subprocess.run(
+        [sys.executable, "-m", "hermes_state_cli", "--db", str(resident), "sessions", "import",
+         "-"], input=stream, env=subprocess_env({"TMPDIR": str(spools)}), capture_output=True,
+        text=True, cwd=REPO_ROOT, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not gone.exists() and live.exists()
+    assert sorted(p.name for p in spools.iterdir()) == [live.name]
+
+
+def test_the_next_recover_removes_work_copies_of_killed_recovers_only(tmp_path: Path) -> None:
+    with SessionDB(tmp_path / "a.db") as a:
+        populate(a, sessions=1, messages=1)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    gone, live = leftovers(out_dir, ".hermes-recover-", as_dir=True)
+    done = cli("--db", str(tmp_path / "a.db"), "sessions", "recover", "--output",
+               str(out_dir / "new.db"))
+    assert done.returncode == 0, done.stderr
+    assert not gone.exists() and live.exists()
