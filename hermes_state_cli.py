@@ -43,6 +43,7 @@ from typing import IO, Any
 import hermes_state_cli_format as fmt
 import hermes_state_common as common
 import hermes_state_fileformat as ff
+import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 import hermes_state_search as search
@@ -789,7 +790,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return cmd_clear_quarantine(args)
     path = _resolve_db(args)
     report: dict[str, Any] = {
-        "home": common.display_hermes_home(path.parent),
+        "home": common.display_hermes_home(maintenance.store_home(path)),
         "database": str(path),
         "sqlite_version": sqlite3.sqlite_version,
         "wal_reset_exposed": common.wal_reset_exposed(),
@@ -838,11 +839,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    path = backup_state_db(_resolve_db(args), args.output)
+    db = _resolve_db(args)
+    if args.list:
+        snapshots = maintenance.list_snapshots(db)
+        if args.json:
+            _print_json({"snapshots": snapshots})
+        elif not snapshots:
+            print(f"no snapshots of {db} in {maintenance.snapshot_dir(db)}")
+        for s in [] if args.json else snapshots:
+            print(f"{s['taken_at']}  {s['size']:>12,} bytes  {s['path']}")
+        return 0
+    path = backup_state_db(db, args.output)
+    deleted = maintenance.prune_snapshots(db, args.keep) if args.keep is not None else []
     if args.json:
-        _print_json({"snapshot": str(path)})
+        _print_json({"snapshot": str(path), "deleted": deleted})
     else:
         print(path)
+        for old in deleted:
+            print(f"deleted older snapshot {old}")
     return 0
 
 
@@ -1088,7 +1102,13 @@ def build_parser() -> argparse.ArgumentParser:
              "integrity_check of the file finds anything (recover or restore instead)")
 
     p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
-    p.add_argument("--output", "-o", help="snapshot file (default: <home>/state-snapshots/)")
+    p.add_argument("--output", "-o", help="snapshot file (default: state-snapshots/ in the "
+                                          "store's home, the folder of its database file)")
+    p.add_argument("--list", action="store_true",
+                   help="list the store's snapshots, newest first, instead of taking one")
+    p.add_argument("--keep", type=count_arg, metavar="N",
+                   help="after the snapshot, delete all but the store's newest N (default: "
+                        "keep every one; another store's are never touched)")
 
     p = command(sub, "restore", cmd_restore,
                 "replace the store with a snapshot, or bring it back from its replica")

@@ -321,10 +321,18 @@ def refuse_write_protected(db_path: Path) -> None:
 
 
 def make_private_dir(directory: Path, *, for_file: Path) -> None:
-    """Create ``directory`` (and its parents, mode 0700) for the database file ``for_file``;
-    when the operating system refuses, the typed error names that file."""
+    """Create ``directory`` (and its missing parents, each mode 0700) for the database file
+    ``for_file``; when the operating system refuses, the typed error names that file."""
+    missing = []
+    folder = directory
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One at a time: mkdir(parents=True) would give the parents the umask's looser mode.
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        directory.mkdir(exist_ok=True, mode=0o700)
     except OSError as exc:  # a file where a directory goes, no permission, a read-only mount
         raise cannot_create(for_file, exc) from exc
 
