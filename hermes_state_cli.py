@@ -36,6 +36,7 @@ import sqlite3
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -103,16 +104,24 @@ def _warn(message: str) -> None:
 
 
 class _Progress:
-    """Progress lines on stderr, one per stage change or every few seconds."""
+    """Progress lines on stderr: one per stage change, then at most one every few seconds
+    (and the last of a stage with a known total)."""
+
+    EVERY_S = 2.0
 
     def __init__(self) -> None:
         self.stage: str | None = None
+        self.shown_at = 0.0
 
     def __call__(self, stage: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if stage == self.stage and now - self.shown_at < self.EVERY_S and (
+            total is None or done < total
+        ):
+            return
         of = f"/{total}" if total else ""
-        if stage != self.stage or done:
-            print(f"{PROG}: {stage}" + (f" {done}{of}" if done or total else ""), file=sys.stderr)
-        self.stage = stage
+        print(f"{PROG}: {stage}" + (f" {done}{of}" if done or total else ""), file=sys.stderr)
+        self.stage, self.shown_at = stage, now
 
 
 def _print_lines(lines: Sequence[str], file: IO[str] | None = None) -> None:
@@ -368,14 +377,19 @@ def cmd_export(args: argparse.Namespace) -> int:
             ids = [_resolve_session(db, key) for key in args.sessions]
         with _output_file(args.output) as out:
             if args.format == "json":
+                progress("reading sessions", 0, None)
                 if ids is None:
                     data = db.export_all(source=args.source)
                 elif args.lineage:
                     data = [s for i in ids for s in db.export_session_lineage(i)]
                 else:
                     data = [s for i in ids if (s := db.export_session(i)) is not None]
-                json.dump(data, out, ensure_ascii=False, indent=1)
-                out.write("\n")
+                out.write("[")
+                for n, session in enumerate(data, start=1):
+                    out.write(",\n" if n > 1 else "\n")
+                    out.write(json.dumps(session, ensure_ascii=False, indent=1))
+                    progress("writing sessions", n, len(data))
+                out.write("\n]\n")
                 return 0
             messages = 0
             for line in db.iter_export_jsonl(ids, source=args.source, lineage=args.lineage):
@@ -813,7 +827,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _doctor_wal(path, report, problems, nxt)
     _doctor_replica(path, report, problems, nxt)
     if args.full and "unavailable" not in report:
-        health = repair_state_db(path, check_only=True)
+        health = repair_state_db(path, check_only=True, progress=_Progress())
         report["health"] = health
         for problem in health.get("problems", []):
             if problem not in problems:

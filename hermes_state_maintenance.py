@@ -716,14 +716,15 @@ def repair_state_db(
     report: dict[str, Any] = {"db_path": str(path), "check_only": check_only}
     with translated_errors(path):
         if check_only:
-            return _check(path, report)
+            return _check(path, report, say)
         return _repair(path, report, backup=backup, say=say)
 
 
-def _check(path: Path, report: dict[str, Any]) -> dict[str, Any]:
+def _check(path: Path, report: dict[str, Any], say: Progress) -> dict[str, Any]:
     """The check-only run: the health of a private backup-API copy."""
     report["in_use_by"] = describe_lock_holders(path)
     with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
+        say("copying", 0, None)
         try:
             with _reading(path) as src:
                 refuse_foreign(src)
@@ -731,6 +732,7 @@ def _check(path: Path, report: dict[str, Any]) -> dict[str, Any]:
         except sqlite3.Error as exc:
             return {**report, **_unreadable(exc)}
         try:
+            say("checking integrity and the FTS indexes", 0, None)
             report.update(health_report(conn))
         finally:
             conn.close()

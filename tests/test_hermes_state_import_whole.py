@@ -96,6 +96,7 @@ def test_a_truncated_export_imports_nothing_and_the_whole_one_then_imports(
     whole = cli("--db", str(target), "sessions", "import", str(big_export), "--json")
     assert whole.returncode == 0, whole.stderr
     assert json.loads(whole.stdout)["messages_imported"] == BIG_SESSIONS * BIG_PER_SESSION
+    assert "importing messages" in whole.stderr  # progress, on stderr
     assert store_rows(target) == (BIG_SESSIONS, BIG_SESSIONS * BIG_PER_SESSION)
     assert counters_agree(target)
 
@@ -499,3 +500,22 @@ def test_the_next_recover_removes_work_copies_of_killed_recovers_only(tmp_path: 
                str(out_dir / "new.db"))
     assert done.returncode == 0, done.stderr
     assert not gone.exists() and live.exists()
+
+
+# --- long work says how far it is, on stderr ------------------------------------------------------
+
+
+def test_long_commands_print_progress_on_stderr_only(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with SessionDB(db) as a:
+        populate(a, sessions=3, messages=2)
+    exported = cli("--db", str(db), "sessions", "export", "--format", "json")
+    assert exported.returncode == 0 and "writing sessions 3/3" in exported.stderr
+    assert len(json.loads(exported.stdout)) == 3
+    stream = cli("--db", str(db), "sessions", "export").stdout
+    imported = cli("--db", str(tmp_path / "b.db"), "sessions", "import", "-", stdin=stream)
+    assert imported.returncode == 0 and "checking messages" in imported.stderr
+    assert "checking" not in imported.stdout
+    doctor = cli("--db", str(db), "doctor", "--full", "--json")
+    assert json.loads(doctor.stdout)["health"]["healthy"] is True
+    assert "hermes-state:" in doctor.stderr
