@@ -16,7 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
+from hermes_state import (
+    ImportRejectedError,
+    SessionDB,
+    SessionNotFoundError,
+    TitleConflictError,
+)
 from state_helpers import populate
 
 # --- strategies -----------------------------------------------------------------------------
@@ -279,3 +284,58 @@ def test_a_100k_message_session_exports_in_constant_memory(db: SessionDB, db_pat
     assert lines == BIG_SESSION_MESSAGES + 3  # header, session, messages, end
     assert written > 30_000_000
     assert peak < 2_000_000, f"peak {peak} bytes while streaming {written} bytes"
+
+
+# --- a damaged stream never imports partially -------------------------------------------------
+
+
+def _damaged(lines: list[str], data: st.DataObject) -> list[str]:
+    """The stream cut after any line, or one line altered (a span of it deleted, or one
+    character changed). Positions are drawn as fractions: line lengths vary between runs
+    (ids, times), the draws must not."""
+
+    def pick(label: str, size: int) -> int:
+        return data.draw(st.integers(0, 9999), label=label) * size // 10000
+
+    if data.draw(st.booleans(), label="truncate"):
+        return lines[: pick("keep", len(lines))]
+    at = pick("line", len(lines))
+    text = lines[at].rstrip("\n")
+    start = pick("start", len(text))
+    if data.draw(st.booleans(), label="delete"):
+        end = start + 1 + pick("span", len(text) - start)
+        text = text[:start] + text[end:]
+    else:
+        text = text[:start] + data.draw(st.sampled_from("0{}\",:x9]"), label="char") + (
+            text[start + 1:])
+    return [*lines[:at], text + "\n", *lines[at + 1:]]
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(spec=st.lists(SESSION, min_size=1, max_size=3), data=st.data())
+def test_a_truncated_or_altered_stream_imports_whole_or_not_at_all(
+    spec: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        with SessionDB(Path(tmp) / "a.db") as a:
+            build(a, spec)
+            lines = _damaged(list(a.iter_export_jsonl()), data)
+        with SessionDB(Path(tmp) / "b.db") as b:
+            b.create_session("resident", "cli")
+            b.append_message("resident", "user", "mine")
+            try:
+                report = b.import_jsonl(io.StringIO("".join(lines)))
+            except ImportRejectedError:
+                assert [s["id"] for s in b.search_sessions(limit=-1, include_archived=True)] == [
+                    "resident"]
+                assert b.message_count() == 1
+                return
+            # Accepted: then every session and every message line of the stream is stored.
+            kinds = [json.loads(line)["kind"] for line in lines if line.strip()]
+            assert report["ok"] and len(report["imported"]) == kinds.count("session")
+            rows = sum(len(b.get_messages(s, include_inactive=True)) for s in report["imported"])
+            assert rows == kinds.count("message")
