@@ -746,7 +746,7 @@ class SessionDB:
     def import_jsonl(
         self, fp: IO[Any], *, on_conflict: str = "fail", progress: transfer.Progress | None = None
     ) -> dict[str, Any]:
-        """Import a whole JSON Lines export read from ``fp`` (hermes_state_transfer.import_jsonl)."""
+        """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
         return transfer.import_jsonl(self._read, self._transcript_write, fp,
                                      on_conflict=on_conflict, progress=progress)
 

@@ -36,7 +36,6 @@ import sqlite3
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -104,24 +103,17 @@ def _warn(message: str) -> None:
 
 
 class _Progress:
-    """Progress lines on stderr: one per stage change, then at most one every few seconds
-    (and the last of a stage with a known total)."""
-
-    EVERY_S = 2.0
+    """Progress lines on stderr, one per report with work done or a stage change (callers
+    report every few thousand rows, or per step)."""
 
     def __init__(self) -> None:
         self.stage: str | None = None
-        self.shown_at = 0.0
 
     def __call__(self, stage: str, done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if stage == self.stage and now - self.shown_at < self.EVERY_S and (
-            total is None or done < total
-        ):
-            return
         of = f"/{total}" if total else ""
-        print(f"{PROG}: {stage}" + (f" {done}{of}" if done or total else ""), file=sys.stderr)
-        self.stage, self.shown_at = stage, now
+        if stage != self.stage or done:
+            print(f"{PROG}: {stage}" + (f" {done}{of}" if done or total else ""), file=sys.stderr)
+        self.stage = stage
 
 
 def _print_lines(lines: Sequence[str], file: IO[str] | None = None) -> None:
@@ -388,7 +380,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 for n, session in enumerate(data, start=1):
                     out.write(",\n" if n > 1 else "\n")
                     out.write(json.dumps(session, ensure_ascii=False, indent=1))
-                    progress("writing sessions", n, len(data))
+                    if n % 100 == 0 or n == len(data):
+                        progress("writing sessions", n, len(data))
                 out.write("\n]\n")
                 return 0
             messages = 0

@@ -708,8 +708,8 @@ def repair_state_db(
 
     A store that is already healthy is left alone. When the checks fail, or the canonical
     tables cannot be read, nothing is promoted, ``kept`` lists the live file (untouched) and
-    no snapshot is left behind. Taking the store rolls back a hot journal an interrupted write left behind
-    (``rolled_back_journal``), before anything is copied.
+    no snapshot is left behind. Taking the store rolls back a hot journal an interrupted write
+    left behind (``rolled_back_journal``), before anything is copied.
     """
     path = _existing_db(db_path)
     say = progress or no_progress

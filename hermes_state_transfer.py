@@ -231,6 +231,7 @@ JOURNAL_PREFIX = "import_in_progress:"
 # busy handler polls at least every 100 ms, so it gets its turn instead of starving behind
 # the import's next BEGIN IMMEDIATE.
 PUBLISH_PAUSE_S = 0.12
+PROGRESS_EVERY = 5000  # messages between two progress reports
 
 # import_sessions(list): the limits its callers (a dashboard upload) expect.
 LIST_MAX_SESSIONS = 500
@@ -548,8 +549,8 @@ def _plan(
     checked = 0
     for rec in records:
         planned = _check(conn, rec, errors)
-        checked += planned.messages if planned else 0
-        if progress is not None and planned and planned.messages:
+        before, checked = checked, checked + (planned.messages if planned else 0)
+        if progress is not None and checked // PROGRESS_EVERY > before // PROGRESS_EVERY:
             progress("checking messages", checked, None)
         if planned is None:
             continue
@@ -569,6 +570,8 @@ def _plan(
         else:
             errors.add(rec.where, "a different session with this id exists (import with "
                                   "on_conflict 'replace' or 'skip')", sid)
+    if progress is not None:
+        progress("checked messages", checked, None)
     _link_parents(conn, plan, outcome)
     return _parents_first(plan)
 
@@ -715,8 +718,10 @@ def _publish(
             part = write(functools.partial(chunk, number=number))
             written.extend(item.rec.id for item in items)
             _merge(outcome, part)
-            done += sum(item.messages for item in items)
-            if progress is not None and len(chunks) > 1:
+            before, done = done, done + sum(item.messages for item in items)
+            if progress is not None and len(chunks) > 1 and (
+                done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
+            ):
                 progress("importing messages", done, total)
     except BaseException:
         if written and len(chunks) > 1:

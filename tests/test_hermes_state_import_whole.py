@@ -514,7 +514,7 @@ def test_long_commands_print_progress_on_stderr_only(tmp_path: Path) -> None:
     assert len(json.loads(exported.stdout)) == 3
     stream = cli("--db", str(db), "sessions", "export").stdout
     imported = cli("--db", str(tmp_path / "b.db"), "sessions", "import", "-", stdin=stream)
-    assert imported.returncode == 0 and "checking messages" in imported.stderr
+    assert imported.returncode == 0 and "checked messages" in imported.stderr
     assert "checking" not in imported.stdout
     doctor = cli("--db", str(db), "doctor", "--full", "--json")
     assert json.loads(doctor.stdout)["health"]["healthy"] is True
