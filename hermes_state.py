@@ -22,7 +22,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -650,15 +650,21 @@ class SessionDB:
             )
 
     @arguments.checked
-    def import_sessions(self, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """Import exported sessions, each in its own transaction, parents first; returns the
-        report (see hermes_state_transfer.import_sessions)."""
-        return transfer.import_sessions(self._transcript_write, sessions)
+    def import_sessions(
+        self, sessions: list[Any], *, on_conflict: str = "skip", limited: bool = True,
+        progress: transfer.Progress | None = None,
+    ) -> dict[str, Any]:
+        """Import exported sessions whole or not at all (hermes_state_transfer.import_sessions)."""
+        return transfer.import_sessions(self._read, self._transcript_write, sessions,
+                                        on_conflict=on_conflict, limited=limited, progress=progress)
 
     @arguments.checked
-    def import_jsonl(self, fp: IO[Any]) -> dict[str, Any]:
-        """Import a JSON Lines export read from ``fp``; same rules and report."""
-        return transfer.import_jsonl(self._transcript_write, fp)
+    def import_jsonl(
+        self, fp: IO[Any], *, on_conflict: str = "fail", progress: transfer.Progress | None = None
+    ) -> dict[str, Any]:
+        """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
+        return transfer.import_jsonl(self._read, self._transcript_write, fp,
+                                     on_conflict=on_conflict, progress=progress)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 

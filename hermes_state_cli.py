@@ -28,12 +28,14 @@ import argparse
 import contextlib
 import csv
 import datetime
+import errno
 import json
 import math
 import os
 import sqlite3
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +43,7 @@ from typing import IO, Any
 import hermes_state_cli_format as fmt
 import hermes_state_common as common
 import hermes_state_fileformat as ff
+import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 import hermes_state_search as search
@@ -55,6 +58,7 @@ from hermes_state import (
 )
 from hermes_state_errors import (
     HermesStateError,
+    ImportRejectedError,
     LedgerBusyError,
     ReplicationError,
     StateDbCorruptError,
@@ -63,6 +67,7 @@ from hermes_state_errors import (
     StateDbUnavailableError,
 )
 from hermes_state_lockowners import describe_lock_holders
+from hermes_state_transfer import ON_CONFLICT_CHOICES
 
 __all__ = ["main", "build_parser"]
 
@@ -100,7 +105,8 @@ def _warn(message: str) -> None:
 
 
 class _Progress:
-    """Progress lines on stderr, one per stage change or every few seconds."""
+    """Progress lines on stderr, one per report with work done or a stage change (callers
+    report every few thousand rows, or per step)."""
 
     def __init__(self) -> None:
         self.stage: str | None = None
@@ -366,16 +372,36 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # --- sessions: export and import ----------------------------------------------------------
 
 
+# A file being written beside its target: `.<target name>.hermes-partial-<pid>...`.
+PARTIAL_MARK = ".hermes-partial-"
+
+
 @contextlib.contextmanager
 def _output_file(path: str | None) -> Iterator[IO[str]]:
-    """stdout, or a new private file (never an existing one)."""
+    """stdout, or a new private file (never an existing one) that appears only whole: it is
+    written beside the target under a temporary name and linked into place at the end, so an
+    interruption (Ctrl-C, a full disk) leaves no partial file behind."""
     if path is None or path == "-":
         yield sys.stdout
         return
     target = Path(path).expanduser()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        yield fh
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(errno.EEXIST, "already exists (an export never overwrites a file)",
+                              str(target))
+    common.remove_abandoned_temps(target.parent, PARTIAL_MARK)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}{common.temp_prefix(PARTIAL_MARK)}", dir=target.parent
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, target)  # fails on a file created meanwhile: never overwrites
+        common.fsync_directory(target.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _lineage_trees(db: SessionDB, ids: list[str]) -> list[str]:
@@ -396,6 +422,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             ids = [_resolve_session(db, key) for key in args.sessions]
         with _output_file(args.output) as out:
             if args.format == "json":
+                progress("reading sessions", 0, None)
                 if ids is None:
                     data = db.export_all(source=args.source)
                 elif args.lineage:
@@ -403,8 +430,13 @@ def cmd_export(args: argparse.Namespace) -> int:
                             if (s := db.export_session(i)) is not None]
                 else:
                     data = [s for i in ids if (s := db.export_session(i)) is not None]
-                json.dump(data, out, ensure_ascii=False, indent=1)
-                out.write("\n")
+                out.write("[")
+                for n, session in enumerate(data, start=1):
+                    out.write(",\n" if n > 1 else "\n")
+                    out.write(json.dumps(session, ensure_ascii=False, indent=1))
+                    if n % 100 == 0 or n == len(data):
+                        progress("writing sessions", n, len(data))
+                out.write("\n]\n")
                 return 0
             messages = 0
             for line in db.iter_export_jsonl(ids, source=args.source, lineage=args.lineage):
@@ -431,34 +463,54 @@ def _detect_format(fh: IO[bytes], hint: str | None, name: str) -> str:
     return "jsonl" if b'"kind"' in line else "json"
 
 
+def _import_errors(errors: Sequence[dict[str, Any]]) -> None:
+    for e in errors:
+        where = f"line {e['line']}" if "line" in e else (
+            f"record {e['index']}" if "index" in e else "import")
+        session = f" (session {e['session_id']})" if "session_id" in e else ""
+        _warn(f"{where}{session}: {e['error']}")
+    _warn("nothing was imported")
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     try:
         fmt = _detect_format(source, args.format, args.file)
         with _writable(args, create=True) as db:
             if fmt == "jsonl":
-                report = db.import_jsonl(source)
+                try:
+                    report = db.import_jsonl(
+                        source, on_conflict=args.on_conflict, progress=_Progress()
+                    )
+                except ImportRejectedError as exc:
+                    report = {"ok": False, "errors": exc.errors}
             else:
                 data = json.load(source)
-                report = db.import_sessions(data if isinstance(data, list) else [data])
+                report = db.import_sessions(
+                    data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
+                    limited=False, progress=_Progress(),
+                )
     finally:
         if source is not sys.stdin.buffer:
             source.close()
     if args.json:
         _print_json(report)
+    elif not report["ok"]:
+        _import_errors(report["errors"])
+    elif fmt == "json":
+        print(f"imported {report['imported']} session(s); skipped {report['skipped']}; "
+              f"{report['detached']} imported as a root (parent missing)")
     else:
         print(f"imported {len(report['imported'])} session(s), {report['messages_imported']} "
-              f"message(s); skipped {len(report['skipped'])} identical")
-        for c in report["conflicts"]:
-            print(f"conflict: {c['session_id']}: {c['reason']} (nothing of it was written)")
+              f"message(s); replaced {len(report['replaced'])}; skipped "
+              f"{len(report['skipped'])}")
         for c in report["title_conflicts"]:
             print(f"title kept by {c['held_by']}: {c['session_id']} imported without "
                   f"title {c['title']!r}")
         for c in report["parent_missing"]:
-            print(f"parent {c['parent_session_id']} missing: {c['session_id']} imported as a root")
-        for c in report["invalid"]:
-            print(f"invalid: {c['session_id']}: {c['error']}")
-    return 1 if report["conflicts"] or report["invalid"] else 0
+            print(f"parent {c['parent_session_id']} {c['reason']}: {c['session_id']} imported "
+                  "as a root")
+    return 0 if report["ok"] else 1
 
 
 # --- sessions: maintenance ----------------------------------------------------------------
@@ -825,7 +877,7 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
     """``--full``: the health report of a copy (every check repair makes)."""
     if "unavailable" in report or "quick_check" not in report:
         return
-    health = repair_state_db(path, check_only=True)
+    health = repair_state_db(path, check_only=True, progress=_Progress())
     report["health"] = health
     checked = any(problem.startswith("quick_check") for problem in problems)
     for problem in health.get("problems", []):
@@ -841,7 +893,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return cmd_clear_quarantine(args)
     path = _resolve_db(args)
     report: dict[str, Any] = {
-        "home": common.display_hermes_home(path.parent),
+        "home": common.display_hermes_home(maintenance.store_home(path)),
         "database": str(path),
         "sqlite_version": sqlite3.sqlite_version,
         "wal_reset_exposed": common.wal_reset_exposed(),
@@ -890,11 +942,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    path = backup_state_db(_resolve_db(args), args.output)
+    db = _resolve_db(args)
+    if args.list:
+        snapshots = maintenance.list_snapshots(db)
+        if args.json:
+            _print_json({"snapshots": snapshots})
+        elif not snapshots:
+            print(f"no snapshots of {db} in {maintenance.snapshot_dir(db)}")
+        for s in [] if args.json else snapshots:
+            print(f"{s['taken_at']}  {s['size']:>12,} bytes  {s['path']}")
+        return 0
+    path = backup_state_db(db, args.output)
+    deleted = maintenance.prune_snapshots(db, args.keep) if args.keep is not None else []
     if args.json:
-        _print_json({"snapshot": str(path)})
+        _print_json({"snapshot": str(path), "deleted": deleted})
     else:
         print(path)
+        for old in deleted:
+            print(f"deleted older snapshot {old}")
     return 0
 
 
@@ -1092,8 +1157,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines streams; json is one array")
     p.add_argument("--output", "-o", help="new file to write (default: stdout)")
 
-    p = command(ssub, "import", cmd_import, "import an export; identical sessions are skipped")
+    p = command(ssub, "import", cmd_import,
+                "import a whole export, or nothing of it when any record or line is wrong")
     p.add_argument("file", help="export file, or - for stdin")
+    p.add_argument("--on-conflict", choices=ON_CONFLICT_CHOICES, default="fail",
+                   help="a stored session with the same id but different content: skip it, "
+                        "replace it, or fail the whole import (an identical one is always "
+                        "skipped)")
     p.add_argument("--format", choices=("jsonl", "json"),
                    help="the file's format (default: from its name or first line)")
 
@@ -1139,7 +1209,13 @@ def build_parser() -> argparse.ArgumentParser:
              "integrity_check of the file finds anything (recover or restore instead)")
 
     p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
-    p.add_argument("--output", "-o", help="snapshot file (default: <home>/state-snapshots/)")
+    p.add_argument("--output", "-o", help="snapshot file (default: state-snapshots/ in the "
+                                          "store's home, the folder of its database file)")
+    p.add_argument("--list", action="store_true",
+                   help="list the store's snapshots, newest first, instead of taking one")
+    p.add_argument("--keep", type=count_arg, metavar="N",
+                   help="after the snapshot, delete all but the store's newest N (default: "
+                        "keep every one; another store's are never touched)")
 
     p = command(sub, "restore", cmd_restore,
                 "replace the store with a snapshot, or bring it back from its replica")

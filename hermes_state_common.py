@@ -21,14 +21,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import itertools
 import json
 import logging
 import os
 import re
+import shutil
+import socket
 import sqlite3
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -49,6 +53,9 @@ __all__ = [
     "Key",
     "Bound",
     "SCHEMA_VERSION",
+    "temp_prefix",
+    "remove_abandoned_temps",
+    "fsync_directory",
     "SCHEMA_SQL",
     "get_hermes_home",
     "hermes_home_override",
@@ -326,10 +333,18 @@ def refuse_write_protected(db_path: Path) -> None:
 
 
 def make_private_dir(directory: Path, *, for_file: Path) -> None:
-    """Create ``directory`` (and its parents, mode 0700) for the database file ``for_file``;
-    when the operating system refuses, the typed error names that file."""
+    """Create ``directory`` (and its missing parents, each mode 0700) for the database file
+    ``for_file``; when the operating system refuses, the typed error names that file."""
+    missing = []
+    folder = directory
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One at a time: mkdir(parents=True) would give the parents the umask's looser mode.
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        directory.mkdir(exist_ok=True, mode=0o700)
     except OSError as exc:  # a file where a directory goes, no permission, a read-only mount
         raise cannot_create(for_file, exc) from exc
 
@@ -363,6 +378,70 @@ def tighten_modes(db_path: Path) -> None:
 # Has SQLite check each cell's size against its page whenever it loads a b-tree page (a flag
 # of the connection: nothing is read or written).
 CELL_SIZE_CHECK_SQL = "PRAGMA cell_size_check = ON"
+
+
+# --- temporary files -----------------------------------------------------------------------
+# A temporary file or folder (an export being written, an import's spool, a recover's or a
+# repair's work copy) is named ``<mark><pid>.<host tag>-<random>``: a later run removes it only
+# when that names a process of this host that no longer exists, so a live one's is never
+# touched and one of another host sharing the folder is left alone.
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temp_prefix(mark: str) -> str:
+    """The name prefix of a temporary file of this process (``tempfile``'s ``prefix``)."""
+    return f"{mark}{os.getpid()}.{_host_tag()}-"
+
+
+def _owner_gone(pid: int) -> bool:
+    if pid <= 0 or sys.platform == "win32":  # os.kill would terminate it on Windows
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OverflowError, OSError):
+        return False  # alive but not ours to signal
+    return False
+
+
+def remove_abandoned_temps(directory: Path | None, mark: str) -> list[Path]:
+    """Remove the temporary files and folders named with ``mark`` in ``directory`` (default:
+    the system's temporary folder) whose process is provably gone; returns them. Never
+    raises: a folder that cannot be listed has nothing to clean."""
+    folder = Path(tempfile.gettempdir()) if directory is None else directory
+    pattern = re.compile(re.escape(mark) + r"(\d+)\.([0-9a-f]{8})-")
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.search(entry.name)
+        if match is None or match.group(2) != _host_tag() or not _owner_gone(int(match.group(1))):
+            continue
+        path = Path(entry.path)
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+    return removed
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or link in ``directory`` durable (best effort: not every file system
+    lets a directory be opened)."""
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:

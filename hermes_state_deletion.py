@@ -62,6 +62,7 @@ __all__ = [
     "remove_transcripts",
     "deletion_closure",
     "list_delete_candidates",
+    "delete_session",
     "DELETE_SESSION",
     "DELETE_SESSIONS",
     "DELETE_SESSION_IF_EMPTY",

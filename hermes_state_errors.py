@@ -29,6 +29,7 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "HermesStateError",
@@ -48,6 +49,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidTypeError",
     "UnknownFilterError",
+    "ImportRejectedError",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -300,6 +302,24 @@ class UnknownFilterError(InvalidTypeError):
     def __init__(self, message: str, *, names: list[str]) -> None:
         super().__init__(message, argument=names[0] if len(names) == 1 else None)
         self.names = list(names)
+
+
+class ImportRejectedError(InvalidInputError):
+    """An import was refused whole and nothing of it was written: ``errors`` lists each
+    problem (``{"index"|"line", "error"[, "session_id"]}``: the record's position in the
+    list, or the line of the stream)."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        shown = "; ".join(_where(e) + e["error"] for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        super().__init__(f"import refused, nothing written: {shown}{more}")
+        self.errors = errors
+
+
+def _where(error: dict[str, Any]) -> str:
+    if "line" in error:
+        return f"line {error['line']}: "
+    return f"record {error['index']}: " if "index" in error else ""
 
 
 class UnsafePathError(HermesStateError, ValueError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -43,14 +44,17 @@ from hermes_state_common import (
     prepare_db_file,
     quote_identifier,
     refuse_symlinks,
+    remove_abandoned_temps,
     sidecar_paths,
     split_sql,
     table_exists,
+    temp_prefix,
     tighten_modes,
     transaction,
 )
 from hermes_state_errors import (
     HermesStateError,
+    InvalidInputError,
     StateDbCorruptError,
     StateDbInUseError,
     StateDbUnavailableError,
@@ -71,6 +75,9 @@ __all__ = [
     "no_progress",
     "SNAPSHOT_DIRNAME",
     "snapshot_dir",
+    "store_home",
+    "list_snapshots",
+    "prune_snapshots",
     "utc_stamp",
     "quick_check",
     "rebuild_indexes",
@@ -83,6 +90,10 @@ __all__ = [
     "QuickHealth",
     "quick_health",
 ]
+
+# A repair's work copy: ``.repair-<pid>...`` in the snapshot folder; a later repair removes
+# those of a killed one.
+REPAIR_MARK = ".repair-"
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -98,9 +109,55 @@ def no_progress(stage: str, done: int, total: int | None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def snapshot_dir() -> Path:
-    """Where snapshots live: ``get_hermes_home()/state-snapshots``."""
-    return get_hermes_home() / SNAPSHOT_DIRNAME
+def store_home(db_path: str | os.PathLike[str]) -> Path:
+    """The home a store belongs to, as ``doctor`` reports it: its database file's folder
+    (the default store lives at ``<home>/state.db``)."""
+    return Path(db_path).expanduser().absolute().parent
+
+
+def snapshot_dir(db_path: str | os.PathLike[str] | None = None) -> Path:
+    """Where the snapshots of the store at ``db_path`` live: ``<its home>/state-snapshots``
+    (without a store: the current home's)."""
+    home = get_hermes_home() if db_path is None else store_home(db_path)
+    return home / SNAPSHOT_DIRNAME
+
+
+def _snapshot_name_re(db_path: str | os.PathLike[str]) -> re.Pattern[str]:
+    stem = re.escape(Path(db_path).stem)
+    return re.compile(rf"{stem}-(\d{{8}}T\d{{6}}Z)(?:-(\d+))?\.db")
+
+
+def list_snapshots(db_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The snapshots of the store at ``db_path`` (named after its file, in its snapshot
+    folder; another store's are never listed), newest first: ``path``, ``taken_at`` (the UTC
+    stamp of the name) and ``size``."""
+    folder = snapshot_dir(db_path)
+    pattern = _snapshot_name_re(db_path)
+    found: list[tuple[tuple[str, int], dict[str, Any]]] = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(folder):
+            match = pattern.fullmatch(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            stamp = datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%SZ")
+            taken = stamp.replace(tzinfo=datetime.UTC).isoformat()
+            order = (match.group(1), int(match.group(2) or 1))
+            found.append((order, {"path": entry.path, "taken_at": taken,
+                                  "size": entry.stat(follow_symlinks=False).st_size}))
+    return [info for _, info in sorted(found, key=lambda f: f[0], reverse=True)]
+
+
+def prune_snapshots(db_path: str | os.PathLike[str], keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` snapshots of the store at ``db_path`` (never
+    another store's); returns the paths deleted."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise InvalidInputError(f"keep must be a non-negative integer, got {keep!r}")
+    deleted = []
+    for info in list_snapshots(db_path)[keep:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(info["path"])
+            deleted.append(info["path"])
+    return deleted
 
 
 def utc_stamp() -> str:
@@ -388,7 +445,7 @@ def backup_state_db(
     source = _existing_db(db_path)
     with translated_errors(source), _reading(source) as src:
         refuse_foreign(src)
-        path, check = _snapshot(src, dest)
+        path, check = _snapshot(src, dest, source)
     if check != ["ok"]:
         raise StateDbCorruptError(
             f"the snapshot of {path} fails quick_check: {'; '.join(check[:3])}", path=path
@@ -397,11 +454,12 @@ def backup_state_db(
 
 
 def _snapshot(
-    src: sqlite3.Connection, dest: str | os.PathLike[str] | None
+    src: sqlite3.Connection, dest: str | os.PathLike[str] | None, db_path: Path
 ) -> tuple[Path, list[str]]:
-    """Copy the database of ``src`` into a new snapshot file; its path and quick_check."""
+    """Copy the database of ``src`` (the store at ``db_path``) into a new snapshot file (by
+    default among that store's snapshots); its path and quick_check."""
     if dest is None:
-        target = _unique_snapshot_path(snapshot_dir(), "state")
+        target = _unique_snapshot_path(snapshot_dir(db_path), db_path.stem)
     else:
         target = Path(dest).expanduser().absolute()
         try:
@@ -459,7 +517,7 @@ def restore_state_db(
             report["rolled_back_journal"] = held.rolled_back_journal
             if held.pages > 0:
                 say("saving the current store", 0, None)
-                report["previous_snapshot"] = str(_snapshot(held.conn, None)[0])
+                report["previous_snapshot"] = str(_snapshot(held.conn, None, target)[0])
             report["quick_check"] = _promote(src, held.conn, say)
             clear_marker(target)
             report["row_counts"] = row_counts(held.conn)
@@ -656,33 +714,33 @@ def repair_state_db(
     :class:`StateDbInUseError` while any other connection has it open, other processes'
     writes wait meanwhile):
 
-    1. a snapshot in ``state-snapshots/`` (``backup=True``) — kept whatever happens;
-    2. a working copy (backup API) on which the FTS objects and the search index are dropped,
-       the file VACUUMed (rebuilding every ordinary index and dropping orphaned pages) and the
-       FTS indexes, triggers and markers and the search index rebuilt; canonical rows are
-       never deleted;
-    3. the checks on the working copy, which must pass with every row count unchanged;
-    4. only then the working copy is written onto the live file with the backup API, and a
-       durable quarantine marker of the file is cleared.
+    1. a working copy (backup API) on which the FTS objects and the search index are dropped, the file VACUUMed
+       (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
+       triggers and markers and the search index rebuilt; canonical rows are never deleted;
+    2. the checks on the working copy, which must pass with every row count unchanged;
+    3. only then a snapshot among the store's snapshots (:func:`snapshot_dir`,
+       ``backup=True``), and the working copy written onto the live file with the backup
+       API, and a durable quarantine marker of the file is cleared.
 
     A store that is already healthy is left alone. When the checks fail, or the canonical
-    tables cannot be read, nothing is promoted and ``kept`` lists the live file and the
-    backup. Taking the store rolls back a hot journal an interrupted write left behind
-    (``rolled_back_journal``), before anything is copied.
+    tables cannot be read, nothing is promoted, ``kept`` lists the live file (untouched) and
+    no snapshot is left behind. Taking the store rolls back a hot journal an interrupted write
+    left behind (``rolled_back_journal``), before anything is copied.
     """
     path = _existing_db(db_path)
     say = progress or no_progress
     report: dict[str, Any] = {"db_path": str(path), "check_only": check_only}
     with translated_errors(path):
         if check_only:
-            return _check(path, report)
+            return _check(path, report, say)
         return _repair(path, report, backup=backup, say=say)
 
 
-def _check(path: Path, report: dict[str, Any]) -> dict[str, Any]:
+def _check(path: Path, report: dict[str, Any], say: Progress) -> dict[str, Any]:
     """The check-only run: the health of a private backup-API copy."""
     report["in_use_by"] = describe_lock_holders(path)
     with tempfile.TemporaryDirectory(prefix="hermes-check-") as tmp:
+        say("copying", 0, None)
         try:
             with _reading(path) as src:
                 refuse_foreign(src)
@@ -690,6 +748,7 @@ def _check(path: Path, report: dict[str, Any]) -> dict[str, Any]:
         except sqlite3.Error as exc:
             return {**report, **_unreadable(exc)}
         try:
+            say("checking integrity and the FTS indexes", 0, None)
             report.update(health_report(conn))
         finally:
             conn.close()
@@ -718,9 +777,10 @@ def _repair_held(
     say: Progress,
 ) -> dict[str, Any]:
     """The repair proper, on the live store ``live`` held exclusively."""
-    snapshots = snapshot_dir()
-    make_private_dir(snapshots, for_file=snapshots / "state.db")
-    with tempfile.TemporaryDirectory(prefix=".repair-", dir=snapshots) as tmp:
+    snapshots = snapshot_dir(path)
+    make_private_dir(snapshots, for_file=snapshots / path.name)
+    remove_abandoned_temps(snapshots, REPAIR_MARK)  # a killed repair's work copies
+    with tempfile.TemporaryDirectory(prefix=temp_prefix(REPAIR_MARK), dir=snapshots) as tmp:
         work = _new_private_file(Path(tmp) / "work.db")
         say("copying", 0, None)
         try:
@@ -732,16 +792,17 @@ def _repair_held(
             report["before"] = before
             if before["healthy"]:
                 return {**report, "repaired": False, "promoted": False, "backup": None}
-            if backup:
-                snap, check = _snapshot(live, None)
-                report["backup"] = str(snap)
-                report["backup_quick_check"] = check
             conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
             report["after"] = after
-            if error is not None:
-                kept = [str(path)] + ([report["backup"]] if backup else [])
+            if error is not None:  # the live file is untouched: no snapshot is needed
                 return {**report, "error": error, "repaired": False, "promoted": False,
-                        "kept": kept}
+                        "backup": None, "kept": [str(path)]}
+            # Taken only now, just before the promotion: the store is still held, so it is the
+            # state the working copy was made from, and a failed repair leaves no snapshot.
+            if backup:
+                snap, check = _snapshot(live, None, path)
+                report["backup"] = str(snap)
+                report["backup_quick_check"] = check
             report["live_quick_check"] = _promote(conn, live, say)
             clear_marker(path)
             return {**report, "repaired": True, "promoted": True}

@@ -60,9 +60,11 @@ from hermes_state_common import (
     make_private_dir,
     prepare_db_file,
     quote_identifier,
+    remove_abandoned_temps,
     sidecar_paths,
     split_sql,
     table_exists,
+    temp_prefix,
     transaction,
     wal_without_database,
 )
@@ -85,6 +87,10 @@ from hermes_state_schema import read_version, restore_data_invariants
 from hermes_state_testguard import check_test_isolation
 
 __all__ = ["recover_state_db"]
+
+# A recover's work copies: ``.hermes-recover-<pid>...`` beside the output (or in the system's
+# temporary folder); a later recover removes those of a killed one.
+RECOVER_MARK = ".hermes-recover-"
 
 
 # Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the search
@@ -960,9 +966,10 @@ def recover_state_db(
             raise HermesStateError(f"the output {out_path} already exists")
         make_private_dir(out_path.parent, for_file=out_path)
     workdir = out_path.parent if out_path is not None else None
+    remove_abandoned_temps(workdir, RECOVER_MARK)  # a killed recover's work copies
     # The output is the only file written: its errors name it (the source's are typed).
     with translated_errors(out_path or src_path), tempfile.TemporaryDirectory(
-        prefix=".hermes-recover-", dir=workdir
+        prefix=temp_prefix(RECOVER_MARK), dir=workdir
     ) as tmp:
         say("copying the source", 0, None)
         src = _Source(src_path, Path(tmp))

@@ -4,41 +4,67 @@
 generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
 rows. Nothing derived travels (no FTS text, no ``search_cjk``), so an import loses nothing.
 :func:`iter_export_jsonl` streams one JSON object per line from database cursors, so a session
-of any size exports in constant memory. *Import* writes each session in its own transaction,
-parents before children, messages through ``insert_message`` (uids kept): an existing identical
-session is skipped, an existing different one is a conflict and nothing of it is written.
-The JSONL importer spools the stream into a private SQLite file first, so memory stays bounded
-whatever the stream's size.
+of any size exports in constant memory.
+
+*Import* is whole or nothing, in two phases. The check reads only (no lock held): the stream's
+frame (the header with a known ``format_version`` and a ``schema_version`` no newer than this
+store's, the ``end`` line and its counts), then every record — each session column, message and
+usage row checked as it would be written, counters against the rows (absent counters are
+computed) — and what each session does (new, identical and skipped, different: skipped,
+replaced or failing the import per ``on_conflict``; parent links kept only when the parent is
+there and no cycle results). Any problem refuses the import before anything is written, each
+problem named by its index or line. The publish then writes whole sessions, parents first, in
+transactions of about :data:`PUBLISH_CHUNK_MESSAGES` messages with a short pause between them,
+so that other writers never wait long for the lock however large the import. An import that
+fits in one chunk is one transaction. A longer one keeps a journal in ``state_meta`` (its
+holder and the sessions written so far, in each chunk's transaction): an exception or Ctrl-C
+deletes what it wrote before it propagates, and the sessions of an import whose process was
+killed are deleted by the next import (once the holder is provably gone; until then a reader
+can see some of its sessions, each of them whole). Replacements go in
+the last chunk, so that a failed import never loses a session it was to replace. The JSONL
+importer spools the stream into a private SQLite file first, so memory stays bounded whatever
+the stream's size and the check and the publish can read each session again.
 
 The functions take the caller's connection (exports: run them inside one read transaction for
-a consistent snapshot) or its write function (imports: ``write(fn)`` runs ``fn(conn)`` as one
-retried write transaction); the facade passes its own, which translate SQLite's errors.
+a consistent snapshot) or its read and write functions (imports: ``read(fn)`` runs ``fn(conn)``
+on the store's connection, ``write(fn)`` as one retried write transaction); the facade passes
+its own, which translate SQLite's errors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
+import math
 import sqlite3
 import tempfile
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from hermes_state_common import (
     SCHEMA_VERSION,
     clean_optional,
     connect,
     quote_identifier,
+    remove_abandoned_temps,
+    set_meta,
+    temp_prefix,
     transaction,
 )
+from hermes_state_compression import holder_is_gone, lock_holder_name
+from hermes_state_deletion import delete_session
 from hermes_state_errors import (
+    HermesStateError,
+    ImportRejectedError,
     InvalidInputError,
-    InvalidTypeError,
+    LedgerBusyError,
     SessionNotFoundError,
-    StateDbConstraintError,
     translated_errors,
 )
 from hermes_state_lineage import compression_chain, lineage_tree
@@ -46,6 +72,7 @@ from hermes_state_listing import search_sessions
 from hermes_state_messages import (
     MESSAGE_FIELDS,
     SELECT_MESSAGES_SQL,
+    MessageRow,
     get_messages,
     insert_message,
     message_fields,
@@ -63,6 +90,13 @@ __all__ = [
     "iter_export_jsonl",
     "import_sessions",
     "import_jsonl",
+    "remove_abandoned_imports",
+    "ON_CONFLICT_CHOICES",
+    "OnConflict",
+    "PUBLISH_CHUNK_MESSAGES",
+    "JOURNAL_PREFIX",
+    "SPOOL_PREFIX",
+    "Progress",
 ]
 
 EXPORT_FORMAT = "hermes-state-export"
@@ -194,6 +228,33 @@ def iter_export_jsonl(
 # Import
 # =============================================================================================
 
+OnConflict = Literal["skip", "replace", "fail"]
+ON_CONFLICT_CHOICES: tuple[OnConflict, ...] = ("skip", "replace", "fail")
+Progress = Callable[[str, int, int | None], None]
+ReadFn = Callable[[Callable[[sqlite3.Connection], Any]], Any]
+
+# One publish transaction writes about this many messages (a few tenths of a second), so a
+# long import never holds the write lock near another writer's patience (20 s / 60 s).
+PUBLISH_CHUNK_MESSAGES = 1000
+# state_meta key of an import published in several transactions: its holder and the sessions
+# written so far, so that the next import removes what a killed one left.
+JOURNAL_PREFIX = "import_in_progress:"
+# Between two publish transactions the lock stays free this long: a writer waiting in SQLite's
+# busy handler polls at least every 100 ms, so it gets its turn instead of starving behind
+# the import's next BEGIN IMMEDIATE.
+PUBLISH_PAUSE_S = 0.12
+PROGRESS_EVERY = 5000  # messages between two progress reports
+
+# import_sessions(list): the limits its callers (a dashboard upload) expect.
+LIST_MAX_SESSIONS = 500
+LIST_MAX_SESSION_MESSAGES = 10_000
+LIST_MAX_SESSION_BYTES = 5 * 2**20
+LIST_MAX_MESSAGES = 50_000
+LIST_MAX_BYTES = 25 * 2**20
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_ERRORS_KEPT = 200  # a hopeless stream is not reported line by line to the end
+
 _MESSAGE_DEFAULTS: dict[str, Any] = {
     **dict.fromkeys(MESSAGE_FIELDS),
     "observed": False,
@@ -201,30 +262,202 @@ _MESSAGE_DEFAULTS: dict[str, Any] = {
     "compacted": False,
 }
 _FLAGS = ("observed", "active", "compacted")
+_COUNTERS = ("message_count", "tool_call_count")
 _USAGE_KEY = ("model", "billing_provider", "billing_base_url", "billing_mode", "task")
+
+Where = dict[str, int]  # {"index": position in a list} or {"line": line of a stream}
 
 
 @dataclass
 class _Incoming:
-    """One session to import: its row, a re-iterable source of its messages (a retried
-    transaction reads them again) and its usage rows."""
+    """One session to import: where it came from, its row, a re-iterable source of its
+    messages (each with where it came from) and its usage rows."""
 
+    where: Where
     session: dict[str, Any]
-    messages: Callable[[], Iterable[Mapping[str, Any]]]
-    usage: list[dict[str, Any]]
+    messages: Callable[[], Iterable[tuple[Where, Any]]]
+    usage: list[tuple[Where, Any]]
 
     @property
     def id(self) -> Any:
         return self.session.get("id")
 
 
-def _from_dict(record: Mapping[str, Any]) -> _Incoming:
-    if not isinstance(record, Mapping):
-        raise InvalidTypeError(
-            f"a session to import must be a mapping, got {type(record).__name__}")
-    session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
-    messages = list(record.get("messages") or [])
-    return _Incoming(session, lambda: messages, list(record.get("model_usage") or []))
+@dataclass
+class _Planned:
+    """A checked session and what its import does: ``import`` (new) or ``replace``."""
+
+    rec: _Incoming
+    action: str
+    row: dict[str, Any]
+    messages: int
+    ignored_fields: list[str]
+    ignored_message_fields: list[str]
+
+
+@dataclass
+class _Outcome:
+    imported: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    detached: list[dict[str, Any]] = field(default_factory=list)
+    title_conflicts: list[dict[str, Any]] = field(default_factory=list)
+    ignored_fields: dict[str, list[str]] = field(default_factory=dict)
+    ignored_message_fields: dict[str, list[str]] = field(default_factory=dict)
+    messages: int = 0
+    abandoned_removed: list[str] = field(default_factory=list)
+
+
+class _Errors:
+    """Every problem found, each with where it is; :meth:`raise_any` refuses the import."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.more = 0
+
+    def add(self, where: Where, error: str, session_id: Any = None) -> None:
+        if len(self.items) >= _ERRORS_KEPT:
+            self.more += 1
+            return
+        entry: dict[str, Any] = {**where, "error": error}
+        if isinstance(session_id, str):
+            entry["session_id"] = session_id
+        self.items.append(entry)
+
+    def raise_any(self) -> None:
+        if self.more:
+            self.items.append({"error": f"{self.more} more problem(s) not listed"})
+        if self.items:
+            raise ImportRejectedError(self.items)
+
+
+# --- checks ---------------------------------------------------------------------------------
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _value_problem(name: str, declared: str, notnull: int, value: Any) -> str | None:
+    """Why ``value`` cannot be stored in column ``name`` of SQL type ``declared``, or None."""
+    if value is None:
+        return f"{name} may not be null" if notnull else None
+    if declared == "TEXT":
+        if not isinstance(value, str):
+            return f"{name} must be text, got {type(value).__name__}"
+        if not _encodable(value):
+            return f"{name} is not valid Unicode text (it holds a lone surrogate)"
+    elif declared == "INTEGER":
+        if not isinstance(value, int):
+            return f"{name} must be an integer, got {type(value).__name__}"
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            return f"{name} {value} is outside SQLite's 64-bit integer range"
+    elif declared == "REAL":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} must be a number, got {type(value).__name__}"
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            return f"{name} {value} is outside SQLite's 64-bit integer range"
+        if not math.isfinite(value):
+            return f"{name} must be finite, got {value!r}"
+    return None
+
+
+@functools.cache
+def _table_columns(table: str) -> dict[str, tuple[str, int]]:
+    return {name: (declared, notnull) for name, declared, notnull, _ in expected_columns()[table]}
+
+
+def _row_problem(table: str, row: Mapping[str, Any]) -> str | None:
+    columns = _table_columns(table)
+    for name, value in row.items():
+        if name in columns:
+            problem = _value_problem(name, *columns[name], value)
+            if problem:
+                return problem
+    return None
+
+
+def _stored_value_problem(values: Iterable[Any]) -> str | None:
+    """Why a built message row cannot be written (an integer past 64 bits, a surrogate)."""
+    for value in values:
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            return f"the integer {value} is outside SQLite's 64-bit integer range"
+        if isinstance(value, str) and not _encodable(value):
+            return "a text field is not valid Unicode text (it holds a lone surrogate)"
+    return None
+
+
+_CHECK_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, HermesStateError)
+
+
+def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planned | None:
+    """Check one record completely (row, every message, usage, counters); the planned row
+    with its counters, or None when it has problems (each added to ``errors``)."""
+    sid = rec.id
+    if not isinstance(sid, str) or not sid.strip() or not _encodable(sid):
+        errors.add(rec.where, f"session id must be a non-empty string, got {sid!r}")
+        return None
+    found = len(errors.items) + errors.more
+    columns = session_columns()
+    row = {k: rec.session[k] for k in columns if k in rec.session}
+    missing = [k for k in ("source", "started_at") if row.get(k) is None]
+    for name in missing:
+        errors.add(rec.where, f"the session has no {name}", sid)
+    problem = _row_problem("sessions", {k: v for k, v in row.items() if k not in missing})
+    if problem:
+        errors.add(rec.where, problem, sid)
+    rows = live = tool_calls = 0
+    dropped: set[str] = set()
+    for where, message in rec.messages():
+        if not isinstance(message, Mapping):
+            errors.add(where, f"message {rows} must be an object, got {type(message).__name__}",
+                       sid)
+            rows += 1
+            continue
+        fields = message_fields(message)
+        dropped.update(k for k in fields if k not in _MESSAGE_DEFAULTS)
+        kept = {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS}
+        try:
+            built = MessageRow.from_fields(conn, sid, kept)
+            problem = _stored_value_problem(built.values())
+        except _CHECK_ERRORS as exc:
+            problem = str(exc) or type(exc).__name__
+        if problem:
+            errors.add(where, f"message {rows}: {problem}", sid)
+        elif built.active:
+            live += 1
+            tool_calls += built.tool_call_count
+        rows += 1
+    keys: set[tuple[Any, ...]] = set()
+    for where, usage in rec.usage:
+        problem = None
+        if not isinstance(usage, Mapping):
+            problem = f"a usage row must be an object, got {type(usage).__name__}"
+        else:
+            problem = _row_problem("session_model_usage", usage)
+            key = tuple(usage.get(k) for k in _USAGE_KEY)
+            if problem is None and key in keys:
+                problem = f"usage row for {usage.get('model')!r} appears twice"
+            keys.add(key)
+        if problem:
+            errors.add(where, problem, sid)
+    stated = row.get("message_count")
+    if isinstance(stated, int) and stated > rows:
+        errors.add(rec.where, f"message_count is {stated} but the record holds {rows} "
+                              "message(s): a truncated record?", sid)
+    if len(errors.items) + errors.more > found:
+        return None
+    row.setdefault("message_count", live)
+    row.setdefault("tool_call_count", tool_calls)
+    for counter in _COUNTERS:
+        if row[counter] is None:
+            row[counter] = live if counter == "message_count" else tool_calls
+    return _Planned(rec, "import", row, rows, sorted(set(rec.session) - set(columns)),
+                    sorted(dropped))
 
 
 def _comparable_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,241 +481,577 @@ def _same_session(conn: sqlite3.Connection, existing: Mapping[str, Any], rec: _I
     if any(existing.get(k) != v for k, v in rec.session.items() if k in columns):
         return False
     stored = conn.execute(SESSION_MESSAGES_SQL, (existing["id"],))
-    incoming = iter(rec.messages())
+    incoming = (m for _, m in rec.messages())
     for row in stored:
         other = next(incoming, None)
         if other is None or _comparable_message(row_to_message(row)) != _comparable_message(other):
             return False
     if next(incoming, None) is not None:
         return False
-    return _comparable_usage(get_model_usage(conn, existing["id"])) == _comparable_usage(rec.usage)
+    usage = [u for _, u in rec.usage]
+    return _comparable_usage(get_model_usage(conn, existing["id"])) == _comparable_usage(usage)
 
 
-def _usage_columns() -> list[str]:
-    return [c[0] for c in expected_columns()["session_model_usage"]]
+# --- plan -------------------------------------------------------------------------------------
+
+PARENT_OF_SQL = "SELECT parent_session_id FROM sessions WHERE id = ?"
 
 
-def _import_one(conn: sqlite3.Connection, rec: _Incoming) -> dict[str, Any]:
-    """Import one session in the caller's transaction; returns what happened to it."""
-    session_id = rec.id
-    if not isinstance(session_id, str) or not session_id.strip():
-        raise InvalidInputError(f"session id must be a non-empty string, got {session_id!r}")
-    existing = get_session(conn, session_id)
-    if existing is not None:
-        if _same_session(conn, existing, rec):
-            return {"status": "skipped"}
-        return {"status": "conflict", "reason": "a different session with this id exists"}
-    outcome: dict[str, Any] = {"status": "imported"}
-    columns = session_columns()
-    row = {k: rec.session[k] for k in columns if k in rec.session}
-    unknown = sorted(set(rec.session) - set(columns))
-    if unknown:
-        outcome["ignored_fields"] = unknown
-    title = row.get("title")
-    if title is not None:
-        holder = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
-        if holder is not None:
-            row["title"] = None
-            outcome["title_conflict"] = {"title": title, "held_by": holder[0]}
-    parent = row.get("parent_session_id")
-    if parent is not None and get_session(conn, parent) is None:
-        row["parent_session_id"] = None
-        outcome["parent_missing"] = parent
-    names = list(row)
-    conn.execute(
-        f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
-        f" VALUES ({', '.join('?' * len(names))})",
-        [clean_optional(v) if isinstance(v, str) else v for v in row.values()],
-    )
-    count = 0
-    dropped: set[str] = set()
-    for message in rec.messages():
-        fields = message_fields(message)
-        dropped.update(k for k in fields if k not in _MESSAGE_DEFAULTS)
-        insert_message(
-            conn,
-            session_id,
-            {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS},
-            count=False,
-        )
-        count += 1
-    if dropped:
-        outcome["ignored_message_fields"] = sorted(dropped)
-    usage_columns = _usage_columns()
-    for usage in rec.usage:
-        values = {k: usage[k] for k in usage_columns if k in usage}
-        values["session_id"] = session_id
-        conn.execute(
-            f"INSERT INTO session_model_usage ({', '.join(quote_identifier(n) for n in values)})"
-            f" VALUES ({', '.join('?' * len(values))})",
-            list(values.values()),
-        )
-    outcome["messages"] = count
-    return outcome
-
-
-def _parents_first(records: list[_Incoming]) -> list[_Incoming]:
-    """The records reordered so that a session follows its parent when both are imported;
-    otherwise input order. Cycles and duplicate ids cannot loop."""
-    first: dict[Any, _Incoming] = {}
-    for rec in records:
-        first.setdefault(rec.id, rec)
-    placed: set[int] = set()
-    out: list[_Incoming] = []
-    for rec in records:
+def _parents_first(plan: list[_Planned]) -> list[_Planned]:
+    """The plan reordered so that a session follows its parent when both are imported;
+    otherwise input order (links are acyclic by now)."""
+    by_id = {p.rec.id: p for p in plan}
+    placed: set[str] = set()
+    out: list[_Planned] = []
+    for item in plan:
         chain = []
-        node: _Incoming | None = rec
-        while node is not None and id(node) not in placed:
-            placed.add(id(node))
+        node: _Planned | None = item
+        while node is not None and node.rec.id not in placed:
+            placed.add(node.rec.id)
             chain.append(node)
-            parent = node.session.get("parent_session_id")
-            node = first.get(parent) if parent is not None else None
+            parent = node.row.get("parent_session_id")
+            node = by_id.get(parent) if parent is not None else None
         out.extend(reversed(chain))
     return out
 
 
-def _import_records(write: WriteFn, records: list[_Incoming]) -> dict[str, Any]:
-    report: dict[str, Any] = {
-        "imported": [],
-        "skipped": [],
-        "conflicts": [],
-        "title_conflicts": [],
-        "parent_missing": [],
-        "invalid": [],
-        "messages_imported": 0,
-    }
-    for rec in _parents_first(records):
-        try:
-            outcome = write(functools.partial(_import_one, rec=rec))
-        except (ValueError, TypeError, StateDbConstraintError) as exc:
-            report["invalid"].append({"session_id": rec.id, "error": str(exc)})
+def _link_parents(conn: sqlite3.Connection, plan: list[_Planned], outcome: _Outcome) -> None:
+    """Keep a parent link only when the parent is stored or imported and no cycle results;
+    otherwise the session is imported as a root and counted as detached."""
+    links = {p.rec.id: p.row.get("parent_session_id") for p in plan}
+
+    def parent_of(session_id: str) -> Any:
+        if session_id in links:
+            return links[session_id]
+        row = conn.execute(PARENT_OF_SQL, (session_id,)).fetchone()
+        return None if row is None else row[0]
+
+    for item in plan:
+        sid, parent = item.rec.id, links[item.rec.id]
+        if parent is None:
             continue
-        status = outcome["status"]
-        if status == "skipped":
-            report["skipped"].append(rec.id)
-        elif status == "conflict":
-            report["conflicts"].append({"session_id": rec.id, "reason": outcome["reason"]})
+        reason = None
+        if parent not in links and get_session(conn, parent) is None:
+            reason = "missing"
         else:
-            report["imported"].append(rec.id)
-            report["messages_imported"] += outcome["messages"]
-            if "title_conflict" in outcome:
-                conflict = outcome["title_conflict"]
-                report["title_conflicts"].append({"session_id": rec.id, **conflict})
-            if "parent_missing" in outcome:
-                report["parent_missing"].append(
-                    {"session_id": rec.id, "parent_session_id": outcome["parent_missing"]}
-                )
-            for key in ("ignored_fields", "ignored_message_fields"):
-                if key in outcome:
-                    report.setdefault(key, {})[rec.id] = outcome[key]
-    return report
+            seen = {sid}
+            node = parent
+            while node is not None and node not in seen:
+                seen.add(node)
+                node = parent_of(node)
+            if node == sid:
+                reason = "cycle"
+        if reason:
+            links[sid] = item.row["parent_session_id"] = None
+            outcome.detached.append({"session_id": sid, "parent_session_id": parent,
+                                     "reason": reason})
 
 
-def import_sessions(write: WriteFn, sessions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Import exported sessions (``export_session`` / ``export_all`` dicts), any order.
+def _plan(
+    conn: sqlite3.Connection,
+    records: Iterable[_Incoming],
+    on_conflict: OnConflict,
+    errors: _Errors,
+    outcome: _Outcome,
+    progress: Progress | None,
+) -> list[_Planned]:
+    """Check every record against the store (reads only) and decide what each does."""
+    plan: list[_Planned] = []
+    seen: set[str] = set()
+    checked = 0
+    for rec in records:
+        planned = _check(conn, rec, errors)
+        before, checked = checked, checked + (planned.messages if planned else 0)
+        if progress is not None and checked // PROGRESS_EVERY > before // PROGRESS_EVERY:
+            progress("checking messages", checked, None)
+        if planned is None:
+            continue
+        sid = rec.id
+        if sid in seen:
+            errors.add(rec.where, "a session with this id comes earlier in the same import", sid)
+            continue
+        seen.add(sid)
+        existing = get_session(conn, sid)
+        if existing is None:
+            plan.append(planned)
+        elif _same_session(conn, existing, rec) or on_conflict == "skip":
+            outcome.skipped.append(sid)
+        elif on_conflict == "replace":
+            planned.action = "replace"
+            plan.append(planned)
+        else:
+            errors.add(rec.where, "a different session with this id exists (import with "
+                                  "on_conflict 'replace' or 'skip')", sid)
+    if progress is not None:
+        progress("checked messages", checked, None)
+    _link_parents(conn, plan, outcome)
+    return _parents_first(plan)
 
-    ``write(fn)`` runs ``fn(conn)`` in one retried write transaction; each session gets its
-    own. Report: ``imported``, ``skipped`` (an identical session exists), ``conflicts`` (a
-    different one exists; nothing of it written), ``title_conflicts`` (imported without the
-    title another session holds), ``parent_missing`` (imported as a root: its parent is
-    neither stored nor imported), ``invalid`` (rejected records) and ``messages_imported``.
+
+# --- publish ------------------------------------------------------------------------------------
+
+TITLE_HOLDER_SQL = "SELECT id FROM sessions WHERE title = ? AND id <> ?"
+DELETE_SESSION_MESSAGES_SQL = "DELETE FROM messages WHERE session_id = ?"
+DELETE_SESSION_USAGE_SQL = "DELETE FROM session_model_usage WHERE session_id = ?"
+JOURNALS_SQL = "SELECT key, value FROM state_meta WHERE key LIKE ? ESCAPE '\\'"
+DELETE_META_SQL = "DELETE FROM state_meta WHERE key = ?"
+
+
+def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) -> None:
+    """Write one planned session (the caller's transaction)."""
+    rec, sid = item.rec, item.rec.id
+    row = dict(item.row)
+    if item.action == "import" and get_session(conn, sid) is not None:
+        raise ImportRejectedError(
+            [{**rec.where, "session_id": sid, "error": "a session with this id was created "
+                                                         "while the import ran"}]
+        )
+    title = row.get("title")
+    if title is not None:
+        holder = conn.execute(TITLE_HOLDER_SQL, (title, sid)).fetchone()
+        if holder is not None:
+            row["title"] = None
+            outcome.title_conflicts.append({"session_id": sid, "title": title,
+                                            "held_by": holder[0]})
+    parent = row.get("parent_session_id")
+    if parent is not None and get_session(conn, parent) is None:  # deleted meanwhile
+        row["parent_session_id"] = None
+        outcome.detached.append({"session_id": sid, "parent_session_id": parent,
+                                 "reason": "missing"})
+    names = list(row)
+    values = [clean_optional(v) if isinstance(v, str) else v for v in row.values()]
+    if item.action == "replace":
+        conn.execute(DELETE_SESSION_MESSAGES_SQL, (sid,))
+        conn.execute(DELETE_SESSION_USAGE_SQL, (sid,))
+        conn.execute(
+            f"UPDATE sessions SET {', '.join(f'{quote_identifier(n)} = ?' for n in names)}"
+            " WHERE id = ?",
+            [*values, sid],
+        )
+    else:
+        conn.execute(
+            f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
+            f" VALUES ({', '.join('?' * len(names))})",
+            values,
+        )
+    for _, message in rec.messages():
+        fields = message_fields(message)
+        kept = {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS}
+        insert_message(conn, sid, kept, count=False)
+    usage_columns = _table_columns("session_model_usage")
+    for _, usage in rec.usage:
+        cells = {k: usage[k] for k in usage_columns if k in usage}
+        cells["session_id"] = sid
+        conn.execute(
+            f"INSERT INTO session_model_usage ({', '.join(quote_identifier(n) for n in cells)})"
+            f" VALUES ({', '.join('?' * len(cells))})",
+            list(cells.values()),
+        )
+    (outcome.replaced if item.action == "replace" else outcome.imported).append(sid)
+    outcome.messages += item.messages
+    if item.ignored_fields:
+        outcome.ignored_fields[sid] = item.ignored_fields
+    if item.ignored_message_fields:
+        outcome.ignored_message_fields[sid] = item.ignored_message_fields
+
+
+def remove_abandoned_imports(conn: sqlite3.Connection, /) -> list[str]:
+    """Delete the sessions of imports whose process provably died mid-way (their journal's
+    holder is gone); returns the ids removed. The caller's write transaction."""
+    removed: list[str] = []
+    for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
+        try:
+            journal = json.loads(value)
+            holder, sessions = str(journal["holder"]), list(journal["sessions"])
+        except (ValueError, TypeError, KeyError):
+            continue  # not ours to judge
+        if not holder_is_gone(holder):
+            continue
+        for sid in reversed(sessions):  # children before parents
+            with contextlib.suppress(LedgerBusyError):  # taken into use since: keep it
+                if delete_session(conn, sid):
+                    removed.append(sid)
+        conn.execute(DELETE_META_SQL, (key,))
+    return removed
+
+
+def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
+    """Whole sessions per chunk, about :data:`PUBLISH_CHUNK_MESSAGES` messages each; the
+    replacements all go in the last chunk, so that a failed import never loses a session
+    it was to replace."""
+    chunks: list[list[_Planned]] = [[]]
+    size = 0
+    for item in plan:
+        if item.action != "import":
+            continue
+        if chunks[-1] and size + item.messages > PUBLISH_CHUNK_MESSAGES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += item.messages
+    chunks[-1].extend(item for item in plan if item.action != "import")
+    return chunks
+
+
+def _publish(
+    write: WriteFn, plan: list[_Planned], outcome: _Outcome, progress: Progress | None
+) -> None:
+    """Write the plan: one transaction when it fits in a chunk; otherwise one per chunk with
+    a journal naming what is written so far, so that a failure (an exception, Ctrl-C) deletes
+    it again and a killed process's sessions are deleted by the next import."""
+    chunks = _chunks(plan)
+    key = JOURNAL_PREFIX + uuid.uuid4().hex
+    holder = lock_holder_name("import")
+    written: list[str] = []
+    total = sum(item.messages for item in plan)
+    done = 0
+
+    def chunk(conn: sqlite3.Connection, number: int) -> _Outcome:
+        part = _Outcome()
+        for item in chunks[number]:
+            _write_session(conn, item, part)
+        if len(chunks) > 1:
+            if number == len(chunks) - 1:
+                conn.execute(DELETE_META_SQL, (key,))
+            else:
+                ids = [*written, *(item.rec.id for item in chunks[number])]
+                set_meta(conn, key, {"holder": holder, "sessions": ids})
+        return part
+
+    def forget(conn: sqlite3.Connection) -> None:
+        for sid in reversed(written):
+            delete_session(conn, sid)
+        conn.execute(DELETE_META_SQL, (key,))
+
+    try:
+        for number, items in enumerate(chunks):
+            if number:
+                time.sleep(PUBLISH_PAUSE_S)
+            part = write(functools.partial(chunk, number=number))
+            written.extend(item.rec.id for item in items)
+            _merge(outcome, part)
+            before, done = done, done + sum(item.messages for item in items)
+            if progress is not None and len(chunks) > 1 and (
+                done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
+            ):
+                progress("importing messages", done, total)
+    except BaseException:
+        if written and len(chunks) > 1:
+            write(forget)
+        raise
+
+
+def _merge(outcome: _Outcome, part: _Outcome) -> None:
+    for name in ("imported", "replaced", "detached", "title_conflicts"):
+        getattr(outcome, name).extend(getattr(part, name))
+    outcome.ignored_fields.update(part.ignored_fields)
+    outcome.ignored_message_fields.update(part.ignored_message_fields)
+    outcome.messages += part.messages
+
+
+def _import(
+    read: ReadFn,
+    write: WriteFn,
+    records: Callable[[], Iterable[_Incoming]],
+    on_conflict: str,
+    errors: _Errors,
+    progress: Progress | None,
+) -> _Outcome:
+    """Check everything first (reads only: no lock held), then publish; any problem found
+    refuses the whole import before anything is written."""
+    if on_conflict not in ON_CONFLICT_CHOICES:
+        raise InvalidInputError(
+            f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}"
+        )
+    outcome = _Outcome()
+    # Before the check, so that what a killed import left is not taken for stored sessions.
+    if read(lambda conn: conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchone()):
+        outcome.abandoned_removed = write(remove_abandoned_imports)
+    plan: list[_Planned] = read(
+        lambda conn: _plan(conn, records(), on_conflict, errors, outcome, progress)
+    )
+    errors.raise_any()
+    _publish(write, plan, outcome, progress)
+    return outcome
+
+
+# --- import_sessions(list) --------------------------------------------------------------------
+
+
+def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_Incoming]:
+    """The records of a list import; shape problems and (``limited``) oversize sessions
+    are added to ``errors``."""
+    records: list[_Incoming] = []
+    total_messages = total_bytes = 0
+    for index, record in enumerate(sessions):
+        where = {"index": index}
+        if not isinstance(record, Mapping):
+            errors.add(where, f"a session must be an object, got {type(record).__name__}")
+            continue
+        sid = record.get("id")
+        messages, usage = record.get("messages"), record.get("model_usage")
+        if messages is not None and not isinstance(messages, list):
+            errors.add(where, f"messages must be a list, got {type(messages).__name__}", sid)
+            continue
+        if usage is not None and not isinstance(usage, list):
+            errors.add(where, f"model_usage must be a list, got {type(usage).__name__}", sid)
+            continue
+        messages, usage = messages or [], usage or []
+        if limited:
+            try:
+                size = len(json.dumps(record, ensure_ascii=False, default=str).encode())
+            except (ValueError, TypeError, RecursionError) as exc:
+                errors.add(where, f"the session is not JSON data: {exc}", sid)
+                continue
+            total_messages += len(messages)
+            total_bytes += size
+            if len(messages) > LIST_MAX_SESSION_MESSAGES:
+                errors.add(where, f"{len(messages)} messages: at most "
+                                  f"{LIST_MAX_SESSION_MESSAGES} per session", sid)
+                continue
+            if size > LIST_MAX_SESSION_BYTES:
+                errors.add(where, f"{size} bytes: at most {LIST_MAX_SESSION_BYTES} per session",
+                           sid)
+                continue
+        session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
+        rows = [({"index": index}, m) for m in messages]
+        records.append(_Incoming(where, session, functools.partial(iter, rows),
+                                 [({"index": index}, u) for u in usage]))
+    if limited and (total_messages > LIST_MAX_MESSAGES or total_bytes > LIST_MAX_BYTES):
+        raise InvalidInputError(
+            f"the import holds {total_messages} messages and {total_bytes} bytes: at most "
+            f"{LIST_MAX_MESSAGES} messages and {LIST_MAX_BYTES} bytes at once"
+        )
+    return records
+
+
+def import_sessions(
+    read: ReadFn,
+    write: WriteFn,
+    sessions: list[Any],
+    *,
+    on_conflict: str = "skip",
+    limited: bool = True,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Import exported sessions (``export_session`` / ``export_all`` dicts), whole or not at
+    all: every record is checked before anything is written.
+
+    A non-list, or (``limited``) more than 500 sessions, 50,000 messages or 25 MiB raises
+    :class:`InvalidInputError`; a session over 10,000 messages or 5 MiB is a problem of its
+    record. Result: ``{"ok": True, "imported", "skipped", "detached", "imported_ids",
+    "skipped_ids", "errors": []}`` (counts and id lists; replaced sessions count as
+    imported), or when any record has a problem ``{"ok": False, "imported": 0, "skipped": 0,
+    "detached": 0, "errors": [{"index", "error"[, "session_id"]}]}`` and nothing is written.
+    ``on_conflict``: an existing session with the same id is skipped (``"skip"``), replaced
+    when it differs (``"replace"``), or, when it differs, fails the import (``"fail"``); an
+    identical one is always skipped. A parent link is kept when the parent is stored or
+    imported and no cycle results; otherwise the session is imported as a root (detached).
     """
-    return _import_records(write, [_from_dict(s) for s in sessions])
+    if not isinstance(sessions, list):
+        raise InvalidInputError(f"sessions must be a list, got {type(sessions).__name__}")
+    if limited and len(sessions) > LIST_MAX_SESSIONS:
+        raise InvalidInputError(
+            f"{len(sessions)} sessions: at most {LIST_MAX_SESSIONS} in one import"
+        )
+    errors = _Errors()
+    records = _list_records(sessions, errors, limited)
+    try:
+        errors.raise_any()
+        outcome = _import(read, write, lambda: records, on_conflict, errors, progress)
+    except ImportRejectedError as exc:
+        return {"ok": False, "imported": 0, "skipped": 0, "detached": 0, "errors": exc.errors}
+    imported = outcome.imported + outcome.replaced
+    return {
+        "ok": True,
+        "imported": len(imported),
+        "skipped": len(outcome.skipped),
+        "detached": len(outcome.detached),
+        "imported_ids": imported,
+        "skipped_ids": outcome.skipped,
+        "errors": [],
+    }
 
+
+# --- import_jsonl -------------------------------------------------------------------------------
 
 # The JSONL importer's spool: memory stays bounded, sessions can be reordered parents-first,
-# and a retried transaction can re-read a session.
+# and the check and a retried transaction can read a session again.
 SPOOL_SCHEMA_SQL = """
 CREATE TABLE lines (n INTEGER PRIMARY KEY, block INTEGER, kind TEXT NOT NULL, body TEXT NOT NULL);
 CREATE INDEX lines_by_block ON lines (block, kind, n);
 """
 SPOOL_INSERT_SQL = "INSERT INTO lines (n, block, kind, body) VALUES (?, ?, ?, ?)"
-SPOOL_BLOCK_SQL = "SELECT body FROM lines WHERE block = ? AND kind = ? ORDER BY n"
+SPOOL_BLOCK_SQL = "SELECT n, body FROM lines WHERE block = ? AND kind = ? ORDER BY n"
+SPOOL_PREFIX = "hermes-import-"
 
 
-def _line_text(n: int, raw: object) -> str:
-    """Line ``n`` of a stream as text: a string, or bytes in UTF-8."""
-    if isinstance(raw, str):
-        return raw
-    if not isinstance(raw, (bytes, bytearray)):
-        raise InvalidTypeError(f"line {n} is not text but {type(raw).__name__}")
-    try:
-        return bytes(raw).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"line {n} is not UTF-8: {exc}") from None
+def _header_problem(obj: Mapping[str, Any]) -> str | None:
+    if obj.get("kind") != "header" or obj.get("format") != EXPORT_FORMAT:
+        return f"not a {EXPORT_FORMAT} stream (its first line must be the header)"
+    version = obj.get("format_version")
+    if version != EXPORT_FORMAT_VERSION:
+        return (f"format_version {version!r} is not one this version reads "
+                f"({EXPORT_FORMAT_VERSION})")
+    schema = obj.get("schema_version")
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA_VERSION:
+        return (f"schema_version {schema!r}: written by a newer store than this one "
+                f"(schema {SCHEMA_VERSION}); upgrade hermes-state to import it")
+    return None
 
 
-def _spool_jsonl(fp: IO[Any], spool: sqlite3.Connection) -> list[tuple[int, dict[str, Any]]]:
-    """Load JSONL lines into ``spool``; returns (block, session row) for each session line.
-    A message or usage line belongs to the latest session line of its session id."""
+def _spool_jsonl(
+    fp: IO[Any], spool: sqlite3.Connection, errors: _Errors, progress: Progress | None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Load JSONL lines into ``spool`` and check the stream's frame: the header first, an
+    ``end`` line last whose counts match. Returns (line, session row) per session line; a
+    message or usage line belongs to the latest session line of its session id."""
     spool.executescript(SPOOL_SCHEMA_SQL)
     sessions: list[tuple[int, dict[str, Any]]] = []
     blocks: dict[Any, int] = {}
     batch: list[tuple[Any, ...]] = []
+    header = end = None
+    messages = 0
     with transaction(spool):
         for n, raw in enumerate(fp, start=1):
-            text = _line_text(n, raw)
+            if isinstance(raw, (bytes, bytearray)):
+                try:
+                    text = bytes(raw).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    errors.add({"line": n}, f"not UTF-8 text: {exc.reason}")
+                    continue
+            elif isinstance(raw, str):
+                text = raw
+            else:
+                errors.add({"line": n}, f"not text but {type(raw).__name__}")
+                continue
             if not text.strip():
                 continue
+            if progress is not None and n % 50_000 == 0:
+                progress("reading lines", n, None)
             try:
                 obj = json.loads(text)
-                kind = obj["kind"]
-            except (ValueError, TypeError, KeyError) as exc:
-                raise InvalidInputError(f"line {n} is not an export line: {exc}") from None
-            if kind == "header":
-                if obj.get("format") != EXPORT_FORMAT:
-                    raise InvalidInputError(f"line {n}: not a {EXPORT_FORMAT} stream")
+            except (ValueError, RecursionError) as exc:
+                errors.add({"line": n}, f"not a JSON line: {exc}")
+                continue
+            if header is None:
+                header = n
+                problem = _header_problem(obj) if isinstance(obj, dict) else (
+                    f"not a {EXPORT_FORMAT} stream (its first line must be the header)")
+                if problem:
+                    errors.add({"line": n}, problem)
+                    errors.raise_any()  # nothing after a wrong header can be trusted
+                continue
+            kind = obj.get("kind") if isinstance(obj, dict) else None
+            if end is not None:
+                errors.add({"line": n}, "a line after the end line")
                 continue
             if kind == "end":
+                end = (n, obj)
                 continue
             if kind == "session":
                 session = obj.get("session")
                 if not isinstance(session, dict):
-                    raise InvalidInputError(f"line {n}: a session line needs a 'session' object")
+                    errors.add({"line": n}, "a session line needs a 'session' object")
+                    continue
                 blocks[session.get("id")] = n
                 sessions.append((n, session))
                 continue
             if kind not in ("message", "usage"):
-                raise InvalidInputError(f"line {n}: unknown kind {kind!r}")
+                errors.add({"line": n}, f"unknown kind {kind!r}")
+                continue
+            messages += kind == "message"
             block = blocks.get(obj.get("session_id"))
-            if block is None or not isinstance(obj.get(kind), dict):
-                raise InvalidInputError(
-                    f"line {n}: {kind} of a session that has no session line before it"
-                )
-            batch.append((n, block, kind, json.dumps(obj[kind], ensure_ascii=False)))
+            if block is None:
+                errors.add({"line": n}, f"{kind} of a session that has no session line before it")
+                continue
+            try:
+                body = json.dumps(obj.get(kind), ensure_ascii=False)
+            except ValueError as exc:  # a lone surrogate escaped in the line
+                errors.add({"line": n}, str(exc))
+                continue
+            batch.append((n, block, kind, body))
             if len(batch) >= 1000:
                 spool.executemany(SPOOL_INSERT_SQL, batch)
                 batch.clear()
         spool.executemany(SPOOL_INSERT_SQL, batch)
+    if header is None:
+        errors.add({"line": 1}, f"empty: not a {EXPORT_FORMAT} stream")
+    elif end is None:
+        errors.add({"line": n + 1}, "the stream ends without its end line: it was cut short "
+                                    "(a truncated copy?)")
+    else:
+        line, obj = end
+        if obj.get("sessions") != len(sessions) or obj.get("messages") != messages:
+            errors.add({"line": line}, f"the end line counts {obj.get('sessions')!r} sessions "
+                                       f"and {obj.get('messages')!r} messages but the stream "
+                                       f"holds {len(sessions)} and {messages}: lines are "
+                                       "missing or were altered")
     return sessions
 
 
-def import_jsonl(write: WriteFn, fp: IO[Any]) -> dict[str, Any]:
+def _report(outcome: _Outcome) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "ok": True,
+        "imported": outcome.imported,
+        "replaced": outcome.replaced,
+        "skipped": outcome.skipped,
+        "title_conflicts": outcome.title_conflicts,
+        "parent_missing": outcome.detached,
+        "messages_imported": outcome.messages,
+        "errors": [],
+    }
+    if outcome.abandoned_removed:
+        report["abandoned_import_removed"] = outcome.abandoned_removed
+    for key in ("ignored_fields", "ignored_message_fields"):
+        if getattr(outcome, key):
+            report[key] = getattr(outcome, key)
+    return report
+
+
+def import_jsonl(
+    read: ReadFn,
+    write: WriteFn,
+    fp: IO[Any],
+    *,
+    on_conflict: str = "fail",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
-    read line by line; memory stays bounded by one session row at a time plus the ids).
-    Same rules and report as :func:`import_sessions`."""
-    with tempfile.TemporaryDirectory(prefix="hermes-import-") as tmp:
+    read line by line into a private spool file: memory stays bounded), whole or not at all.
+
+    The stream must be whole: its header first (a known ``format_version``, a
+    ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
+    Any problem — of the frame or of any record — raises :class:`ImportRejectedError` listing
+    each by line, and nothing is written. ``on_conflict`` as for :func:`import_sessions`
+    (default ``"fail"``: an identical session is skipped, a different one refuses the
+    import). Report: ``ok``, ``imported``, ``replaced``, ``skipped`` (id lists),
+    ``title_conflicts`` (imported without the title another session holds),
+    ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
+    the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
+    remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
+    with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
         with translated_errors(spool_path):  # the spool's own errors (the store's are typed)
             spool = connect(spool_path, "rwc")
             try:
                 spool.execute("PRAGMA journal_mode = OFF")
                 spool.execute("PRAGMA synchronous = OFF")
-                sessions = _spool_jsonl(fp, spool)
+                errors = _Errors()
+                sessions = _spool_jsonl(fp, spool, errors, progress)
+                errors.raise_any()
 
-                def spooled(block: int, kind: str) -> Iterator[dict[str, Any]]:
+                def spooled(block: int, kind: str) -> Iterator[tuple[Where, Any]]:
                     rows = spool.execute(SPOOL_BLOCK_SQL, (block, kind))
-                    return (json.loads(b) for (b,) in rows)
+                    return (({"line": n}, json.loads(b)) for n, b in rows)
 
-                records = [
-                    _Incoming(
-                        session,
-                        functools.partial(spooled, block, "message"),
-                        list(spooled(block, "usage")),
-                    )
-                    for block, session in sessions
-                ]
-                return _import_records(write, records)
+                def records() -> Iterator[_Incoming]:
+                    for block, session in sessions:
+                        yield _Incoming({"line": block}, session,
+                                        functools.partial(spooled, block, "message"),
+                                        list(spooled(block, "usage")))
+
+                outcome = _import(read, write, records, on_conflict, errors, progress)
+                return _report(outcome)
             finally:
                 spool.close()
-

@@ -148,7 +148,7 @@ def test_export_then_import_into_another_store(store: list[str], hermes_home: Pa
     conflict = cli(hermes_home, "--db", str(other), "sessions", "import", "-", "--json",
                    stdin=json.dumps(sessions))
     assert conflict.returncode == 1
-    assert [c["session_id"] for c in as_json(conflict)["conflicts"]] == [store[0]]
+    assert [e["session_id"] for e in as_json(conflict)["errors"]] == [store[0]]
 
 
 def test_prune_and_delete(store: list[str], hermes_home: Path) -> None:

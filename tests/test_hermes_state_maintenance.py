@@ -22,6 +22,7 @@ from hermes_state import (
     repair_state_db,
     restore_state_db,
 )
+from hermes_state_maintenance import list_snapshots
 from state_helpers import (
     add_ledgers_and_outbox,
     btree_pages,
@@ -176,7 +177,7 @@ def test_repair_is_refused_while_another_process_holds_the_database(
     assert sha256(db_path) == before
 
 
-def test_a_failed_repair_keeps_the_live_file_and_the_backup(db_path: Path) -> None:
+def test_a_failed_repair_keeps_the_live_file_and_leaves_no_snapshot(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         for n in range(8):
             db.create_session(f"s{n}", "cli")
@@ -187,8 +188,8 @@ def test_a_failed_repair_keeps_the_live_file_and_the_backup(db_path: Path) -> No
     before = sha256(db_path)
     report = repair_state_db(db_path)
     assert report["promoted"] is False and report["error"]
-    assert report["kept"] == [str(db_path), report["backup"]]
-    assert Path(report["backup"]).exists()
+    assert report["kept"] == [str(db_path)] and report["backup"] is None
+    assert list_snapshots(db_path) == []
     assert sha256(db_path) == before
 
 
