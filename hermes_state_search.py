@@ -100,7 +100,12 @@ from typing import Any
 import hermes_state_rank as rank
 from hermes_state_arguments import integer
 from hermes_state_common import clean_text, escape_like
-from hermes_state_errors import FtsCorruptError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_errors import (
+    FtsCorruptError,
+    InvalidTypeError,
+    is_corruption_error,
+    is_sqlite_lock_error,
+)
 from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
 
 __all__ = [
@@ -211,7 +216,12 @@ def _as_text(query: object) -> str:
         return ""
     if isinstance(query, (bytes, bytearray)):
         return bytes(query).decode("utf-8", "replace")
-    return str(query)
+    try:
+        return str(query)
+    except Exception as exc:  # an object with no text (a cycle, a structure too deep)
+        raise InvalidTypeError(
+            f"query must be text, got a {type(query).__name__} with none", argument="query"
+        ) from exc
 
 
 def _render_term(term: _Term) -> str:
