@@ -131,6 +131,7 @@ __all__ = [
     "mark_index_damaged",
     "read_stats",
     "bm25_score",
+    "match_count",
     "formula_matches_fts5",
     "conjunction",
     "top_k",
@@ -1378,6 +1379,15 @@ def top_k(
         return None
 
 
+def match_count(conn: sqlite3.Connection, expression: str) -> int:
+    """How many rows of ``messages_fts`` match ``expression``: through the cached counts when
+    the impact index is whole (see :data:`ROW_CHANGES_SQL`), else counted outright."""
+    index = _index_state(conn)
+    if index is None or not index.whole:
+        return _count(conn, "messages_fts", expression)
+    return _Counter(conn, index)(expression)
+
+
 # A query of several words or a phrase matching up to this many rows is scored here from its
 # rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
 # counts give.
@@ -1421,9 +1431,6 @@ def _top_k(
     if not _consistent(conn, index):
         _damage_noticed.set(True)  # a copy that kept one table without the other
         return None
-    outside = _outside_the_index(conn, conj, index)
-    if outside is None:
-        return None
     stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:
         return []
@@ -1433,6 +1440,9 @@ def _top_k(
         few = _few_rows(conn, conj, filters, params, wanted, index, stats, count)
         if few is not None:
             return few
+    outside = _outside_the_index(conn, conj, index)
+    if outside is None:
+        return None
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf, and a rare one is ranked by FTS5 at once.
     single = len(distinct) == 1 and len(distinct[0]) == 1
