@@ -43,6 +43,17 @@ Whenever the proof would cost more than FTS5's own ranking — a rare word, a se
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same.
 
+**Counts and few rows.** The counts a query needs (each phrase's for its idf, the whole
+query's to choose a route) are kept per file (:class:`_Counter`): a count of the rows at or
+below the batch boundary stays exact while no such row changes, and the triggers count every
+change of one (an insert into a gap, an update, a delete) in ``search_row_changes``; a query
+asked again counts only the rows past the boundary it was counted to. A query of several words
+or a phrase matching at most :data:`FEW_ROWS` rows is then scored here (:func:`_few_rows`):
+its rows' ids come from FTS5's match alone, and each row's frequencies from its text — folded
+as unicode61 folds it, the phrase found by a pattern over the text rather than token by token
+— with its length from FTS5's own column sizes; ``bm25()`` would scan every phrase once more
+for its idf.
+
 **Coverage.** Messages are indexed in batches, from their stored text: at every
 :data:`CHECK_EVERY`-th id an insert of the library looks whether :data:`FLUSH_ROWS` messages
 wait past the batch boundary (``indexed``) and indexes them (:func:`after_insert`), so an
@@ -870,6 +881,7 @@ WHERE messages_fts MATCH ? AND rowid > ?
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
+MAX_CACHED_FILES = 64
 
 
 @dataclass
@@ -923,6 +935,8 @@ class _Counter:
             with _COUNTS_LOCK:
                 entry = _COUNTS.get(self.file)
                 if entry is None or entry.key != self.key:
+                    if len(_COUNTS) >= MAX_CACHED_FILES:
+                        _COUNTS.clear()
                     entry = _COUNTS[self.file] = _Counts(self.key)
                 if len(entry.counts) >= MAX_CACHED_COUNTS:
                     entry.counts.clear()
