@@ -263,11 +263,14 @@ def impact_postings(
     counts, length = _row_counts(text)
     least = _least_frequency(length, avgdl)
     k = _reference_k(length, avgdl)
-    out = [
-        b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
-        for term, f in counts.items()
-        if f >= least and len(term) <= MAX_TERM_CHARS
-    ]
+    # A long row posts only its repeated words: read them most frequent first, and stop.
+    items = counts.items() if least == 1 else counts.most_common()
+    out = []
+    for term, f in items:
+        if f < least:
+            break
+        if len(term) <= MAX_TERM_CHARS:
+            out.append(b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length))
     return b" ".join(out).decode(), length
 
 
@@ -357,11 +360,14 @@ def _index_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or is_corruption_error(exc)
 
 
+# The key of a posting (``_kkkk_f_D``), ending where the token does.
+_POSTING_KEY = re.compile(r"_\d+_\d+_\d+(?= |$)")
+
+
 def index_text(postings: str) -> str:
     """What ``search_impact_fts`` indexes for a row: its postings, then each posting's term
     alone (so "indexed under every word of the query" is a plain FTS5 AND)."""
-    terms = " ".join(token.rsplit("_", 3)[0] for token in postings.split())
-    return postings + " " + terms
+    return postings + " " + _POSTING_KEY.sub("", postings)
 
 
 FTS_ADD_SQL = "INSERT INTO search_impact_fts (rowid, postings) VALUES (?, ?)"
