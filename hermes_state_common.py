@@ -1085,6 +1085,11 @@ CREATE TABLE IF NOT EXISTS search_time_blocks (
     first_at REAL NOT NULL,
     last_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS search_row_changes (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    changes INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO search_row_changes (id, changes) VALUES (1, 0);
 """
 
 SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
@@ -1092,6 +1097,8 @@ SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
 # Rows past the batch boundary (``indexed``) are indexed by the next batch, whoever wrote them;
 # the triggers queue the rows at or below it that are inserted, changed or moved, and bound
 # their times (a row without a time, which a file of an older store may hold, bounds none).
+# Each such change, and every delete, counts in search_row_changes: while that count stays,
+# the rows at or below the boundary are the same (what cached match counts rely on).
 _BOUNDARY = "(SELECT indexed FROM search_impact_state)"
 _TIME_BLOCK_UPSERT = f"""
     INSERT INTO search_time_blocks (block, first_at, last_at)
@@ -1099,11 +1106,13 @@ _TIME_BLOCK_UPSERT = f"""
         WHERE new.timestamp IS NOT NULL AND new.id <= {_BOUNDARY}
     ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
                                       last_at = max(last_at, excluded.last_at);"""
+_COUNT_CHANGE = "UPDATE search_row_changes SET changes = changes + 1;"
 SEARCH_TRIGGERS_SQL = f"""
 CREATE TRIGGER IF NOT EXISTS search_impact_on_insert AFTER INSERT ON messages
 WHEN new.id <= {_BOUNDARY}
 BEGIN
     INSERT OR IGNORE INTO search_impact_queue (id) VALUES (new.id);{_TIME_BLOCK_UPSERT}
+    {_COUNT_CHANGE}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_update
 AFTER UPDATE OF id, content, tool_name, tool_calls, timestamp ON messages
@@ -1112,11 +1121,13 @@ BEGIN
     INSERT OR IGNORE INTO search_impact_queue (id)
         SELECT value FROM (SELECT old.id AS value UNION SELECT new.id)
         WHERE value <= {_BOUNDARY};{_TIME_BLOCK_UPSERT}
+    {_COUNT_CHANGE}
 END;
 CREATE TRIGGER IF NOT EXISTS search_impact_on_delete AFTER DELETE ON messages
 BEGIN
     DELETE FROM search_impact_queue WHERE id = old.id;
     INSERT OR IGNORE INTO search_impact_gone (id) VALUES (old.id);
+    {_COUNT_CHANGE}
 END;
 """
 

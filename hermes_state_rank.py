@@ -43,6 +43,17 @@ Whenever the proof would cost more than FTS5's own ranking — a rare word, a se
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same.
 
+**Counts and few rows.** The counts a query needs (each phrase's for its idf, the whole
+query's to choose a route) are kept per file (:class:`_Counter`): a count of the rows at or
+below the batch boundary stays exact while no such row changes, and the triggers count every
+change of one (an insert into a gap, an update, a delete) in ``search_row_changes``; a query
+asked again counts only the rows past the boundary it was counted to. A query of several words
+or a phrase matching at most :data:`FEW_ROWS` rows is then scored here (:func:`_few_rows`):
+its rows' ids come from FTS5's match alone, and each row's frequencies from its text — folded
+as unicode61 folds it, the phrase found by a pattern over the text rather than token by token
+— with its length from FTS5's own column sizes; ``bm25()`` would scan every phrase once more
+for its idf.
+
 **Coverage.** Messages are indexed in batches, from their stored text: at every
 :data:`CHECK_EVERY`-th id an insert of the library looks whether :data:`FLUSH_ROWS` messages
 wait past the batch boundary (``indexed``) and indexes them (:func:`after_insert`), so an
@@ -131,6 +142,7 @@ __all__ = [
     "mark_index_damaged",
     "read_stats",
     "bm25_score",
+    "match_count",
     "formula_matches_fts5",
     "conjunction",
     "top_k",
@@ -214,10 +226,7 @@ def column_tokens(text: str | None) -> list[str]:
         return []
     if text.isascii():
         return text.encode().translate(_ASCII_FOLD).decode().split()
-    out: list[str] = []
-    for piece in _pieces(text):
-        out.extend([piece.decode()] if piece.isascii() else _tokens_of(piece.decode()))
-    return out
+    return _tokens_of(text)
 
 
 def _row_counts(text: str) -> tuple[Counter[bytes], int]:
@@ -254,11 +263,14 @@ def impact_postings(
     counts, length = _row_counts(text)
     least = _least_frequency(length, avgdl)
     k = _reference_k(length, avgdl)
-    out = [
-        b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
-        for term, f in counts.items()
-        if f >= least and len(term) <= MAX_TERM_CHARS
-    ]
+    # A long row posts only its repeated words: read them most frequent first, and stop.
+    items = counts.items() if least == 1 else counts.most_common()
+    out = []
+    for term, f in items:
+        if f < least:
+            break
+        if len(term) <= MAX_TERM_CHARS:
+            out.append(b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length))
     return b" ".join(out).decode(), length
 
 
@@ -269,7 +281,7 @@ def impact_postings(
 # The plain tables, the virtual tables and the triggers: a file lacking any of them has its
 # whole index created anew (see :func:`create_index`).
 INDEX_TABLES = ("search_impact_state", "search_impact", "search_impact_queue",
-                "search_impact_gone", "search_time_blocks")
+                "search_impact_gone", "search_time_blocks", "search_row_changes")
 INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
 INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
 _FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_config")
@@ -348,11 +360,14 @@ def _index_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or is_corruption_error(exc)
 
 
+# The key of a posting (``_kkkk_f_D``), ending where the token does.
+_POSTING_KEY = re.compile(r"_\d+_\d+_\d+(?= |$)")
+
+
 def index_text(postings: str) -> str:
     """What ``search_impact_fts`` indexes for a row: its postings, then each posting's term
     alone (so "indexed under every word of the query" is a plain FTS5 AND)."""
-    terms = " ".join(token.rsplit("_", 3)[0] for token in postings.split())
-    return postings + " " + terms
+    return postings + " " + _POSTING_KEY.sub("", postings)
 
 
 FTS_ADD_SQL = "INSERT INTO search_impact_fts (rowid, postings) VALUES (?, ?)"
@@ -859,18 +874,148 @@ def _count(conn: sqlite3.Connection, table: str, expression: str) -> int:
     return int(conn.execute(sql, (expression,)).fetchone()[0])
 
 
+# Match counts of messages_fts (the idf of a phrase, the size of a query), kept per file for
+# the rows at or below the batch boundary while search_row_changes's count stays: the triggers
+# count every change of such a row (insert into a gap, update, delete), so an unchanged count
+# means those rows are the same, and only the rows past the cached boundary are counted again.
+ROW_CHANGES_SQL = """
+SELECT s.epoch, c.changes FROM search_impact_state AS s, search_row_changes AS c
+"""
+COUNT_PAST_SQL = """
+SELECT count(*), coalesce(sum(rowid <= ?), 0) FROM messages_fts
+WHERE messages_fts MATCH ? AND rowid > ?
+"""
+FILE_SQL = "PRAGMA database_list"
+MAX_CACHED_COUNTS = 4096
+MAX_CACHED_FILES = 64
+
+
+@dataclass
+class _Counts:
+    """The cached counts of one file, valid for one epoch and change count."""
+
+    key: tuple[int, int] | None  # (epoch, changes)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # (boundary, rows)
+
+
+_COUNTS: dict[str, _Counts] = {}
+_COUNTS_LOCK = threading.Lock()
+
+
+class _Counter:
+    """Match counts for one search: cached for the rows at or below the boundary, counted
+    past the cached boundary (see :data:`ROW_CHANGES_SQL`)."""
+
+    def __init__(self, conn: sqlite3.Connection, index: _Index) -> None:
+        self.conn = conn
+        self.boundary = index.indexed
+        self.key = self._key()
+        # No cache for a file without a name (in memory) or without the change count (an
+        # index of an older release that only a read-only handle sees: the next writable open
+        # creates the index anew).
+        name = conn.execute(FILE_SQL).fetchone()[2] if self.key is not None else None
+        self.file = str(name or "")
+
+    def _key(self) -> tuple[int, int] | None:
+        try:
+            row = self.conn.execute(ROW_CHANGES_SQL).fetchone()
+        except sqlite3.OperationalError as exc:
+            if is_sqlite_lock_error(exc):
+                raise
+            return None
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def __call__(self, expression: str) -> int:
+        cached = None
+        if self.file:
+            with _COUNTS_LOCK:
+                entry = _COUNTS.get(self.file)
+                if entry is not None and entry.key == self.key:
+                    cached = entry.counts.get(expression)
+        upto, rows = cached if cached and cached[0] <= self.boundary else (0, 0)
+        args = (self.boundary, expression, upto)
+        past, below = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
+        # Each statement reads its own snapshot: the count is kept only if no row at or below
+        # the boundary changed around it (the boundary only grows within an epoch).
+        if self.file and below and self._key() == self.key:
+            with _COUNTS_LOCK:
+                entry = _COUNTS.get(self.file)
+                if entry is None or entry.key != self.key:
+                    if len(_COUNTS) >= MAX_CACHED_FILES:
+                        _COUNTS.clear()
+                    entry = _COUNTS[self.file] = _Counts(self.key)
+                if len(entry.counts) >= MAX_CACHED_COUNTS:
+                    entry.counts.clear()
+                entry.counts[expression] = (self.boundary, rows + below)
+        return rows + past
+
+
 def _phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) -> int:
     """Instances of ``phrase`` in a row: start positions inside one column, overlaps too."""
-    n = len(phrase)
-    if n == 1:
+    if len(phrase) == 1:
         return sum(tokens.count(phrase[0]) for tokens in columns)
-    first = phrase[0]
+    # Tokens hold no space: with each token between spaces of its own, an instance is the
+    # phrase written the same way. A phrase that can overlap itself ("a a") is counted with a
+    # lookahead, which finds overlapping instances too.
+    needle = " " + "  ".join(phrase) + " "
+    texts = [" " + "  ".join(tokens) + " " for tokens in columns if tokens]
+    if not _self_overlapping(phrase):
+        return sum(text.count(needle) for text in texts)
+    pattern = re.compile("(?=" + re.escape(needle) + ")")
+    return sum(len(pattern.findall(text)) for text in texts)
+
+
+# A-Z folded, every other byte kept.
+_ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
+_TOKEN_CHARS = "a-z0-9\x80-\U0010ffff"
+_ASCII_RUNS = re.compile("[\x00-\x7f]+")
+
+
+def _folded_text(text: str) -> str:
+    """The text with every character that unicode61 folds or separates replaced by what it
+    makes of it, ASCII separators kept: every non-ASCII character left is then a token
+    character folding to itself, and the tokens are the runs of ``[a-z0-9]`` and non-ASCII."""
+    if not text.isascii():
+        chars = set(_ASCII_RUNS.sub("", text))
+        unknown = [ch for ch in chars if ord(ch) not in _CHARS]
+        if unknown:
+            _learn(unknown)
+        special = {ch: _CHARS[ord(ch)] for ch in chars if _CHARS[ord(ch)] != ch}
+        if special:
+            pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
+            text = pattern.sub(lambda m: special[m.group()], text)
+    return text.encode().translate(_ASCII_LOWER).decode()
+
+
+def _text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:
+    """:func:`_phrase_frequency` of an ASCII phrase, read from the columns' folded text (see
+    :func:`_folded_text`) without splitting it into tokens."""
+    pattern = _text_phrase_pattern(phrase)
     found = 0
-    for tokens in columns:
-        for i, token in enumerate(tokens):
-            if token == first and tuple(tokens[i:i + n]) == phrase:
-                found += 1
+    for text in texts:
+        for m in pattern.finditer(text):
+            start = m.start()
+            found += start == 0 or not _is_token_char(text[start - 1])
     return found
+
+
+def _is_token_char(ch: str) -> bool:
+    return ord(ch) >= 128 or ch.isalnum()
+
+
+@functools.lru_cache(maxsize=256)
+def _text_phrase_pattern(phrase: tuple[str, ...]) -> re.Pattern[str]:
+    """Instances of ``phrase`` in folded text, ending at a token's end; the caller checks that
+    each starts at a token's start. A phrase that can overlap itself is found by a lookahead
+    (overlapping instances); for any other, a match that starts inside a token cannot hide an
+    instance, which would have to start at one of its later tokens."""
+    body = f"[^{_TOKEN_CHARS}]+".join(phrase) + f"(?![{_TOKEN_CHARS}])"
+    return re.compile("(?=" + body + ")" if _self_overlapping(phrase) else body)
+
+
+@functools.lru_cache(maxsize=256)
+def _self_overlapping(phrase: tuple[str, ...]) -> bool:
+    return any(phrase[k:] == phrase[:len(phrase) - k] for k in range(1, len(phrase)))
 
 
 _SELF_CHECK_ROWS = (
@@ -954,9 +1099,11 @@ WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
 POSTINGS_SQL = """
 SELECT id, epoch, postings FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
 """
+# A row's text, and its length in tokens as FTS5 keeps it (the column sizes in %_docsize).
 ROW_TEXT_SQL = """
-SELECT id, content, tool_name, tool_calls FROM messages
-WHERE id IN (SELECT value FROM json_each(?))
+SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
+LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
+WHERE m.id IN (SELECT value FROM json_each(?))
 """
 # FTS5's own scores for chosen rows: the rowid test is kept out of FTS5's reach (+rowid), so
 # FTS5 walks the query once and scores only the rows that pass it.
@@ -1115,11 +1262,18 @@ class _Walk:
             return
         self.resolved += len(ids)
         rows = self.conn.execute(ROW_TEXT_SQL, (json.dumps(list(ids)),)).fetchall()
-        for row_id, *texts in rows:
-            columns = [column_tokens(t) for t in texts]
-            frequencies = [_phrase_frequency(columns, p) for p in self.conj.phrases]
+        for row_id, content, tool_name, tool_calls, sizes in rows:
+            texts = (content, tool_name, tool_calls)
+            if sizes is not None:
+                folded = [_folded_text(t) for t in texts if t]
+                frequencies = [_text_frequency(folded, p) for p in self.conj.phrases]
+                length = sum(_varints(sizes))
+            else:
+                columns = [column_tokens(t) for t in texts]
+                frequencies = [_phrase_frequency(columns, p) for p in self.conj.phrases]
+                length = sum(map(len, columns))
             if all(frequencies):
-                self.offer(self.score(frequencies, sum(map(len, columns))), row_id)
+                self.offer(self.score(frequencies, length), row_id)
 
     def resolve_pending(self, floor: float | None) -> bool:
         """Score the pending rows whose best case reaches ``floor`` (all of them for None);
@@ -1245,6 +1399,45 @@ def top_k(
         return None
 
 
+def match_count(conn: sqlite3.Connection, expression: str) -> int:
+    """How many rows of ``messages_fts`` match ``expression``: through the cached counts when
+    the impact index is whole (see :data:`ROW_CHANGES_SQL`), else counted outright."""
+    index = _index_state(conn)
+    if index is None or not index.whole:
+        return _count(conn, "messages_fts", expression)
+    return _Counter(conn, index)(expression)
+
+
+# A query of several words or a phrase matching up to this many rows is scored here from its
+# rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
+# counts give.
+FEW_ROWS = 400
+MATCHING_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
+
+
+def _few_rows(
+    conn: sqlite3.Connection,
+    conj: Conjunction,
+    filters: str,
+    params: Sequence[object],
+    wanted: int,
+    index: _Index,
+    stats: Bm25Stats,
+    count: Callable[[str], int],
+) -> list[int] | None:
+    """The best ``wanted`` rows of a query matching at most :data:`FEW_ROWS` rows, scored
+    exactly from their text (None for more). It reads ``messages_fts`` only, so rows past
+    the batch boundary and queued ones need nothing of their own."""
+    if count(conj.match) > FEW_ROWS:
+        return None
+    idfs = {p: stats.idf(count(_phrase_match(p))) for p in dict.fromkeys(conj.phrases)}
+    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
+                 [idfs[p] for p in conj.phrases])
+    ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
+    walk.resolve_texts(sorted(walk.passing(ids)))
+    return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
+
+
 def _top_k(
     conn: sqlite3.Connection,
     conj: Conjunction,
@@ -1258,13 +1451,18 @@ def _top_k(
     if not _consistent(conn, index):
         _damage_noticed.set(True)  # a copy that kept one table without the other
         return None
-    outside = _outside_the_index(conn, conj, index)
-    if outside is None:
-        return None
     stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:
         return []
+    count = _Counter(conn, index)
     distinct = list(dict.fromkeys(conj.phrases))
+    if len(distinct) > 1 or len(distinct[0]) > 1:
+        few = _few_rows(conn, conj, filters, params, wanted, index, stats, count)
+        if few is not None:
+            return few
+    outside = _outside_the_index(conn, conj, index)
+    if outside is None:
+        return None
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf, and a rare one is ranked by FTS5 at once.
     single = len(distinct) == 1 and len(distinct[0]) == 1
@@ -1283,10 +1481,9 @@ def _top_k(
     if not scale_free:
         # Then the count of the whole query decides (cheap when a word is rare): FTS5 ranks a
         # few thousand rows faster than any proof. The phrases' counts give their idf.
-        if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
+        if count(conj.match) <= EXACT_RANK_ROWS:
             return None
-        idf_of = {p: stats.idf(_count(conn, "messages_fts", _phrase_match(p)))
-                  for p in distinct}
+        idf_of = {p: stats.idf(count(_phrase_match(p))) for p in distinct}
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[p] for p in conj.phrases], seen=outside[0], fts_scores=not scale_free)
     walk.resolve_texts(sorted(walk.passing(outside[1])))
@@ -1334,7 +1531,7 @@ def _top_k(
                     return None
             postings = cursors[phrase].take()
             if single and read < SINGLE_WORD_PROBE_POSTINGS <= read + len(postings):
-                if _count(conn, "messages_fts", conj.match) <= EXACT_RANK_ROWS:
+                if count(conj.match) <= EXACT_RANK_ROWS:
                     return None
             read += len(postings)
             fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
@@ -1354,7 +1551,7 @@ def _top_k(
         if scale_free and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
             # idf, as FTS5 does; recompute them that way.
-            idf = stats.idf(_count(conn, "messages_fts", _phrase_match(distinct[0])))
+            idf = stats.idf(count(_phrase_match(distinct[0])))
             ranked = sorted((s * idf, i) for s, i in ranked)
         return [row_id for _, row_id in ranked]
     finally:

@@ -40,6 +40,7 @@ EXPECTED_TABLES = {
     "search_impact_queue",
     "search_impact_gone",
     "search_time_blocks",
+    "search_row_changes",
 }
 
 SESSION_COLUMNS = """

@@ -451,3 +451,128 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached match counts, and queries matching few rows scored from their text
+# ---------------------------------------------------------------------------------------------
+
+COUNTED = ['"session"', '"gateway" "config"', '"session gateway"', '"zebra"']
+
+
+def counts(db: SessionDB) -> dict[str, int]:
+    return {e: db._read(lambda c, e=e: rank.match_count(c, e)) for e in COUNTED}
+
+
+def true_counts(db_path: Path) -> dict[str, int]:
+    conn = raw(db_path)
+    try:
+        sql = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?"
+        return {e: conn.execute(sql, (e,)).fetchone()[0] for e in COUNTED}
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cached_counts_follow_every_change_another_client_makes(
+    db: SessionDB, db_path: Path, seed: int
+) -> None:
+    """The counts that give a phrase its idf are cached; each kind of change to the rows
+    (an update, a delete, an insert into a gap, appends past the boundary, a move) is seen."""
+    r = random.Random(seed)
+    db.create_session("s1", "cli")
+    db.replace_messages("s1", [_message(r, n) for n in range(300)])
+    assert counts(db) == true_counts(db_path)
+    ids_ = [row[0] for row in raw(db_path).execute("SELECT id FROM messages ORDER BY id")]
+    low = r.sample(ids_[: len(ids_) // 2], 4)
+    changes = [
+        ("UPDATE messages SET content = 'session gateway config zebra' WHERE id = ?", low[0]),
+        ("UPDATE messages SET content = 'nothing here', tool_calls = NULL WHERE id = ?",
+         low[1]),
+        ("DELETE FROM messages WHERE id = ?", low[2]),
+        ("INSERT INTO messages (id, session_id, role, content, timestamp)"
+         " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)", low[2]),
+        ("UPDATE messages SET id = (SELECT max(id) + 1 FROM messages) WHERE id = ?", low[3]),
+        ("INSERT INTO messages (session_id, role, content, timestamp)"
+         " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0", 1),
+    ]
+    for sql, arg in changes:
+        conn = raw(db_path)
+        conn.execute(sql, (arg,))
+        conn.close()
+        assert counts(db) == true_counts(db_path), sql
+    for _ in range(rank.FLUSH_ROWS + rank.CHECK_EVERY):  # batches move the boundary on
+        db.append_message("s1", "user", "session gateway config")
+    assert counts(db) == true_counts(db_path)
+
+
+def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
+    corpus: SessionDB,
+) -> None:
+    """Counting a phrase reads every row holding its words: a query asked again counts
+    only the rows written since, whatever the words."""
+    for query in ('"session gateway"', "config token", '"w1 w2"', "retry cache"):
+        corpus.search_messages(query)
+        statements: list[str] = []
+
+        def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
+            conn.set_trace_callback(statements.append)
+            try:
+                return search.search_messages(conn, query)
+            finally:
+                conn.set_trace_callback(None)
+
+        assert ids(corpus._read(run)) == fts5_order(corpus, query), query
+        boundary = corpus._read(rank.index_health)["indexed"]
+        counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
+        assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
+
+
+FEW_PHRASES = ['"cafe session"', '"session session"', '"a a"', '"b a b"', '"gateway w1"',
+               '"session tokyo"', "zebra session", '"config" "cafe"']
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_queries_matching_few_rows_rank_as_fts5_from_their_text(
+    db: SessionDB, seed: int
+) -> None:
+    """Phrases and several words matching few rows are scored from the rows' text, not by
+    FTS5's bm25(): in any script, any case, overlapping instances, inside tool-call JSON."""
+    r = random.Random(seed)
+    pieces = ["session", "Session", "SESSION", "cafe", "café", "CAFÉ", "a", "b", "w1",
+              "gateway", "config", "zebra", "tokyo", "東京", "—", "-", "_", "ﬁ", "ß", "x²",
+              "\u0301", "😀", " ", " ", " ", ".", "\n"]
+    db.create_session("s1", "cli")
+    rows = []
+    for n in range(400):
+        text = "".join(r.choice(pieces) + r.choice(["", " ", " ", "-"])
+                       for _ in range(r.randint(2, 40)))
+        if n % 5 == 0:
+            rows.append({"role": "assistant", "content": "", "tool_calls": [
+                {"id": f"c{n}", "type": "function",
+                 "function": {"name": "terminal", "arguments": json.dumps({"q": text})}}]})
+        else:
+            rows.append({"role": r.choice(("user", "tool")), "content": text,
+                         "tool_call_id": f"c{n}", "tool_name": r.choice([None, "Session"])})
+    db.replace_messages("s1", rows)
+    scored_here = 0
+    for query in FEW_PHRASES:
+        statements: list[str] = []
+
+        def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
+            conn.set_trace_callback(statements.append)
+            try:
+                return search.search_messages(conn, query, limit=50)
+            finally:
+                conn.set_trace_callback(None)
+
+        got, expected = ids(db._read(run)), fts5_order(db, query, 50)
+        # Fewer than 50: the CJK index's own rows come after (a word glued to CJK text).
+        assert got[: len(expected)] == expected, query
+        plan = search.plan_search(query)
+        assert plan is not None and plan.fts_match is not None
+        matching = db._read(lambda c, m=plan.fts_match: rank.match_count(c, m))
+        if plan.conjunction is not None and matching <= rank.FEW_ROWS:
+            assert not [s for s in statements if "bm25(messages_fts)" in s], query
+            scored_here += 1
+    assert scored_here >= 5
