@@ -24,6 +24,9 @@ from state_helpers import populate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BIG_SESSIONS, BIG_PER_SESSION = 80, 379  # the issue's store: 30,320 messages
+# Enough sessions, one per chunk, to kill an import at several points; small enough to import
+# again in a second or two.
+KILLED_SESSIONS, KILLED_PER_SESSION = 16, 120
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -58,23 +61,32 @@ def counters_agree(path: Path) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def big_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 30,320-message export (80 sessions of 379 messages), written by the command line."""
-    home = tmp_path_factory.mktemp("big")
+def write_export(home: Path, sessions: int, per_session: int) -> Path:
+    """An export of ``sessions`` sessions of ``per_session`` messages, by the command line."""
     with SessionDB(home / "source.db") as db:
-        for n in range(BIG_SESSIONS):
+        for n in range(sessions):
             sid = f"big-{n:03d}"
             db.create_session(sid, "cli")
             db.replace_messages(sid, [
                 {"role": "user" if i % 2 == 0 else "assistant",
                  "content": f"message {i} of {sid} about docker 東京"}
-                for i in range(BIG_PER_SESSION)
+                for i in range(per_session)
             ])
     out = home / "all.jsonl"
     done = cli("--db", str(home / "source.db"), "sessions", "export", "-o", str(out))
     assert done.returncode == 0, done.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def big_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 30,320-message export (80 sessions of 379 messages)."""
+    return write_export(tmp_path_factory.mktemp("big"), BIG_SESSIONS, BIG_PER_SESSION)
+
+
+@pytest.fixture(scope="module")
+def killed_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_export(tmp_path_factory.mktemp("killed"), KILLED_SESSIONS, KILLED_PER_SESSION)
 
 
 # --- the stream's frame -----------------------------------------------------------------------
@@ -301,10 +313,11 @@ def resident(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.parametrize("seed", [1, 4, 9])
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
 def test_an_import_killed_mid_way_leaves_nothing_once_the_next_import_runs(
-    big_export: Path, resident: Path, seed: int, how: signal.Signals
+    killed_export: Path, resident: Path, seed: int, how: signal.Signals
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", IMPORTER, str(resident), str(big_export), str(BIG_PER_SESSION)],
+        [sys.executable, "-c", IMPORTER, str(resident), str(killed_export),
+         str(KILLED_PER_SESSION)],
         env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=REPO_ROOT,
     )
@@ -319,13 +332,13 @@ def test_an_import_killed_mid_way_leaves_nothing_once_the_next_import_runs(
     else:
         assert proc.returncode == -signal.SIGKILL
         assert journal_sessions(resident) >= seed
-    again = cli("--db", str(resident), "sessions", "import", str(big_export), "--json")
+    again = cli("--db", str(resident), "sessions", "import", str(killed_export), "--json")
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
-    assert len(report["imported"]) == BIG_SESSIONS
+    assert len(report["imported"]) == KILLED_SESSIONS
     if how == signal.SIGKILL:
         assert len(report["abandoned_import_removed"]) >= seed
-    assert store_rows(resident) == (BIG_SESSIONS + 1, BIG_SESSIONS * BIG_PER_SESSION + 1)
+    assert store_rows(resident) == (KILLED_SESSIONS + 1, KILLED_SESSIONS * KILLED_PER_SESSION + 1)
     assert journal_sessions(resident) == 0 and counters_agree(resident)
 
 

@@ -218,7 +218,7 @@ def test_the_readers_of_the_archive_flags_still_agree(db: SessionDB, db_path: Pa
 
     exported = db.export_session("s")
     with SessionDB(db_path.with_name("copy.db"), rebuild_fts=False) as copy:
-        assert copy.import_sessions([exported])["imported"] == ["s"]
+        assert copy.import_sessions([exported])["imported_ids"] == ["s"]
 
         def flags(store: SessionDB) -> list[tuple[Any, ...]]:
             return [(m["message_uid"], m["active"], m["compacted"])
