@@ -74,7 +74,13 @@ from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
 import hermes_state_fts as fts
-from hermes_state_common import append_error_log, clean_text, configure_connection, get_hermes_home
+from hermes_state_common import (
+    append_error_log,
+    clean_text,
+    configure_connection,
+    fsync_directory,
+    get_hermes_home,
+)
 from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
 from hermes_state_lockowners import describe_lock_holders
 
@@ -200,21 +206,12 @@ def write_marker(db_path: Path, reason: str) -> Path | None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return None
     return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def clear_marker(db_path: Path) -> bool:
@@ -223,7 +220,7 @@ def clear_marker(db_path: Path) -> bool:
         marker_path(db_path).unlink()
     except FileNotFoundError:
         return False
-    _fsync_directory(db_path.parent)
+    fsync_directory(db_path.parent)
     return True
 
 
@@ -519,7 +516,7 @@ def _append_jsonl(
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_directory(directory)
+    fsync_directory(directory)
     return path
 
 

@@ -104,7 +104,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
-from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql
+from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import RebuildStep, admission_lock
 
@@ -452,19 +452,16 @@ def _write_postings(
         if stamp is not None:
             first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
             blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
-    conn.execute("SAVEPOINT hermes_impact_write")
     try:
-        conn.executemany(ADD_ROW_SQL, postings)
-        conn.executemany(FTS_ADD_SQL, fts_rows)
-        conn.executemany(TIME_BLOCK_SQL, [(b, lo, hi) for b, (lo, hi) in blocks.items()])
+        with transaction(conn):  # a savepoint in the caller's transaction
+            conn.executemany(ADD_ROW_SQL, postings)
+            conn.executemany(FTS_ADD_SQL, fts_rows)
+            conn.executemany(TIME_BLOCK_SQL, [(b, lo, hi) for b, (lo, hi) in blocks.items()])
     except (sqlite3.Error, MemoryError) as exc:
-        conn.execute("ROLLBACK TO hermes_impact_write")
-        conn.execute("RELEASE hermes_impact_write")
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
         return False
-    conn.execute("RELEASE hermes_impact_write")
     return True
 
 
@@ -498,23 +495,20 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     queued = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
     if not gone and not queued:
         return 0
-    conn.execute("SAVEPOINT hermes_impact_drain")
     try:
-        for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]:
-            # Only rows of this epoch are in the FTS5 table (an older epoch's are not).
-            if postings and epoch == index.epoch:
-                conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
-            conn.execute(REMOVE_ROW_SQL, (row_id,))
-        conn.executemany(UNGONE_SQL, [(g[0],) for g in gone])
-        conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
+        with transaction(conn):  # a savepoint in the caller's transaction
+            for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]:
+                # Only rows of this epoch are in the FTS5 table (an older epoch's are not).
+                if postings and epoch == index.epoch:
+                    conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
+                conn.execute(REMOVE_ROW_SQL, (row_id,))
+            conn.executemany(UNGONE_SQL, [(g[0],) for g in gone])
+            conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
     except (sqlite3.Error, MemoryError) as exc:
-        conn.execute("ROLLBACK TO hermes_impact_drain")
-        conn.execute("RELEASE hermes_impact_drain")
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
         return 0
-    conn.execute("RELEASE hermes_impact_drain")
     live = [(q[0], *q[4:]) for q in queued if q[3]]
     if live and not _write_postings(conn, index, live):
         return 0
@@ -622,16 +616,15 @@ def reset_index(conn: sqlite3.Connection) -> bool:
     too damaged for FTS5 to open is replaced too. False when its tables cannot be written (it
     stays marked damaged; searches rank with FTS5)."""
     avgdl = _reference_length(conn)
-    conn.execute("SAVEPOINT hermes_impact_reset")
     try:
-        _rewrite_shadow_tables(conn)
-        # FTS5 can open the table again; this makes it drop what it still holds in memory.
-        conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
-        _start(conn, avgdl)
-        conn.execute("RELEASE hermes_impact_reset")
+        with transaction(conn):  # a savepoint in the caller's transaction
+            _rewrite_shadow_tables(conn)
+            # FTS5 can open the table again; this makes it drop what it still holds in memory.
+            conn.execute(
+                "INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')"
+            )
+            _start(conn, avgdl)
     except (sqlite3.Error, MemoryError) as exc:
-        conn.execute("ROLLBACK TO hermes_impact_reset")
-        conn.execute("RELEASE hermes_impact_reset")
         if not _index_error(exc):
             raise
         logger.warning("search impact index cannot be reset (%s); ranking uses FTS5", exc)
