@@ -150,6 +150,16 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
     return len(batch) / elapsed
 
 
+
+def store_append_rate(path: Path, batch: list[tuple[str, dict[str, Any]]]) -> float:
+    """appends/s of ``batch`` through one SessionDB on ``path``, one transaction each."""
+    with SessionDB(path) as db:
+        start = time.perf_counter()
+        for sid, kwargs in batch:
+            db.append_message(sid, **kwargs)
+        elapsed = time.perf_counter() - start
+    return len(batch) / elapsed
+
 def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> list[Figure]:
     """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw; and
     what the FTS sync triggers cost, raw with them vs raw without."""
@@ -157,14 +167,8 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
 
     def ours() -> float:
         with scratch_dir() as d:
-            path = d / "state.db"
-            fresh_store(path, sessions)
-            with SessionDB(path) as db:
-                start = time.perf_counter()
-                for sid, kwargs in batch:
-                    db.append_message(sid, **kwargs)
-                elapsed = time.perf_counter() - start
-        return len(batch) / elapsed
+            fresh_store(d / "state.db", sessions)
+            return store_append_rate(d / "state.db", batch)
 
     o, r, ratios = paired(ours, lambda: raw_append_rate(sessions, batch, triggers=True), repeats)
     bare, with_triggers, bare_ratios = paired(
@@ -655,12 +659,7 @@ def _replicated_append_rate(sessions: list[CorpusSession], batch: list, *extra: 
         with contextlib.ExitStack() as stack:
             if extra != ("off",):
                 stack.enter_context(replicating(path, d / "replica", *extra))
-            with SessionDB(path) as db:
-                start = time.perf_counter()
-                for sid, kwargs in batch:
-                    db.append_message(sid, **kwargs)
-                elapsed = time.perf_counter() - start
-    return len(batch) / elapsed
+            return store_append_rate(path, batch)
 
 
 # Whether the follower already holds the probe message.
