@@ -595,6 +595,7 @@ DELETE_SESSION_MESSAGES_SQL = "DELETE FROM messages WHERE session_id = ?"
 DELETE_SESSION_USAGE_SQL = "DELETE FROM session_model_usage WHERE session_id = ?"
 JOURNALS_SQL = "SELECT key, value FROM state_meta WHERE key LIKE ? ESCAPE '\\'"
 DELETE_META_SQL = "DELETE FROM state_meta WHERE key = ?"
+META_SQL = "SELECT value FROM state_meta WHERE key = ?"
 
 
 def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) -> None:
@@ -655,23 +656,35 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
         outcome.ignored_message_fields[sid] = item.ignored_message_fields
 
 
+def _journal_sessions(value: Any) -> tuple[str, list[str]] | None:
+    """A journal's holder and the sessions it names, or None when it is not one of ours."""
+    try:
+        journal = json.loads(value)
+        return str(journal["holder"]), [str(sid) for sid in journal["sessions"]]
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _undo_journal(conn: sqlite3.Connection, key: str, sessions: list[str]) -> list[str]:
+    """Delete the sessions a journal names (children before parents) and the journal itself;
+    returns the ids deleted. A session taken into use by a worker since is kept."""
+    removed: list[str] = []
+    for sid in reversed(sessions):
+        with contextlib.suppress(LedgerBusyError):
+            if delete_session(conn, sid):
+                removed.append(sid)
+    conn.execute(DELETE_META_SQL, (key,))
+    return removed
+
+
 def remove_abandoned_imports(conn: sqlite3.Connection, /) -> list[str]:
     """Delete the sessions of imports whose process provably died mid-way (their journal's
     holder is gone); returns the ids removed. The caller's write transaction."""
     removed: list[str] = []
     for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
-        try:
-            journal = json.loads(value)
-            holder, sessions = str(journal["holder"]), list(journal["sessions"])
-        except (ValueError, TypeError, KeyError):
-            continue  # not ours to judge
-        if not holder_is_gone(holder):
-            continue
-        for sid in reversed(sessions):  # children before parents
-            with contextlib.suppress(LedgerBusyError):  # taken into use since: keep it
-                if delete_session(conn, sid):
-                    removed.append(sid)
-        conn.execute(DELETE_META_SQL, (key,))
+        journal = _journal_sessions(value)
+        if journal is not None and holder_is_gone(journal[0]):
+            removed.extend(_undo_journal(conn, key, journal[1]))
     return removed
 
 
@@ -702,7 +715,6 @@ def _publish(
     chunks = _chunks(plan)
     key = JOURNAL_PREFIX + uuid.uuid4().hex
     holder = lock_holder_name("import")
-    written: list[str] = []
     total = sum(item.messages for item in plan)
     done = 0
 
@@ -714,21 +726,25 @@ def _publish(
             if number == len(chunks) - 1:
                 conn.execute(DELETE_META_SQL, (key,))
             else:
-                ids = [*written, *(item.rec.id for item in chunks[number])]
+                ids = [*stored(conn), *(item.rec.id for item in chunks[number])]
                 set_meta(conn, key, {"holder": holder, "sessions": ids})
         return part
 
+    def stored(conn: sqlite3.Connection) -> list[str]:
+        # What the committed chunks wrote: the journal, never this process's own tally, which an
+        # interrupt landing just after a commit would leave one chunk short.
+        row = conn.execute(META_SQL, (key,)).fetchone()
+        journal = None if row is None else _journal_sessions(row[0])
+        return [] if journal is None else journal[1]
+
     def forget(conn: sqlite3.Connection) -> None:
-        for sid in reversed(written):
-            delete_session(conn, sid)
-        conn.execute(DELETE_META_SQL, (key,))
+        _undo_journal(conn, key, stored(conn))
 
     try:
         for number, items in enumerate(chunks):
             if number:
                 time.sleep(PUBLISH_PAUSE_S)
             part = write(functools.partial(chunk, number=number))
-            written.extend(item.rec.id for item in items)
             _merge(outcome, part)
             before, done = done, done + sum(item.messages for item in items)
             if progress is not None and len(chunks) > 1 and (
@@ -736,7 +752,7 @@ def _publish(
             ):
                 progress("importing messages", done, total)
     except BaseException:
-        if written and len(chunks) > 1:
+        if len(chunks) > 1:
             write(forget)
         raise
 

@@ -342,6 +342,32 @@ def test_an_import_killed_mid_way_leaves_nothing_once_the_next_import_runs(
     assert journal_sessions(resident) == 0 and counters_agree(resident)
 
 
+@pytest.mark.parametrize("after_chunk", [1, 2, 5])
+def test_ctrl_c_right_after_a_chunk_commits_still_deletes_that_chunk(
+    killed_export: Path, resident: Path, monkeypatch: pytest.MonkeyPatch, after_chunk: int
+) -> None:
+    """The interrupt lands after a chunk's transaction has committed and before the import has
+    gone on: what that chunk wrote is deleted with the rest."""
+    monkeypatch.setattr("hermes_state_transfer.PUBLISH_CHUNK_MESSAGES", KILLED_PER_SESSION)
+    monkeypatch.setattr("hermes_state_transfer.PUBLISH_PAUSE_S", 0)
+    with SessionDB(resident) as db:
+        write = db._transcript_write
+        commits = 0
+
+        def interrupted_after_commit(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+            nonlocal commits
+            result = write(fn)
+            commits += 1
+            if commits == after_chunk:
+                raise KeyboardInterrupt
+            return result
+
+        monkeypatch.setattr(db, "_transcript_write", interrupted_after_commit)
+        with killed_export.open() as fp, pytest.raises(KeyboardInterrupt):
+            db.import_jsonl(fp)
+    assert store_rows(resident) == (1, 1) and journal_sessions(resident) == 0
+
+
 # Appends to argv[1] until its stdin closes, then prints the slowest append in seconds.
 APPENDER = """
 import sys, threading, time
