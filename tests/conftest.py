@@ -13,6 +13,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -95,6 +96,25 @@ def _spawn_python(
         text=True,
         cwd=REPO_ROOT,
     )
+
+
+def rest_of_output(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """Wait for ``proc`` and return the rest of its stdout and stderr. Read through the pipes'
+    file objects: after a ``readline()``, ``communicate()`` reads the descriptors directly and
+    silently drops the lines already buffered. Kills the child after ``timeout`` seconds."""
+    assert proc.stdout is not None and proc.stderr is not None
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))  # type: ignore[union-attr]
+    reader.start()
+    try:
+        out = proc.stdout.read()
+        reader.join()
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    return out, err[0]
 
 
 @pytest.fixture

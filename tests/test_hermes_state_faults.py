@@ -26,6 +26,7 @@ import hermes_state_common as common
 import hermes_state_fts as fts
 import hermes_state_lockowners as lockowners
 import hermes_state_writes as writes
+from conftest import rest_of_output
 from hermes_state import (
     ProfileStoreRegistry,
     SessionDB,
@@ -325,7 +326,7 @@ def test_kill_9_at_a_random_moment_loses_no_acknowledged_row(
     acknowledged = [int(victim.stdout.readline())]
     time.sleep(rng.uniform(0.05, 1.2))
     victim.send_signal(signal.SIGKILL)
-    out, _ = victim.communicate(timeout=10)
+    out, _ = rest_of_output(victim, timeout=10)
     acknowledged += [int(line) for line in out.split()]
     survivor.send_signal(signal.SIGKILL)
     out, _ = survivor.communicate(timeout=10)

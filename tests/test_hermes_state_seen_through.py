@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import hermes_state_seen
+from conftest import rest_of_output
 from hermes_state import InvalidInputError, SessionDB
 from hermes_state_gateway import OWNER_MARKER_KEY
 from hermes_state_seen import SeenThrough
@@ -435,7 +436,7 @@ class Acks:
         it, not the rounds), and take the rest of its acknowledgements."""
         self._read_until(lambda: len(self.rows) >= at_least)
         stop.touch()
-        out, err = self.proc.communicate(timeout=60)
+        out, err = rest_of_output(self.proc)
         assert self.proc.returncode == 0, err
         for line in out.splitlines():
             self._take(line)
