@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 import re
 import sqlite3
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_search as search
@@ -139,6 +140,18 @@ def test_the_trigram_index_is_only_ever_sent_one_like(shared: tuple[SessionDB, P
 
 
 _word_sources = itertools.count()
+UNRELATED = "unrelated text"
+
+
+def _inside_unrelated(word: str) -> bool:
+    """Whether ``word`` matches the unrelated message too: a substring of it once case and
+    diacritics are folded, as the word and substring indexes fold them."""
+    stripped = "".join(c for c in unicodedata.normalize("NFKD", word)
+                       if not unicodedata.combining(c))
+    return any(form.casefold() in UNRELATED
+               for form in (stripped, unicodedata.normalize("NFKC", word)))
+
+
 plain_word = st.text(
     alphabet=st.characters(categories=("L", "N")), min_size=1, max_size=40
 ).filter(lambda word: word not in OPERATORS)  # an operator alone is no term (documented)
@@ -150,12 +163,13 @@ plain_word = st.text(
 def test_a_plain_word_written_into_a_message_is_found_by_searching_it(
     shared: tuple[SessionDB, Path], word: str
 ) -> None:
+    assume(not _inside_unrelated(word))
     db, _ = shared
     source = f"word-{next(_word_sources)}"
     session = f"s-{source}"
     db.create_session(session, source)
     row = add(db, session, f"before {word} after")
-    add(db, session, "unrelated text")
+    add(db, session, UNRELATED)
     assert found(db.search_messages(word, source_filter=[source])) == [row]
 
 
