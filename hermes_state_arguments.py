@@ -58,7 +58,7 @@ from hermes_state_errors import (
 
 __all__ = [
     "INT64_MIN", "INT64_MAX", "shown", "has_lone_surrogate", "Check", "checker", "checked",
-    "operation", "integer",
+    "operation", "integer", "number", "text",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -75,11 +75,31 @@ def shown(value: object) -> str:
     return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} chars)"
 
 
-def integer(name: str, value: object) -> int:
+def integer(name: str, value: object, *, minimum: int | None = None) -> int:
     """``value`` when it is an int (not a bool), else :class:`InvalidTypeError` naming ``name``:
-    for an ``int`` parameter whose sibling has no meaning for None."""
+    for an ``int`` parameter whose sibling has no meaning for None. Below ``minimum``:
+    :class:`InvalidInputError`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{name} must be an integer, got {shown(value)}", argument=name)
+    if minimum is not None and value < minimum:
+        raise InvalidInputError(f"{name} must be at least {minimum}, got {value}", argument=name)
+    return value
+
+
+def number(name: str, value: object) -> float:
+    """``value`` as a float when it is a finite int or float (not a bool), else a refusal
+    naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(f"{name} must be a number, got {shown(value)}", argument=name)
+    if not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r}", argument=name)
+    return float(value)
+
+
+def text(name: str, value: object) -> str:
+    """``value`` when it is a string, else :class:`InvalidTypeError` naming ``name``."""
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, got {shown(value)}", argument=name)
     return value
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
+import hermes_state_arguments as arguments
 from hermes_state_common import escape_like, get_meta, now, row_to_dict, set_meta
 from hermes_state_errors import (
     InvalidInputError,
@@ -259,16 +260,10 @@ def _delete_cascading(
     return Deleted(existed, tuple(doomed), directory)
 
 
-def _check_session_id(session_id: Any) -> str:
-    if not isinstance(session_id, str):
-        raise InvalidInputError(f"session_id must be a str, got {type(session_id).__name__}")
-    return session_id
-
-
 def _run_delete_session(
     conn: sqlite3.Connection, /, session_id: str, sessions_dir: Path | None = None
 ) -> Deleted[bool]:
-    done = _delete_cascading(conn, [_check_session_id(session_id)], sessions_dir)
+    done = _delete_cascading(conn, [arguments.text("session_id", session_id)], sessions_dir)
     return Deleted(bool(done.result), done.session_ids, done.sessions_dir)
 
 
@@ -330,7 +325,7 @@ def list_delete_candidates(conn: sqlite3.Connection, /, session_id: str) -> list
     """What ``delete_session(session_id)`` would delete now: the session first, then each
     delegate child it takes along, oldest first; the columns of
     :func:`list_prune_candidates`. Empty for an unknown session. Reads only."""
-    rows = _candidate_rows(conn, deletion_closure(conn, [_check_session_id(session_id)]))
+    rows = _candidate_rows(conn, deletion_closure(conn, [arguments.text("session_id", session_id)]))
     return sorted(rows, key=lambda row: row["id"] != session_id)
 
 
@@ -349,7 +344,7 @@ def _run_delete_session_if_empty(
     conn: sqlite3.Connection, /, session_id: str, sessions_dir: Path | None = None
 ) -> Deleted[bool]:
     directory = _check_sessions_dir(sessions_dir)
-    session_id = _check_session_id(session_id)
+    session_id = arguments.text("session_id", session_id)
     if conn.execute(IF_EMPTY_SQL, (session_id,)).fetchone() is None or _busy(conn, [session_id]):
         return Deleted(False, (), directory)
     _delete_rows(conn, [session_id])
@@ -370,20 +365,8 @@ DELETE_SESSION_IF_EMPTY = AfterCommit(delete_session_if_empty, _run_delete_sessi
 # --- the prune selection ---------------------------------------------------------------------
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{name} must be a str, got {type(value).__name__}")
-    return value
-
-
 def _substring(name: str, value: Any) -> str:
-    return f"%{escape_like(_text(name, value))}%"
+    return f"%{escape_like(arguments.text(name, value))}%"
 
 
 @dataclass(frozen=True)
@@ -402,7 +385,7 @@ def _one(convert: Callable[[str, Any], Any]) -> Callable[[str, Any], tuple[Any, 
 def _cwd_prefix(name: str, value: Any) -> tuple[Any, ...]:
     """The prefix without trailing separators (unless nothing else would remain): the cwd
     equals it, or starts with it and a separator."""
-    prefix = _text(name, value)
+    prefix = arguments.text(name, value)
     prefix = prefix.rstrip("/\\") or prefix
     return prefix, prefix + "/", prefix + "/", prefix + "\\", prefix + "\\"
 
@@ -421,14 +404,14 @@ _LIKE = "LIKE ? ESCAPE '\\'"
 #: ANDed; a None value is no bound. Text comparisons are exact; ``provider`` and the ``*_like``
 #: substrings ignore ASCII case (SQLite's ``lower`` and ``LIKE``).
 PRUNE_FILTERS: Mapping[str, PruneFilter] = {
-    "started_before": PruneFilter("s.started_at < ?", _one(_number)),
-    "started_after": PruneFilter("s.started_at >= ?", _one(_number)),
-    "source": PruneFilter("s.source = ?", _one(_text)),
-    "end_reason": PruneFilter("s.end_reason = ?", _one(_text)),
-    "user_id": PruneFilter("s.user_id = ?", _one(_text)),
-    "chat_id": PruneFilter("s.chat_id = ?", _one(_text)),
-    "chat_type": PruneFilter("s.chat_type = ?", _one(_text)),
-    "provider": PruneFilter("lower(s.billing_provider) = lower(?)", _one(_text)),
+    "started_before": PruneFilter("s.started_at < ?", _one(arguments.number)),
+    "started_after": PruneFilter("s.started_at >= ?", _one(arguments.number)),
+    "source": PruneFilter("s.source = ?", _one(arguments.text)),
+    "end_reason": PruneFilter("s.end_reason = ?", _one(arguments.text)),
+    "user_id": PruneFilter("s.user_id = ?", _one(arguments.text)),
+    "chat_id": PruneFilter("s.chat_id = ?", _one(arguments.text)),
+    "chat_type": PruneFilter("s.chat_type = ?", _one(arguments.text)),
+    "provider": PruneFilter("lower(s.billing_provider) = lower(?)", _one(arguments.text)),
     "title_like": PruneFilter(f"s.title {_LIKE}", _one(_substring)),
     "model_like": PruneFilter(f"s.model {_LIKE}", _one(_substring)),
     "branch_like": PruneFilter(f"s.git_branch {_LIKE}", _one(_substring)),
@@ -436,14 +419,14 @@ PRUNE_FILTERS: Mapping[str, PruneFilter] = {
         "(s.cwd = ? OR substr(s.cwd, 1, length(?)) = ? OR substr(s.cwd, 1, length(?)) = ?)",
         _cwd_prefix,
     ),
-    "min_messages": PruneFilter("COALESCE(s.message_count, 0) >= ?", _one(_number)),
-    "max_messages": PruneFilter("COALESCE(s.message_count, 0) <= ?", _one(_number)),
-    "min_tokens": PruneFilter(f"{_TOKENS} >= ?", _one(_number)),
-    "max_tokens": PruneFilter(f"{_TOKENS} <= ?", _one(_number)),
-    "min_cost": PruneFilter(f"{_COST} >= ?", _one(_number)),
-    "max_cost": PruneFilter(f"{_COST} <= ?", _one(_number)),
-    "min_tool_calls": PruneFilter("COALESCE(s.tool_call_count, 0) >= ?", _one(_number)),
-    "max_tool_calls": PruneFilter("COALESCE(s.tool_call_count, 0) <= ?", _one(_number)),
+    "min_messages": PruneFilter("COALESCE(s.message_count, 0) >= ?", _one(arguments.number)),
+    "max_messages": PruneFilter("COALESCE(s.message_count, 0) <= ?", _one(arguments.number)),
+    "min_tokens": PruneFilter(f"{_TOKENS} >= ?", _one(arguments.number)),
+    "max_tokens": PruneFilter(f"{_TOKENS} <= ?", _one(arguments.number)),
+    "min_cost": PruneFilter(f"{_COST} >= ?", _one(arguments.number)),
+    "max_cost": PruneFilter(f"{_COST} <= ?", _one(arguments.number)),
+    "min_tool_calls": PruneFilter("COALESCE(s.tool_call_count, 0) >= ?", _one(arguments.number)),
+    "max_tool_calls": PruneFilter("COALESCE(s.tool_call_count, 0) <= ?", _one(arguments.number)),
     "archived": PruneFilter("COALESCE(s.archived, 0) = ?", _archived),
 }
 
@@ -461,7 +444,7 @@ def _conditions(
         )
     bounds = {**filters, "source": source}
     if bounds.get("started_before") is None and older_than_days is not None:
-        days = _number("older_than_days", older_than_days)
+        days = arguments.number("older_than_days", older_than_days)
         if days < 0:
             raise InvalidInputError(f"older_than_days must not be negative, got {days!r}")
         bounds["started_before"] = now() - days * 86400.0
@@ -681,7 +664,7 @@ def claim_auto_prune(
 ) -> tuple[bool, str | None]:
     """(due, the stamp it replaced). When due, the run is stamped now, in the same
     transaction as the check: two processes starting together do not both prune."""
-    hours = _number("min_interval_hours", min_interval_hours)
+    hours = arguments.number("min_interval_hours", min_interval_hours)
     last = _last_run(conn)
     if last is not None and now() - last < hours * 3600:
         return False, None

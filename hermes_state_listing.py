@@ -33,9 +33,8 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from hermes_state_arguments import integer
+import hermes_state_arguments as arguments
 from hermes_state_common import escape_like, row_to_dict
-from hermes_state_errors import InvalidInputError
 from hermes_state_lineage import CONTINUATION_EDGE_SQL, LISTABLE_SQL, get_compression_tip
 from hermes_state_sessions import source_filters
 
@@ -132,17 +131,8 @@ TIP_FIELDS = (
 ENRICHED_ONE_SQL = f"SELECT s.*, {ENRICHED_SQL} FROM sessions s WHERE s.id = ?"
 
 
-def _check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    number = integer(name, value)
-    if minimum is not None and number < minimum:
-        raise InvalidInputError(f"{name} must be at least {minimum}, got {number}")
-    return number
-
-
-def _check_text(name: str, value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}")
-    return value
+def _optional_text(name: str, value: Any) -> str | None:
+    return None if value is None else arguments.text(name, value)
 
 
 def _cwd_condition(cwd_prefix: str) -> tuple[str, list[Any]]:
@@ -168,15 +158,15 @@ def _where(
     listable_only: bool,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause over session ``s`` shared by the list and the count."""
-    sql, params = source_filters(_check_text("source", source), exclude_sources)
+    sql, params = source_filters(_optional_text("source", source), exclude_sources)
     sql = "1 = 1" + sql
     if listable_only:
         sql += f" AND {LISTABLE_SQL}"
-    if _check_text("cwd_prefix", cwd_prefix):
+    if _optional_text("cwd_prefix", cwd_prefix):
         cwd_sql, cwd_params = _cwd_condition(str(cwd_prefix))
         sql += cwd_sql
         params += cwd_params
-    if _check_int("min_message_count", min_message_count) > 0:
+    if arguments.integer("min_message_count", min_message_count) > 0:
         sql += " AND COALESCE(s.message_count, 0) >= ?"
         params.append(min_message_count)
     if archived_only:
@@ -191,11 +181,11 @@ def _having(id_query: str | None, search_query: str | None) -> tuple[str, list[A
     some session of the row's chain (empty when neither is given)."""
     groups: list[str] = []
     params: list[Any] = []
-    needle = (_check_text("id_query", id_query) or "").strip()
+    needle = (_optional_text("id_query", id_query) or "").strip()
     if needle:
         groups.append(f"MAX({ID_MATCH_SQL})")
         params.append(f"%{escape_like(needle)}%")
-    needle = (_check_text("search_query", search_query) or "").strip()
+    needle = (_optional_text("search_query", search_query) or "").strip()
     if needle:
         like = f"%{escape_like(needle)}%"
         terms, params = [ID_MATCH_SQL, TITLE_MATCH_SQL], [*params, like, like]
@@ -257,7 +247,7 @@ def list_sessions_rich(
         min_message_count=min_message_count, include_archived=include_archived,
         archived_only=archived_only, listable_only=not include_children,
     )
-    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    page = [arguments.integer("limit", limit), arguments.integer("offset", offset, minimum=0)]
     if order_by_last_active:
         having, having_params = _having(id_query, search_query)
         ids_sql = PAGE_BY_ACTIVITY_SQL.format(where=where, having=having)
@@ -312,8 +302,8 @@ def search_sessions(
 ) -> list[dict[str, Any]]:
     """Session rows plus ``last_active``, newest activity first (then ``started_at``, then
     id), archived ones included; ``limit=-1`` returns them all."""
-    filters, params = source_filters(_check_text("source", source), None)
-    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    filters, params = source_filters(_optional_text("source", source), None)
+    page = [arguments.integer("limit", limit), arguments.integer("offset", offset, minimum=0)]
     cursor = conn.execute(SEARCH_SESSIONS_SQL.format(filters=filters), (*params, *page))
     return [row_to_dict(cursor, r) for r in cursor.fetchall()]
 
@@ -324,8 +314,8 @@ def search_sessions_by_id(
     """Listed conversations whose chain holds an id containing ``query`` (case-insensitive):
     exact matches of the row's id or root id first, then prefixes, then the rest, each group
     in recency order; at most ``limit`` rows."""
-    needle = (_check_text("query", query) or "").strip().lower()
-    if not needle or _check_int("limit", limit) <= 0:
+    needle = (_optional_text("query", query) or "").strip().lower()
+    if not needle or arguments.integer("limit", limit) <= 0:
         return []
     candidates = list_sessions_rich(
         conn, limit=max(4 * limit, limit), offset=0, include_archived=include_archived,
@@ -354,9 +344,7 @@ def list_cron_job_runs(
 ) -> list[dict[str, Any]]:
     """The runs of one cron job (sessions of source ``cron`` whose id starts with
     ``cron_<job_id>_``, an id range: ``job1`` never matches ``cron_job10_…``), newest first."""
-    if not isinstance(job_id, str):
-        raise InvalidInputError(f"job_id must be a string, got {type(job_id).__name__}")
-    low = f"cron_{job_id}_"
+    low = f"cron_{arguments.text('job_id', job_id)}_"
     high = low[:-1] + chr(ord("_") + 1)
-    page = [_check_int("limit", limit), _check_int("offset", offset, minimum=0)]
+    page = [arguments.integer("limit", limit), arguments.integer("offset", offset, minimum=0)]
     return _enriched(conn.execute(CRON_RUNS_SQL, (low, high, *page)))
