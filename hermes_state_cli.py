@@ -557,11 +557,19 @@ def _dry_run(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str
     return 0
 
 
+def _prune_description(args: argparse.Namespace, filters: dict[str, Any]) -> str:
+    age = ("" if "started_before" in filters
+           else f" started more than {args.older_than_days:g} days ago")
+    narrowed = [f"from {args.source}"] if args.source else []
+    narrowed += [f"{name.replace('_', ' ')} {value!r}" for name, value in filters.items()]
+    return f"ended sessions{age}" + (f" ({', '.join(narrowed)})" if narrowed else "")
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
-    what = f"ended sessions started more than {args.older_than_days:g} days ago" + (
-        f" from {args.source}" if args.source else "")
+    filters = _prune_filters(args)
+    what = _prune_description(args, filters)
     with _read_only(args) as db:
-        doomed = db.list_prune_candidates(args.older_than_days, source=args.source)
+        doomed = db.list_prune_candidates(args.older_than_days, source=args.source, **filters)
     if args.dry_run:
         return _dry_run(args, doomed, f"would delete {what}")
     if not doomed:
@@ -576,7 +584,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return 1
     shown = [r["id"] for r in doomed]
     with _writable(args) as db:
-        pruned = db.prune_sessions(args.older_than_days, source=args.source, only_ids=shown)
+        pruned = db.prune_sessions(args.older_than_days, source=args.source, only_ids=shown,
+                                   **filters)
         kept = [sid for sid in shown if db.get_session(sid) is not None]
     deleted = sorted(set(shown) - set(kept))
     if args.json:
@@ -1090,6 +1099,75 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                         help="print one JSON document for scripts")
 
 
+def number_arg(text: str) -> float:
+    """argparse type: a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def moment_arg(text: str) -> float:
+    """argparse type: a moment as epoch seconds, or an ISO 8601 date or date and time (local
+    time unless it names its offset)."""
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        return number_arg(text)
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise argparse.ArgumentTypeError(
+            f"expected epoch seconds or an ISO 8601 date, got {text!r}") from None
+
+
+def yes_no_arg(text: str) -> bool:
+    """argparse type: ``yes`` or ``no``."""
+    if text.lower() not in ("yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+    return text.lower() == "yes"
+
+
+# The prune selection's filters (hermes_state_deletion.PRUNE_FILTERS, ``source`` aside, which
+# has its own option): each an option named after it, with its value's type and help.
+PRUNE_FILTER_OPTIONS: dict[str, tuple[Any, str, str]] = {
+    "started_before": (moment_arg, "WHEN", "started before this moment (epoch seconds or ISO "
+                       "date; replaces --older-than-days)"),
+    "started_after": (moment_arg, "WHEN", "started at or after this moment"),
+    "end_reason": (str, "REASON", "ended for this reason"),
+    "user_id": (str, "ID", "of this user"),
+    "chat_id": (str, "ID", "of this chat"),
+    "chat_type": (str, "TYPE", "of this chat type"),
+    "provider": (str, "NAME", "billed by this provider (any case)"),
+    "title_like": (str, "TEXT", "title contains this (ASCII case ignored)"),
+    "model_like": (str, "TEXT", "model contains this (ASCII case ignored)"),
+    "branch_like": (str, "TEXT", "git branch contains this (ASCII case ignored)"),
+    "cwd_prefix": (str, "DIR", "working directory is this one or below it"),
+    "min_messages": (number_arg, "N", "at least this many messages"),
+    "max_messages": (number_arg, "N", "at most this many messages"),
+    "min_tokens": (number_arg, "N", "at least this many input + output tokens"),
+    "max_tokens": (number_arg, "N", "at most this many input + output tokens"),
+    "min_cost": (number_arg, "USD", "cost at least this (actual, else estimated)"),
+    "max_cost": (number_arg, "USD", "cost at most this (actual, else estimated)"),
+    "min_tool_calls": (number_arg, "N", "at least this many tool calls"),
+    "max_tool_calls": (number_arg, "N", "at most this many tool calls"),
+    "archived": (yes_no_arg, "yes|no", "only archived sessions, or only unarchived ones"),
+}
+
+
+def _prune_filter_options(parser: argparse.ArgumentParser) -> None:
+    for name, (kind, metavar, help_text) in PRUNE_FILTER_OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=f"filter_{name}", type=kind,
+                            metavar=metavar, help=help_text)
+
+
+def _prune_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The filters given on the command line, by their names in the prune vocabulary."""
+    given = {name: getattr(args, f"filter_{name}") for name in PRUNE_FILTER_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _deletion_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="list what would be deleted and delete nothing")
@@ -1168,10 +1246,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the file's format (default: from its name or first line)")
 
     p = command(ssub, "prune", cmd_prune,
-                "delete ended sessions started some days ago; lists them and asks first")
+                "delete ended sessions started some days ago, narrowed by any filters; lists "
+                "them and asks first")
     p.add_argument("--older-than-days", type=days_arg, default=90, metavar="DAYS",
                    help="started more than this many days ago")
     p.add_argument("--source", help="only sessions of this source (default: all)")
+    _prune_filter_options(p)
     _deletion_options(p)
 
     p = command(ssub, "delete", cmd_delete,

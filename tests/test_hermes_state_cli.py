@@ -159,6 +159,64 @@ def test_prune_and_delete(store: list[str], hermes_home: Path) -> None:
     assert cli(hermes_home, "sessions", "delete", "no-such-session").returncode == 1
 
 
+def test_prune_narrows_by_every_filter_of_the_vocabulary_it_is_given(
+    hermes_home: Path, db_path: Path
+) -> None:
+    with SessionDB(db_path) as db:
+        for sid, model, messages, title in [("a", "gpt-4o", 3, "Deploy notes"),
+                                            ("b", "gpt-4o", 1, "deploy retry"),
+                                            ("c", "claude", 3, "Deploy again"),
+                                            ("d", "gpt-4o-mini", 5, None)]:
+            db.create_session(sid, "cli", model=model, user_id=f"user-{sid}")
+            for n in range(messages):
+                db.append_message(sid, "user", f"m{n}")
+            if title:
+                db.set_session_title(sid, title)
+            db.end_session(sid, "user_exit")
+        db.set_session_archived("d", True)
+    conn = sqlite3.connect(db_path)  # started 2020-01-01 .. 2020-01-04 (UTC), one a day
+    with conn:
+        for day, sid in enumerate("abcd"):
+            conn.execute("UPDATE sessions SET started_at = ? WHERE id = ?",
+                         (1577836800 + day * 86400, sid))
+    conn.close()
+
+    def prune(*flags: str) -> list[str]:
+        listed = cli(hermes_home, "--json", "sessions", "prune", "--dry-run", *flags)
+        assert listed.returncode == 0, listed.stderr
+        return [row["id"] for row in as_json(listed)["sessions"]]
+
+    assert prune() == ["a", "b", "c", "d"]
+    assert prune("--model-like", "GPT-4O", "--min-messages", "2") == ["a", "d"]
+    assert prune("--title-like", "deploy", "--max-messages", "2") == ["b"]
+    assert prune("--archived", "yes") == ["d"] and prune("--archived", "no") == ["a", "b", "c"]
+    assert prune("--user-id", "user-c", "--end-reason", "user_exit") == ["c"]
+    assert prune("--started-after", "2020-01-02T00:00:00+00:00",
+                 "--started-before", "1578096000") == ["b", "c"]
+    assert prune("--older-than-days", "0", "--started-after", "1577923200") == ["b", "c", "d"]
+
+    done = cli(hermes_home, "--json", "sessions", "prune", "--model-like", "gpt", "--max-messages",
+               "3", "--archived", "no", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["deleted"] == ["a", "b"]
+    with SessionDB(db_path, read_only=True) as db:
+        assert sorted(s["id"] for s in db.search_sessions(limit=-1)) == ["c", "d"]
+
+    for flag, value in [("--min-cost", "cheap"), ("--archived", "maybe"),
+                        ("--started-before", "yesterday"), ("--max-tokens", "nan")]:
+        refused = cli(hermes_home, "sessions", "prune", "--yes", flag, value)
+        assert refused.returncode == 2 and flag in refused.stderr, refused.stderr
+    with SessionDB(db_path, read_only=True) as db:
+        assert db.session_count(include_archived=True) == 2
+
+
+def test_prune_has_an_option_for_every_filter_of_the_vocabulary() -> None:
+    from hermes_state_cli import PRUNE_FILTER_OPTIONS
+    from hermes_state_deletion import PRUNE_FILTERS
+
+    assert set(PRUNE_FILTER_OPTIONS) == set(PRUNE_FILTERS) - {"source"}
+
+
 def test_recover_inspects_and_salvages_a_damaged_store(hermes_home: Path, db_path: Path,
                                                        tmp_path: Path) -> None:
     with SessionDB(db_path) as db:
