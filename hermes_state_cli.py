@@ -1132,8 +1132,8 @@ def yes_no_arg(text: str) -> bool:
 # The prune selection's filters (hermes_state_deletion.PRUNE_FILTERS, ``source`` aside, which
 # has its own option): each an option named after it, with its value's type and help.
 PRUNE_FILTER_OPTIONS: dict[str, tuple[Any, str, str]] = {
-    "started_before": (moment_arg, "WHEN", "started before this moment (epoch seconds or ISO "
-                       "date; replaces --older-than-days)"),
+    "started_before": (moment_arg, "WHEN", "started before this moment, epoch seconds or ISO "
+                       "date (default: from --older-than-days)"),
     "started_after": (moment_arg, "WHEN", "started at or after this moment"),
     "end_reason": (str, "REASON", "ended for this reason"),
     "user_id": (str, "ID", "of this user"),
@@ -1158,6 +1158,8 @@ PRUNE_FILTER_OPTIONS: dict[str, tuple[Any, str, str]] = {
 
 def _prune_filter_options(parser: argparse.ArgumentParser) -> None:
     for name, (kind, metavar, help_text) in PRUNE_FILTER_OPTIONS.items():
+        if "(default:" not in help_text:
+            help_text += " (default: any)"
         parser.add_argument(f"--{name.replace('_', '-')}", dest=f"filter_{name}", type=kind,
                             metavar=metavar, help=help_text)
 
