@@ -228,9 +228,38 @@ WHERE m.type = 'table' AND m.name IN (SELECT value FROM json_each(?))
 LIVE_OBJECTS_SQL = "SELECT name FROM sqlite_master WHERE type IN ('index', 'table', 'trigger')"
 
 
+# The whole schema as the file stores it. What :func:`lacks_declared_schema` checks is a
+# function of this text alone (a column added later is in its table's ``sql``), so a text found
+# complete once is complete in any file that holds it.
+SCHEMA_TEXT_SQL = """
+SELECT group_concat(type || ' ' || name || ' ' || coalesce(sql, ''), char(10)) FROM sqlite_master
+"""
+# Schema texts this process found complete: an open of an up-to-date store then reads the text
+# instead of every table's columns.
+_COMPLETE_SCHEMAS: set[str] = set()
+_COMPLETE_SCHEMAS_KEPT = 16
+
+
+def _schema_text(conn: sqlite3.Connection, /) -> str:
+    return str(conn.execute(SCHEMA_TEXT_SQL).fetchone()[0] or "")
+
+
 def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     """True when a table, column or index ``SCHEMA_SQL`` declares, or any object of the search
     index, is missing (reads only)."""
+    text = _schema_text(conn)
+    if text in _COMPLETE_SCHEMAS:
+        return False
+    if _lacks_declared_schema(conn):
+        return True
+    if _schema_text(conn) == text:  # not changed by another process between the reads
+        if len(_COMPLETE_SCHEMAS) >= _COMPLETE_SCHEMAS_KEPT:
+            _COMPLETE_SCHEMAS.clear()
+        _COMPLETE_SCHEMAS.add(text)
+    return False
+
+
+def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     tables = expected_columns()
     live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
     declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
