@@ -435,12 +435,15 @@ def test_ctrl_c_during_an_export_leaves_no_partial_file(
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert partials(tmp_path) == []
-    if proc.returncode == 0:  # it finished first: then the file is whole
+    assert partials(tmp_path) == [] and "Traceback" not in err, err
+    if out.exists():
+        # It finished first: the file is whole, whether the signal then found nothing to
+        # interrupt (0), the command's last steps (130) or the interpreter on its way out,
+        # past every handler (killed by SIGINT).
         assert json.loads(out.read_text().splitlines()[-1])["kind"] == "end"
+        assert proc.returncode in (0, 130, -signal.SIGINT), err
         return
-    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert not out.exists()
+    assert proc.returncode == 130 and "interrupted" in err, err
 
 
 @pytest.mark.slow
