@@ -1089,9 +1089,15 @@ CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
 """
+# Each query word's posting among a row's postings, cut out in SQL (the text of a short row
+# holds every word of it; only the query's words are needed): a term holds no "_", so the
+# first token starting with "term_" is the term's own, and a row posts a term at most once.
+POSTED_TOKEN_SQL = "substr(postings, nullif(instr(' ' || postings, ?), 0), ?)"
 POSTINGS_SQL = """
-SELECT id, epoch, postings FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
+SELECT id, epoch, {tokens} FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
 """
+# Enough characters for any posting of a term: its key, frequency and length are a few digits.
+POSTED_TOKEN_TAIL = 48
 # A row's text, and its length in tokens as FTS5 keeps it (the column sizes in %_docsize).
 ROW_TEXT_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
@@ -1236,10 +1242,18 @@ class _Walk:
         return None if x <= THRESHOLD else x
 
     @functools.cached_property
-    def terms_re(self) -> re.Pattern[str]:
-        """Finds the query's words among a row's postings: (term, f, D)."""
-        terms = sorted({t for p in self.conj.phrases for t in p}, key=len, reverse=True)
-        return re.compile(r"(?:^| )(" + "|".join(terms) + r")_\d+_(\d+)_(\d+)")
+    def words(self) -> tuple[str, ...]:
+        """The query's distinct words, in query order."""
+        return tuple(dict.fromkeys(t for p in self.conj.phrases for t in p))
+
+    @functools.cached_property
+    def postings_sql(self) -> tuple[str, list[object]]:
+        """:data:`POSTINGS_SQL` for the query's words, and its parameters before the ids."""
+        tokens = ", ".join([POSTED_TOKEN_SQL] * len(self.words))
+        params: list[object] = []
+        for word in self.words:
+            params += [" " + word + "_", len(word) + POSTED_TOKEN_TAIL]
+        return POSTINGS_SQL.format(tokens=tokens), params
 
     def passing(self, ids: Iterable[int]) -> set[int]:
         """The rows among ``ids`` that pass the caller's filters."""
@@ -1287,9 +1301,10 @@ class _Walk:
 
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`)."""
-        self.score_rows(self.conn.execute(POSTINGS_SQL, (json.dumps(list(ids)),)).fetchall())
+        sql, params = self.postings_sql
+        self.score_rows(self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall())
 
-    def score_rows(self, rows: Sequence[tuple[int, int | None, str | None]]) -> None:
+    def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Score candidate rows: exactly from their postings when those tell every phrase's
         frequency, else they wait, with their best case, for their text. Rows the postings
         prove not to match, rows whose best case cannot enter the top, and rows failing the
@@ -1297,11 +1312,15 @@ class _Walk:
         exact: dict[int, float] = {}
         waiting: dict[int, float] = {}
         kth = self.kth()
-        for row_id, epoch, text in rows:
+        for row_id, epoch, *tokens in rows:
             if epoch != self.index.epoch:
                 waiting[row_id] = math.inf
                 continue
-            postings = {t: (int(f), int(n)) for t, f, n in self.terms_re.findall(text or "")}
+            postings: dict[str, tuple[int, int]] = {}
+            for word, token in zip(self.words, tokens, strict=True):
+                if token:
+                    _, _, f, n = token.split(" ", 1)[0].rsplit("_", 3)
+                    postings[word] = (int(f), int(n))
             length = next(iter(postings.values()))[1] if postings else 0
             least = _least_frequency(length, self.index.avgdl)
             settled = True
@@ -1533,10 +1552,13 @@ def _top_k(
                 walk.offer_single(fresh, kth)
             else:
                 if kth is not None and len(phrase) == 1:
+                    # The other phrases' best shares do not change within a batch.
+                    others = [(weight[q], weight[q] * walk.most(c.bound()))
+                              for q, c in cursors.items() if q != phrase]
                     best: dict[str, float] = {}
                     for token, _ in fresh:
                         if token not in best:
-                            best[token] = _token_best(walk, phrase, token, weight, cursors)
+                            best[token] = _token_best(walk, weight[phrase], token, others)
                     fresh = [(t, r) for t, r in fresh if best[t] >= kth]
                 if fresh:
                     walk.settle([row_id for _, row_id in fresh])
@@ -1553,23 +1575,19 @@ def _top_k(
 
 
 def _token_best(
-    walk: _Walk,
-    phrase: tuple[str, ...],
-    token: str,
-    weight: dict[tuple[str, ...], float],
-    cursors: dict[tuple[str, ...], _Cursor],
+    walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]]
 ) -> float:
-    """The best score a row first found under ``token`` (of the one-word ``phrase``) can
-    have: it was not indexed under every word, so another phrase is below the threshold —
-    for a row this short, absent — and the others have not been read down to it."""
+    """The best score a row first found under ``token`` (of a one-word phrase of this
+    ``weight``) can have: it was not indexed under every word, so another phrase is below the
+    threshold — for a row this short, absent — and the others, (weight, best share) each, have
+    not been read down to it."""
     _, _, f, length = token.rsplit("_", 3)
     n = int(length)
     least = _least_frequency(n, walk.index.avgdl)
     low_share = walk.share(least - 1, n) if least > 1 else -math.inf
-    best = weight[phrase] * walk.share(float(f), n)
-    others = [(weight[q] * walk.most(c.bound()), weight[q] * low_share)
-              for q, c in cursors.items() if q != phrase]
-    return best + sum(high for high, _ in others) - min(high - low for high, low in others)
+    best = weight * walk.share(float(f), n)
+    return (best + sum(high for _, high in others)
+            - min(high - w * low_share for w, high in others))
 
 
 def _near_tie(scores: Sequence[float]) -> bool:

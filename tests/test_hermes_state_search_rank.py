@@ -151,6 +151,45 @@ def test_the_top_20_are_fts5s_own_bm25_order(
     assert through_index >= len(COMMON)  # the fast route did the work, not only FTS5
 
 
+# Words that begin or end one another: a row's posting of one must never be read as the
+# other's (the proof cuts each query word's posting out of the row's postings).
+NESTED = ["deploy", "deployment", "deployed", "redeploy", "re"]
+NESTED_WORD_QUERIES = ["deploy deployment", "deployed deploy", "redeploy deploy re",
+                       "deployment redeploy", "re deployed"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = random.Random(seed)
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        rows = []
+        for n in range(600):
+            words = [w for w in NESTED for _ in range(r.randint(0, 4))] + _words(r, 6)
+            r.shuffle(words)
+            rows.append({"role": "user", "content": " ".join(words), "timestamp": float(n)})
+        db.replace_messages("s", rows)
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    with SessionDB(tmp_path / "state.db") as db:
+        scored = 0
+        for query in NESTED_WORD_QUERIES:
+            statements: list[str] = []
+
+            def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
+                conn.set_trace_callback(statements.append)
+                try:
+                    return search.search_messages(conn, query)
+                finally:
+                    conn.set_trace_callback(None)
+
+            assert ids(db._read(run)) == fts5_order(db, query), query
+            scored += any("FROM search_impact WHERE id IN" in s for s in statements)
+        assert scored == len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
+
+
 def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> None:
     for word in COMMON:
         got, reads = impact_reads(corpus, word, limit=50)
