@@ -257,21 +257,40 @@ def impact_postings(
     """A row's high-impact postings as index text (``term_kkkk_f_D`` tokens), and its length.
 
     ``avgdl`` is the index's reference length."""
+    postings, _, length = _postings_of(content, tool_name, tool_calls, avgdl)
+    return postings, length
+
+
+def _postings_of(
+    content: str | None, tool_name: str | None, tool_calls: str | None, avgdl: float
+) -> tuple[str, str, int]:
+    """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
     text = "\n".join(part for part in (content, tool_name, tool_calls) if part)
     if not text:
-        return "", 0
+        return "", "", 0
     counts, length = _row_counts(text)
     least = _least_frequency(length, avgdl)
     k = _reference_k(length, avgdl)
-    # A long row posts only its repeated words: read them most frequent first, and stop.
-    items = counts.items() if least == 1 else counts.most_common()
-    out = []
-    for term, f in items:
-        if f < least:
-            break
-        if len(term) <= MAX_TERM_CHARS:
-            out.append(b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length))
-    return b" ".join(out).decode(), length
+    if least == 1:  # a short row posts every word
+        terms, frequencies = list(counts.keys()), list(counts.values())
+    else:  # a long row only its repeated words, most frequent first
+        items = sorted(((t, f) for t, f in counts.items() if f >= least),
+                       key=_second, reverse=True)
+        terms, frequencies = [t for t, _ in items], [f for _, f in items]
+    if terms and max(map(len, terms)) > MAX_TERM_CHARS:
+        kept = [(t, f) for t, f in zip(terms, frequencies) if len(t) <= MAX_TERM_CHARS]
+        terms, frequencies = [t for t, _ in kept], [f for _, f in kept]
+    if not terms:
+        return "", "", length
+    # A posting's key depends on its frequency alone (the length is the row's): most are 1.
+    keys = {f: b"_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
+            for f in set(frequencies)}
+    postings = b" ".join(map(bytes.__add__, terms, map(keys.__getitem__, frequencies)))
+    return postings.decode(), (postings + b" " + b" ".join(terms)).decode(), length
+
+
+def _second(item: tuple[bytes, int]) -> int:
+    return item[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,10 +464,10 @@ def _write_postings(
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
     for row_id, content, tool_name, tool_calls, stamp in rows:
-        text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+        text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl)
         postings.append((row_id, index.epoch, text))
         if text:
-            fts_rows.append((row_id, index_text(text)))
+            fts_rows.append((row_id, indexed))
         if stamp is not None:
             first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
             blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
