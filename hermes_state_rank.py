@@ -1117,6 +1117,20 @@ SELECT id, epoch, {tokens} FROM search_impact WHERE id IN (SELECT value FROM jso
 """
 # Enough characters for any posting of a term: its key, frequency and length are a few digits.
 POSTED_TOKEN_TAIL = 48
+# The best rows indexed under every word of a query of single words, scored by SQLite from
+# their postings (a posting's key has four digits, so a word's frequency starts len(word) + 6
+# characters into its posting, and its length follows): a first cut, whose rows are scored
+# again exactly and checked against the filters; ``well_formed`` counts the rows it read.
+POSTED_TAIL_SQL = "substr(postings, nullif(instr(' ' || postings, ?), 0) + ?)"
+EVERYWHERE_TOP_SQL = """
+WITH t AS MATERIALIZED (
+    SELECT id, {tails} FROM search_impact
+    WHERE id IN (SELECT value FROM json_each(?)) AND epoch = ? AND {present}),
+r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d FROM t)
+SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM t) AS well_formed FROM r
+ORDER BY score DESC, id LIMIT ?
+"""
+SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # A row's text, and its length in tokens as FTS5 keeps it (the column sizes in %_docsize).
 ROW_TEXT_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
@@ -1147,6 +1161,10 @@ ABORT_MARGIN = 0.03
 PHRASE_PROBE = 4
 # Pending rows up to which their text is tokenized here; more are scored by FTS5 in one pass.
 TEXT_RESOLVE_ROWS = 48
+# The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
+# how many times that cut is widened (four times each) before they are all scored here.
+EVERYWHERE_FIRST_CUT = 48
+EVERYWHERE_CUTS = 3
 # A single word is read this far before its count is asked for: a rare word is then ranked by
 # FTS5 at once, a common one seldom needs more.
 SINGLE_WORD_PROBE_POSTINGS = 1024
@@ -1322,6 +1340,47 @@ class _Walk:
         """Score new candidate rows (see :meth:`score_rows`)."""
         sql, params = self.postings_sql
         self.score_rows(self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall())
+
+    def settle_everywhere(self, ids: Sequence[int]) -> None:
+        """Score the rows indexed under every word of a query of single words (all their
+        frequencies are in their postings): SQLite picks the best few, and only those are
+        scored and checked against the filters here, when the rest provably cannot enter the
+        top; else every row is scored here (see :meth:`settle`)."""
+        words = self.words
+        tails = ", ".join(f"{POSTED_TAIL_SQL} AS t{j}" for j in range(len(words)))
+        present = " AND ".join(f"t{j} IS NOT NULL" for j in range(len(words)))
+        frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
+        column = {w: j for j, w in enumerate(words)}
+        score = " + ".join(SHARE_SQL.format(j=column[p[0]]) for p in self.conj.phrases)
+        fs = ", ".join(f"f{j}" for j in range(len(words)))
+        sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
+                                        score=score, fs=fs)
+        params: list[object] = []
+        for word in words:
+            params += [" " + word + "_", len(word) + 6]
+        params += [json.dumps(list(ids)), self.index.epoch]
+        for idf in self.idfs:
+            params += [idf, K1 + 1.0, K1, B, B, self.avgdl]
+        limit = EVERYWHERE_FIRST_CUT + self.wanted
+        for _ in range(EVERYWHERE_CUTS):
+            rows = self.conn.execute(sql, (*params, limit)).fetchall()
+            if not rows or rows[0][-1] != len(ids):
+                break  # a row without the postings it should have: score every one here
+            passing = self.passing(row[0] for row in rows)
+            scored = sorted(
+                ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
+                             int(row[2])), int(row[0])) for row in rows if row[0] in passing),
+                reverse=True)
+            # Every row not returned scores at most the last one returned, as SQLite computes
+            # it: it cannot enter the top if that is below the k-th best passing the filters
+            # (with a margin for a last-bit difference between the two computations).
+            if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
+                                     * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
+                for row_score, row_id in scored:
+                    self.offer(row_score, row_id)
+                return
+            limit *= 4
+        self.settle(ids)
 
     def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Score candidate rows: exactly from their postings when those tell every phrase's
@@ -1524,7 +1583,9 @@ def _top_k(
         # threshold, which bounds it far lower than the postings' frontiers alone would.
         new = [r for r in everywhere if r not in walk.seen]
         walk.seen.update(new)
-        if new:
+        if new and all(len(p) == 1 for p in distinct):
+            walk.settle_everywhere(new)
+        elif new:
             walk.settle(new)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks

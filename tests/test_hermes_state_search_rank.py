@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,29 +166,39 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
     r = random.Random(seed)
     with SessionDB(tmp_path / "state.db") as db:
         db.create_session("s", "cli")
-        rows = []
+        db.create_session("t", "telegram")  # a few rows: a filter that keeps few of the best
+        rows: dict[str, list[dict[str, Any]]] = {"s": [], "t": []}
         for n in range(600):
             words = [w for w in NESTED for _ in range(r.randint(0, 4))] + _words(r, 6)
             r.shuffle(words)
-            rows.append({"role": "user", "content": " ".join(words), "timestamp": float(n)})
-        db.replace_messages("s", rows)
+            session = "t" if n % 10 == 0 else "s"
+            rows[session].append({"role": "user", "content": " ".join(words),
+                                  "timestamp": float(n)})
+            if n % 4 == 0:  # rows that tie: the best of them are told apart by id alone
+                rows[session].append({"role": "user", "content": "deploy deployment re w1",
+                                      "timestamp": float(n)})
+        for session, messages in rows.items():
+            db.replace_messages(session, messages)
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
     monkeypatch.setattr(rank, "FEW_ROWS", 0)
     with SessionDB(tmp_path / "state.db") as db:
         scored = 0
         for query in NESTED_WORD_QUERIES:
-            statements: list[str] = []
+            for filters in ({}, {"source_filter": ["telegram"]}):
+                statements: list[str] = []
 
-            def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
-                conn.set_trace_callback(statements.append)
-                try:
-                    return search.search_messages(conn, query)
-                finally:
-                    conn.set_trace_callback(None)
+                def run(conn: sqlite3.Connection, query: str = query,
+                        filters: dict[str, Any] = filters) -> list[dict[str, Any]]:
+                    conn.set_trace_callback(statements.append)
+                    try:
+                        return search.search_messages(conn, query, **filters)
+                    finally:
+                        conn.set_trace_callback(None)
 
-            assert ids(db._read(run)) == fts5_order(db, query), query
-            scored += any("FROM search_impact WHERE id IN" in s for s in statements)
-        assert scored == len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
+                assert ids(db._read(run)) == fts5_order(db, query, **filters), (query, filters)
+                scored += any(re.search(r"FROM search_impact\s+WHERE id IN", s)
+                              for s in statements)
+        assert scored >= len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
 
 
 def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> None:
