@@ -31,7 +31,9 @@ caller's filters. A single word is read best first, each row scored from its tok
 k-th best row passing the filters beats every posting not read yet — whose impact is at most
 the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
 whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
-idf; the rows indexed under every word are scored from their postings; every other row has a
+idf; the rows indexed under every word are scored from their postings (for a query of single
+words SQLite scores them and hands back the best few, scored again here exactly and checked
+against the filters, when the rest provably cannot enter the top); every other row has a
 phrase below the threshold, which bounds it, and the phrases' postings are read best first
 (for a phrase, those of its longest word: a phrase occurs at most as often as each of its
 words) until that bound falls below the k-th best. A row whose postings leave a frequency
