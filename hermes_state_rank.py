@@ -31,7 +31,9 @@ caller's filters. A single word is read best first, each row scored from its tok
 k-th best row passing the filters beats every posting not read yet — whose impact is at most
 the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
 whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
-idf; the rows indexed under every word are scored from their postings; every other row has a
+idf; the rows indexed under every word are scored from their postings (for a query of single
+words SQLite scores them and hands back the best few, scored again here exactly and checked
+against the filters, when the rest provably cannot enter the top); every other row has a
 phrase below the threshold, which bounds it, and the phrases' postings are read best first
 (for a phrase, those of its longest word: a phrase occurs at most as often as each of its
 words) until that bound falls below the k-th best. A row whose postings leave a frequency
@@ -257,21 +259,40 @@ def impact_postings(
     """A row's high-impact postings as index text (``term_kkkk_f_D`` tokens), and its length.
 
     ``avgdl`` is the index's reference length."""
+    postings, _, length = _postings_of(content, tool_name, tool_calls, avgdl)
+    return postings, length
+
+
+def _postings_of(
+    content: str | None, tool_name: str | None, tool_calls: str | None, avgdl: float
+) -> tuple[str, str, int]:
+    """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
     text = "\n".join(part for part in (content, tool_name, tool_calls) if part)
     if not text:
-        return "", 0
+        return "", "", 0
     counts, length = _row_counts(text)
     least = _least_frequency(length, avgdl)
     k = _reference_k(length, avgdl)
-    # A long row posts only its repeated words: read them most frequent first, and stop.
-    items = counts.items() if least == 1 else counts.most_common()
-    out = []
-    for term, f in items:
-        if f < least:
-            break
-        if len(term) <= MAX_TERM_CHARS:
-            out.append(b"%s_%04d_%d_%d" % (term, int((1.0 - f / (f + k)) * KEY_SCALE), f, length))
-    return b" ".join(out).decode(), length
+    if least == 1:  # a short row posts every word
+        terms, frequencies = list(counts.keys()), list(counts.values())
+    else:  # a long row only its repeated words, most frequent first
+        items = sorted(((t, f) for t, f in counts.items() if f >= least),
+                       key=_second, reverse=True)
+        terms, frequencies = [t for t, _ in items], [f for _, f in items]
+    if terms and max(map(len, terms)) > MAX_TERM_CHARS:
+        kept = [(t, f) for t, f in zip(terms, frequencies) if len(t) <= MAX_TERM_CHARS]
+        terms, frequencies = [t for t, _ in kept], [f for _, f in kept]
+    if not terms:
+        return "", "", length
+    # A posting's key depends on its frequency alone (the length is the row's): most are 1.
+    keys = {f: b"_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
+            for f in set(frequencies)}
+    postings = b" ".join(map(bytes.__add__, terms, map(keys.__getitem__, frequencies)))
+    return postings.decode(), (postings + b" " + b" ".join(terms)).decode(), length
+
+
+def _second(item: tuple[bytes, int]) -> int:
+    return item[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,10 +466,10 @@ def _write_postings(
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
     for row_id, content, tool_name, tool_calls, stamp in rows:
-        text, _ = impact_postings(content, tool_name, tool_calls, index.avgdl)
+        text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl)
         postings.append((row_id, index.epoch, text))
         if text:
-            fts_rows.append((row_id, index_text(text)))
+            fts_rows.append((row_id, indexed))
         if stamp is not None:
             first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
             blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
@@ -1089,9 +1110,29 @@ CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
 """
+# Each query word's posting among a row's postings, cut out in SQL (the text of a short row
+# holds every word of it; only the query's words are needed): a term holds no "_", so the
+# first token starting with "term_" is the term's own, and a row posts a term at most once.
+POSTED_TOKEN_SQL = "substr(postings, nullif(instr(' ' || postings, ?), 0), ?)"
 POSTINGS_SQL = """
-SELECT id, epoch, postings FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
+SELECT id, epoch, {tokens} FROM search_impact WHERE id IN (SELECT value FROM json_each(?))
 """
+# Enough characters for any posting of a term: its key, frequency and length are a few digits.
+POSTED_TOKEN_TAIL = 48
+# The best rows indexed under every word of a query of single words, scored by SQLite from
+# their postings (a posting's key has four digits, so a word's frequency starts len(word) + 6
+# characters into its posting, and its length follows): a first cut, whose rows are scored
+# again exactly and checked against the filters; ``well_formed`` counts the rows it read.
+POSTED_TAIL_SQL = "substr(postings, nullif(instr(' ' || postings, ?), 0) + ?)"
+EVERYWHERE_TOP_SQL = """
+WITH t AS MATERIALIZED (
+    SELECT id, {tails} FROM search_impact
+    WHERE id IN (SELECT value FROM json_each(?)) AND epoch = ? AND {present}),
+r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d FROM t)
+SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM t) AS well_formed FROM r
+ORDER BY score DESC, id LIMIT ?
+"""
+SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # A row's text, and its length in tokens as FTS5 keeps it (the column sizes in %_docsize).
 ROW_TEXT_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
@@ -1122,6 +1163,10 @@ ABORT_MARGIN = 0.03
 PHRASE_PROBE = 4
 # Pending rows up to which their text is tokenized here; more are scored by FTS5 in one pass.
 TEXT_RESOLVE_ROWS = 48
+# The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
+# how many times that cut is widened (four times each) before they are all scored here.
+EVERYWHERE_FIRST_CUT = 48
+EVERYWHERE_CUTS = 3
 # A single word is read this far before its count is asked for: a rare word is then ranked by
 # FTS5 at once, a common one seldom needs more.
 SINGLE_WORD_PROBE_POSTINGS = 1024
@@ -1236,10 +1281,18 @@ class _Walk:
         return None if x <= THRESHOLD else x
 
     @functools.cached_property
-    def terms_re(self) -> re.Pattern[str]:
-        """Finds the query's words among a row's postings: (term, f, D)."""
-        terms = sorted({t for p in self.conj.phrases for t in p}, key=len, reverse=True)
-        return re.compile(r"(?:^| )(" + "|".join(terms) + r")_\d+_(\d+)_(\d+)")
+    def words(self) -> tuple[str, ...]:
+        """The query's distinct words, in query order."""
+        return tuple(dict.fromkeys(t for p in self.conj.phrases for t in p))
+
+    @functools.cached_property
+    def postings_sql(self) -> tuple[str, list[object]]:
+        """:data:`POSTINGS_SQL` for the query's words, and its parameters before the ids."""
+        tokens = ", ".join([POSTED_TOKEN_SQL] * len(self.words))
+        params: list[object] = []
+        for word in self.words:
+            params += [" " + word + "_", len(word) + POSTED_TOKEN_TAIL]
+        return POSTINGS_SQL.format(tokens=tokens), params
 
     def passing(self, ids: Iterable[int]) -> set[int]:
         """The rows among ``ids`` that pass the caller's filters."""
@@ -1287,9 +1340,51 @@ class _Walk:
 
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`)."""
-        self.score_rows(self.conn.execute(POSTINGS_SQL, (json.dumps(list(ids)),)).fetchall())
+        sql, params = self.postings_sql
+        self.score_rows(self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall())
 
-    def score_rows(self, rows: Sequence[tuple[int, int | None, str | None]]) -> None:
+    def settle_everywhere(self, ids: Sequence[int]) -> None:
+        """Score the rows indexed under every word of a query of single words (all their
+        frequencies are in their postings): SQLite picks the best few, and only those are
+        scored and checked against the filters here, when the rest provably cannot enter the
+        top; else every row is scored here (see :meth:`settle`)."""
+        words = self.words
+        tails = ", ".join(f"{POSTED_TAIL_SQL} AS t{j}" for j in range(len(words)))
+        present = " AND ".join(f"t{j} IS NOT NULL" for j in range(len(words)))
+        frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
+        column = {w: j for j, w in enumerate(words)}
+        score = " + ".join(SHARE_SQL.format(j=column[p[0]]) for p in self.conj.phrases)
+        fs = ", ".join(f"f{j}" for j in range(len(words)))
+        sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
+                                        score=score, fs=fs)
+        params: list[object] = []
+        for word in words:
+            params += [" " + word + "_", len(word) + 6]
+        params += [json.dumps(list(ids)), self.index.epoch]
+        for idf in self.idfs:
+            params += [idf, K1 + 1.0, K1, B, B, self.avgdl]
+        limit = EVERYWHERE_FIRST_CUT + self.wanted
+        for _ in range(EVERYWHERE_CUTS):
+            rows = self.conn.execute(sql, (*params, limit)).fetchall()
+            if not rows or rows[0][-1] != len(ids):
+                break  # a row without the postings it should have: score every one here
+            passing = self.passing(row[0] for row in rows)
+            scored = sorted(
+                ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
+                             int(row[2])), int(row[0])) for row in rows if row[0] in passing),
+                reverse=True)
+            # Every row not returned scores at most the last one returned, as SQLite computes
+            # it: it cannot enter the top if that is below the k-th best passing the filters
+            # (with a margin for a last-bit difference between the two computations).
+            if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
+                                     * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
+                for row_score, row_id in scored:
+                    self.offer(row_score, row_id)
+                return
+            limit *= 4
+        self.settle(ids)
+
+    def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Score candidate rows: exactly from their postings when those tell every phrase's
         frequency, else they wait, with their best case, for their text. Rows the postings
         prove not to match, rows whose best case cannot enter the top, and rows failing the
@@ -1297,11 +1392,15 @@ class _Walk:
         exact: dict[int, float] = {}
         waiting: dict[int, float] = {}
         kth = self.kth()
-        for row_id, epoch, text in rows:
+        for row_id, epoch, *tokens in rows:
             if epoch != self.index.epoch:
                 waiting[row_id] = math.inf
                 continue
-            postings = {t: (int(f), int(n)) for t, f, n in self.terms_re.findall(text or "")}
+            postings: dict[str, tuple[int, int]] = {}
+            for word, token in zip(self.words, tokens, strict=True):
+                if token:
+                    _, _, f, n = token.split(" ", 1)[0].rsplit("_", 3)
+                    postings[word] = (int(f), int(n))
             length = next(iter(postings.values()))[1] if postings else 0
             least = _least_frequency(length, self.index.avgdl)
             settled = True
@@ -1486,7 +1585,9 @@ def _top_k(
         # threshold, which bounds it far lower than the postings' frontiers alone would.
         new = [r for r in everywhere if r not in walk.seen]
         walk.seen.update(new)
-        if new:
+        if new and all(len(p) == 1 for p in distinct):
+            walk.settle_everywhere(new)
+        elif new:
             walk.settle(new)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
@@ -1533,10 +1634,13 @@ def _top_k(
                 walk.offer_single(fresh, kth)
             else:
                 if kth is not None and len(phrase) == 1:
+                    # The other phrases' best shares do not change within a batch.
+                    others = [(weight[q], weight[q] * walk.most(c.bound()))
+                              for q, c in cursors.items() if q != phrase]
                     best: dict[str, float] = {}
                     for token, _ in fresh:
                         if token not in best:
-                            best[token] = _token_best(walk, phrase, token, weight, cursors)
+                            best[token] = _token_best(walk, weight[phrase], token, others)
                     fresh = [(t, r) for t, r in fresh if best[t] >= kth]
                 if fresh:
                     walk.settle([row_id for _, row_id in fresh])
@@ -1553,23 +1657,19 @@ def _top_k(
 
 
 def _token_best(
-    walk: _Walk,
-    phrase: tuple[str, ...],
-    token: str,
-    weight: dict[tuple[str, ...], float],
-    cursors: dict[tuple[str, ...], _Cursor],
+    walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]]
 ) -> float:
-    """The best score a row first found under ``token`` (of the one-word ``phrase``) can
-    have: it was not indexed under every word, so another phrase is below the threshold —
-    for a row this short, absent — and the others have not been read down to it."""
+    """The best score a row first found under ``token`` (of a one-word phrase of this
+    ``weight``) can have: it was not indexed under every word, so another phrase is below the
+    threshold — for a row this short, absent — and the others, (weight, best share) each, have
+    not been read down to it."""
     _, _, f, length = token.rsplit("_", 3)
     n = int(length)
     least = _least_frequency(n, walk.index.avgdl)
     low_share = walk.share(least - 1, n) if least > 1 else -math.inf
-    best = weight[phrase] * walk.share(float(f), n)
-    others = [(weight[q] * walk.most(c.bound()), weight[q] * low_share)
-              for q, c in cursors.items() if q != phrase]
-    return best + sum(high for high, _ in others) - min(high - low for high, low in others)
+    best = weight * walk.share(float(f), n)
+    return (best + sum(high for _, high in others)
+            - min(high - w * low_share for w, high in others))
 
 
 def _near_tie(scores: Sequence[float]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +150,55 @@ def test_the_top_20_are_fts5s_own_bm25_order(
         assert got == fts5_order(corpus, query, **filters), (query, filters)
         through_index += bool(reads)
     assert through_index >= len(COMMON)  # the fast route did the work, not only FTS5
+
+
+# Words that begin or end one another: a row's posting of one must never be read as the
+# other's (the proof cuts each query word's posting out of the row's postings).
+NESTED = ["deploy", "deployment", "deployed", "redeploy", "re"]
+NESTED_WORD_QUERIES = ["deploy deployment", "deployed deploy", "redeploy deploy re",
+                       "deployment redeploy", "re deployed"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = random.Random(seed)
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        db.create_session("t", "telegram")  # a few rows: a filter that keeps few of the best
+        rows: dict[str, list[dict[str, Any]]] = {"s": [], "t": []}
+        for n in range(600):
+            words = [w for w in NESTED for _ in range(r.randint(0, 4))] + _words(r, 6)
+            r.shuffle(words)
+            session = "t" if n % 10 == 0 else "s"
+            rows[session].append({"role": "user", "content": " ".join(words),
+                                  "timestamp": float(n)})
+            if n % 4 == 0:  # rows that tie: the best of them are told apart by id alone
+                rows[session].append({"role": "user", "content": "deploy deployment re w1",
+                                      "timestamp": float(n)})
+        for session, messages in rows.items():
+            db.replace_messages(session, messages)
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    with SessionDB(tmp_path / "state.db") as db:
+        scored = 0
+        for query in NESTED_WORD_QUERIES:
+            for filters in ({}, {"source_filter": ["telegram"]}):
+                statements: list[str] = []
+
+                def run(conn: sqlite3.Connection, query: str = query,
+                        filters: dict[str, Any] = filters) -> list[dict[str, Any]]:
+                    conn.set_trace_callback(statements.append)
+                    try:
+                        return search.search_messages(conn, query, **filters)
+                    finally:
+                        conn.set_trace_callback(None)
+
+                assert ids(db._read(run)) == fts5_order(db, query, **filters), (query, filters)
+                scored += any(re.search(r"FROM search_impact\s+WHERE id IN", s)
+                              for s in statements)
+        assert scored >= len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
 
 
 def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> None:
