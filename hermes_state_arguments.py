@@ -15,8 +15,8 @@ sibling, where the value enters (the message row, the session columns, a ledger'
   mapping, a stream or a callback leaves it out.
 * A parameter annotated with a collection of strings (``Iterable[str]``, alone or beside
   ``str`` and ``None``) takes such a collection, each item a string or an int, or one string
-  (its sibling says what that means); a one-shot
-  iterator is read into a list first, so the sibling still gets every item.
+  (its sibling says what that means); the sibling gets the items as a list, so a one-shot
+  iterator still gives every item, and an int id past 64 bits arrives as its text.
 * A parameter annotated as a stream (``Iterable[Mapping[str, Any]]``, ``IO[Any]``) takes any
   iterable or file object that is not a string or a mapping, unread: the sibling checks each
   record as it reads it.
@@ -44,7 +44,7 @@ import inspect
 import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -155,7 +155,7 @@ class _Rule:
     unbounded: bool = False
 
     def check(self, value: Any) -> Any:
-        """``value`` when it passes (a one-shot iterator read into a list)."""
+        """``value`` when it passes (a collection as the list of its checked items)."""
         if value is None and not self.required:
             return value
         if isinstance(value, int) and str in self.types and not INT64_MIN <= value <= INT64_MAX:
@@ -170,10 +170,8 @@ class _Rule:
             return value
         if (self.items is not None and isinstance(value, Iterable)
                 and not isinstance(value, _NOT_COLLECTIONS)):
-            items = list(value) if isinstance(value, Iterator) else value
-            for item in items:
-                self.items.check(item)
-            return items
+            # Checked items, as the sibling gets them (an id too large for SQLite as its text).
+            return [self.items.check(item) for item in value]
         raise InvalidTypeError(
             f"{self.name} must be {self.annotation}, got {type(value).__name__}",
             argument=self.name)

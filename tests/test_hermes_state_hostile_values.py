@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state
-from hermes_state import HermesStateError, SessionDB
+from hermes_state import HermesStateError, SessionDB, SessionNotFoundError
 from state_helpers import populate
 
 SESSION = "sess-0"
@@ -215,6 +215,21 @@ def test_every_method_meets_hostile_values_with_typed_errors(name: str, db_path:
         assert_consistent(db, counters=name not in COUNTERS_LEFT_ALONE)
     finally:
         db.close()
+
+
+def test_an_id_past_64_bits_inside_a_collection_is_an_id_that_names_no_row(db_path: Path) -> None:
+    """A collection of ids takes ints as a str parameter does: one past SQLite's 64 bits is
+    its text, so it matches nothing and deletes nothing (it escaped as OverflowError)."""
+    huge = 2**70
+    with SessionDB(db_path) as db:
+        populate(db, sessions=2, messages=2)
+        before = db.export_all()
+        with pytest.raises(SessionNotFoundError, match=str(huge)):
+            list(db.iter_export_jsonl(session_ids=[huge]))
+        assert db.delete_sessions([huge, str(huge)]) == 0
+        assert db.search_messages("message", source_filter=[huge]) == []
+        assert db.session_count(exclude_sources=[huge]) == len(before)
+        assert db.export_all() == before
 
 
 def test_the_method_list_is_the_class() -> None:
