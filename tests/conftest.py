@@ -18,11 +18,18 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from hermes_state import SessionDB
 from state_helpers import release_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Input generation slows with the machine's load (the suite runs in parallel workers on few
+# cores): a slow draw is no failure of the code under test. Tests that set their own
+# ``suppress_health_check`` list ``too_slow`` there too.
+settings.register_profile("suite", suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 
 @pytest.fixture(autouse=True)

@@ -139,7 +139,7 @@ _example_ids = itertools.count()
 
 
 @settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(kept=st.lists(st.integers(min_value=0, max_value=5), max_size=8))
 def test_any_retained_selection_becomes_the_live_generation(
     db: SessionDB, kept: list[int]

@@ -26,7 +26,7 @@ def test_a_new_session_has_no_streak_and_no_cooldown(db: SessionDB) -> None:
 
 
 @settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(streak=st.one_of(st.integers(-10**30, 10**30), st.floats(-1e6, 1e6),
                         st.integers(0, 99).map(str), st.booleans()))
 def test_the_streak_is_stored_as_a_non_negative_integer(db: SessionDB, streak: object) -> None:

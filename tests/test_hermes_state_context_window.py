@@ -192,7 +192,7 @@ def model_view(every: list[dict[str, Any]], anchor: int, window: int, bookend: i
 
 
 @settings(max_examples=80, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rows=st.lists(_row, min_size=1, max_size=14), data=st.data(),
        window=st.integers(-3, 8), bookend=st.integers(-2, 5),
        roles=st.sampled_from([("user", "assistant"), None, ("tool",), ()]))

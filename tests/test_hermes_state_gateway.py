@@ -687,7 +687,7 @@ def test_the_gateway_writes_nothing_when_the_agent_owns_persistence(db: SessionD
 
 
 @settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.text(), st.text())
 def test_the_exception_path_never_appends_twice(db: SessionDB, text: str, chat: str) -> None:
     session_id = f"p{time.monotonic_ns()}"

@@ -69,7 +69,7 @@ def test_fail_and_complete_apply_whatever_the_state(db: SessionDB) -> None:
 
 
 @settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(error=st.text(max_size=1200))
 def test_a_failure_keeps_the_first_500_characters_of_its_error(db: SessionDB, error: str) -> None:
     db.create_session("s1", "cli")

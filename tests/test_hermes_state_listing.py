@@ -373,7 +373,7 @@ COUNT_KEYS = ("source", "exclude_sources", "cwd_prefix", "min_message_count",
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(filters=FILTERS, page=st.integers(1, 7))
 def test_consecutive_pages_of_one_order_never_overlap_or_skip(
     tmp_path_factory: pytest.TempPathFactory, seed: int, filters: dict[str, Any], page: int,

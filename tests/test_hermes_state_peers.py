@@ -205,7 +205,7 @@ def test_expiry_finalized_is_set_and_cleared(db: SessionDB) -> None:
 
 
 @settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(chat=st.one_of(st.text(min_size=1, max_size=20), st.integers()),
        thread=st.one_of(st.none(), st.text(max_size=10), st.integers()))
 def test_a_recorded_peer_is_found_by_its_origin_ids_of_any_text(

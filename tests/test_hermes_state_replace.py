@@ -316,7 +316,7 @@ _counter = iter(range(10**9))
 
 
 @settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(messages=st.lists(_message, max_size=8), active_only=st.booleans(),
        before=st.integers(0, 4))
 def test_any_message_list_is_written_by_the_rules(

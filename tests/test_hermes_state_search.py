@@ -66,7 +66,8 @@ hostile_text = st.one_of(
     st.text(alphabet=st.characters(min_codepoint=0xAC00, max_codepoint=0xD7A3), max_size=12),
 )
 PROPERTY = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
 
 
 def _small_store(path: Path, *, stale: bool = False) -> SessionDB:
@@ -158,7 +159,7 @@ plain_word = st.text(
 
 
 @settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(word=plain_word)
 def test_a_plain_word_written_into_a_message_is_found_by_searching_it(
     shared: tuple[SessionDB, Path], word: str

@@ -147,7 +147,8 @@ operator_text = st.lists(st.sampled_from(OPERATOR_ALPHABET), max_size=20).map(""
 queries = st.one_of(st.text(), cjk_text, operator_text)
 
 PROPERTY = settings(max_examples=200, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
 
 
 @PROPERTY
@@ -343,7 +344,7 @@ boolean_query = st.lists(
 
 
 @settings(max_examples=300, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(boolean_query)
 def test_like_fallback_and_trigram_agree_with_fts5_on_boolean_queries(
     vocab_db: sqlite3.Connection, query: str

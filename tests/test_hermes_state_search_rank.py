@@ -311,7 +311,7 @@ page_filters = st.fixed_dictionaries({
 
 
 @settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(query=page_queries, filters=page_filters)
 def test_offset_0_and_20_are_the_first_40_of_one_request(
     corpus: SessionDB, query: str, filters: dict[str, Any]

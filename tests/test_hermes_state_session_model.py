@@ -34,7 +34,7 @@ def test_meta_replaces_the_config_text_whole_and_keeps_the_model_unless_given(
 
 
 @settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(config=st.dictionaries(st.text(max_size=10), st.one_of(
     st.none(), st.booleans(), st.integers(), st.text(max_size=20)), max_size=5),
     indent=st.sampled_from([None, 0, 2]))

@@ -276,7 +276,7 @@ ids = st.one_of(st.text(min_size=0, max_size=40), st.integers(-(2**62), 2**62))
 
 
 @settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(chat=ids, thread=ids, user=ids)
 def test_ids_of_any_text_or_number_round_trip_as_their_str(
     db: SessionDB, chat: object, thread: object, user: object
