@@ -116,7 +116,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "None": (),
 }
 # Path annotations: a string or an os.PathLike, a string without NUL (no file name holds one).
-_PATHS = frozenset({"Path", "os.PathLike[str]", "PathLike[str]", "PathArg"})
+_PATHS = frozenset({"Path", "PathLike[str]", "PathArg"})
 # Mapping annotations: any mapping (its keys and values are the sibling's to check).
 _MAPPINGS = frozenset({"Mapping[str, Any]", "Mapping[str, str]", "dict[str, Any]"})
 # Callback annotations: anything callable.
@@ -196,6 +196,12 @@ class _Rule:
                 f"{self.name} must be a finite number, got {value!r}", argument=self.name)
 
 
+def _unqualified(member: str) -> str:
+    """An annotation without its module (``transfer.Progress`` is ``Progress``)."""
+    head, bracket, rest = member.partition("[")
+    return head.rsplit(".", 1)[-1] + bracket + rest
+
+
 def _rule(param: inspect.Parameter) -> _Rule | None:
     """The rule of a parameter annotated with the kinds of the module docstring only; None for
     any other (its sibling checks it)."""
@@ -203,7 +209,7 @@ def _rule(param: inspect.Parameter) -> _Rule | None:
     if annotation is inspect.Parameter.empty:
         return None
     text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
-    members = {member.strip() for member in text.split("|")}
+    members = {_unqualified(member.strip()) for member in text.split("|")}
     scalars, collections = members & _TYPES.keys(), members & _COLLECTIONS
     paths, mappings, streams = members & _PATHS, members & _MAPPINGS, members & _STREAMS
     callables = members & _CALLABLES

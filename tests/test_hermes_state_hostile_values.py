@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state
-from hermes_state import HermesStateError, SessionDB, SessionNotFoundError
+from hermes_state import HermesStateError, InvalidTypeError, SessionDB, SessionNotFoundError
 from state_helpers import populate
 
 SESSION = "sess-0"
@@ -230,6 +230,17 @@ def test_an_id_past_64_bits_inside_a_collection_is_an_id_that_names_no_row(db_pa
         assert db.search_messages("message", source_filter=[huge]) == []
         assert db.session_count(exclude_sources=[huge]) == len(before)
         assert db.export_all() == before
+
+
+def test_a_progress_callback_that_is_not_callable_is_refused_typed(db_path: Path) -> None:
+    """``progress`` is annotated through its module (``transfer.Progress``); the check still
+    knows it for a callback (a string got as far as being called)."""
+    with SessionDB(db_path) as db:
+        with pytest.raises(InvalidTypeError, match="progress"):
+            db.import_sessions([], progress="report")  # type: ignore[arg-type]
+        with pytest.raises(InvalidTypeError, match="progress"):
+            db.import_jsonl(io.StringIO(""), progress=1)  # type: ignore[arg-type]
+        assert db.session_count() == 0
 
 
 def test_the_method_list_is_the_class() -> None:
