@@ -240,19 +240,21 @@ _COMPLETE_SCHEMAS: set[str] = set()
 _COMPLETE_SCHEMAS_KEPT = 16
 
 
-def _schema_text(conn: sqlite3.Connection, /) -> str:
-    return str(conn.execute(SCHEMA_TEXT_SQL).fetchone()[0] or "")
+# The schema cookie: SQLite adds one to it with every change of the schema.
+SCHEMA_COOKIE_SQL = "PRAGMA schema_version"
 
 
 def lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     """True when a table, column or index ``SCHEMA_SQL`` declares, or any object of the search
     index, is missing (reads only)."""
-    text = _schema_text(conn)
+    cookie = conn.execute(SCHEMA_COOKIE_SQL).fetchone()[0]
+    text = str(conn.execute(SCHEMA_TEXT_SQL).fetchone()[0] or "")
     if text in _COMPLETE_SCHEMAS:
         return False
     if _lacks_declared_schema(conn):
         return True
-    if _schema_text(conn) == text:  # not changed by another process between the reads
+    # The same cookie after the check: no other process changed the schema between the reads.
+    if conn.execute(SCHEMA_COOKIE_SQL).fetchone()[0] == cookie:
         if len(_COMPLETE_SCHEMAS) >= _COMPLETE_SCHEMAS_KEPT:
             _COMPLETE_SCHEMAS.clear()
         _COMPLETE_SCHEMAS.add(text)
