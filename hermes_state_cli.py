@@ -1060,17 +1060,6 @@ def count_arg(text: str) -> int:
     return value
 
 
-def days_arg(text: str) -> float:
-    """argparse type: a number of days from 0 (fractions allowed)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -1099,14 +1088,22 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                         help="print one JSON document for scripts")
 
 
-def number_arg(text: str) -> float:
+def number_arg(text: str, what: str = "a number") -> float:
     """argparse type: a finite number."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def days_arg(text: str) -> float:
+    """argparse type: a number of days from 0 (fractions allowed)."""
+    value = number_arg(text, "a number of days")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
