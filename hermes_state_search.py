@@ -89,11 +89,12 @@ whole word it begins), CJK and substring hits the text wherever it occurs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,7 @@ __all__ = [
     "SearchPlan",
     "sanitize_fts5_query",
     "plan_search",
+    "Marker",
     "make_snippet",
     "snippet_pattern",
     "sort_order",
@@ -475,8 +477,7 @@ def plan_search(query: object) -> SearchPlan | None:
 _SEPARATORS = r"[\W_]+"
 
 
-def _needle_regex(needle: str) -> str | None:
-    """A needle as a regex: its words in order, any punctuation or space between them."""
+def _needle_words(needle: str) -> list[str]:
     words: list[str] = []
     current = ""
     for ch in needle:
@@ -487,18 +488,74 @@ def _needle_regex(needle: str) -> str | None:
             current = ""
     if current:
         words.append(current)
+    return words
+
+
+def _needle_regex(needle: str) -> str | None:
+    """A needle as a regex: its words in order, any punctuation or space between them."""
+    words = _needle_words(needle)
     if words:
         return _SEPARATORS.join(re.escape(w) for w in words)
     return re.escape(needle) if needle.strip() else None
+
+
+def _needle_start(needle: str) -> str:
+    """The literal text every match of the needle's regex starts with (case aside)."""
+    words = _needle_words(needle)
+    return words[0] if words else needle
 
 
 # What unicode61 keeps inside a token, for word boundaries in snippets of word hits.
 _TOKEN_CHAR = r"[^\W_]"
 
 
+@dataclass(frozen=True)
+class Marker:
+    """The pattern a snippet marks, and the literal each of its alternatives starts with.
+
+    A pattern that starts with a look-behind (whole words) is tried at every position of the
+    text; in ASCII text a match can only start where one of the literals does (case folded), so
+    those places are found by ``str.find`` and the pattern is tried there alone. ``starts`` is
+    None when some literal could match ASCII text without being ASCII itself (``K``, the
+    Kelvin sign, matches ``k``); a literal holding an uncased non-ASCII character (CJK) never
+    matches ASCII text and is left out."""
+
+    pattern: re.Pattern[str]
+    starts: tuple[str, ...] | None
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]:
+        """The matches of :attr:`pattern` in ``text``, as ``pattern.finditer`` finds them."""
+        if self.starts is None or not text.isascii():
+            yield from self.pattern.finditer(text)
+            return
+        lowered, pos = text.lower(), 0
+        while True:
+            found = [i for i in (lowered.find(s, pos) for s in self.starts) if i >= 0]
+            if not found:
+                return
+            candidate = min(found)
+            match = self.pattern.match(text, candidate)
+            if match is None:
+                pos = candidate + 1
+                continue
+            yield match
+            pos = max(match.end(), candidate + 1)
+
+
+def _ascii_starts(needles: Iterable[str]) -> tuple[str, ...] | None:
+    starts: list[str] = []
+    for needle in needles:
+        start = _needle_start(needle)
+        if start.isascii():
+            starts.append(start.lower())
+        elif all(ch.isascii() or ch.lower() != ch.upper() for ch in start):
+            return None  # cased non-ASCII letters only: it may match ASCII text
+    return tuple(dict.fromkeys(starts))
+
+
 def _needles_re(
     needles: Iterable[str], *, words: bool = False, prefixes: Iterable[str] = ()
-) -> re.Pattern[str] | None:
+) -> str | None:
     """One pattern for all needles. With ``words`` a needle matches whole tokens only (as a
     word query matches), a prefix needle any token it begins, marked whole."""
     prefix_set = set(prefixes)
@@ -515,26 +572,42 @@ def _needles_re(
         return None
     # Longer needles first, so that at any position the longest one is marked.
     ordered = sorted(alternatives, key=lambda rx: (-len(rx), rx))
-    return re.compile("|".join(f"(?:{rx})" for rx in ordered), re.IGNORECASE)
+    return "|".join(f"(?:{rx})" for rx in ordered)
+
+
+def _marker(parts: Sequence[tuple[Sequence[str], str | None]]) -> Marker | None:
+    """The marker of (needles, their pattern) parts."""
+    rxs = [rx for _, rx in parts if rx is not None]
+    if not rxs:
+        return None
+    needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n)]
+    return Marker(re.compile("|".join(rxs), re.IGNORECASE), _ascii_starts(needles))
 
 
 def make_snippet(
     text: str,
-    needles: Sequence[str] | re.Pattern[str] | None,
+    needles: Sequence[str] | Marker | None,
     *,
     width: int = SNIPPET_WIDTH,
 ) -> str:
     """``width`` characters of ``text`` centred on the first match of any needle.
 
     Needles match case-insensitively, and any run of spaces or punctuation inside a needle
-    matches any such run in the text (as a phrase query would); a compiled pattern (see
+    matches any such run in the text (as a phrase query would); a :class:`Marker` (see
     :func:`snippet_pattern`) may be given instead. Every match inside the window is wrapped in
     ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and ellipses are not
     counted in ``width``. Without a match the snippet is the start of the text.
     """
-    width = max(width, 1)
-    pattern = needles if isinstance(needles, re.Pattern) else _needles_re(needles or ())
-    first = pattern.search(text) if pattern else None
+    if not isinstance(needles, Marker):
+        needles = list(needles or ())
+        needles = _marker([(needles, _needles_re(needles))])
+    matches = needles.finditer(text) if needles is not None else iter(())
+    return _window(text, next(matches, None), matches, max(width, 1))
+
+
+def _window(text: str, first: re.Match[str] | None, rest: Iterator[re.Match[str]],
+            width: int) -> str:
+    """The snippet centred on ``first``, marking it and the ``rest`` inside the window."""
     start = 0
     if first is not None:
         length = first.end() - first.start()
@@ -543,8 +616,8 @@ def make_snippet(
     end = min(len(text), start + width)
     out = [ELLIPSIS] if start > 0 else []
     pos = start
-    if pattern is not None and first is not None:
-        for match in pattern.finditer(text, first.start()):
+    if first is not None:
+        for match in itertools.chain((first,), rest):
             if match.start() >= end:
                 break
             lo, hi = max(match.start(), start), min(match.end(), end)
@@ -556,14 +629,13 @@ def make_snippet(
     return "".join(out)
 
 
-def snippet_pattern(plan: SearchPlan, *, words: bool) -> re.Pattern[str] | None:
-    """The pattern a hit's snippet marks: whole words for word hits (CJK runs stay substrings,
-    as the CJK index finds them), the needles' text anywhere for substring hits."""
+def snippet_pattern(plan: SearchPlan, *, words: bool) -> Marker | None:
+    """What a hit's snippet marks: whole words for word hits (CJK runs stay substrings, as the
+    CJK index finds them), the needles' text anywhere for substring hits."""
     latin = [n for n in plan.needles if not has_cjk(n)]
     cjk = [n for n in plan.needles if has_cjk(n)]
-    parts = [_needles_re(latin, words=words, prefixes=plan.prefixes), _needles_re(cjk)]
-    rxs = [p.pattern for p in parts if p is not None]
-    return re.compile("|".join(rxs), re.IGNORECASE) if rxs else None
+    return _marker([(latin, _needles_re(latin, words=words, prefixes=plan.prefixes)),
+                    (cjk, _needles_re(cjk))])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -838,15 +910,18 @@ ORDER BY timestamp, id LIMIT 1
 
 def _snippet_of(
     content: str | None, tool_name: str | None, tool_calls: str | None,
-    pattern: re.Pattern[str] | None,
+    marker: Marker | None,
 ) -> str:
     """The snippet of the column that holds the match: content, else tool calls, else tool
     name (the start of the content when none does)."""
-    if pattern is not None:
+    if marker is not None:
         for text in (content, tool_calls, tool_name):
-            if text and pattern.search(text):
-                return make_snippet(text, pattern)
-    return make_snippet(content or "", pattern)
+            if text:
+                matches = marker.finditer(text)
+                first = next(matches, None)
+                if first is not None:
+                    return _window(text, first, matches, SNIPPET_WIDTH)
+    return _window(content or "", None, iter(()), SNIPPET_WIDTH)
 
 
 def _hits(
@@ -854,7 +929,7 @@ def _hits(
 ) -> list[dict[str, Any]]:
     """The hit dicts of ``ids``, in that order (see :func:`search_messages`)."""
     rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (json.dumps(list(ids)),))}
-    pattern = snippet_pattern(plan, words=kind == WORD)
+    marker = snippet_pattern(plan, words=kind == WORD)
     hits = []
     for row_id in ids:
         row = rows.get(row_id)
@@ -873,7 +948,7 @@ def _hits(
             context.append({"role": after[0], "content": after[1]})
         hit = {
             "id": row_id, "session_id": session_id, "role": role,
-            "snippet": _snippet_of(content, tool_name, tool_calls, pattern),
+            "snippet": _snippet_of(content, tool_name, tool_calls, marker),
             "timestamp": timestamp, "tool_name": tool_name, "source": source, "model": model,
             "session_started": started, "context": context,
         }

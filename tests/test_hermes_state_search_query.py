@@ -21,6 +21,7 @@ from hermes_state_search import (
     make_snippet,
     plan_search,
     sanitize_fts5_query,
+    snippet_pattern,
 )
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
@@ -584,3 +585,42 @@ def test_snippet_is_always_a_window_of_the_text(text: str, needles: list[str], w
     assert snippet.count(">>>") == snippet.count("<<<")
     if any(n.lower() in text.lower() for n in needles):
         assert ">>>" in snippet
+
+
+# Letters that fold onto ASCII ones under re.IGNORECASE (Kelvin sign, long s, dotted and
+# dotless i), CJK, punctuation: the literal scan of ASCII text must find what the pattern does.
+_MARKER_CHARS = "abKk\u212a\u017fs\u0130\u0131i 東京-_.*\""
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet=_MARKER_CHARS, min_size=1, max_size=30),
+    st.text(alphabet=_MARKER_CHARS, max_size=200),
+    st.booleans(),
+)
+def test_a_snippet_marker_finds_exactly_what_its_pattern_finds(
+    query: str, text: str, words: bool
+) -> None:
+    plan = plan_search(query)
+    marker = snippet_pattern(plan, words=words) if plan is not None else None
+    if marker is None:
+        return
+    for sample in (text, text.encode("ascii", "ignore").decode()):
+        assert [m.span() for m in marker.finditer(sample)] == [
+            m.span() for m in marker.pattern.finditer(sample)]
+
+
+def test_a_snippet_marker_finds_a_word_after_many_near_misses() -> None:
+    plan = plan_search("left")
+    assert plan is not None
+    marker = snippet_pattern(plan, words=True)
+    assert marker is not None and marker.starts == ("left",)
+    text = "lefty cleft LEFTOVER " * 300 + "turn Left now"
+    assert [m.group() for m in marker.finditer(text)] == ["Left"]
+    assert make_snippet(text, marker, width=9) == "...n >>>Left<<< no..."
+    # Matches never overlap: the scan goes on where a match ends, as finditer does.
+    phrase_plan = plan_search('"a a"')
+    assert phrase_plan is not None
+    phrase = snippet_pattern(phrase_plan, words=True)
+    assert phrase is not None
+    assert [m.span() for m in phrase.finditer("a-a-a a")] == [(0, 3), (4, 7)]
