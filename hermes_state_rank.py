@@ -1161,8 +1161,14 @@ ABORT_MARGIN = 0.03
 # A phrase whose words are all indexed together in fewer rows than this many times the rows
 # wanted is taken for a rare phrase: FTS5 ranks it at once, without counting it first.
 PHRASE_PROBE = 4
-# Pending rows up to which their text is tokenized here; more are scored by FTS5 in one pass.
-TEXT_RESOLVE_ROWS = 48
+# What scoring pending rows costs, in µs (measured at 200,000 messages): from their text, per
+# row and per token; by FTS5 in one pass, per row of each word's list (it reads them all, for
+# the idf too; a phrase reads positions, about three times as much per word) and per row scored.
+TEXT_ROW_COST = 8.0
+TEXT_TOKEN_COST = 0.06
+FTS_LIST_ROW_COST = 0.08
+FTS_PHRASE_FACTOR = 3
+FTS_SCORED_ROW_COST = 3.0
 # The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
 # how many times that cut is widened (four times each) before they are all scored here.
 EVERYWHERE_FIRST_CUT = 48
@@ -1227,7 +1233,10 @@ class _Walk:
     pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
     seen: set[int] = field(default_factory=set)
     resolved: int = 0
-    fts_scores: bool = True  # scores carry idf, so FTS5's own may resolve pending rows
+    # What FTS5 costs to score pending rows (µs, before the rows it scores): None when scores
+    # leave out the idf, so FTS5's own cannot resolve them.
+    fts_cost: float | None = None
+    lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -1330,7 +1339,9 @@ class _Walk:
         ids = sorted(self.passing(candidates))
         if not ids:
             return bool(candidates)
-        if len(ids) <= TEXT_RESOLVE_ROWS or not self.fts_scores:
+        tokens = sum(self.lengths.get(i, round(self.avgdl)) for i in ids)
+        text_cost = TEXT_ROW_COST * len(ids) + TEXT_TOKEN_COST * tokens
+        if self.fts_cost is None or text_cost <= self.fts_cost + FTS_SCORED_ROW_COST * len(ids):
             self.resolve_texts(ids)
         else:
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
@@ -1390,11 +1401,11 @@ class _Walk:
         prove not to match, rows whose best case cannot enter the top, and rows failing the
         filters are dropped."""
         exact: dict[int, float] = {}
-        waiting: dict[int, float] = {}
+        waiting: dict[int, tuple[float, int]] = {}  # best case, length
         kth = self.kth()
         for row_id, epoch, *tokens in rows:
             if epoch != self.index.epoch:
-                waiting[row_id] = math.inf
+                waiting[row_id] = (math.inf, 0)  # length unknown
                 continue
             postings: dict[str, tuple[int, int]] = {}
             for word, token in zip(self.words, tokens, strict=True):
@@ -1415,11 +1426,16 @@ class _Walk:
                 best = self.score(upper, length)
                 if kth is not None and best < kth:
                     continue
-                (exact if settled else waiting)[row_id] = best
+                if settled:
+                    exact[row_id] = best
+                else:
+                    waiting[row_id] = (best, length)
         for row_id, score in exact.items():
             self.propose(score, row_id)
-        for row_id, best in waiting.items():
+        for row_id, (best, length) in waiting.items():
             heapq.heappush(self.pending, (-best, row_id))
+            if length:
+                self.lengths[row_id] = length
 
     def offer_single(self, postings: Sequence[tuple[str, int]], kth: float | None) -> None:
         """Rows of a one-word query: each posting's token gives the row's exact score."""
@@ -1561,6 +1577,7 @@ def _top_k(
     # A single word: no idf at all (it scales every score alike).
     scale_free = single
     idf_of = {p: 1.0 for p in distinct}
+    fts_cost: float | None = None
     everywhere: list[int] = []
     if not single:
         # Rows indexed under every word of the query (cheap to list, they need no idf yet):
@@ -1575,9 +1592,12 @@ def _top_k(
         # few thousand rows faster than any proof. The phrases' counts give their idf.
         if count(conj.match) <= EXACT_RANK_ROWS:
             return None
-        idf_of = {p: stats.idf(count(_phrase_match(p))) for p in distinct}
+        counts = {p: count(_phrase_match(p)) for p in distinct}
+        idf_of = {p: stats.idf(n) for p, n in counts.items()}
+        fts_cost = FTS_LIST_ROW_COST * sum(
+            n * (1 if len(p) == 1 else FTS_PHRASE_FACTOR * len(p)) for p, n in counts.items())
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], seen=outside[0], fts_scores=not scale_free)
+                 [idf_of[p] for p in conj.phrases], seen=outside[0], fts_cost=fts_cost)
     walk.resolve_texts(sorted(walk.passing(outside[1])))
     weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:

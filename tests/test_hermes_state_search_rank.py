@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 import hermes_state_rank as rank
 import hermes_state_search as search
+from bench.corpus import query_terms
+from bench.suite import Stores
 from hermes_state import SessionDB
 from state_helpers import assert_search_index_exact
 
@@ -150,6 +152,41 @@ def test_the_top_20_are_fts5s_own_bm25_order(
         assert got == fts5_order(corpus, query, **filters), (query, filters)
         through_index += bool(reads)
     assert through_index >= len(COMMON)  # the fast route did the work, not only FTS5
+
+
+@pytest.fixture(scope="module")
+def bench_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8,000 messages of the benchmark's corpus: enough long tool output that the best rows of
+    its two-word queries and phrases include rows whose postings leave a frequency open."""
+    return Stores(tmp_path_factory.mktemp("bench")).get(8_000)[0]
+
+
+@pytest.mark.parametrize("route", ["text", "fts5"])
+def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
+    bench_store: Path, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
+    # cost estimate, and either way the order is FTS5's.
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    for cost in ("TEXT_ROW_COST", "TEXT_TOKEN_COST"):
+        monkeypatch.setattr(rank, cost, 0.0 if route == "text" else 1e12)
+    terms = query_terms(seed=1)
+    by_fts5 = 0
+    with SessionDB(bench_store, read_only=True) as db:
+        for query in terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]:
+            statements: list[str] = []
+
+            def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
+                conn.set_trace_callback(statements.append)
+                try:
+                    return search.search_messages(conn, query)
+                finally:
+                    conn.set_trace_callback(None)
+
+            assert ids(db._read(run)) == fts5_order(db, query), query
+            by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
+    assert (by_fts5 > 0) == (route == "fts5")
 
 
 # Words that begin or end one another: a row's posting of one must never be read as the
