@@ -1121,15 +1121,18 @@ SELECT id, epoch, {tokens} FROM search_impact WHERE id IN (SELECT value FROM jso
 POSTED_TOKEN_TAIL = 48
 # The best rows indexed under every word of a query of single words, scored by SQLite from
 # their postings (a posting's key has four digits, so a word's frequency starts len(word) + 6
-# characters into its posting, and its length follows): a first cut, whose rows are scored
-# again exactly and checked against the filters; ``well_formed`` counts the rows it read.
-POSTED_TAIL_SQL = "substr(postings, nullif(instr(' ' || postings, ?), 0) + ?)"
+# characters into its posting, and its length follows; :data:`POSTED_NUMBERS` characters hold
+# both): a first cut, whose rows are scored again exactly and checked against the filters;
+# ``well_formed`` counts the rows it read. Each word's posting is cut once, into a short string.
+POSTED_NUMBERS = 24
+POSTED_TAIL_SQL = f"substr(postings, nullif(instr(' ' || postings, ?), 0) + ?, {POSTED_NUMBERS})"
 EVERYWHERE_TOP_SQL = """
 WITH t AS MATERIALIZED (
     SELECT id, {tails} FROM search_impact
-    WHERE id IN (SELECT value FROM json_each(?)) AND epoch = ? AND {present}),
-r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d FROM t)
-SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM t) AS well_formed FROM r
+    WHERE id IN (SELECT value FROM json_each(?)) AND epoch = ?),
+r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d FROM t
+      WHERE {present})
+SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM r) AS well_formed FROM r
 ORDER BY score DESC, id LIMIT ?
 """
 SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
