@@ -1013,6 +1013,16 @@ def _text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:
     return found
 
 
+def _lacks_a_word(texts: Sequence[str | None], words: Sequence[str]) -> bool:
+    """Whether ASCII texts lack one of the (ASCII, folded) words even as a substring, so that
+    no token of theirs is that word (most rows waiting on a word's frequency lack it)."""
+    present = [t for t in texts if t]
+    if not all(t.isascii() for t in present):
+        return False  # unicode61 folds some other characters onto ASCII letters
+    lowered = "\n".join(present).lower()
+    return any(word not in lowered for word in words)
+
+
 def _is_token_char(ch: str) -> bool:
     return ord(ch) >= 128 or ch.isalnum()
 
@@ -1162,7 +1172,7 @@ EXACT_RANK_ROWS = 12_000
 # word's postings down to this close to the threshold.
 ABORT_MARGIN = 0.03
 # A phrase whose words are all indexed together in fewer rows than this many times the rows
-# wanted is taken for a rare phrase: FTS5 ranks it at once, without counting it first.
+# wanted is ranked by FTS5: its best rows are mostly rows the index holds under some words only.
 PHRASE_PROBE = 4
 # What scoring pending rows costs, in µs (measured at 200,000 messages): from their text, per
 # row and per token; by FTS5 in one pass, per row of each word's list (it reads them all, for
@@ -1322,6 +1332,8 @@ class _Walk:
         rows = self.conn.execute(ROW_TEXT_SQL, (json.dumps(list(ids)),)).fetchall()
         for row_id, content, tool_name, tool_calls, sizes in rows:
             texts = (content, tool_name, tool_calls)
+            if _lacks_a_word(texts, self.words):
+                continue
             if sizes is not None:
                 folded = [_folded_text(t) for t in texts if t]
                 frequencies = [_text_frequency(folded, p) for p in self.conj.phrases]
@@ -1575,14 +1587,16 @@ def _top_k(
     if outside is None:
         return None
     # A single word: idf scales every score alike, so it is left out until a near tie needs
-    # it. Otherwise each phrase weighs its own idf, and a rare one is ranked by FTS5 at once.
+    # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
-    # A single word: no idf at all (it scales every score alike).
-    scale_free = single
     idf_of = {p: 1.0 for p in distinct}
     fts_cost: float | None = None
     everywhere: list[int] = []
     if not single:
+        # The count of the whole query decides first (:func:`_few_rows` counted it): FTS5
+        # ranks a few thousand rows faster than any proof.
+        if count(conj.match) <= EXACT_RANK_ROWS:
+            return None
         # Rows indexed under every word of the query (cheap to list, they need no idf yet):
         # too few, and the best rows cannot be proven from the index.
         words = dict.fromkeys(t for p in distinct for t in p)
@@ -1590,11 +1604,7 @@ def _top_k(
         everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
         if len(everywhere) < wanted * (PHRASE_PROBE if len(distinct) == 1 else 1):
             return None
-    if not scale_free:
-        # Then the count of the whole query decides (cheap when a word is rare): FTS5 ranks a
-        # few thousand rows faster than any proof. The phrases' counts give their idf.
-        if count(conj.match) <= EXACT_RANK_ROWS:
-            return None
+        # The phrases' counts give their idf.
         counts = {p: count(_phrase_match(p)) for p in distinct}
         idf_of = {p: stats.idf(n) for p, n in counts.items()}
         fts_cost = FTS_LIST_ROW_COST * sum(
@@ -1668,7 +1678,7 @@ def _top_k(
                 if fresh:
                     walk.settle([row_id for _, row_id in fresh])
         ranked = sorted((-score, -negated) for score, negated in walk.top)
-        if scale_free and _near_tie([s for s, _ in ranked]):
+        if single and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
             # idf, as FTS5 does; recompute them that way.
             idf = stats.idf(count(_phrase_match(distinct[0])))
