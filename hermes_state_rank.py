@@ -208,10 +208,10 @@ def _learn(chars: Iterable[str]) -> None:
                 _CHARS[ord(ch)] = term[1:-1]
 
 
-def _pieces(text: str) -> list[bytes]:
-    """The text split at ASCII separators, ASCII letters folded (bytes of other characters
-    kept as they are)."""
-    return text.encode().translate(_ASCII_FOLD_KEEP).split()
+def _pieces(text: str) -> list[str]:
+    """The text split at ASCII separators, ASCII letters folded (other characters kept as they
+    are)."""
+    return text.encode().translate(_ASCII_FOLD_KEEP).decode().split()
 
 
 def _tokens_of(text: str) -> list[str]:
@@ -231,15 +231,15 @@ def column_tokens(text: str | None) -> list[str]:
     return _tokens_of(text)
 
 
-def _row_counts(text: str) -> tuple[Counter[bytes], int]:
+def _row_counts(text: str) -> tuple[Counter[str], int]:
     """ASCII terms of a row's text with their frequencies, and its length in tokens."""
     pieces = _pieces(text)
     if text.isascii():
         return Counter(pieces), len(pieces)
     plain = [piece for piece in pieces if piece.isascii()]
     # The other pieces at once: they are separated anyway, and their order does not matter.
-    others = _tokens_of(b" ".join(piece for piece in pieces if not piece.isascii()).decode())
-    words = plain + [token.encode() for token in others if token.isascii()]
+    others = _tokens_of(" ".join(piece for piece in pieces if not piece.isascii()))
+    words = plain + [token for token in others if token.isascii()]
     return Counter(words), len(plain) + len(others)
 
 
@@ -285,13 +285,13 @@ def _postings_of(
     if not terms:
         return "", "", length
     # A posting's key depends on its frequency alone (the length is the row's): most are 1.
-    keys = {f: b"_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
+    keys = {f: "_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
             for f in set(frequencies)}
-    postings = b" ".join(map(bytes.__add__, terms, map(keys.__getitem__, frequencies)))
-    return postings.decode(), (postings + b" " + b" ".join(terms)).decode(), length
+    postings = " ".join(map(str.__add__, terms, map(keys.__getitem__, frequencies)))
+    return postings, postings + " " + " ".join(terms), length
 
 
-def _second(item: tuple[bytes, int]) -> int:
+def _second(item: tuple[str, int]) -> int:
     return item[1]
 
 
