@@ -37,10 +37,12 @@ against the filters, when the rest provably cannot enter the top); every other r
 phrase below the threshold, which bounds it, and the phrases' postings are read best first
 (for a phrase, those of its longest word: a phrase occurs at most as often as each of its
 words) until that bound falls below the k-th best. A row whose postings leave a frequency
-unknown waits with its best case, and is scored from its text — tokenized as FTS5 tokenizes it
-— or, many at once, by FTS5 itself, only if that best case can still enter the top. Scores use
-the current avgdl; A only orders the tokens, and the bounds allow for the difference (impact at
-most x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+unknown waits with its best case, and only if that best case can still enter the top is it
+scored, from its text (tokenized as FTS5 tokenizes it; text that lacks a word even as a
+substring is skipped) or, with others in one pass, by FTS5 itself, whichever the estimate
+(:data:`TEXT_ROW_COST` …) finds cheaper. Scores use the current avgdl; A only orders the
+tokens, and the bounds allow for the difference (impact at most x under A is at most x under
+avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
 Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same.
