@@ -920,11 +920,12 @@ _COUNTS_LOCK = threading.Lock()
 
 class _Counter:
     """Match counts for one search: cached for the rows at or below the boundary, counted
-    past the cached boundary (see :data:`ROW_CHANGES_SQL`)."""
+    past the cached boundary (see :data:`ROW_CHANGES_SQL`), each once per search."""
 
     def __init__(self, conn: sqlite3.Connection, index: _Index) -> None:
         self.conn = conn
         self.boundary = index.indexed
+        self.counted: dict[str, int] = {}
         self.key = self._key()
         # No cache for a file without a name (in memory) or without the change count (an
         # index of an older release that only a read-only handle sees: the next writable open
@@ -942,6 +943,11 @@ class _Counter:
         return None if row is None else (int(row[0]), int(row[1]))
 
     def __call__(self, expression: str) -> int:
+        if expression not in self.counted:
+            self.counted[expression] = self._count(expression)
+        return self.counted[expression]
+
+    def _count(self, expression: str) -> int:
         cached = None
         if self.file:
             with _COUNTS_LOCK:
@@ -1176,13 +1182,14 @@ ABORT_MARGIN = 0.03
 # A phrase whose words are all indexed together in fewer rows than this many times the rows
 # wanted is ranked by FTS5: its best rows are mostly rows the index holds under some words only.
 PHRASE_PROBE = 4
-# What scoring pending rows costs, in µs (measured at 200,000 messages): from their text, per
-# row and per token; by FTS5 in one pass, per row of each word's list (it reads them all, for
-# the idf too; a phrase reads positions, about three times as much per word) and per row scored.
+# What scoring rows costs, in µs (measured at 200,000 messages): from their text, per row and
+# per token; by FTS5 in one pass, per row of each word's list (it reads them all, for the idf
+# too; a phrase's words about half as much: its rarest word lets FTS5 skip through the others'
+# lists) and per row scored.
 TEXT_ROW_COST = 8.0
 TEXT_TOKEN_COST = 0.06
 FTS_LIST_ROW_COST = 0.08
-FTS_PHRASE_FACTOR = 3
+FTS_PHRASE_FACTOR = 0.5
 FTS_SCORED_ROW_COST = 3.0
 # The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
 # how many times that cut is widened (four times each) before they are all scored here.
@@ -1533,11 +1540,12 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     return _Counter(conn, index)(expression)
 
 
-# A query of several words or a phrase matching up to this many rows is scored here from its
-# rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
-# counts give.
+# A query of several words or a phrase matching up to this many rows may be scored here from
+# its rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
+# counts give; it is, when that scan costs more than reading the rows' text by estimate.
 FEW_ROWS = 400
 MATCHING_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
+SIZES_SQL = "SELECT sz FROM messages_fts_docsize WHERE id IN (SELECT value FROM json_each(?))"
 
 
 def _few_rows(
@@ -1553,14 +1561,28 @@ def _few_rows(
     """The best ``wanted`` rows of a query matching at most :data:`FEW_ROWS` rows, scored
     exactly from their text (None for more). It reads ``messages_fts`` only, so rows past
     the batch boundary and queued ones need nothing of their own."""
-    if count(conj.match) > FEW_ROWS:
+    rows = count(conj.match)
+    if rows > FEW_ROWS:
         return None
-    idfs = {p: stats.idf(count(_phrase_match(p))) for p in dict.fromkeys(conj.phrases)}
+    phrases = list(dict.fromkeys(conj.phrases))
+    idfs = {p: stats.idf(count(_phrase_match(p))) for p in phrases}
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idfs[p] for p in conj.phrases])
-    ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
-    walk.resolve_texts(sorted(walk.passing(ids)))
+    ids = sorted(walk.passing(r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))))
+    tokens = sum(sum(_varints(r[0])) for r in conn.execute(SIZES_SQL, (json.dumps(ids),)))
+    text_cost = TEXT_ROW_COST * len(ids) + TEXT_TOKEN_COST * tokens
+    if _fts_pass_cost(phrases, count) + FTS_SCORED_ROW_COST * rows < text_cost:
+        return None
+    walk.resolve_texts(ids)
     return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
+
+
+def _fts_pass_cost(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> float:
+    """What FTS5 costs (µs) to walk these phrases once and count each for its idf, before the
+    rows it scores: the rows of every word's list."""
+    return FTS_LIST_ROW_COST * sum(
+        count(_phrase_match((word,))) * (1 if len(phrase) == 1 else FTS_PHRASE_FACTOR)
+        for phrase in phrases for word in phrase)
 
 
 def _top_k(
@@ -1607,10 +1629,8 @@ def _top_k(
         if len(everywhere) < wanted * (PHRASE_PROBE if len(distinct) == 1 else 1):
             return None
         # The phrases' counts give their idf.
-        counts = {p: count(_phrase_match(p)) for p in distinct}
-        idf_of = {p: stats.idf(n) for p, n in counts.items()}
-        fts_cost = FTS_LIST_ROW_COST * sum(
-            n * (1 if len(p) == 1 else FTS_PHRASE_FACTOR * len(p)) for p, n in counts.items())
+        idf_of = {p: stats.idf(count(_phrase_match(p))) for p in distinct}
+        fts_cost = _fts_pass_cost(distinct, count)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[p] for p in conj.phrases], seen=outside[0], fts_cost=fts_cost)
     walk.resolve_texts(sorted(walk.passing(outside[1])))

@@ -724,6 +724,12 @@ WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM
 """
 
 
+def _match_count(conn: sqlite3.Connection, table: str, match: str) -> int:
+    if table == "messages_fts":
+        return rank.match_count(conn, match)  # cached counts
+    return int(conn.execute(COUNT_SQL.format(table=table), (match,)).fetchone()[0])
+
+
 def _ranked(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
     filters: str, params: list[str], wanted: int,
@@ -740,7 +746,7 @@ def _ranked(
         if len(ids) >= wanted or prefix >= 2**31:
             return ids
         # Too few passed the filters: unless the prefix was everything, rank further.
-        if conn.execute(COUNT_SQL.format(table=table), (match,)).fetchone()[0] <= prefix:
+        if _match_count(conn, table, match) <= prefix:
             return ids
         prefix *= 8
 
