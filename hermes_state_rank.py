@@ -1154,11 +1154,12 @@ SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM r) AS well_formed FR
 ORDER BY score DESC, id LIMIT ?
 """
 SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
-# A row's text, and its length in tokens as FTS5 keeps it (the column sizes in %_docsize).
+# The text of the rows that pass the filters, and their length in tokens as FTS5 keeps it (the
+# column sizes in %_docsize).
 ROW_TEXT_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
-LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
-WHERE m.id IN (SELECT value FROM json_each(?))
+JOIN sessions AS s ON s.id = m.session_id LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
+WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
 """
 # FTS5's own scores for chosen rows: the rowid test is kept out of FTS5's reach (+rowid), so
 # FTS5 walks the query once and scores only the rows that pass it.
@@ -1334,11 +1335,13 @@ class _Walk:
         return {r[0] for r in self.conn.execute(sql, (json.dumps(ids), *self.params))}
 
     def resolve_texts(self, ids: Sequence[int]) -> None:
-        """Exact scores from the rows' text (rows already known to pass the filters)."""
+        """Exact scores from the rows' text, for the rows among ``ids`` that pass the
+        filters."""
         if not ids:
             return
         self.resolved += len(ids)
-        rows = self.conn.execute(ROW_TEXT_SQL, (json.dumps(list(ids)),)).fetchall()
+        sql = ROW_TEXT_SQL.format(filters=self.filters)
+        rows = self.conn.execute(sql, (json.dumps(list(ids)), *self.params)).fetchall()
         for row_id, content, tool_name, tool_calls, sizes in rows:
             texts = (content, tool_name, tool_calls)
             if _lacks_a_word(texts, self.words):
@@ -1360,14 +1363,15 @@ class _Walk:
         candidates = []
         while self.pending and (floor is None or -self.pending[0][0] >= floor):
             candidates.append(heapq.heappop(self.pending)[1])
-        ids = sorted(self.passing(candidates))
-        if not ids:
-            return bool(candidates)
-        tokens = sum(self.lengths.get(i, round(self.avgdl)) for i in ids)
-        text_cost = TEXT_ROW_COST * len(ids) + TEXT_TOKEN_COST * tokens
-        if self.fts_cost is None or text_cost <= self.fts_cost + FTS_SCORED_ROW_COST * len(ids):
-            self.resolve_texts(ids)
-        else:
+        if not candidates:
+            return False
+        tokens = sum(self.lengths.get(i, round(self.avgdl)) for i in candidates)
+        text_cost = TEXT_ROW_COST * len(candidates) + TEXT_TOKEN_COST * tokens
+        fts_cost = None if self.fts_cost is None else (
+            self.fts_cost + FTS_SCORED_ROW_COST * len(candidates))
+        if fts_cost is None or text_cost <= fts_cost:
+            self.resolve_texts(sorted(candidates))
+        elif ids := sorted(self.passing(candidates)):
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
@@ -1579,7 +1583,7 @@ def _few_rows(
     if fts_cost < text_cost:
         return None
     ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
-    walk.resolve_texts(sorted(walk.passing(ids)))
+    walk.resolve_texts(sorted(ids))
     return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
 
 
@@ -1639,7 +1643,7 @@ def _top_k(
         fts_cost = _fts_pass_cost(distinct, count)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[p] for p in conj.phrases], seen=outside[0], fts_cost=fts_cost)
-    walk.resolve_texts(sorted(walk.passing(outside[1])))
+    walk.resolve_texts(sorted(outside[1]))
     weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the
