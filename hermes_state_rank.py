@@ -1567,21 +1567,22 @@ def _few_rows(
     count: Callable[[str], int],
 ) -> list[int] | None:
     """The best ``wanted`` rows of a query matching at most :data:`FEW_ROWS` rows, scored
-    exactly from their text (None for more). It reads ``messages_fts`` only, so rows past
-    the batch boundary and queued ones need nothing of their own."""
+    exactly from their text (None for more, or when FTS5 would rank them faster). It reads
+    ``messages_fts`` only, so rows past the batch boundary and queued ones need nothing of
+    their own."""
     rows = count(conj.match)
     if rows > FEW_ROWS:
         return None
     phrases = list(dict.fromkeys(conj.phrases))
-    idfs = {p: stats.idf(count(_phrase_match(p))) for p in phrases}
-    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idfs[p] for p in conj.phrases])
     # Both ways walk the phrases' lists to find the rows; FTS5 then walks them again, more
     # cheaply, for each phrase's idf, and scores the rows; here their text is read.
     text_cost = rows * (TEXT_ROW_COST + TEXT_TOKEN_COST * MATCH_LENGTH * stats.avgdl)
     fts_cost = FTS_IDF_SHARE * _fts_pass_cost(phrases, count) + FTS_SCORED_ROW_COST * rows
     if fts_cost < text_cost:
         return None
+    idfs = {p: stats.idf(count(_phrase_match(p))) for p in phrases}
+    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
+                 [idfs[p] for p in conj.phrases])
     ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
     walk.resolve_texts(sorted(ids))
     return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
