@@ -598,10 +598,12 @@ def make_snippet(
     ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and ellipses are not
     counted in ``width``. Without a match the snippet is the start of the text.
     """
-    if not isinstance(needles, Marker):
-        needles = list(needles or ())
-        needles = _marker([(needles, _needles_re(needles))])
-    matches = needles.finditer(text) if needles is not None else iter(())
+    if needles is None or isinstance(needles, Marker):
+        marker = needles
+    else:
+        listed = list(needles)
+        marker = _marker([(listed, _needles_re(listed))])
+    matches = marker.finditer(text) if marker is not None else iter(())
     return _window(text, next(matches, None), matches, max(width, 1))
 
 
