@@ -1618,20 +1618,20 @@ def _top_k(
         few = _few_rows(conn, conj, filters, params, wanted, index, stats, count)
         if few is not None:
             return few
-    outside = _outside_the_index(conn, conj, index)
-    if outside is None:
-        return None
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
+    # The count of a query of several words decides first (:func:`_few_rows` counted it):
+    # FTS5 ranks a few thousand rows faster than any proof.
+    if not single and count(conj.match) <= EXACT_RANK_ROWS:
+        return None
+    outside = _outside_the_index(conn, conj, index)
+    if outside is None:
+        return None
     idf_of = {p: 1.0 for p in distinct}
     fts_cost: float | None = None
     everywhere: list[int] = []
     if not single:
-        # The count of the whole query decides first (:func:`_few_rows` counted it): FTS5
-        # ranks a few thousand rows faster than any proof.
-        if count(conj.match) <= EXACT_RANK_ROWS:
-            return None
         # Rows indexed under every word of the query (cheap to list, they need no idf yet):
         # too few, and the best rows cannot be proven from the index.
         words = dict.fromkeys(t for p in distinct for t in p)
