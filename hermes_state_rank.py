@@ -249,6 +249,7 @@ def _reference_k(length: int, avgdl: float) -> float:
     return K1 * (1 - B + B * length / avgdl)
 
 
+@functools.lru_cache(maxsize=8192)
 def _least_frequency(length: int, avgdl: float) -> int:
     """The smallest term frequency whose impact reaches THRESHOLD in a row of ``length``."""
     k = _reference_k(length, avgdl)
