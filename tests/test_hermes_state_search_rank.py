@@ -107,8 +107,8 @@ def ids(hits: list[dict[str, Any]]) -> list[int]:
     return found
 
 
-def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
-    """Search, counting the reads of the impact index's postings."""
+def traced_search(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], list[str]]:
+    """Search: the hits' ids, and every statement the search ran."""
     statements: list[str] = []
 
     def run(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -118,8 +118,13 @@ def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
         finally:
             conn.set_trace_callback(None)
 
-    hits = db._read(run)
-    return ids(hits), sum("search_impact_vocab" in s for s in statements)
+    return ids(db._read(run)), statements
+
+
+def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
+    """Search, counting the reads of the impact index's postings."""
+    got, statements = traced_search(db, query, **kw)
+    return got, sum("search_impact_vocab" in s for s in statements)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,16 +180,8 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
     by_fts5 = 0
     with SessionDB(bench_store, read_only=True) as db:
         for query in terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]:
-            statements: list[str] = []
-
-            def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
-                conn.set_trace_callback(statements.append)
-                try:
-                    return search.search_messages(conn, query)
-                finally:
-                    conn.set_trace_callback(None)
-
-            assert ids(db._read(run)) == fts5_order(db, query), query
+            got, statements = traced_search(db, query)
+            assert got == fts5_order(db, query), query
             by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
     assert (by_fts5 > 0) == (route == "fts5")
 
@@ -222,17 +219,8 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
         scored = 0
         for query in NESTED_WORD_QUERIES:
             for filters in ({}, {"source_filter": ["telegram"]}):
-                statements: list[str] = []
-
-                def run(conn: sqlite3.Connection, query: str = query,
-                        filters: dict[str, Any] = filters) -> list[dict[str, Any]]:
-                    conn.set_trace_callback(statements.append)
-                    try:
-                        return search.search_messages(conn, query, **filters)
-                    finally:
-                        conn.set_trace_callback(None)
-
-                assert ids(db._read(run)) == fts5_order(db, query, **filters), (query, filters)
+                got, statements = traced_search(db, query, **filters)
+                assert got == fts5_order(db, query, **filters), (query, filters)
                 scored += any(re.search(r"FROM search_impact\s+WHERE id IN", s)
                               for s in statements)
         assert scored >= len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
@@ -600,16 +588,8 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
     only the rows written since, whatever the words."""
     for query in ('"session gateway"', "config token", '"w1 w2"', "retry cache"):
         corpus.search_messages(query)
-        statements: list[str] = []
-
-        def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
-            conn.set_trace_callback(statements.append)
-            try:
-                return search.search_messages(conn, query)
-            finally:
-                conn.set_trace_callback(None)
-
-        assert ids(corpus._read(run)) == fts5_order(corpus, query), query
+        got, statements = traced_search(corpus, query)
+        assert got == fts5_order(corpus, query), query
         boundary = corpus._read(rank.index_health)["indexed"]
         counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
@@ -647,16 +627,8 @@ def test_queries_matching_few_rows_rank_as_fts5_from_their_text(
     db.replace_messages("s1", rows)
     scored_here = 0
     for query in FEW_PHRASES:
-        statements: list[str] = []
-
-        def run(conn: sqlite3.Connection, query: str = query) -> list[dict[str, Any]]:
-            conn.set_trace_callback(statements.append)
-            try:
-                return search.search_messages(conn, query, limit=50)
-            finally:
-                conn.set_trace_callback(None)
-
-        got, expected = ids(db._read(run)), fts5_order(db, query, 50)
+        got, statements = traced_search(db, query, limit=50)
+        expected = fts5_order(db, query, 50)
         # Fewer than 50: the CJK index's own rows come after (a word glued to CJK text).
         assert got[: len(expected)] == expected, query
         plan = search.plan_search(query)
