@@ -150,7 +150,6 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
     return len(batch) / elapsed
 
 
-
 def store_append_rate(path: Path, batch: list[tuple[str, dict[str, Any]]]) -> float:
     """appends/s of ``batch`` through one SessionDB on ``path``, one transaction each."""
     with SessionDB(path) as db:
@@ -159,6 +158,7 @@ def store_append_rate(path: Path, batch: list[tuple[str, dict[str, Any]]]) -> fl
             db.append_message(sid, **kwargs)
         elapsed = time.perf_counter() - start
     return len(batch) / elapsed
+
 
 def store_append_cpu(path: Path, batch: list[tuple[str, dict[str, Any]]], *,
                      search_index: bool) -> float:
