@@ -160,18 +160,29 @@ def store_append_rate(path: Path, batch: list[tuple[str, dict[str, Any]]]) -> fl
     return len(batch) / elapsed
 
 
-def store_append_cpu(path: Path, batch: list[tuple[str, dict[str, Any]]], *,
-                     search_index: bool) -> float:
-    """CPU µs per append of ``batch`` through one SessionDB on ``path``; with
-    ``search_index`` False the handle first marks the impact index damaged, so the library
-    stops keeping it (its batches are what an append pays for it)."""
-    with SessionDB(path) as db:
-        if not search_index:
-            db._write(rank.mark_index_damaged)
-        start = time.process_time()
-        for sid, kwargs in batch:
-            db.append_message(sid, **kwargs)
-        return (time.process_time() - start) / len(batch) * 1e6
+CPU_BATCH_PERIODS = 16
+
+
+def append_cpu_kept_and_stopped(
+    root: Path, sessions: list[CorpusSession], batch: list[tuple[str, dict[str, Any]]]
+) -> tuple[float, float]:
+    """CPU µs per append of ``batch`` into two fresh stores in ``root``: ``kept.db`` keeps
+    the search index, ``stopped.db``'s handle first marks it damaged, so the library stops
+    keeping it (its batches are what an append pays for it). The two take turns a batch
+    period at a time, in alternating order, so that a machine whose speed drifts over seconds
+    weighs on both alike."""
+    fresh_store(root / "kept.db", sessions)
+    fresh_store(root / "stopped.db", sessions)
+    with SessionDB(root / "kept.db") as kept, SessionDB(root / "stopped.db") as stopped:
+        stopped._write(rank.mark_index_damaged)
+        spent = {id(kept): 0.0, id(stopped): 0.0}
+        for turn, start in enumerate(range(0, len(batch), rank.FLUSH_ROWS)):
+            for db in (kept, stopped) if turn % 2 == 0 else (stopped, kept):
+                began = time.process_time()
+                for sid, kwargs in batch[start:start + rank.FLUSH_ROWS]:
+                    db.append_message(sid, **kwargs)
+                spent[id(db)] += time.process_time() - began
+    return spent[id(kept)] / len(batch) * 1e6, spent[id(stopped)] / len(batch) * 1e6
 
 
 def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> list[Figure]:
@@ -190,14 +201,15 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
         lambda: raw_append_rate(sessions, batch, triggers=True), repeats,
     )
 
-    def cpu(search_index: bool) -> Callable[[], float]:
-        def run() -> float:
-            with scratch_dir() as d:
-                fresh_store(d / "state.db", sessions)
-                return store_append_cpu(d / "state.db", batch, search_index=search_index)
-        return run
-
-    kept, stopped, kept_ratios = paired(cpu(True), cpu(False), repeats)
+    # Whole batch periods, so that every message appended to the kept store is indexed.
+    cpu_batch, cpu_sessions = append_batch(corpus, CPU_BATCH_PERIODS * rank.FLUSH_ROWS)
+    cpu = []
+    for _ in range(repeats):
+        with scratch_dir() as d:
+            cpu.append(append_cpu_kept_and_stopped(d, cpu_sessions, cpu_batch))
+    kept, stopped = (statistics.median(side) for side in zip(*cpu))
+    kept_ratios = [k / s for k, s in cpu]
+    kept_ratio = statistics.median(kept_ratios)
     return [
         Figure("B1", "append_message, one transaction each", o, r, "appends/s", o / r,
                (min(ratios), max(ratios)), "≥ 0.80× raw", o / r >= 0.80,
@@ -207,8 +219,9 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
                (1 / max(bare_ratios), 1 / min(bare_ratios)),
                "report (ratio < 1: the triggers' share of an append)", None),
         Figure("B1", "append_message CPU, search index kept vs stopped", kept, stopped,
-               "µs/append", kept / stopped, (min(kept_ratios), max(kept_ratios)),
-               "≤ 1.10× (the index costs appends ≤ 10%)", kept / stopped <= 1.10),
+               "µs/append", kept_ratio, (min(kept_ratios), max(kept_ratios)),
+               "≤ 1.10× (the index costs appends ≤ 10%)", kept_ratio <= 1.10,
+               {"messages": len(cpu_batch)}),
     ]
 
 
