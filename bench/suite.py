@@ -160,6 +160,8 @@ def store_append_rate(path: Path, batch: list[tuple[str, dict[str, Any]]]) -> fl
     return len(batch) / elapsed
 
 
+# The CPU figure's batch, in batch periods: whole ones, so that every message the kept store
+# takes is indexed.
 CPU_BATCH_PERIODS = 16
 
 
@@ -186,8 +188,9 @@ def append_cpu_kept_and_stopped(
 
 
 def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> list[Figure]:
-    """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw; and
-    what the FTS sync triggers cost, raw with them vs raw without."""
+    """appends/s of SessionDB.append_message vs the same BEGIN/UPDATE/INSERT/COMMIT raw; what
+    the FTS sync triggers cost, raw with them vs raw without; and the CPU an append pays for
+    the search index (see :func:`append_cpu_kept_and_stopped`)."""
     batch, sessions = append_batch(corpus, n_messages)
 
     def ours() -> float:
@@ -201,7 +204,6 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
         lambda: raw_append_rate(sessions, batch, triggers=True), repeats,
     )
 
-    # Whole batch periods, so that every message appended to the kept store is indexed.
     cpu_batch, cpu_sessions = append_batch(corpus, CPU_BATCH_PERIODS * rank.FLUSH_ROWS)
     cpu = []
     for _ in range(repeats):
