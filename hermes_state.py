@@ -449,14 +449,16 @@ class SessionDB:
     # --- reads --------------------------------------------------------------------------------
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` under the handle's lock; SQLite errors become typed errors.
+        """Run ``fn(conn)`` under the handle's lock, in one read transaction (every statement
+        of it sees the same snapshot); SQLite errors become typed errors.
 
         Corruption a read meets in the record itself (not only in an index) quarantines a
         writable handle as a write would: the file is proven damaged either way."""
         with self._lock:
             self._check_open()
             try:
-                return fn(self._conn)
+                with common.read_transaction(self._conn):
+                    return fn(self._conn)
             except sqlite3.Error as exc:
                 damaged = errors.is_corruption_error(exc) and not self.read_only
                 if damaged and not self._fts_only(exc):

@@ -72,6 +72,7 @@ __all__ = [
     "make_private_dir",
     "cannot_create",
     "transaction",
+    "read_transaction",
     "DB_FILENAME",
     "DELIVERY_OBLIGATIONS_SQL",
     "FTS_SQL",
@@ -664,6 +665,25 @@ def transaction(
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+
+
+@contextlib.contextmanager
+def read_transaction(conn: sqlite3.Connection, /) -> Iterator[sqlite3.Connection]:
+    """One read transaction around a read of several statements, so that they all see the
+    same snapshot: outside a transaction each statement sees the latest commit, which may land
+    between two of them (a search would pick ids in one state and fetch the rows in another).
+    Inside an open transaction, that one."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 @functools.cache
