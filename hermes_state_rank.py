@@ -519,14 +519,19 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     queued = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
     if not gone and not queued:
         return 0
+    # Each id's postings are removed once, deleted or queued alike: an id deleted and written
+    # again (an id in a gap) is in both lists, and the queued row's removal covers the deleted
+    # one's, so the id leaves both (purged later, it would take the new row's postings).
+    stale = {row_id: (epoch, postings)
+             for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]}
     try:
         with transaction(conn):  # a savepoint in the caller's transaction
-            for row_id, epoch, postings in [*gone, *(q[:3] for q in queued)]:
+            for row_id, (epoch, postings) in stale.items():
                 # Only rows of this epoch are in the FTS5 table (an older epoch's are not).
                 if postings and epoch == index.epoch:
                     conn.execute(FTS_REMOVE_SQL, (row_id, index_text(postings)))
                 conn.execute(REMOVE_ROW_SQL, (row_id,))
-            conn.executemany(UNGONE_SQL, [(g[0],) for g in gone])
+            conn.executemany(UNGONE_SQL, [(row_id,) for row_id in stale])
             conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
     except (sqlite3.Error, MemoryError) as exc:
         if not _index_error(exc):

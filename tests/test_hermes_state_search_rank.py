@@ -485,6 +485,30 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     assert reads and got == exact(small, "gateway")
 
 
+def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
+    small: SessionDB, db_path: Path
+) -> None:
+    """Another client deletes more rows than one drain purges and writes the last id again:
+    the queued row is indexed first, and the purge of the deleted ids must not take its
+    postings with the old row's."""
+    first = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    last = first + 3 * rank.DRAIN_PER_WRITE - 1
+    assert last <= small._read(rank.index_health)["indexed"]
+    conn = raw(db_path)
+    conn.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (first, last))
+    conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
+                 " VALUES (?, 's1', 'user', 'zebra zebra', 0)", (last,))
+    conn.close()
+    for _ in range(8 * rank.CHECK_EVERY):  # the library's writes drain both queues
+        small.append_message("s1", "user", "drain the queues")
+    health = small._read(rank.index_health)
+    assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
+    got, reads = impact_reads(small, "zebra")
+    assert reads and got[0] == last and got == exact(small, "zebra")
+    small.close()
+    assert_search_index_exact(db_path)
+
+
 def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_open(
     small: SessionDB, db_path: Path
 ) -> None:
