@@ -402,11 +402,21 @@ class SessionDB:
     def _retrying(self, attempt: Callable[[bool], T], kind: writes.WriteKind) -> T:
         """``attempt(detach_index)`` until it succeeds or the verdict on its error ends it."""
         policy = _retry_policy(kind)
-        start, attempts, detach_index = time.monotonic(), 1, False
+        start, attempts, detach_index, search_index_dropped = time.monotonic(), 1, False, False
         while True:
             try:
                 return attempt(detach_index)
             except (sqlite3.Error, MemoryError) as exc:
+                if not search_index_dropped and rank.missing_index_object(exc):
+                    # A table of the search index is gone, and its triggers fail every write
+                    # of messages: the rest of it is dropped too, so that the write goes
+                    # through; the next writable open creates it anew (searches rank with
+                    # FTS5 meanwhile).
+                    logger.warning("search index incomplete (%s); dropping it from %s until "
+                                   "the next open", exc, self.path)
+                    self._write(rank.drop_index)
+                    search_index_dropped = True
+                    continue
                 verdict = writes.classify(
                     exc, index_detached=detach_index, fts_only=self._fts_only
                 )

@@ -82,11 +82,15 @@ as it is. Until the fill is done searches rank with FTS5 and sort by time withou
 **Consistency and damage.** Every index has an epoch, in ``search_impact_state``, in each row
 of ``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
 checks that they agree, so a copy of the file that kept one table without the other (a salvage
-that skips virtual tables) is never trusted. Errors from the impact index never reach a
-canonical write: the index is marked damaged and left alone, searches rank with FTS5, and the
-next writable open replaces it with an empty one of a new epoch and fills it
-(:func:`reset_index`). A search that finds it damaged or inconsistent says so
-(:func:`damage_noticed`); a writable handle then marks it, through its own retried write.
+that skips virtual tables) is never trusted; nor is a state row holding what the library
+never writes, or a row indexed in the FTS5 table without its postings. Errors from the impact
+index never reach a canonical write: the index is marked damaged and left alone, searches rank
+with FTS5, and the next writable open replaces it with an empty one of a new epoch and fills
+it (:func:`reset_index`). A search that finds it damaged or inconsistent says so
+(:func:`damage_noticed`); a writable handle then marks it, through its own retried write. A
+table of it dropped under an open handle makes the triggers fail every write of messages: the
+handle's write that meets it drops the rest (:func:`missing_index_object`) and goes through,
+and the next writable open creates the index anew.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ __all__ = [
     "after_insert",
     "drain_queue",
     "missing_objects",
+    "missing_index_object",
     "drop_index",
     "create_index",
     "ensure_index",
@@ -332,9 +337,20 @@ SELECT epoch, avgdl, indexed, fill_high_water, fill_progress, damaged FROM searc
 """
 
 
+# The state of an index whose state row holds what the library never writes: damaged.
+_MALFORMED = _Index(0, IMPACT_DEFAULT_AVGDL, 0, None, None, True)
+
+
 def _index_of(row: Sequence[Any]) -> _Index:
-    """The state from the first six columns of a row read by :data:`STATE_SQL`'s select."""
-    return _Index(int(row[0]), float(row[1]), int(row[2]), row[3], row[4], bool(row[5]))
+    """The state from the first six columns of a row read by :data:`STATE_SQL`'s select; a
+    damaged one for values the library never writes (a reference length that is not a
+    positive number, ids that are not whole numbers)."""
+    epoch, avgdl, indexed, high_water, progress, damaged = row[:6]
+    numbers = (epoch, indexed, *(v for v in (high_water, progress) if v is not None))
+    if (not all(type(v) is int for v in numbers) or type(avgdl) not in (int, float)
+            or not math.isfinite(avgdl) or avgdl <= 0 or indexed < 0):
+        return _MALFORMED
+    return _Index(epoch, float(avgdl), indexed, high_water, progress, bool(damaged))
 
 
 def _index_state(conn: sqlite3.Connection) -> _Index | None:
@@ -378,10 +394,36 @@ def mark_index_damaged(conn: sqlite3.Connection) -> None:
             raise  # else a file without the index: the next open creates it whole
 
 
+class IndexMismatch(Exception):
+    """The index's tables disagree: a row one of them indexes is missing from another."""
+
+
+# What a damaged index can raise: SQLite's errors, Python's on values in its tables that the
+# library did not write, and a mismatch between its tables (:func:`_index_error` tells which
+# mean the index is at fault).
+INDEX_FAULTS = (sqlite3.Error, MemoryError, ValueError, TypeError, ArithmeticError,
+                IndexMismatch)
+# An object SQLite names missing: a statement's own table, or one a trigger writes.
+_MISSING_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
+
+
+def missing_index_object(exc: BaseException) -> bool:
+    """Whether ``exc`` says one of the index's own tables is missing (its triggers then fail
+    every write of the rows they watch, until the index is dropped)."""
+    found = _MISSING_TABLE.search(str(exc)) if isinstance(exc, sqlite3.OperationalError) else None
+    return found is not None and found.group(1) in (*INDEX_OBJECTS, *_FTS_SHADOWS)
+
+
 def _index_error(exc: BaseException) -> bool:
-    """Errors that mean the impact index itself is unusable (garbage in an FTS5 structure can
-    also read as out of memory)."""
-    return isinstance(exc, MemoryError) or is_corruption_error(exc)
+    """Errors that mean the impact index itself is unusable: corruption (garbage in an FTS5
+    structure can also read as out of memory), one of its tables missing, FTS5 refusing its
+    table's format, or values in its tables the library did not write."""
+    if isinstance(exc, (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)):
+        return True
+    if not isinstance(exc, sqlite3.Error) or is_sqlite_lock_error(exc):
+        return False
+    return (is_corruption_error(exc) or missing_index_object(exc)
+            or "invalid fts5 file format" in str(exc))
 
 
 # The key of a posting (``_kkkk_f_D``), ending where the token does.
@@ -436,9 +478,10 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
         if is_sqlite_lock_error(exc):
             raise
         return  # a file without the index: the next open creates it
-    if row is None or row[5]:
+    index = None if row is None else _index_of(row)
+    if index is None or index.damaged:
         return  # no index, or a damaged one
-    index, waiting = _index_of(row), bool(row[6])
+    waiting = bool(row[6])
     if row_id - index.indexed >= FLUSH_ROWS:
         _flush(conn, index)
     if waiting:
@@ -464,24 +507,26 @@ def _write_postings(
     rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
-    into the blocks, all or nothing; False (the index marked damaged) when the index fails."""
+    into the blocks, all or nothing; False (the index marked damaged) when the index fails —
+    or when a row holds what the library never writes (text that is not text, a time that is
+    not a number: another client's), whose postings it cannot compute exactly."""
     postings: list[tuple[int, int, str]] = []
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
-    for row_id, content, tool_name, tool_calls, stamp in rows:
-        text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl)
-        postings.append((row_id, index.epoch, text))
-        if text:
-            fts_rows.append((row_id, indexed))
-        if stamp is not None:
-            first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
-            blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
     try:
+        for row_id, content, tool_name, tool_calls, stamp in rows:
+            text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl)
+            postings.append((row_id, index.epoch, text))
+            if text:
+                fts_rows.append((row_id, indexed))
+            if stamp is not None:
+                first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
+                blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
         with transaction(conn):  # a savepoint in the caller's transaction
             conn.executemany(ADD_ROW_SQL, postings)
             conn.executemany(FTS_ADD_SQL, fts_rows)
             conn.executemany(TIME_BLOCK_SQL, [(b, lo, hi) for b, (lo, hi) in blocks.items()])
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
@@ -533,7 +578,7 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
                 conn.execute(REMOVE_ROW_SQL, (row_id,))
             conn.executemany(UNGONE_SQL, [(row_id,) for row_id in stale])
             conn.executemany(UNQUEUE_SQL, [(q[0],) for q in queued])
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         _mark_damaged(conn, exc)
@@ -653,7 +698,7 @@ def reset_index(conn: sqlite3.Connection) -> bool:
                 "INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')"
             )
             _start(conn, avgdl)
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         logger.warning("search impact index cannot be reset (%s); ranking uses FTS5", exc)
@@ -719,7 +764,7 @@ def _needs_reset(conn: sqlite3.Connection) -> bool:
         return True
     try:
         return not _consistent(conn, index)
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         return True
@@ -736,14 +781,22 @@ TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks WHERE
 def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]:
     """Ranges of message ids with bounds of their messages' times, (first id, last id, first
     time, last time), covering every id: the blocks up to the batch boundary, then the ids past
-    it, whose times are not bounded yet. One range of everything while a fill is due."""
+    it, whose times are not bounded yet. One range of everything while a fill is due, and
+    for an index that is damaged."""
+    everything = [(0, 2**62, -math.inf, math.inf)]
     index = _index_state(conn)
-    if index is None or index.fill_high_water is not None:
-        return [(0, 2**62, -math.inf, math.inf)]
-    ranges = [(block << TIME_BLOCK_SHIFT, min(((block + 1) << TIME_BLOCK_SHIFT) - 1,
-                                               index.indexed), first_at, last_at)
-              for block, first_at, last_at in conn.execute(
-                  TIME_BLOCKS_SQL, (index.indexed >> TIME_BLOCK_SHIFT,))]
+    if index is None or not index.whole:
+        return everything
+    try:
+        blocks = conn.execute(TIME_BLOCKS_SQL, (index.indexed >> TIME_BLOCK_SHIFT,)).fetchall()
+        ranges = [(block << TIME_BLOCK_SHIFT, min(((block + 1) << TIME_BLOCK_SHIFT) - 1,
+                                                   index.indexed), float(first_at), float(last_at))
+                  for block, first_at, last_at in blocks]
+    except INDEX_FAULTS as exc:
+        if not _index_error(exc):
+            raise
+        _damage_noticed.set(True)
+        return everything
     ranges.append((index.indexed + 1, 2**62, -math.inf, math.inf))
     return ranges
 
@@ -802,7 +855,7 @@ def index_problem(conn: sqlite3.Connection) -> str | None:
         conn.execute(INTEGRITY_CHECK_SQL)
         if not _consistent(conn, index):
             return "its tables belong to different epochs"
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if isinstance(exc, sqlite3.Error) and is_sqlite_lock_error(exc):
             raise
         return f"{type(exc).__name__}: {exc}"
@@ -822,7 +875,7 @@ def index_health(conn: sqlite3.Connection) -> dict[str, object]:
                 "gone": None}
     try:
         usable = index.whole and _consistent(conn, index)
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         usable = False
@@ -1384,9 +1437,13 @@ class _Walk:
         return True
 
     def settle(self, ids: Sequence[int]) -> None:
-        """Score new candidate rows (see :meth:`score_rows`)."""
+        """Score new candidate rows (see :meth:`score_rows`): rows ``search_impact_fts``
+        indexes, so each has its postings in ``search_impact``, or the two disagree."""
         sql, params = self.postings_sql
-        self.score_rows(self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall())
+        rows = self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall()
+        if len(rows) < len(set(ids)):
+            raise IndexMismatch(f"{len(set(ids)) - len(rows)} indexed rows without postings")
+        self.score_rows(rows)
 
     def settle_everywhere(self, ids: Sequence[int]) -> None:
         """Score the rows indexed under every word of a query of single words (all their
@@ -1533,7 +1590,7 @@ def top_k(
         return None
     try:
         return _top_k(conn, conj, filters, params, wanted)
-    except (sqlite3.Error, MemoryError) as exc:
+    except INDEX_FAULTS as exc:
         if not _index_error(exc):
             raise
         logger.warning("search impact index unreadable (%s); ranking with FTS5", exc)
@@ -1545,9 +1602,14 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     """How many rows of ``messages_fts`` match ``expression``: through the cached counts when
     the impact index is whole (see :data:`ROW_CHANGES_SQL`), else counted outright."""
     index = _index_state(conn)
-    if index is None or not index.whole:
-        return _count(conn, "messages_fts", expression)
-    return _Counter(conn, index)(expression)
+    if index is not None and index.whole:
+        try:
+            return _Counter(conn, index)(expression)
+        except INDEX_FAULTS as exc:
+            if not _index_error(exc):
+                raise
+            _damage_noticed.set(True)
+    return _count(conn, "messages_fts", expression)
 
 
 # A query of several words or a phrase matching up to this many rows may be scored here from

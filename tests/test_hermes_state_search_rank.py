@@ -532,6 +532,69 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     assert_search_index_exact(db_path)
 
 
+# Damage to the impact index under an open handle: parts of it dropped, emptied or holding
+# values the library never writes.
+IMPACT_DAMAGE = {
+    "queue dropped": "DROP TABLE search_impact_queue",
+    "deleted-ids list dropped": "DROP TABLE search_impact_gone",
+    "postings table dropped": "DROP TABLE search_impact",
+    "state dropped": "DROP TABLE search_impact_state",
+    "time blocks dropped": "DROP TABLE search_time_blocks",
+    "change count dropped": "DROP TABLE search_row_changes",
+    "FTS5 table's config emptied": "DELETE FROM search_impact_fts_config",
+    "postings emptied, their FTS5 rows kept": "DELETE FROM search_impact",
+    "reference length 0": "UPDATE search_impact_state SET avgdl = 0",
+    "reference length text": "UPDATE search_impact_state SET avgdl = 'abc'",
+    "reference length negative": "UPDATE search_impact_state SET avgdl = -5",
+    "boundary text": "UPDATE search_impact_state SET indexed = 'x'",
+    "postings as blobs": "UPDATE search_impact SET postings = CAST(postings AS BLOB)",
+    "postings garbled": "UPDATE search_impact SET postings = replace(postings, '_', '_x')",
+    "time bounds text": "UPDATE search_time_blocks SET first_at = 'soon'",
+}
+DAMAGE_QUERIES = ["session", "session gateway", '"session gateway"', "gateway config token"]
+
+
+@pytest.mark.parametrize("damage", sorted(IMPACT_DAMAGE))
+def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_fails_a_write(
+    small: SessionDB, db_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """Searches rank as FTS5 does (never as substring hits), the library's writes and other
+    clients' go on, and a writable open after the damage was found replaces the index."""
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 10)  # the impact index's routes, on 300 rows
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    newest = small.search_messages("session", sort="newest", limit=30)
+    conn = raw(db_path)
+    conn.execute(IMPACT_DAMAGE[damage])
+    conn.close()
+    for query in DAMAGE_QUERIES:
+        hits = small.search_messages(query)
+        assert ids(hits) == exact(small, query), (damage, query)
+        assert all("match" not in hit for hit in hits), (damage, query)
+    assert ids(small.search_messages("session", sort="newest", limit=30)) == ids(newest)
+    for n in range(rank.FLUSH_ROWS + 2 * rank.CHECK_EVERY):  # a batch and drains are due
+        small.append_message("s1", "user", f"session gateway after the damage {n}")
+    conn = raw(db_path)
+    conn.execute("UPDATE messages SET content = 'session edited' WHERE id = "
+                 "(SELECT min(id) FROM messages)")  # another client's write
+    conn.close()
+    for query in DAMAGE_QUERIES:
+        assert ids(small.search_messages(query)) == exact(small, query), (damage, query)
+    assert not small.quarantined
+    small.close()
+    with SessionDB(db_path) as reopened:  # what this handle's FTS5 kept in memory is gone
+        for query in DAMAGE_QUERIES:
+            assert ids(reopened.search_messages(query)) == exact(reopened, query)
+        reopened.append_message("s1", "user", "a write marks what the searches found")
+    with SessionDB(db_path) as repaired:
+        if repaired._rebuild_thread is not None:
+            repaired._rebuild_thread.join(30)
+        assert repaired._read(rank.index_health)["usable"], damage
+        for query in DAMAGE_QUERIES:
+            got, reads = impact_reads(repaired, query)
+            assert reads and got == exact(repaired, query), (damage, query)
+    assert_search_index_exact(db_path)
+
+
 def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_path: Path) -> None:
     """A salvage that skips virtual tables keeps the postings rows but not the index."""
     conn = raw(db_path)
