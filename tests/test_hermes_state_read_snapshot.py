@@ -30,29 +30,41 @@ def rewritten(db_path: Path) -> Iterator[tuple[SessionDB, SessionDB]]:
             yield reader, writer
 
 
-def commit_before_statement(
-    reader: SessionDB, nth: int, commit: Callable[[], None]
-) -> Callable[[str], None]:
+class CommitBefore:
     """A trace callback for the reader's connection that runs ``commit`` (on another
-    connection) just before the reader's ``nth`` statement, once."""
-    seen = [0]
+    connection) just before the reader's ``nth`` statement; ``landed`` says whether it ran
+    (a read of fewer statements leaves it unrun)."""
 
-    def trace(statement: str) -> None:
-        seen[0] += 1
-        if seen[0] == nth:
-            commit()
+    def __init__(self, nth: int, commit: Callable[[], None]) -> None:
+        self.nth, self.commit, self.seen, self.landed = nth, commit, 0, False
 
-    return trace
+    def __call__(self, statement: str) -> None:
+        self.seen += 1
+        if self.seen == self.nth:
+            self.commit()
+            self.landed = True
 
 
-def statements_of(reader: SessionDB, call: Callable[[], object]) -> int:
-    statements: list[str] = []
-    reader._conn.set_trace_callback(statements.append)
-    try:
-        call()
-    finally:
-        reader._conn.set_trace_callback(None)
-    return len(statements)
+def reads_with_a_commit_before_each_statement(
+    reader: SessionDB, read: Callable[[], object], commit: Callable[[], None],
+    check: Callable[[int, object], None], undo: Callable[[], None] = lambda: None,
+) -> int:
+    """``read()`` again and again, ``commit`` landing before its first statement, then its
+    second, and so on to its last; ``check(nth, result)`` each result, ``undo()`` each
+    commit. Returns how many statements the read had."""
+    nth = 0
+    while True:
+        nth += 1
+        trace = CommitBefore(nth, commit)
+        reader._conn.set_trace_callback(trace)
+        try:
+            result = read()
+        finally:
+            reader._conn.set_trace_callback(None)
+        check(nth, result)
+        if not trace.landed:
+            return nth - 1
+        undo()
 
 
 def s0_ids(path: Path) -> set[int]:
@@ -67,22 +79,20 @@ def test_a_search_sees_one_state_whatever_statement_a_commit_lands_before(
     rewritten: tuple[SessionDB, SessionDB], db_path: Path
 ) -> None:
     reader, writer = rewritten
-    nth = 0
-    while True:  # until the search has fewer statements than nth
-        nth += 1
-        before = s0_ids(db_path)
-        reader._conn.set_trace_callback(
-            commit_before_statement(reader, nth, lambda: writer.replace_messages("s0", BEST)))
-        try:
-            hits = [h["id"] for h in reader.search_messages("deploy", limit=20)]
-        finally:
-            reader._conn.set_trace_callback(None)
-        after = s0_ids(db_path)
-        assert len(hits) == 20 and len(set(hits)) == 20, (nth, hits)
-        assert set(hits) <= before or set(hits) <= after, (nth, hits)
-        if before == after:
-            break
-    assert nth > 5, "the commit landed before each of the search's statements in turn"
+    states: list[set[int]] = [s0_ids(db_path)]
+
+    def rewrite() -> None:
+        writer.replace_messages("s0", BEST)
+        states.append(s0_ids(db_path))
+
+    def check(nth: int, hits: object) -> None:
+        assert isinstance(hits, list)
+        found = {h["id"] for h in hits}
+        assert len(hits) == 20 and len(found) == 20, (nth, hits)
+        assert found <= states[-1] or (len(states) > 1 and found <= states[-2]), nth
+
+    read = lambda: reader.search_messages("deploy", limit=20)  # noqa: E731
+    assert reads_with_a_commit_before_each_statement(reader, read, rewrite, check) > 5
 
 
 def move_one_message(path: Path, source: str, target: str) -> None:
@@ -99,17 +109,16 @@ def test_an_export_sees_one_state_whatever_statement_a_commit_lands_before(
     rewritten: tuple[SessionDB, SessionDB], db_path: Path
 ) -> None:
     reader, _ = rewritten
-    total = statements_of(reader, reader.export_all)
-    assert total > 3
-    for nth in range(1, total + 1):
-        reader._conn.set_trace_callback(commit_before_statement(
-            reader, nth, lambda: move_one_message(db_path, "s0", "s1")))
-        try:
-            exported = {e["id"]: len(e["messages"]) for e in reader.export_all()}
-        finally:
-            reader._conn.set_trace_callback(None)
-        move_one_message(db_path, "s1", "s0")
-        assert exported in ({"s0": 30, "s1": 300}, {"s0": 29, "s1": 301}), (nth, exported)
+
+    def check(nth: int, exported: object) -> None:
+        assert isinstance(exported, list)
+        counts = {e["id"]: len(e["messages"]) for e in exported}
+        assert counts in ({"s0": 30, "s1": 300}, {"s0": 29, "s1": 301}), (nth, counts)
+
+    statements = reads_with_a_commit_before_each_statement(
+        reader, reader.export_all, lambda: move_one_message(db_path, "s0", "s1"), check,
+        undo=lambda: move_one_message(db_path, "s1", "s0"))
+    assert statements > 3
 
 
 REWRITER = """
