@@ -403,6 +403,9 @@ class IndexMismatch(Exception):
 # mean the index is at fault).
 INDEX_FAULTS = (sqlite3.Error, MemoryError, ValueError, TypeError, ArithmeticError,
                 IndexMismatch)
+# FTS5 refusing its table's format; text another client stored that is not UTF-8, which
+# the index's reads of messages cannot hand over (its postings cannot be computed).
+_INDEX_ERROR_SIGNS = ("invalid fts5 file format", "Could not decode to UTF-8")
 # An object SQLite names missing: a statement's own table, or one a trigger writes.
 _MISSING_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
 
@@ -417,13 +420,14 @@ def missing_index_object(exc: BaseException) -> bool:
 def _index_error(exc: BaseException) -> bool:
     """Errors that mean the impact index itself is unusable: corruption (garbage in an FTS5
     structure can also read as out of memory), one of its tables missing, FTS5 refusing its
-    table's format, or values in its tables the library did not write."""
+    table's format, or values in its tables (or in messages, for its postings) the library did
+    not write."""
     if isinstance(exc, (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)):
         return True
     if not isinstance(exc, sqlite3.Error) or is_sqlite_lock_error(exc):
         return False
     return (is_corruption_error(exc) or missing_index_object(exc)
-            or "invalid fts5 file format" in str(exc))
+            or any(sign in str(exc) for sign in _INDEX_ERROR_SIGNS))
 
 
 # The key of a posting (``_kkkk_f_D``), ending where the token does.
@@ -497,9 +501,21 @@ LIMIT ?
 
 def _flush(conn: sqlite3.Connection, index: _Index) -> None:
     """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them."""
-    rows = conn.execute(UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS)).fetchall()
+    rows = _index_read(conn, UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS))
     if rows and _write_postings(conn, index, rows):
         conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
+
+
+def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Any] | None:
+    """The rows of one of the index's own reads (the caller's write transaction); None, the
+    index marked damaged, when the index or the rows it reads fail it."""
+    try:
+        return conn.execute(sql, args).fetchall()
+    except INDEX_FAULTS as exc:
+        if not _index_error(exc):
+            raise
+        _mark_damaged(conn, exc)
+        return None
 
 
 def _write_postings(
@@ -561,7 +577,9 @@ def drain_queue(conn: sqlite3.Connection, limit: int) -> int:
     if index is None or index.damaged:
         return 0
     gone = conn.execute(GONE_BATCH_SQL, (limit,)).fetchall()
-    queued = conn.execute(QUEUE_BATCH_SQL, (limit,)).fetchall()
+    queued = _index_read(conn, QUEUE_BATCH_SQL, (limit,))
+    if queued is None:
+        return 0
     if not gone and not queued:
         return 0
     # Each id's postings are removed once, deleted or queued alike: an id deleted and written
@@ -744,7 +762,10 @@ def fill_chunk(
     last, count = conn.execute(FILL_CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
     finished = count < want or last == index.fill_high_water
     hi = index.fill_high_water if finished else last
-    rows = [row[:5] for row in conn.execute(FILL_ROWS_SQL, (index.epoch, lo, hi)) if not row[5]]
+    chunk = _index_read(conn, FILL_ROWS_SQL, (index.epoch, lo, hi))
+    if chunk is None:
+        return None
+    rows = [row[:5] for row in chunk if not row[5]]
     if not _write_postings(conn, index, rows):
         return None
     conn.execute(FILL_DONE_SQL if finished else FILL_PROGRESS_SQL, () if finished else (hi,))

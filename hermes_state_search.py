@@ -897,23 +897,31 @@ def _like_hits(
     return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
 
 
+# The text columns come as bytes, decoded here (see :func:`_column_text`).
 HIT_ROWS_SQL = """
-SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, m.content, m.tool_calls,
-       s.source, s.model, s.started_at
+SELECT m.id, m.session_id, m.role, m.timestamp, CAST(m.tool_name AS BLOB),
+       CAST(m.content AS BLOB), CAST(m.tool_calls AS BLOB), s.source, s.model, s.started_at
 FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?))
 """
 # A hit's neighbours in its session, by time then id, whatever their state.
 CONTEXT_BEFORE_SQL = """
-SELECT role, substr(COALESCE(content, ''), 1, :n) FROM messages
+SELECT role, CAST(substr(COALESCE(content, ''), 1, :n) AS BLOB) FROM messages
 WHERE session_id = :session AND (timestamp < :ts OR (timestamp = :ts AND id < :id))
 ORDER BY timestamp DESC, id DESC LIMIT 1
 """
 CONTEXT_AFTER_SQL = """
-SELECT role, substr(COALESCE(content, ''), 1, :n) FROM messages
+SELECT role, CAST(substr(COALESCE(content, ''), 1, :n) AS BLOB) FROM messages
 WHERE session_id = :session AND (timestamp > :ts OR (timestamp = :ts AND id > :id))
 ORDER BY timestamp, id LIMIT 1
 """
+
+
+def _column_text(value: bytes | None) -> str | None:
+    """A text column read as bytes, as text: what the library writes is UTF-8, but another
+    client may have stored bytes that are not, or a blob, or a number, where it writes text
+    (FTS5 indexes them all as text); what is not UTF-8 shows as U+FFFD."""
+    return None if value is None else value.decode("utf-8", "replace")
 
 
 def _snippet_of(
@@ -945,15 +953,16 @@ def _hits(
             continue
         _, session_id, role, timestamp, tool_name, content, tool_calls, source, model, \
             started = row
+        tool_name, content, tool_calls = map(_column_text, (tool_name, content, tool_calls))
         context = []
         params = {"n": CONTEXT_CHARS, "session": session_id, "ts": timestamp, "id": row_id}
         before = conn.execute(CONTEXT_BEFORE_SQL, params).fetchone()
         after = conn.execute(CONTEXT_AFTER_SQL, params).fetchone()
         if before is not None:
-            context.append({"role": before[0], "content": before[1]})
+            context.append({"role": before[0], "content": _column_text(before[1])})
         context.append({"role": role, "content": (content or "")[:CONTEXT_CHARS]})
         if after is not None:
-            context.append({"role": after[0], "content": after[1]})
+            context.append({"role": after[0], "content": _column_text(after[1])})
         hit = {
             "id": row_id, "session_id": session_id, "role": role,
             "snippet": _snippet_of(content, tool_name, tool_calls, marker),

@@ -222,6 +222,44 @@ def test_hostile_queries_never_raise_and_find_the_text_they_name(
         assert ids == [hostile_db["a discount of 50% today"]]  # not "500 units", on any route
 
 
+# What another client may store where the library writes text (a number would be stored
+# as text: the columns' affinity is TEXT).
+FOREIGN_VALUES = [
+    ("a blob", "CAST(? AS BLOB)", "kumquat stored as bytes"),
+    ("text that is not UTF-8", "CAST(? AS BLOB) || x'ff'", "kumquat stored as bad bytes"),
+    ("a blob in tool_calls", "CAST(? AS BLOB)", "kumquat"),
+]
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
+@pytest.mark.parametrize(("kind", "value_sql", "text"), FOREIGN_VALUES, ids=lambda v: str(v))
+def test_a_message_another_client_stored_as_bytes_is_found_and_shown_as_text(
+    db: SessionDB, db_path: Path, kind: str, value_sql: str, text: str, stale: bool
+) -> None:
+    db.create_session("s1", "cli")
+    add(db, "s1", "the message before")
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    if kind.endswith("tool_calls"):
+        raw.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp)"
+                    f" VALUES ('s1', 'assistant', ?, {value_sql}, 2e9)", (text, '{"x": 1}'))
+    else:
+        raw.execute("INSERT INTO messages (session_id, role, content, timestamp)"
+                    f" VALUES ('s1', 'user', {value_sql}, 2e9)", (text,))
+    raw.close()
+    for n in range(300):  # the library's appends run the index's batches past that row
+        add(db, "s1", f"kumquat number {n} " + "padding " * 40, timestamp=3e9 + n)
+    if stale:
+        mark_stale(db)
+    hits = db.search_messages("kumquat", limit=400)
+    assert len(found(hits)) == 301
+    foreign = [h for h in hits if h["timestamp"] == 2e9]
+    assert len(foreign) == 1, kind
+    hit = foreign[0]
+    assert isinstance(hit["snippet"], str) and ">>>kumquat<<<" in hit["snippet"]
+    assert all(isinstance(c["content"], str) for c in hit["context"])
+    assert db.search_messages("kumquat", sort="newest", limit=1)[0]["timestamp"] == 3e9 + 299
+
+
 # ---------------------------------------------------------------------------------------------
 # The result
 # ---------------------------------------------------------------------------------------------
