@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -68,11 +69,8 @@ def reads_with_a_commit_before_each_statement(
 
 
 def s0_ids(path: Path) -> set[int]:
-    conn = sqlite3.connect(path)
-    try:
+    with closing(sqlite3.connect(path)) as conn:
         return {r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 's0'")}
-    finally:
-        conn.close()
 
 
 def test_a_search_sees_one_state_whatever_statement_a_commit_lands_before(
@@ -97,12 +95,9 @@ def test_a_search_sees_one_state_whatever_statement_a_commit_lands_before(
 
 def move_one_message(path: Path, source: str, target: str) -> None:
     """Another client's commit: one message moves from one session to the other."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("UPDATE messages SET session_id = ? WHERE id = "
                      "(SELECT max(id) FROM messages WHERE session_id = ?)", (target, source))
-    finally:
-        conn.close()
 
 
 def test_an_export_sees_one_state_whatever_statement_a_commit_lands_before(
