@@ -386,9 +386,14 @@ def damage_noticed() -> bool:
 
 def mark_index_damaged(conn: sqlite3.Connection) -> None:
     """Mark the impact index damaged (the caller's write transaction): the library stops
-    keeping it, and the next writable open replaces it (see :func:`fill_when_admitted`)."""
+    keeping it, and the next writable open replaces it (see :func:`fill_when_admitted`). An
+    index missing some of its objects is dropped instead: what is left of it serves no search,
+    and its triggers would fail every write of messages."""
     try:
-        conn.execute(SET_DAMAGED_SQL)
+        if missing_objects(conn):
+            drop_index(conn)
+        else:
+            conn.execute(SET_DAMAGED_SQL)
     except sqlite3.OperationalError as exc:
         if is_sqlite_lock_error(exc):
             raise  # else a file without the index: the next open creates it whole
@@ -852,7 +857,11 @@ NEWEST_EPOCH_SQL = "SELECT epoch FROM search_impact ORDER BY id DESC LIMIT 1"
 
 
 def _consistent(conn: sqlite3.Connection, index: _Index) -> bool:
-    """The FTS5 table, the postings and the state belong to the same epoch."""
+    """Every object of the index is there (without a trigger, the changes it would queue or
+    count go unseen), and the FTS5 table, the postings and the state belong to the same
+    epoch."""
+    if missing_objects(conn):
+        return False
     token = '"' + EPOCH_TOKEN.format(epoch=index.epoch) + '"'
     if conn.execute(EPOCH_SQL, (token,)).fetchone() is None:
         return False
@@ -868,7 +877,7 @@ def index_problem(conn: sqlite3.Connection) -> str | None:
     damage: the next writable open sees to those). FTS5's 'integrity-check' runs as a write:
     on a private copy, in a transaction the caller rolls back."""
     index = _index_state(conn)
-    if index is None:
+    if index is None or missing_objects(conn):
         return None
     if index.damaged:
         return "marked damaged"

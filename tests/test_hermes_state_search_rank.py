@@ -124,7 +124,7 @@ def traced_search(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], list
 def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
     """Search, counting the reads of the impact index's postings."""
     got, statements = traced_search(db, query, **kw)
-    return got, sum("search_impact_vocab" in s for s in statements)
+    return got, sum("FROM search_impact_vocab" in s for s in statements)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,6 +550,9 @@ IMPACT_DAMAGE = {
     "postings as blobs": "UPDATE search_impact SET postings = CAST(postings AS BLOB)",
     "postings garbled": "UPDATE search_impact SET postings = replace(postings, '_', '_x')",
     "time bounds text": "UPDATE search_time_blocks SET first_at = 'soon'",
+    "update trigger dropped": "DROP TRIGGER search_impact_on_update",
+    "insert trigger dropped": "DROP TRIGGER search_impact_on_insert",
+    "delete trigger dropped": "DROP TRIGGER search_impact_on_delete",
 }
 DAMAGE_QUERIES = ["session", "session gateway", '"session gateway"', "gateway config token"]
 
@@ -573,9 +576,12 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     assert ids(small.search_messages("session", sort="newest", limit=30)) == ids(newest)
     for n in range(rank.FLUSH_ROWS + 2 * rank.CHECK_EVERY):  # a batch and drains are due
         small.append_message("s1", "user", f"session gateway after the damage {n}")
-    conn = raw(db_path)
-    conn.execute("UPDATE messages SET content = 'session edited' WHERE id = "
-                 "(SELECT min(id) FROM messages)")  # another client's write
+    conn = raw(db_path)  # another client's writes: a change, a delete, a row in the gap
+    first = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
+    conn.execute("UPDATE messages SET content = 'session edited' WHERE id = ?", (first,))
+    conn.execute("DELETE FROM messages WHERE id = ?", (first + 1,))
+    conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
+                 " VALUES (?, 's1', 'user', 'session gateway session', 0)", (first + 1,))
     conn.close()
     for query in DAMAGE_QUERIES:
         assert ids(small.search_messages(query)) == exact(small, query), (damage, query)
