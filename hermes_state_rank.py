@@ -88,9 +88,10 @@ index never reach a canonical write: the index is marked damaged and left alone,
 with FTS5, and the next writable open replaces it with an empty one of a new epoch and fills
 it (:func:`reset_index`). A search that finds it damaged or inconsistent says so
 (:func:`damage_noticed`); a writable handle then marks it, through its own retried write. A
-table of it dropped under an open handle makes the triggers fail every write of messages: the
-handle's write that meets it drops the rest (:func:`missing_index_object`) and goes through,
-and the next writable open creates the index anew.
+table or trigger of it dropped under an open handle is found by the handle's write that meets
+it (:func:`missing_index_object`), or by a search's check of its objects and then the next
+write (:func:`mark_index_damaged`): either drops the rest, whose triggers would fail every
+write of messages, and the next writable open creates the index anew.
 """
 
 from __future__ import annotations
@@ -406,8 +407,8 @@ class IndexMismatch(Exception):
 # What a damaged index can raise: SQLite's errors, Python's on values in its tables that the
 # library did not write, and a mismatch between its tables (:func:`_index_error` tells which
 # mean the index is at fault).
-INDEX_FAULTS = (sqlite3.Error, MemoryError, ValueError, TypeError, ArithmeticError,
-                IndexMismatch)
+_PYTHON_FAULTS = (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)
+INDEX_FAULTS = (sqlite3.Error, *_PYTHON_FAULTS)
 # FTS5 refusing its table's format; text another client stored that is not UTF-8, which
 # the index's reads of messages cannot hand over (its postings cannot be computed).
 _INDEX_ERROR_SIGNS = ("invalid fts5 file format", "Could not decode to UTF-8")
@@ -427,7 +428,7 @@ def _index_error(exc: BaseException) -> bool:
     structure can also read as out of memory), one of its tables missing, FTS5 refusing its
     table's format, or values in its tables (or in messages, for its postings) the library did
     not write."""
-    if isinstance(exc, (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)):
+    if isinstance(exc, _PYTHON_FAULTS):
         return True
     if not isinstance(exc, sqlite3.Error) or is_sqlite_lock_error(exc):
         return False
