@@ -35,6 +35,7 @@ import hermes_state_errors as errors
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
+import hermes_state_impact as impact
 import hermes_state_lineage as lineage
 import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
@@ -44,7 +45,6 @@ import hermes_state_openability as openability
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
-import hermes_state_rank as rank
 import hermes_state_recover as recover
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
@@ -407,14 +407,14 @@ class SessionDB:
             try:
                 return attempt(detach_index)
             except (sqlite3.Error, MemoryError) as exc:
-                if not search_index_dropped and rank.missing_index_object(exc):
+                if not search_index_dropped and impact.missing_index_object(exc):
                     # A table of the search index is gone, and its triggers fail every write
                     # of messages: the rest of it is dropped too, so that the write goes
                     # through; the next writable open creates it anew (searches rank with
                     # FTS5 meanwhile).
                     logger.warning("search index incomplete (%s); dropping it from %s until "
                                    "the next open", exc, self.path)
-                    self._write(rank.drop_index)
+                    self._write(impact.drop_index)
                     search_index_dropped = True
                     continue
                 verdict = writes.classify(
@@ -550,8 +550,8 @@ class SessionDB:
         """Finish or start an index rebuild in the background when that is safe (see
         hermes_state_fts): only under the cross-process admission lock, and a stale index
         only when no other process has the database open; then the search index's fill, or
-        its replacement when damaged (see hermes_state_rank), under the same lock."""
-        if self._read(fts.index_state).usable and not self._read(rank.needs_maintenance):
+        its replacement when damaged (see hermes_state_impact), under the same lock."""
+        if self._read(fts.index_state).usable and not self._read(impact.needs_maintenance):
             return
         self._rebuild_thread = threading.Thread(
             target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True
@@ -566,7 +566,7 @@ class SessionDB:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
 
     def _fill_search_index(self) -> bool:
-        return rank.fill_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
+        return impact.fill_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
                                        before=self._refuse_rebuild_on_damage)
 
     def _rebuild(self, *, require_exclusive: bool) -> bool:

@@ -12,7 +12,7 @@ already running inside one profile resolves a sibling profile next to it, never 
 
 ``SCHEMA_SQL`` declares every table, column, index, view and trigger of the current schema
 (version :data:`SCHEMA_VERSION`) but the search index's (``SEARCH_INDEX_SQL``, derived data
-that ``hermes_state_rank`` creates whenever a file lacks any part of it);
+that ``hermes_state_impact`` creates whenever a file lacks any part of it);
 ``hermes_state_schema`` applies both.
 """
 
@@ -1065,7 +1065,7 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 """
 
 # The search index beside the FTS indexes, derived from `messages` like them and never copied
-# (hermes_state_rank creates, fills, keeps and describes it). search_impact_state is its one
+# (hermes_state_impact creates, fills, keeps and describes it). search_impact_state is its one
 # row of state: the epoch, the reference length, the batch boundary, the fill markers, the
 # damaged flag. search_impact holds the high-impact postings of each message up to the batch
 # boundary (text the library computes, under the epoch it was written for); search_impact_fts
@@ -1151,7 +1151,7 @@ BEGIN
 END;
 """
 
-# Everything but the search index, which hermes_state_rank creates on the same terms as a
+# Everything but the search index, which hermes_state_impact creates on the same terms as a
 # missing one (empty, its fill due).
 SCHEMA_SQL = TABLES_SQL + INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL
 

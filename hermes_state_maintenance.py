@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import hermes_state_fts as fts
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state_common import (
     FTS_SQL,
     INDEXES_SQL,
@@ -572,7 +572,7 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
     try:
         with transaction(conn, rollback_only=True):
-            search_index = rank.index_problem(conn)
+            search_index = impact.index_problem(conn)
     except sqlite3.Error as exc:
         search_index = f"{type(exc).__name__}: {exc}"
     if search_index is not None:
@@ -648,7 +648,7 @@ def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
                 conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(table)}")
             for view in ("messages_fts_trigram_source", "messages_fts_cjk_source"):
                 conn.execute(f"DROP VIEW IF EXISTS {quote_identifier(view)}")
-            rank.drop_index(conn)
+            impact.drop_index(conn)
         return conn
     except sqlite3.DatabaseError as exc:
         if not is_corruption_error(exc):
@@ -682,11 +682,11 @@ def rebuild_indexes(
         for statement in split_sql(INDEXES_SQL + FTS_SQL):
             conn.execute(statement)
         total = fts.start_rebuild(conn)
-        rank.create_index(conn)
+        impact.create_index(conn)
     if defer:
         return
     for label, chunk in (("rebuilding FTS", fts.rebuild_chunk),
-                         ("filling the search index", rank.fill_chunk)):
+                         ("filling the search index", impact.fill_chunk)):
         done = 0
         while True:
             with transaction(conn):

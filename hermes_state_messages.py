@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hermes_state_fts as fts
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state_arguments import INT64_MAX, INT64_MIN, shown
 from hermes_state_common import (
     Bound,
@@ -489,7 +489,7 @@ def insert_row(conn: sqlite3.Connection, /, row: MessageRow, *, count: bool = Tr
         raise SessionNotFoundError(row.session_id)
     values = row.values()
     row_id = int(conn.execute(INSERT_MESSAGE_SQL, values).lastrowid or 0)
-    rank.after_insert(conn, row_id)
+    impact.after_insert(conn, row_id)
     return row_id
 
 

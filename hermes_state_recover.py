@@ -48,7 +48,7 @@ from typing import Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state_common import (
     DELIVERY_OBLIGATIONS_SQL,
     RUNTIME_LEDGER_TABLES,
@@ -95,7 +95,7 @@ RECOVER_MARK = ".hermes-recover-"
 
 # Derived or rebuilt, never copied: the FTS indexes (and their shadow tables), the search
 # index, the version row.
-_REBUILT = (*fts.FTS_TABLES, *rank.INDEX_TABLES, "schema_version")
+_REBUILT = (*fts.FTS_TABLES, *impact.INDEX_TABLES, "schema_version")
 # state_meta keys that describe the old file's FTS indexes, not the recovered one's.
 _FTS_MARKERS = (fts.STALE_KEY, fts.HIGH_WATER_KEY, fts.PROGRESS_KEY)
 _INSERT_BATCH = 500

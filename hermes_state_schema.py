@@ -5,7 +5,7 @@ indexes compared with ``SCHEMA_SQL`` and the search index's objects; only a file
 something declared (a column added to the declaration since the file was written, the search
 index of a file written before it existed) takes a write, which adds what is missing and leaves
 the version as it is. The search index is derived data: a file lacking any part of it gets it
-whole and empty, and the library fills it in the background (see hermes_state_rank). Anything
+whole and empty, and the library fills it in the background (see hermes_state_impact). Anything
 older is brought forward in place, each step in its own write transaction that first re-reads
 the version, so several processes opening an old file at once do every step exactly once:
 
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state_common import (
     FTS_SQL,
     FTS_TRIGGER_NAMES,
@@ -268,7 +268,7 @@ def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     if not declared <= live:
         return True
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
-    return not (expected_indexes() <= names and set(rank.INDEX_OBJECTS) <= names
+    return not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
                 and set(fts.FTS_TABLES) <= names)
 
 
@@ -431,7 +431,7 @@ def _finish(conn: sqlite3.Connection, /) -> None:
     empty; the library fills it in the background)."""
     for statement in split_sql(INDEXES_SQL):
         conn.execute(statement)
-    rank.ensure_index(conn)
+    impact.ensure_index(conn)
 
 
 @dataclass(frozen=True)
@@ -454,7 +454,7 @@ def _create_fresh(conn: sqlite3.Connection, /) -> bool:
         return False
     for statement in split_sql(SCHEMA_SQL):
         conn.execute(statement)
-    rank.create_index(conn)
+    impact.create_index(conn)
     _set_version(conn, SCHEMA_VERSION)
     return True
 

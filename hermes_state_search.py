@@ -98,6 +98,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hermes_state_impact as impact
 import hermes_state_rank as rank
 from hermes_state_arguments import integer
 from hermes_state_common import clean_text, escape_like
@@ -713,7 +714,7 @@ WHERE 1 {filters}
 ORDER BY r.score, r.id LIMIT ?
 """
 COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
-# Time order: the rows of one range of ids, read range by range (see rank.time_ranges).
+# Time order: the rows of one range of ids, read range by range (see impact.time_ranges).
 BLOCK_HITS_SQL = """
 SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
 JOIN sessions s ON s.id = m.session_id
@@ -763,7 +764,7 @@ def _by_time(
     Ranges of ids are read in the order of their time bounds, and reading stops at the first
     range that cannot hold a row as new (old) as the last one kept: for a history written in
     time order that is a range or two, for any history it is exact."""
-    ranges = rank.time_ranges(conn)
+    ranges = impact.time_ranges(conn)
     sign = -1.0 if newest else 1.0  # keys ascend from the best row
     ranges.sort(key=lambda r: (sign * (r[3] if newest else r[2]), r[0]))
     sql = BLOCK_HITS_SQL.format(table=table, filters=filters)

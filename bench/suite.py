@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state
+import hermes_state_impact as impact
 import hermes_state_messages as messages
-import hermes_state_rank as rank
 import hermes_state_replication as replication
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
 from hermes_state import ReplicationError, SessionDB, recover_state_db
@@ -116,11 +116,11 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
             row = messages.MessageRow.from_fields(prep, sid, kwargs)
             values = row.values()
             text = dict(zip(messages._COLUMNS, values))
-            postings, _ = rank.impact_postings(text["content"], text["tool_name"],
+            postings, _ = impact.impact_postings(text["content"], text["tool_name"],
                                                text["tool_calls"], avgdl)
             block = (n >> hermes_state.common.TIME_BLOCK_SHIFT, row.timestamp, row.timestamp)
             rows.append((sid, values, row.tool_call_count, (n, epoch, postings),
-                         (n, rank.index_text(postings)) if postings else None, block))
+                         (n, impact.index_text(postings)) if postings else None, block))
         if not triggers:
             for name in (*hermes_state.common.FTS_TRIGGER_NAMES,
                          *hermes_state.common.SEARCH_TRIGGER_NAMES):
@@ -134,15 +134,15 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(messages.COUNT_MESSAGE_SQL, (calls, sid))
             conn.execute(messages.INSERT_MESSAGE_SQL, values)
-            if triggers and n % rank.CHECK_EVERY == 0:
-                conn.execute(rank.AFTER_INSERT_SQL).fetchone()
-                if n - indexed >= rank.FLUSH_ROWS:
-                    conn.execute(rank.UNFLUSHED_SQL, (indexed, rank.MAX_FLUSH_ROWS)).fetchall()
+            if triggers and n % impact.CHECK_EVERY == 0:
+                conn.execute(impact.AFTER_INSERT_SQL).fetchone()
+                if n - indexed >= impact.FLUSH_ROWS:
+                    conn.execute(impact.UNFLUSHED_SQL, (indexed, impact.MAX_FLUSH_ROWS)).fetchall()
                     due = rows[indexed:n]
-                    conn.executemany(rank.ADD_ROW_SQL, [r[3] for r in due])
-                    conn.executemany(rank.FTS_ADD_SQL, [r[4] for r in due if r[4]])
-                    conn.executemany(rank.TIME_BLOCK_SQL, [r[5] for r in due])
-                    conn.execute(rank.SET_INDEXED_SQL, (n,))
+                    conn.executemany(impact.ADD_ROW_SQL, [r[3] for r in due])
+                    conn.executemany(impact.FTS_ADD_SQL, [r[4] for r in due if r[4]])
+                    conn.executemany(impact.TIME_BLOCK_SQL, [r[5] for r in due])
+                    conn.execute(impact.SET_INDEXED_SQL, (n,))
                     indexed = n
             conn.execute("COMMIT")
         elapsed = time.perf_counter() - start
@@ -176,12 +176,12 @@ def append_cpu_kept_and_stopped(
     fresh_store(root / "kept.db", sessions)
     fresh_store(root / "stopped.db", sessions)
     with SessionDB(root / "kept.db") as kept, SessionDB(root / "stopped.db") as stopped:
-        stopped._write(rank.mark_index_damaged)
+        stopped._write(impact.mark_index_damaged)
         spent = {id(kept): 0.0, id(stopped): 0.0}
-        for turn, start in enumerate(range(0, len(batch), rank.FLUSH_ROWS)):
+        for turn, start in enumerate(range(0, len(batch), impact.FLUSH_ROWS)):
             for db in (kept, stopped) if turn % 2 == 0 else (stopped, kept):
                 began = time.process_time()
-                for sid, kwargs in batch[start:start + rank.FLUSH_ROWS]:
+                for sid, kwargs in batch[start:start + impact.FLUSH_ROWS]:
                     db.append_message(sid, **kwargs)
                 spent[id(db)] += time.process_time() - began
     return spent[id(kept)] / len(batch) * 1e6, spent[id(stopped)] / len(batch) * 1e6
@@ -204,7 +204,7 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
         lambda: raw_append_rate(sessions, batch, triggers=True), repeats,
     )
 
-    cpu_batch, cpu_sessions = append_batch(corpus, CPU_BATCH_PERIODS * rank.FLUSH_ROWS)
+    cpu_batch, cpu_sessions = append_batch(corpus, CPU_BATCH_PERIODS * impact.FLUSH_ROWS)
     cpu = []
     for _ in range(repeats):
         with scratch_dir() as d:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from bench.corpus import generate_corpus
 from bench.suite import append_batch, append_cpu_kept_and_stopped
 
@@ -14,7 +14,7 @@ from bench.suite import append_batch, append_cpu_kept_and_stopped
 def test_the_append_cpu_figure_indexes_every_message_of_one_store_and_none_of_the_other(
     tmp_path: Path,
 ) -> None:
-    batch, sessions = append_batch(list(generate_corpus(600, seed=2)), 3 * rank.FLUSH_ROWS)
+    batch, sessions = append_batch(list(generate_corpus(600, seed=2)), 3 * impact.FLUSH_ROWS)
     kept_us, stopped_us = append_cpu_kept_and_stopped(tmp_path, sessions, batch)
     assert kept_us > 0 and stopped_us > 0
     state = "SELECT indexed, damaged FROM search_impact_state"

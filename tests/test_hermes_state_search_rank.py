@@ -18,12 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_bm25 as bm25
+import hermes_state_impact as impact
 import hermes_state_rank as rank
 import hermes_state_search as search
 from bench.corpus import query_terms
 from bench.suite import Stores
 from hermes_state import SessionDB
-from state_helpers import assert_search_index_exact
+from state_helpers import TRICKY, assert_search_index_exact
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
@@ -239,62 +241,6 @@ def test_deep_pages_stay_exact(corpus: SessionDB, monkeypatch: pytest.MonkeyPatc
             corpus, query, 250)[150:]
 
 
-bm25_docs = st.lists(
-    st.tuples(*[st.lists(st.sampled_from(["alpha", "beta", "Gamma", "delta", "café",
-                                          "東京", "x²", "beta-gamma", "ALPHA"]),
-                         max_size=12).map(" ".join)] * 3),
-    min_size=1, max_size=12)
-bm25_queries = st.lists(st.sampled_from(["alpha", "beta", "gamma", "cafe", "東京",
-                                         "beta gamma"]), min_size=1, max_size=3)
-
-
-@settings(max_examples=150, deadline=None)
-@given(docs=bm25_docs, query=bm25_queries)
-def test_the_librarys_bm25_is_this_sqlites_bit_for_bit(
-    docs: list[tuple[str, str, str]], query: list[str]
-) -> None:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(content, tool_name, tool_calls)")
-    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", docs)
-    conn.commit()
-    stats = rank.read_stats(conn, "t")
-    phrases = [tuple(rank.column_tokens(q)) for q in query]
-    expression = " ".join('"' + " ".join(p) + '"' for p in phrases)
-    idfs = [stats.idf(conn.execute("SELECT count(*) FROM t WHERE t MATCH ?",
-                                   ('"' + " ".join(p) + '"',)).fetchone()[0]) for p in phrases]
-    for rowid, expected in conn.execute("SELECT rowid, bm25(t) FROM t WHERE t MATCH ?",
-                                        (expression,)).fetchall():
-        columns = [rank.column_tokens(c) for c in docs[rowid - 1]]
-        frequencies = [rank._phrase_frequency(columns, p) for p in phrases]
-        score = rank.bm25_score(idfs, frequencies, sum(map(len, columns)), stats.avgdl)
-        assert -score == expected
-    conn.close()
-
-
-# Characters unicode61 and Python classify or fold differently: symbols and letters newer than
-# SQLite's tables, combining marks, stacked diacritics, Greek with accents, ligatures, emoji,
-# private use, unassigned code points.
-TRICKY = ["⭊", "⮳", "ễ", "ầ", "Ὑ", "\u0301", "\u09fe", "ﬁ", "😀", "\ue000", "\u0ee6", "Ａ",
-          "東京", "x²", "café", "—", "\u200d", "\u00ad", "é", "ß"]
-tricky_text = st.lists(st.one_of(st.sampled_from(TRICKY), st.sampled_from(["a", "b", " ", "-"]),
-                                 st.characters(blacklist_categories=("Cs",))),
-                       max_size=24).map("".join)
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=tricky_text)
-def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
-    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-    conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
-    theirs = [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
-    conn.close()
-    assert rank.column_tokens(text) == theirs
-    postings, length = rank.impact_postings(text, None, None, 256.0)
-    assert length == len(theirs)
-    assert {p.rsplit("_", 3)[0] for p in postings.split()} <= {t for t in theirs if t.isascii()}
-
 
 def test_rows_of_any_script_rank_as_fts5_ranks_them(
     db: SessionDB, monkeypatch: pytest.MonkeyPatch
@@ -402,7 +348,7 @@ def test_every_hit_that_holds_the_word_shows_it_marked(corpus: SessionDB) -> Non
                 "SELECT content, tool_name, tool_calls FROM messages WHERE id = ?",
                 (i,)).fetchone())
             text = "\n".join(t for t in row if t).lower()
-            if word in rank.column_tokens(text):
+            if word in bm25.column_tokens(text):
                 assert f">>>{word}<<<" in hit["snippet"].lower(), (word, hit)
 
 
@@ -454,14 +400,14 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
         " VALUES (?, 's1', 'user', ?, 0)",
         [(gap, "session session"), (None, "session session session"), (None, "session")])
     conn.close()
-    health = small._read(rank.index_health)
+    health = small._read(impact.index_health)
     assert health["queued"] == 1 and health["indexed"] < small._read(
         lambda c: c.execute("SELECT max(id) FROM messages").fetchone()[0])
     got, reads = impact_reads(small, "session")
     assert reads and got == exact(small, "session")  # these rows are scored from their text
-    for _ in range(rank.FLUSH_ROWS + rank.CHECK_EVERY):  # the library's writes index them
+    for _ in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):  # the library's writes index them
         small.append_message("s1", "user", "one more session")
-    health = small._read(rank.index_health)
+    health = small._read(impact.index_health)
     assert health["queued"] == 0 and health["usable"]
     assert ids(small.search_messages("session")) == exact(small, "session")
     small.close()
@@ -477,9 +423,9 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     conn.execute("DELETE FROM messages WHERE id = ?", (top[1],))
     conn.close()
     assert ids(small.search_messages("gateway")) == exact(small, "gateway")
-    for _ in range(rank.CHECK_EVERY):  # some of the library's writes drain the queues
+    for _ in range(impact.CHECK_EVERY):  # some of the library's writes drain the queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(rank.index_health)
+    health = small._read(impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "gateway")
     assert reads and got == exact(small, "gateway")
@@ -492,16 +438,16 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
     the queued row is indexed first, and the purge of the deleted ids must not take its
     postings with the old row's."""
     first = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
-    last = first + 3 * rank.DRAIN_PER_WRITE - 1
-    assert last <= small._read(rank.index_health)["indexed"]
+    last = first + 3 * impact.DRAIN_PER_WRITE - 1
+    assert last <= small._read(impact.index_health)["indexed"]
     conn = raw(db_path)
     conn.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (first, last))
     conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
                  " VALUES (?, 's1', 'user', 'zebra zebra', 0)", (last,))
     conn.close()
-    for _ in range(8 * rank.CHECK_EVERY):  # the library's writes drain both queues
+    for _ in range(8 * impact.CHECK_EVERY):  # the library's writes drain both queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(rank.index_health)
+    health = small._read(impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "zebra")
     assert reads and got[0] == last and got == exact(small, "zebra")
@@ -520,12 +466,12 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     for n in range(80):  # writes go on; the index is left alone, marked damaged
         small.append_message("s1", "user", f"session after the damage {n}")
     assert not small.quarantined and small.fts_status()["stale"] is None
-    assert small._read(rank.index_health)["damaged"]
+    assert small._read(impact.index_health)["damaged"]
     assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
     with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        health = reopened._read(rank.index_health)
+        health = reopened._read(impact.index_health)
         assert health["usable"] and not health["damaged"] and health["queued"] == 0
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
@@ -574,7 +520,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
         assert ids(hits) == exact(small, query), (damage, query)
         assert all("match" not in hit for hit in hits), (damage, query)
     assert ids(small.search_messages("session", sort="newest", limit=30)) == ids(newest)
-    for n in range(rank.FLUSH_ROWS + 2 * rank.CHECK_EVERY):  # a batch and drains are due
+    for n in range(impact.FLUSH_ROWS + 2 * impact.CHECK_EVERY):  # a batch and drains are due
         small.append_message("s1", "user", f"session gateway after the damage {n}")
     conn = raw(db_path)  # another client's writes: a change, a delete, a row in the gap
     first = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
@@ -594,7 +540,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     with SessionDB(db_path) as repaired:
         if repaired._rebuild_thread is not None:
             repaired._rebuild_thread.join(30)
-        assert repaired._read(rank.index_health)["usable"], damage
+        assert repaired._read(impact.index_health)["usable"], damage
         for query in DAMAGE_QUERIES:
             got, reads = impact_reads(repaired, query)
             assert reads and got == exact(repaired, query), (damage, query)
@@ -606,16 +552,16 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     conn = raw(db_path)
     conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
     conn.close()
-    assert not small._read(rank.index_health)["usable"]
+    assert not small._read(impact.index_health)["usable"]
     got, reads = impact_reads(small, "session")
     assert not reads and got == exact(small, "session")
     assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
     small.append_message("s1", "user", "the next write marks it")
-    assert small._read(rank.index_health)["damaged"]
+    assert small._read(impact.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        assert reopened._read(rank.index_health)["usable"]
+        assert reopened._read(impact.index_health)["usable"]
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
@@ -669,7 +615,7 @@ def test_cached_counts_follow_every_change_another_client_makes(
         conn.execute(sql, (arg,))
         conn.close()
         assert counts(db) == true_counts(db_path), sql
-    for _ in range(rank.FLUSH_ROWS + rank.CHECK_EVERY):  # batches move the boundary on
+    for _ in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):  # batches move the boundary on
         db.append_message("s1", "user", "session gateway config")
     assert counts(db) == true_counts(db_path)
 
@@ -683,7 +629,7 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
         corpus.search_messages(query)
         got, statements = traced_search(corpus, query)
         assert got == fts5_order(corpus, query), query
-        boundary = corpus._read(rank.index_health)["indexed"]
+        boundary = corpus._read(impact.index_health)["indexed"]
         counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state import SessionDB, recover_state_db, repair_state_db
 from hermes_state_common import SCHEMA_VERSION
 from state_helpers import assert_search_index_exact, strip_search_index
@@ -77,14 +77,14 @@ def assert_searches_exact(db: SessionDB) -> None:
 def state(path: Path) -> dict[str, Any]:
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
-        return rank.index_health(conn)
+        return impact.index_health(conn)
     finally:
         conn.close()
 
 
 def drain(db: SessionDB) -> None:
     """Index what other clients wrote (normally a few rows at each of the library's writes)."""
-    while db._write(lambda c: rank.drain_queue(c, 1000)):
+    while db._write(lambda c: impact.drain_queue(c, 1000)):
         pass
 
 
@@ -99,11 +99,11 @@ def test_a_file_without_the_index_gains_it_in_place_and_fills_it(db_path: Path) 
     with SessionDB(db_path, rebuild_fts=False) as db:
         version = db._read(lambda c: c.execute("SELECT version FROM schema_version").fetchall())
         assert version == [(SCHEMA_VERSION,)] == [(31,)]
-        health = db._read(rank.index_health)
+        health = db._read(impact.index_health)
         assert health["filling"] and not health["usable"]
         assert_searches_exact(db)  # ranked by FTS5 while it fills
         db.rebuild_fts()  # finishes the fill now
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
     watcher = sqlite3.connect(db_path, isolation_level=None)
@@ -120,7 +120,7 @@ def test_a_writable_open_fills_it_in_the_background(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -170,7 +170,7 @@ def test_a_fill_beside_other_writers_indexes_every_row_once(
         writers = [spawn_python(_WRITER, str(db_path), str(seed * 10 + k)) for k in range(2)]
         for proc in writers:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        while db._write(lambda c: rank.fill_chunk(c, 40)) is not None:
+        while db._write(lambda c: impact.fill_chunk(c, 40)) is not None:
             time.sleep(0.005)  # chunks interleave with the writers' transactions
         for proc in writers:
             out, err = proc.communicate(timeout=60)
@@ -183,10 +183,10 @@ def test_a_fill_beside_other_writers_indexes_every_row_once(
 # Runs the fill of argv[1] in chunks of 30 rows and says how far it got after each.
 _FILLER = r"""
 import sys
-import hermes_state_rank as rank
+import hermes_state_impact as impact
 from hermes_state import SessionDB
 db = SessionDB(sys.argv[1], rebuild_fts=False)
-while (step := db._write(lambda c: rank.fill_chunk(c, 30))) is not None and not step.finished:
+while (step := db._write(lambda c: impact.fill_chunk(c, 30))) is not None and not step.finished:
     print("chunk", flush=True)
 """
 
@@ -209,7 +209,7 @@ def test_a_fill_killed_midway_is_finished_by_the_next_open(
     with SessionDB(db_path) as db:
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -248,7 +248,7 @@ def test_processes_opening_a_file_without_it_at_once_create_one_index(
     with SessionDB(db_path) as db:
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -277,13 +277,13 @@ def test_recover_never_copies_the_index_and_builds_it_anew(
     poison(db_path)
     out = tmp_path / "recovered.db"
     report = recover_state_db(db_path, out, defer_index=defer)
-    assert not set(report["tables"]) & {*rank.INDEX_TABLES, *rank.INDEX_VIRTUAL_TABLES}
+    assert not set(report["tables"]) & {*impact.INDEX_TABLES, *impact.INDEX_VIRTUAL_TABLES}
     assert report["complete"] and report["verified"]
     assert state(out)["filling"] == defer
     with SessionDB(out) as db:
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(out)
 
@@ -309,7 +309,7 @@ def test_export_carries_no_index_and_import_builds_it_from_the_rows(
         assert len(report["imported"]) == 3 and report["ok"]
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(rank.index_health)["usable"]
+        assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(imported)
 
@@ -340,7 +340,7 @@ def test_a_sort_by_time_is_exact_while_the_blocks_fill(db_path: Path) -> None:
         rows = sorted(db.get_messages("s0"), key=lambda m: (-m["timestamp"], m["id"]))
         want = [m["id"] for m in rows[:30]]
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want
-        db._write(lambda c: rank.fill_chunk(c, 2000))  # part of the blocks known
+        db._write(lambda c: impact.fill_chunk(c, 2000))  # part of the blocks known
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want
         db.rebuild_fts()
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want

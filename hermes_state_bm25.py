@@ -1,0 +1,328 @@
+"""FTS5's own computations, reproduced in Python bit for bit: unicode61's tokens and ``bm25()``.
+
+**Tokens.** ``messages_fts`` uses the unicode61 tokenizer: ASCII letters and digits are token
+characters, folded to lower case, and every other ASCII byte separates tokens. Other characters
+are decided and folded one code point at a time from SQLite's own Unicode tables, which need not
+be Python's; so each new character is asked of FTS5 itself, once per process (:func:`_learn`),
+and :func:`column_tokens` gives exactly the tokens FTS5 makes of a column. Frequencies can also
+be read from a column's folded text without splitting it (:func:`folded_text`,
+:func:`text_frequency`): a phrase is found by a pattern over the text.
+
+**The score.** For phrases p₁…pₙ FTS5 scores a row
+
+    score = Σᵢ idfᵢ · fᵢ·(k₁+1) / (fᵢ + k₁·(1 − b + b·D/avgdl)),   k₁ = 1.2, b = 0.75,
+
+fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in
+tokens (all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½))
+(at least 10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that, in
+the same floating-point order, from N and the token total of the index's own averages record
+(:func:`read_stats`); :func:`formula_matches_fts5` checks it against this SQLite once per
+process, and a SQLite that scores differently never takes the library's own ranking.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+import sqlite3
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger("hermes_state")
+
+__all__ = [
+    "K1",
+    "B",
+    "column_tokens",
+    "row_counts",
+    "phrase_frequency",
+    "folded_text",
+    "text_frequency",
+    "lacks_a_word",
+    "Bm25Stats",
+    "varints",
+    "read_stats",
+    "bm25_score",
+    "phrase_match",
+    "count_matches",
+    "formula_matches_fts5",
+]
+
+K1 = 1.2
+B = 0.75
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens, as FTS5's unicode61 tokenizer makes them
+# ---------------------------------------------------------------------------------------------
+
+# ASCII letters and digits are token characters (folded to lower case); every other ASCII
+# byte separates tokens. Exactly unicode61's rule for ASCII text.
+_ASCII_FOLD = bytes(
+    (c + 32) if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122) else 32
+    for c in range(256)
+)
+# The same, keeping the bytes of non-ASCII characters for a closer look.
+_ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
+# Every character seen so far → what unicode61 makes of it: " " for a separator, else its
+# folded form (possibly empty). unicode61 decides and folds one code point at a time, from
+# tables of its own Unicode version (not Python's), so each new character is asked of FTS5
+# itself, once per process (:func:`_learn`); ASCII is known from the start.
+_CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
+_PROBE_LOCK = threading.Lock()
+_probe: sqlite3.Connection | None = None
+PROBE_SQL = "SELECT term FROM temp.probe_vocab ORDER BY offset"
+
+
+def _learn(chars: Iterable[str]) -> None:
+    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s."""
+    global _probe
+    with _PROBE_LOCK:
+        todo = [ch for ch in chars if ord(ch) not in _CHARS]
+        if not todo:
+            return
+        if _probe is None:
+            _probe = sqlite3.connect(":memory:", check_same_thread=False)
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
+            _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
+                           " USING fts5vocab(temp, probe, 'instance')")
+        _probe.execute("DELETE FROM temp.probe")
+        _probe.execute("INSERT INTO temp.probe (x) VALUES (?)",
+                       (" ".join(f"a{ch}a" for ch in todo),))
+        terms = iter([r[0] for r in _probe.execute(PROBE_SQL)])
+        for ch in todo:
+            term = next(terms)
+            if term == "a":  # a separator: "a", "a"
+                next(terms)
+                _CHARS[ord(ch)] = " "
+            else:
+                _CHARS[ord(ch)] = term[1:-1]
+
+
+def _pieces(text: str) -> list[str]:
+    """The text split at ASCII separators, ASCII letters folded (other characters kept as they
+    are)."""
+    return text.encode().translate(_ASCII_FOLD_KEEP).decode().split()
+
+
+def _tokens_of(text: str) -> list[str]:
+    """The tokens of text holding non-ASCII characters."""
+    unknown = [ch for ch in set(text) if ord(ch) not in _CHARS]
+    if unknown:
+        _learn(unknown)
+    return [t for t in text.translate(_CHARS).split(" ") if t]
+
+
+def column_tokens(text: str | None) -> list[str]:
+    """The tokens of one column's text, folded: exactly the ones FTS5 makes of it."""
+    if not text:
+        return []
+    if text.isascii():
+        return text.encode().translate(_ASCII_FOLD).decode().split()
+    return _tokens_of(text)
+
+
+def row_counts(text: str) -> tuple[Counter[str], int]:
+    """ASCII terms of a row's text with their frequencies, and its length in tokens."""
+    pieces = _pieces(text)
+    if text.isascii():
+        return Counter(pieces), len(pieces)
+    plain = [piece for piece in pieces if piece.isascii()]
+    # The other pieces at once: they are separated anyway, and their order does not matter.
+    others = _tokens_of(" ".join(piece for piece in pieces if not piece.isascii()))
+    words = plain + [token for token in others if token.isascii()]
+    return Counter(words), len(plain) + len(others)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# How often a phrase occurs in a row
+# ---------------------------------------------------------------------------------------------
+
+
+def phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) -> int:
+    """Instances of ``phrase`` in a row: start positions inside one column, overlaps too."""
+    if len(phrase) == 1:
+        return sum(tokens.count(phrase[0]) for tokens in columns)
+    # Tokens hold no space: with each token between spaces of its own, an instance is the
+    # phrase written the same way. A phrase that can overlap itself ("a a") is counted with a
+    # lookahead, which finds overlapping instances too.
+    needle = " " + "  ".join(phrase) + " "
+    texts = [" " + "  ".join(tokens) + " " for tokens in columns if tokens]
+    if not _self_overlapping(phrase):
+        return sum(text.count(needle) for text in texts)
+    pattern = re.compile("(?=" + re.escape(needle) + ")")
+    return sum(len(pattern.findall(text)) for text in texts)
+
+
+# A-Z folded, every other byte kept.
+_ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
+_TOKEN_CHARS = "a-z0-9\x80-\U0010ffff"
+_ASCII_RUNS = re.compile("[\x00-\x7f]+")
+
+
+def folded_text(text: str) -> str:
+    """The text with every character that unicode61 folds or separates replaced by what it
+    makes of it, ASCII separators kept: every non-ASCII character left is then a token
+    character folding to itself, and the tokens are the runs of ``[a-z0-9]`` and non-ASCII."""
+    if not text.isascii():
+        chars = set(_ASCII_RUNS.sub("", text))
+        unknown = [ch for ch in chars if ord(ch) not in _CHARS]
+        if unknown:
+            _learn(unknown)
+        special = {ch: _CHARS[ord(ch)] for ch in chars if _CHARS[ord(ch)] != ch}
+        if special:
+            pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
+            text = pattern.sub(lambda m: special[m.group()], text)
+    return text.encode().translate(_ASCII_LOWER).decode()
+
+
+def text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:
+    """:func:`phrase_frequency` of an ASCII phrase, read from the columns' folded text (see
+    :func:`folded_text`) without splitting it into tokens."""
+    pattern = _text_phrase_pattern(phrase)
+    found = 0
+    for text in texts:
+        for m in pattern.finditer(text):
+            start = m.start()
+            found += start == 0 or not _is_token_char(text[start - 1])
+    return found
+
+
+def lacks_a_word(texts: Sequence[str | None], words: Sequence[str]) -> bool:
+    """Whether ASCII texts lack one of the (ASCII, folded) words even as a substring, so that
+    no token of theirs is that word (most rows waiting on a word's frequency lack it)."""
+    present = [t for t in texts if t]
+    if not all(t.isascii() for t in present):
+        return False  # unicode61 folds some other characters onto ASCII letters
+    lowered = "\n".join(present).lower()
+    return any(word not in lowered for word in words)
+
+
+def _is_token_char(ch: str) -> bool:
+    return ord(ch) >= 128 or ch.isalnum()
+
+
+@functools.lru_cache(maxsize=256)
+def _text_phrase_pattern(phrase: tuple[str, ...]) -> re.Pattern[str]:
+    """Instances of ``phrase`` in folded text, ending at a token's end; the caller checks that
+    each starts at a token's start. A phrase that can overlap itself is found by a lookahead
+    (overlapping instances); for any other, a match that starts inside a token cannot hide an
+    instance, which would have to start at one of its later tokens."""
+    body = f"[^{_TOKEN_CHARS}]+".join(phrase) + f"(?![{_TOKEN_CHARS}])"
+    return re.compile("(?=" + body + ")" if _self_overlapping(phrase) else body)
+
+
+@functools.lru_cache(maxsize=256)
+def _self_overlapping(phrase: tuple[str, ...]) -> bool:
+    return any(phrase[k:] == phrase[:len(phrase) - k] for k in range(1, len(phrase)))
+
+
+# ---------------------------------------------------------------------------------------------
+# BM25 as FTS5 computes it
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bm25Stats:
+    rows: int  # N: rows in the index
+    tokens: int  # tokens in all columns of all rows
+
+    @property
+    def avgdl(self) -> float:
+        return self.tokens / self.rows
+
+    def idf(self, hits: int) -> float:
+        value = math.log((self.rows - hits + 0.5) / (hits + 0.5))
+        return 1e-6 if value <= 0.0 else value
+
+
+def varints(blob: bytes) -> list[int]:
+    """SQLite varints (FTS5 writes its records with them)."""
+    values, value, length = [], 0, 0
+    for byte in blob:
+        length += 1
+        if length == 9:
+            values.append((value << 8) | byte)
+            value = length = 0
+            continue
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            values.append(value)
+            value = length = 0
+    return values
+
+
+def read_stats(conn: sqlite3.Connection, table: str = "messages_fts") -> Bm25Stats:
+    """N and the token total from the index's averages record (``%_data`` row 1), which is
+    what FTS5's xRowCount and xColumnTotalSize read."""
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
+    values = varints(row[0]) if row and row[0] else []
+    if not values:
+        return Bm25Stats(0, 0)
+    return Bm25Stats(values[0], sum(values[1:]))
+
+
+def bm25_score(
+    idfs: Sequence[float], frequencies: Sequence[float], length: int, avgdl: float
+) -> float:
+    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative)."""
+    score = 0.0
+    for idf, f in zip(idfs, frequencies, strict=True):
+        score += idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / avgdl)))
+    return score
+
+
+def phrase_match(phrase: tuple[str, ...]) -> str:
+    return '"' + " ".join(phrase) + '"'
+
+
+def count_matches(conn: sqlite3.Connection, table: str, expression: str) -> int:
+    sql = f"SELECT count(*) FROM {table} WHERE {table} MATCH ?"
+    return int(conn.execute(sql, (expression,)).fetchone()[0])
+
+
+_SELF_CHECK_ROWS = (
+    ("alpha beta gamma", None, None),
+    ("alpha alpha alpha delta", "alpha", '{"q": "beta alpha"}'),
+    ("beta " * 40 + "alpha", None, None),
+    ("gamma delta", "beta", None),
+    ("Alpha-Beta, gamma! alpha beta", None, '[{"alpha": 1}]'),
+    ("epsilon", None, None),
+)
+_SELF_CHECK_QUERIES = (
+    ("alpha",), ("alpha", "beta"), ("beta", "gamma", "alpha"), ("alpha beta",), ("gamma",),
+)
+
+
+@functools.cache
+def formula_matches_fts5() -> bool:
+    """True when :func:`bm25_score` equals this SQLite's ``bm25()`` bit for bit (checked on a
+    small table in memory, once per process)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.execute("CREATE VIRTUAL TABLE t USING fts5(content, tool_name, tool_calls)")
+        mem.executemany("INSERT INTO t VALUES (?, ?, ?)", _SELF_CHECK_ROWS)
+        mem.commit()  # FTS5 writes its averages record when the transaction commits
+        stats = read_stats(mem, "t")
+        for query in _SELF_CHECK_QUERIES:
+            phrases = [tuple(column_tokens(p)) for p in query]
+            expression = " ".join(phrase_match(p) for p in phrases)
+            idfs = [stats.idf(count_matches(mem, "t", phrase_match(p))) for p in phrases]
+            sql = "SELECT rowid, bm25(t) FROM t WHERE t MATCH ?"
+            for rowid, expected in mem.execute(sql, (expression,)).fetchall():
+                columns = [column_tokens(c) for c in _SELF_CHECK_ROWS[rowid - 1]]
+                frequencies = [phrase_frequency(columns, p) for p in phrases]
+                length = sum(map(len, columns))
+                if -bm25_score(idfs, frequencies, length, stats.avgdl) != expected:
+                    logger.warning("this SQLite's bm25() differs from the library's formula; "
+                                   "word search ranks with FTS5 only")
+                    return False
+        return True
+    finally:
+        mem.close()
+
