@@ -376,13 +376,18 @@ class LikeGroup:
     index_patterns: tuple[str, ...]
     substring: bool = True
 
-    def where(self, column: str, *, trigram: bool = False) -> tuple[str, tuple[str, ...]]:
-        """An SQL condition on ``column`` (a trusted SQL expression, never user text).
+    def where(
+        self, column: str, *, trigram: bool = False, row_text: str | None = None
+    ) -> tuple[str, tuple[str, ...]]:
+        """An SQL condition on ``column`` (a trusted SQL expression, never user text); the
+        negated conjunctions are tested on ``row_text`` when given (a negated word leaves the
+        row out wherever the row holds it).
 
         With ``trigram``, the index patterns come first so FTS5 can use them (the caller runs
         this only on groups that have some).
         """
         escaped = f"{column} LIKE ? ESCAPE '\\'"
+        excluded = f"{row_text or column} LIKE ? ESCAPE '\\'"
         clauses: list[str] = []
         params: list[str] = []
         if trigram:
@@ -391,7 +396,7 @@ class LikeGroup:
         clauses += [escaped] * len(self.include)
         params += self.include
         for conjunction in self.exclude:
-            clauses.append("NOT (" + " AND ".join([escaped] * len(conjunction)) + ")")
+            clauses.append("NOT (" + " AND ".join([excluded] * len(conjunction)) + ")")
             params += conjunction
         return "(" + " AND ".join(clauses) + ")", tuple(params)
 
@@ -420,6 +425,9 @@ class SearchPlan:
     conjunction: rank.Conjunction | None = None
     cjk_short: bool = False  # a CJK run of fewer than 3 characters: newest first, like LIKE
     cjk_groups: tuple[LikeGroup, ...] = ()  # the CJK alternatives, for their substring rows
+    # What keeps each route on messages_fts_cjk exact for negated terms (see _cjk_route_where).
+    latin_cjk_where: tuple[str, tuple[str, ...]] = ("", ())
+    cjk_where: tuple[str, tuple[str, ...]] = ("", ())
 
     def like_where(self, column: str) -> tuple[str, tuple[str, ...]]:
         """The whole query as one exact LIKE condition on ``column`` (a trusted SQL expression)."""
@@ -427,6 +435,36 @@ class SearchPlan:
         return "(" + " OR ".join(sql for sql, _ in parts) + ")", tuple(
             p for _, params in parts for p in params
         )
+
+
+# Rows of messages_fts_cjk matching an expression, and rows whose tool name holds one.
+CJK_ROWS_SQL = "SELECT rowid FROM messages_fts_cjk WHERE messages_fts_cjk MATCH ?"
+TOOL_NAME_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
+
+
+def _cjk_route_where(alternatives: Sequence[list[_Item]]) -> tuple[str, tuple[str, ...]]:
+    """A condition on ``m`` (and its parameters) that keeps a route on ``messages_fts_cjk``
+    exact for negated terms: ``search_cjk`` holds a row's content and tool calls but not its
+    tool name, so each term of a negated conjunction is looked for in both (a term held by
+    either counts). With several alternatives, a row passes through one it matches. Empty when
+    no alternative negates anything."""
+    negations = [_positive_and_negated(alternative)[1] for alternative in alternatives]
+    if not any(negations):
+        return "", ()
+    held = f"(m.id IN ({CJK_ROWS_SQL}) OR m.id IN ({TOOL_NAME_ROWS_SQL}))"
+    parts: list[str] = []
+    params: list[str] = []
+    for alternative, negated in zip(alternatives, negations, strict=True):
+        clauses = []
+        if len(alternatives) > 1:
+            clauses.append(f"m.id IN ({CJK_ROWS_SQL})")
+            params.append(_render(alternative, _render_cjk_term))
+        for conjunction in negated:
+            clauses.append("NOT (" + " AND ".join([held] * len(conjunction)) + ")")
+            for term in conjunction:
+                params += [_render_cjk_term(term), "tool_name : (" + _render_term(term) + ")"]
+        parts.append("(" + (" AND ".join(clauses) or "1") + ")")
+    return " AND (" + " OR ".join(parts) + ")", tuple(params)
 
 
 def plan_search(query: object) -> SearchPlan | None:
@@ -468,6 +506,8 @@ def plan_search(query: object) -> SearchPlan | None:
         conjunction=conj,
         cjk_short=cjk_short,
         cjk_groups=tuple(cjk_groups),
+        latin_cjk_where=_cjk_route_where(latin),
+        cjk_where=_cjk_route_where(cjk),
     )
 
 
@@ -831,19 +871,23 @@ def _word_hits(
     the same order. By time: all of them merged by message time."""
     if plan.cjk_short and not plan.fts_match:
         order = "newest"  # a short CJK query alone: newest first, whatever the sort
-    routes: list[tuple[str, str, rank.Conjunction | None, str | None]] = []
+    routes: list[tuple[str, str, rank.Conjunction | None, str | None,
+                       tuple[str, tuple[str, ...]]]] = []
     if plan.fts_match:
-        routes.append(("messages_fts", plan.fts_match, plan.conjunction, order))
+        routes.append(("messages_fts", plan.fts_match, plan.conjunction, order, ("", ())))
     if plan.latin_cjk_match:
-        routes.append(("messages_fts_cjk", plan.latin_cjk_match, None, order))
+        routes.append(("messages_fts_cjk", plan.latin_cjk_match, None, order,
+                       plan.latin_cjk_where))
     if plan.cjk_match:
         routes.append(("messages_fts_cjk", plan.cjk_match, None,
-                       order or ("newest" if plan.cjk_short else None)))
+                       order or ("newest" if plan.cjk_short else None), plan.cjk_where))
+
     def route(position: int, wanted: int) -> list[tuple[int, float]]:
         if position == len(routes):  # CJK text inside longer words, as substrings mean it
             return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
-        table, match, conj, route_order = routes[position]
-        return _route_ids(conn, table, match, conj, filters, params, wanted, route_order)
+        table, match, conj, route_order, (where, where_params) = routes[position]
+        return _route_ids(conn, table, match, conj, filters + where, [*params, *where_params],
+                          wanted, route_order)
 
     count = len(routes) + bool(plan.cjk_groups)
     if order is None:
@@ -879,7 +923,7 @@ def _substring_rows(
     for group in groups:
         if not group.index_patterns or not group.substring:
             continue
-        exact, exact_params = group.where("m.content")
+        exact, exact_params = group.where("m.content", row_text=_LIKE_TEXT)
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
         index_pattern = max(group.index_patterns, key=len)
         for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):

@@ -555,6 +555,44 @@ def test_a_latin_word_inside_cjk_text_is_found(cjk_db: tuple[SessionDB, dict[str
     assert sorted(found(db.search_messages("python"))) == sorted([ids["mixed"], ids["latin"]])
 
 
+def _calls(name: str) -> list[dict[str, Any]]:
+    return [{"id": "c", "type": "function", "function": {"name": name, "arguments": "{}"}}]
+
+
+@pytest.mark.parametrize("sort", [None, "newest", "oldest"])
+def test_a_negated_word_excludes_a_row_whatever_column_holds_it(
+    db: SessionDB, sort: str | None
+) -> None:
+    """The index that finds a word glued to CJK text, or CJK text itself, holds the content
+    and the tool calls but not the tool name: a row holding a negated word there, or half of a
+    negated conjunction, is still left out, on every route and in every order."""
+    db.create_session("s", "cli")
+    plain = add(db, "s", "kiwi plain")
+    tool = add(db, "s", "kiwi 日本語 output", "tool", tool_name="terminal", tool_call_id="c1")
+    call = add(db, "s", "kiwi 東京", "assistant", tool_calls=_calls("zebra"))
+    glued = add(db, "s", "kiwi東京 notes")
+    glued_tool = add(db, "s", "kiwi東京 result", "tool", tool_name="terminal", tool_call_id="c2")
+    cjk_tool = add(db, "s", "東京タワー", "tool", tool_name="terminal", tool_call_id="c3")
+    cjk_call = add(db, "s", "東京都", "assistant", tool_calls=_calls("zebra"))
+    inside = add(db, "s", "abc京def")  # found as a substring inside a longer word
+    inside_call = add(db, "s", "abc京def", "assistant", tool_calls=_calls("zebra"))
+    expected = {
+        "kiwi NOT terminal": {plain, call, glued},
+        "kiwi NOT zebra": {plain, tool, glued, glued_tool},
+        "kiwi NOT output terminal": {plain, call, glued, glued_tool},
+        "東京 NOT terminal": {call, glued, cjk_call},
+        "東京 NOT zebra": {glued, glued_tool, cjk_tool},
+        "東京 NOT タワー terminal": {call, glued, glued_tool, cjk_call},
+        "kiwi NOT terminal OR 東京 NOT zebra": {plain, call, glued, glued_tool, cjk_tool},
+        "c京de": {inside, inside_call},
+        "c京de NOT zebra": {inside},
+    }
+    for query, ids in expected.items():
+        hits = db.search_messages(query, sort=sort, limit=50)
+        assert set(found(hits)) == ids, query
+        assert not any("match" in hit for hit in hits), query
+
+
 def test_cjk_snippets_are_short_and_centred_on_the_match(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     text = "前置きの文章です。" * 40 + "東京タワーに行きました。" + "後書きの文章です。" * 40
