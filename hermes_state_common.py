@@ -1116,14 +1116,15 @@ SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
                         "search_impact_on_delete")
 # Rows past the batch boundary (``indexed``) are indexed by the next batch, whoever wrote them;
 # the triggers queue the rows at or below it that are inserted, changed or moved, and bound
-# their times (a row without a time, which a file of an older store may hold, bounds none).
+# their times (a row without a time, a number, bounds none: an older store's NULL, or text
+# another client stored).
 # Each such change, and every delete, counts in search_row_changes: while that count stays,
 # the rows at or below the boundary are the same (what cached match counts rely on).
 _BOUNDARY = "(SELECT indexed FROM search_impact_state)"
 _TIME_BLOCK_UPSERT = f"""
     INSERT INTO search_time_blocks (block, first_at, last_at)
         SELECT new.id >> {TIME_BLOCK_SHIFT}, new.timestamp, new.timestamp
-        WHERE new.timestamp IS NOT NULL AND new.id <= {_BOUNDARY}
+        WHERE typeof(new.timestamp) IN ('integer', 'real') AND new.id <= {_BOUNDARY}
     ON CONFLICT (block) DO UPDATE SET first_at = min(first_at, excluded.first_at),
                                       last_at = max(last_at, excluded.last_at);"""
 _COUNT_CHANGE = "UPDATE search_row_changes SET changes = changes + 1;"

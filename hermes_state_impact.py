@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import B, K1, read_stats, row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
@@ -406,9 +407,10 @@ def _write_postings(
     rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
-    into the blocks, all or nothing; False (the index marked damaged) when the index fails —
-    or when a row holds what the library never writes (text that is not text, a time that is
-    not a number: another client's), whose postings it cannot compute exactly."""
+    into the blocks (a time that is not a number, an older store's NULL or text another client
+    stored, bounds none), all or nothing; False (the index marked damaged) when the index
+    fails — or when a row holds text that is not text (another client's), whose postings it
+    cannot compute exactly."""
     postings: list[tuple[int, int, str]] = []
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
@@ -418,7 +420,7 @@ def _write_postings(
             postings.append((row_id, index.epoch, text))
             if text:
                 fts_rows.append((row_id, indexed))
-            if stamp is not None:
+            if isinstance(stamp, int | float):
                 first, last = blocks.get(row_id >> TIME_BLOCK_SHIFT, (stamp, stamp))
                 blocks[row_id >> TIME_BLOCK_SHIFT] = (min(first, stamp), max(last, stamp))
         with transaction(conn):  # a savepoint in the caller's transaction
@@ -684,10 +686,11 @@ TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks WHERE
 
 def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]:
     """Ranges of message ids with bounds of their messages' times, (first id, last id, first
-    time, last time), covering every id: the blocks up to the batch boundary, then the ids past
-    it, whose times are not bounded yet. One range of everything while a fill is due, and
-    for an index that is damaged."""
-    everything = [(0, 2**62, -math.inf, math.inf)]
+    time, last time), covering every id of a timed message: the blocks up to the batch
+    boundary (a block of messages without a time, a number, has none), then the ids past it,
+    whose times are not bounded yet. One range of every id while a fill is due, and for an
+    index that is damaged."""
+    everything = [(INT64_MIN, INT64_MAX, -math.inf, math.inf)]
     index = read_state(conn)
     if index is None or not index.whole:
         return everything
@@ -701,7 +704,7 @@ def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]
             raise
         notice_damage()
         return everything
-    ranges.append((index.indexed + 1, 2**62, -math.inf, math.inf))
+    ranges.append((index.indexed + 1, INT64_MAX, -math.inf, math.inf))
     return ranges
 
 

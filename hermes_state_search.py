@@ -100,7 +100,7 @@ from typing import Any
 
 import hermes_state_impact as impact
 import hermes_state_rank as rank
-from hermes_state_arguments import integer
+from hermes_state_arguments import INT64_MAX, INT64_MIN, integer
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
     FtsCorruptError,
@@ -794,12 +794,39 @@ def _ranked(
         prefix *= 8
 
 
+# A row without a time, a number (an older store's NULL, or text another client stored), comes
+# after every timed row in both directions (see _time_key); those of a block of ids holding no
+# timed row lie outside every range of ids, and are read once the ranges are exhausted.
+UNTIMED_LAST_SQL = "typeof(m.timestamp) NOT IN ('integer', 'real')"
+UNTIMED_HITS_SQL = """
+SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE {table} MATCH ? AND {untimed} {filters}
+"""
+
+
+def _time_key(timestamp: object, sign: float) -> tuple[int, float]:
+    """A row's place by time, ascending from the best row: its time, signed for the direction;
+    a row without a time (not a number) after every timed one, in both directions."""
+    if isinstance(timestamp, int | float) and timestamp == timestamp:  # not NaN
+        return 0, sign * timestamp
+    return 1, 0.0
+
+
+def _every_id(ranges: Sequence[tuple[int, int, float, float]]) -> bool:
+    """Whether the ranges of ids leave none out."""
+    spans = sorted((lo, hi) for lo, hi, _, _ in ranges)
+    return (spans[0][0] == INT64_MIN and spans[-1][1] == INT64_MAX
+            and all(lo <= last + 1 for (_, last), (lo, _) in zip(spans, spans[1:])))
+
+
 def _by_time(
     conn: sqlite3.Connection, table: str, match: str, filters: str, params: list[str],
     wanted: int, newest: bool,
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, Any]]:
     """The first ``wanted`` rows of ``table`` for ``match`` by message time (newest or oldest
-    first), ties by relevance, then id; as (id, timestamp).
+    first), ties by relevance, then id; rows without a time last (see :func:`_time_key`); as
+    (id, timestamp).
 
     Ranges of ids are read in the order of their time bounds, and reading stops at the first
     range that cannot hold a row as new (old) as the last one kept: for a history written in
@@ -808,24 +835,35 @@ def _by_time(
     sign = -1.0 if newest else 1.0  # keys ascend from the best row
     ranges.sort(key=lambda r: (sign * (r[3] if newest else r[2]), r[0]))
     sql = BLOCK_HITS_SQL.format(table=table, filters=filters)
-    found: list[tuple[float, int]] = []  # (sign * timestamp, id), the best rows so far
+    times: dict[int, Any] = {}
+    found: list[tuple[tuple[int, float], int]] = []  # (time key, id), the best rows so far
     for lo, hi, first_at, last_at in ranges:
-        if len(found) >= wanted and sign * (last_at if newest else first_at) > found[-1][0]:
+        bound = (0, sign * (last_at if newest else first_at))
+        if len(found) >= wanted and bound > found[-1][0]:
             break  # no row here, nor in the ranges after, is as new (old) as the last kept
-        rows = conn.execute(sql, (match, lo, hi, *params))
-        found = sorted(found + [(sign * ts, row_id) for row_id, ts in rows])
+        rows = conn.execute(sql, (match, lo, hi, *params)).fetchall()
+        times.update(rows)
+        found = sorted(found + [(_time_key(ts, sign), row_id) for row_id, ts in rows])
         if len(found) > wanted:  # keep every row tied with the last one kept
             cut = found[wanted - 1][0]
             found = [f for f in found if f[0] <= cut]
-    times = [key for key, _ in found]
+    else:
+        if not _every_id(ranges):  # every range was read: the rows without a time follow
+            sql = UNTIMED_HITS_SQL.format(table=table, untimed=UNTIMED_LAST_SQL, filters=filters)
+            rows = conn.execute(sql, (match, *params)).fetchall()
+            times.update(rows)
+            known = {row_id for _, row_id in found}
+            found = sorted(found + [(_time_key(ts, sign), row_id) for row_id, ts in rows
+                                    if row_id not in known])
+    keys = [key for key, _ in found]
     tied = [row_id for j, (key, row_id) in enumerate(found)
-            if (j and times[j - 1] == key) or (j + 1 < len(found) and times[j + 1] == key)]
+            if (j and keys[j - 1] == key) or (j + 1 < len(found) and keys[j + 1] == key)]
     scores: dict[int, float] = {}
     if tied:  # rows of the same time in relevance order (FTS5's scores), then by id
         args = (match, min(tied), max(tied), json.dumps(tied))
         scores = dict(conn.execute(SCORES_SQL.format(table=table), args).fetchall())
     ordered = sorted(found, key=lambda f: (f[0], scores.get(f[1], 0.0), f[1]))[:wanted]
-    return [(row_id, sign * key) for key, row_id in ordered]
+    return [(row_id, times[row_id]) for _, row_id in ordered]
 
 
 def _route_ids(
@@ -845,13 +883,13 @@ TRIGRAM_SEARCH_SQL = """
 SELECT m.id, m.timestamp FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
 JOIN sessions s ON s.id = m.session_id
 WHERE t.content LIKE ? AND {exact} {filters}
-ORDER BY m.timestamp {direction}, m.id {direction} LIMIT ?
+ORDER BY {untimed_last}, m.timestamp {direction}, m.id {direction} LIMIT ?
 """
 # The canonical fallback, with no index at all.
 LIKE_SEARCH_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE {exact} {filters}
-ORDER BY m.timestamp {direction}, m.id {direction} LIMIT ? OFFSET ?
+ORDER BY {untimed_last}, m.timestamp {direction}, m.id {direction} LIMIT ? OFFSET ?
 """
 _LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
              " || char(10) || COALESCE(m.tool_calls, ''))"
@@ -899,11 +937,11 @@ def _word_hits(
                 if len(seen) < wanted:
                     seen.setdefault(row_id, None)
         return list(seen)
-    merged: dict[int, tuple[float, int, int]] = {}
+    merged: dict[int, tuple[tuple[int, float], int, int]] = {}
     sign = -1.0 if order == "newest" else 1.0
     for position in range(count):
         for rank_in_route, (row_id, ts) in enumerate(route(position, wanted)):
-            key = (sign * ts, position, rank_in_route)
+            key = (_time_key(ts, sign), position, rank_in_route)
             if row_id not in merged or key < merged[row_id]:
                 merged[row_id] = key
     return [row_id for row_id, _ in sorted(merged.items(), key=lambda kv: (kv[1], kv[0]))][
@@ -924,11 +962,12 @@ def _substring_rows(
         if not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content", row_text=_LIKE_TEXT)
-        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
+        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
+                                        untimed_last=UNTIMED_LAST_SQL)
         index_pattern = max(group.index_patterns, key=len)
         for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
             found[row_id] = ts
-    ordered = sorted(found.items(), key=lambda kv: (sign * kv[1], sign * kv[0]))
+    ordered = sorted(found.items(), key=lambda kv: (_time_key(kv[1], sign), sign * kv[0]))
     return ordered[:wanted]
 
 
@@ -938,7 +977,8 @@ def _like_hits(
 ) -> list[int]:
     exact, exact_params = plan.like_where(_LIKE_TEXT)
     direction = "ASC" if order == "oldest" else "DESC"
-    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction)
+    sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
+                                 untimed_last=UNTIMED_LAST_SQL)
     return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
 
 

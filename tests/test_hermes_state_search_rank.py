@@ -327,6 +327,71 @@ def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB) -> None:
         m["id"] for m in by_time[::-1][:30]]
 
 
+# The order by time: rows without a time (not a number) after every timed row, in both
+# directions, all alike; ties by relevance (FTS5's bm25()), then id.
+TIME_ORDER_SQL = """
+SELECT f.rowid FROM messages_fts f JOIN messages m ON m.id = f.rowid
+WHERE messages_fts MATCH ?
+ORDER BY typeof(m.timestamp) NOT IN ('integer', 'real'),
+         CASE WHEN typeof(m.timestamp) IN ('integer', 'real') THEN m.timestamp END {direction},
+         bm25(messages_fts), f.rowid
+"""
+
+
+def _older_file_without_a_time_column_constraint(db_path: Path) -> None:
+    """What a file of an older store may be: a message time that may be NULL."""
+    conn = raw(db_path)
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()
+    assert "timestamp REAL NOT NULL" in sql
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'messages'",
+                 (sql.replace("timestamp REAL NOT NULL", "timestamp REAL"),))
+    conn.execute("PRAGMA writable_schema = OFF")
+    conn.close()
+
+
+@pytest.mark.parametrize("sort", ["newest", "oldest"])
+def test_rows_without_a_time_sort_after_every_timed_row(
+    db_path: Path, sort: str
+) -> None:
+    """Rows whose time is text another client stored, or NULL in an older file, come after
+    every timed row in both directions, by relevance then id; and are found even in a block of
+    ids holding no timed row, which the time blocks do not bound."""
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+    _older_file_without_a_time_column_constraint(db_path)
+    conn = raw(db_path)
+    insert = ("INSERT INTO messages (id, session_id, role, content, timestamp)"
+              " VALUES (?, 's1', 'user', ?, ?)")
+    conn.executemany(insert, [(5000, "kiwi kiwi alone", None), (5001, "kiwi later", "soon"),
+                              (9000, "kiwi timed", 3.5), (9001, "kiwi", "yesterday"),
+                              (9002, "kiwi again", None)])
+    conn.close()
+    with SessionDB(db_path) as db:
+        for n in range(300):  # past several batches, so that the blocks bound the rows
+            db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n % 40))
+        assert db._read(impact.index_whole)
+        direction = "DESC" if sort == "newest" else "ASC"
+        expected = [r[0] for r in db._read(lambda c: c.execute(
+            TIME_ORDER_SQL.format(direction=direction), ("kiwi",)).fetchall())]
+        assert set(expected[-4:]) == {5000, 5001, 9001, 9002}
+        assert ids(db.search_messages("kiwi", sort=sort, limit=400)) == expected
+        pages = [ids(db.search_messages("kiwi", sort=sort, limit=20, offset=o))
+                 for o in range(0, 320, 20)]
+        assert [i for page in pages for i in page] == expected
+
+
+def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
+    db.create_session("s1", "cli")
+    conn = raw(db_path)
+    conn.executemany("INSERT INTO messages (id, session_id, role, content, timestamp)"
+                     " VALUES (?, 's1', 'user', 'kiwi', ?)",
+                     [(-7, 1.0), (0, 2.0), (2**62 + 10, 3.0), (2**63 - 1, 4.0)])
+    conn.close()
+    assert ids(db.search_messages("kiwi", sort="newest")) == [2**63 - 1, 2**62 + 10, 0, -7]
+    assert ids(db.search_messages("kiwi", sort="oldest")) == [-7, 0, 2**62 + 10, 2**63 - 1]
+
+
 def test_a_prefix_query_finds_every_word_it_begins(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     found = [db.append_message("s1", "user", text) for text in
