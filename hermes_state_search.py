@@ -135,6 +135,8 @@ MAX_QUERY_TERMS = 32
 MAX_INPUT_CHARS = 2048
 MAX_QUERY_CHARS = MAX_INPUT_CHARS
 SNIPPET_WIDTH = 120
+# More rows than any SQLite file holds (its largest is 2⁴⁸ bytes).
+MAX_ROWS = 2**48
 MATCH_START = ">>>"
 MATCH_END = "<<<"
 ELLIPSIS = "..."
@@ -1097,6 +1099,9 @@ def search_messages(
     order = sort_order(sort)
     filters, params = search_filters(source_filter, exclude_sources, role_filter,
                                      include_inactive)
+    # Past the rows any store can hold every page is empty: the end of the page is cut there,
+    # so that what the routes ask of SQLite stays within its 64-bit integers.
+    offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)
     wanted = offset + limit
     if use_index and index_state(conn).usable:
         try:

@@ -555,6 +555,21 @@ def test_a_latin_word_inside_cjk_text_is_found(cjk_db: tuple[SessionDB, dict[str
     assert sorted(found(db.search_messages("python"))) == sorted([ids["mixed"], ids["latin"]])
 
 
+@pytest.mark.parametrize("query", ["kiwi", "zebra", "東京タワー", "東"])
+@pytest.mark.parametrize("sort", [None, "newest"])
+def test_pages_as_far_as_64_bits_reach_answer_without_error(
+    db: SessionDB, query: str, sort: str | None
+) -> None:
+    db.create_session("s", "cli")
+    for n in range(5):
+        add(db, "s", f"kiwi {n} 東京タワー", timestamp=float(n))
+    everything = found(db.search_messages(query, sort=sort, limit=100))
+    big = 2**63 - 1
+    for offset, limit in ((0, big), (2, big), (2**62, 20), (45, big - 40), (big, big)):
+        assert found(db.search_messages(query, sort=sort, limit=limit, offset=offset)) == (
+            everything[offset:]), (offset, limit)
+
+
 def _calls(name: str) -> list[dict[str, Any]]:
     return [{"id": "c", "type": "function", "function": {"name": name, "arguments": "{}"}}]
 
