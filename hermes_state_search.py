@@ -74,9 +74,11 @@ slice (pages never overlap or leave a gap):
   their rows holding the CJK text inside a longer word (trigram index), newest first. A later
   route is only asked once the earlier ones are exhausted before ``offset + limit``.
 * ``sort="newest"``/``"oldest"``: the same rows merged by message time, ties by relevance then
-  id; a query made of short CJK runs alone stays newest first. Time order reads blocks of 4,096
-  ids in the order of their time bounds (``search_time_blocks``) and stops at the first block
-  that cannot hold a row as new (old) as the last one kept.
+  id, rows without a time (not a number: an older store's NULL, text another client stored)
+  after every timed one in both directions; a query made of short CJK runs alone stays newest
+  first. Time order reads blocks of 4,096 ids in the order of their time bounds
+  (``search_time_blocks``) and stops at the first block that cannot hold a row as new (old) as
+  the last one kept.
 * Substring hits: only when none of the above finds a row, the rows holding the query's text
   inside a word (user and assistant text, through the trigram index), newest first, each
   marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
