@@ -441,32 +441,61 @@ class SearchPlan:
         )
 
 
-# Rows of messages_fts_cjk matching an expression, and rows whose tool name holds one.
-CJK_ROWS_SQL = "SELECT rowid FROM messages_fts_cjk WHERE messages_fts_cjk MATCH ?"
-TOOL_NAME_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
+# Whether this row matches an expression on messages_fts_cjk; whether its tool name holds a
+# term. messages_fts is asked only when the name could hold it: an ASCII name holds a token only
+# as a substring (the term's longest ASCII word stands for it), and holds a word that is the
+# whole name without asking.
+CJK_ROW_MATCHES_SQL = """
+EXISTS (SELECT 1 FROM messages_fts_cjk WHERE messages_fts_cjk MATCH ? AND rowid = m.id)"""
+TOOL_NAME_HOLDS_SQL = """
+(m.tool_name IS NOT NULL AND ({whole}(m.tool_name GLOB ?{substring})
+ AND EXISTS (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? AND rowid = m.id)))"""
+_NON_ASCII_GLOB = "*[^\x01-\x7f]*"
+_ASCII_WORD = re.compile("[A-Za-z0-9]+")
+
+
+def _tool_name_holds(term: _Term) -> tuple[str, list[str]]:
+    """:data:`TOOL_NAME_HOLDS_SQL` for ``term``, and its parameters."""
+    words = _ASCII_WORD.findall(term.text)
+    whole = not term.prefix and words == [term.text]
+    sql = TOOL_NAME_HOLDS_SQL.format(
+        whole="m.tool_name LIKE ? ESCAPE '\\' OR " if whole else "",
+        substring=" OR m.tool_name LIKE ? ESCAPE '\\'" if words else "")
+    return sql, [*([escape_like(term.text)] if whole else []), _NON_ASCII_GLOB,
+                 *([_like_pattern(max(words, key=len))] if words else []),
+                 "tool_name : (" + _render_term(term) + ")"]
 
 
 def _cjk_route_where(alternatives: Sequence[list[_Item]]) -> tuple[str, tuple[str, ...]]:
     """A condition on ``m`` (and its parameters) that keeps a route on ``messages_fts_cjk``
     exact for negated terms: ``search_cjk`` holds a row's content and tool calls but not its
-    tool name, so each term of a negated conjunction is looked for in both (a term held by
-    either counts). With several alternatives, a row passes through one it matches. Empty when
-    no alternative negates anything."""
+    tool name. The route's match already leaves out a row holding a whole negated conjunction
+    there; so a row is also left out when its tool name holds some term of one and each of the
+    others is held by either. With several alternatives, a row passes through one it matches.
+    Empty when no alternative negates anything."""
     negations = [_positive_and_negated(alternative)[1] for alternative in alternatives]
     if not any(negations):
         return "", ()
-    held = f"(m.id IN ({CJK_ROWS_SQL}) OR m.id IN ({TOOL_NAME_ROWS_SQL}))"
     parts: list[str] = []
     params: list[str] = []
     for alternative, negated in zip(alternatives, negations, strict=True):
         clauses = []
-        if len(alternatives) > 1:
-            clauses.append(f"m.id IN ({CJK_ROWS_SQL})")
+        if len(alternatives) > 1:  # which alternative the row matches
+            clauses.append(CJK_ROW_MATCHES_SQL)
             params.append(_render(alternative, _render_cjk_term))
         for conjunction in negated:
-            clauses.append("NOT (" + " AND ".join([held] * len(conjunction)) + ")")
-            for term in conjunction:
-                params += [_render_cjk_term(term), "tool_name : (" + _render_term(term) + ")"]
+            named = [_tool_name_holds(term) for term in conjunction]
+            in_name = " OR ".join(sql for sql, _ in named)
+            for _, term_params in named:
+                params += term_params
+            if len(conjunction) == 1 and len(alternatives) == 1:
+                clauses.append(f"NOT ({in_name})")
+                continue
+            held = []
+            for term, (sql, term_params) in zip(conjunction, named, strict=True):
+                held.append(f"({sql} OR {CJK_ROW_MATCHES_SQL})")
+                params += [*term_params, _render_cjk_term(term)]
+            clauses.append(f"(NOT ({in_name}) OR NOT ({' AND '.join(held)}))")
         parts.append("(" + (" AND ".join(clauses) or "1") + ")")
     return " AND (" + " OR ".join(parts) + ")", tuple(params)
 

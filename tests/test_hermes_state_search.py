@@ -608,6 +608,22 @@ def test_a_negated_word_excludes_a_row_whatever_column_holds_it(
         assert not any("match" in hit for hit in hits), query
 
 
+def test_a_negated_word_is_held_by_a_tool_name_as_fts5_tokenizes_it(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    names = ["Términal", "read_file", "terminals", "TERMINAL", None, "ターミナル terminal"]
+    rows = {name: add(db, "s", "東京 output", "tool" if name else "user", tool_name=name,
+                      tool_call_id=f"c{n}" if name else None)
+            for n, name in enumerate(names)}
+    expected = {
+        "東京 NOT terminal": {"read_file", "terminals", None},
+        "東京 NOT file": {"Términal", "terminals", "TERMINAL", None, "ターミナル terminal"},
+        "東京 NOT term*": {"read_file", None},
+        '東京 NOT "read file"': {"Términal", "terminals", "TERMINAL", None, "ターミナル terminal"},
+    }
+    for query, kept in expected.items():
+        assert set(found(db.search_messages(query))) == {rows[n] for n in kept}, query
+
+
 def test_cjk_snippets_are_short_and_centred_on_the_match(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     text = "前置きの文章です。" * 40 + "東京タワーに行きました。" + "後書きの文章です。" * 40
