@@ -1116,8 +1116,7 @@ SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",
                         "search_impact_on_delete")
 # Rows past the batch boundary (``indexed``) are indexed by the next batch, whoever wrote them;
 # the triggers queue the rows at or below it that are inserted, changed or moved, and bound
-# their times (a row without a time, a number, bounds none: an older store's NULL, or text
-# another client stored).
+# their times (a row whose time is not a number bounds none).
 # Each such change, and every delete, counts in search_row_changes: while that count stays,
 # the rows at or below the boundary are the same (what cached match counts rely on).
 _BOUNDARY = "(SELECT indexed FROM search_impact_state)"

@@ -407,10 +407,9 @@ def _write_postings(
     rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
-    into the blocks (a time that is not a number, an older store's NULL or text another client
-    stored, bounds none), all or nothing; False (the index marked damaged) when the index
-    fails — or when a row holds text that is not text (another client's), whose postings it
-    cannot compute exactly."""
+    into the blocks (a time that is not a number bounds none), all or nothing; False (the
+    index marked damaged) when the index fails — or when a row holds text that is not text
+    (another client's), whose postings it cannot compute exactly."""
     postings: list[tuple[int, int, str]] = []
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
@@ -684,10 +683,16 @@ def index_whole(conn: sqlite3.Connection) -> bool:
 TIME_BLOCKS_SQL = "SELECT block, first_at, last_at FROM search_time_blocks WHERE block <= ?"
 
 
+def _bound(value: object, unbounded: float) -> float:
+    """A block's time bound; none for one that is not a number (the triggers of a file written
+    before they skipped such times could store text another client wrote as a time)."""
+    return float(value) if isinstance(value, int | float) else unbounded
+
+
 def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]:
     """Ranges of message ids with bounds of their messages' times, (first id, last id, first
     time, last time), covering every id of a timed message: the blocks up to the batch
-    boundary (a block of messages without a time, a number, has none), then the ids past it,
+    boundary (a block whose messages have no time, a number, has none), then the ids past it,
     whose times are not bounded yet. One range of every id while a fill is due, and for an
     index that is damaged."""
     everything = [(INT64_MIN, INT64_MAX, -math.inf, math.inf)]
@@ -697,7 +702,8 @@ def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]
     try:
         blocks = conn.execute(TIME_BLOCKS_SQL, (index.indexed >> TIME_BLOCK_SHIFT,)).fetchall()
         ranges = [(block << TIME_BLOCK_SHIFT, min(((block + 1) << TIME_BLOCK_SHIFT) - 1,
-                                                   index.indexed), float(first_at), float(last_at))
+                                                   index.indexed),
+                   _bound(first_at, -math.inf), _bound(last_at, math.inf))
                   for block, first_at, last_at in blocks]
     except INDEX_FAULTS as exc:
         if not index_error(exc):

@@ -4,7 +4,8 @@
 by message id: the phrases are the query's words and "quoted phrases", in query order, and each
 row's score is the one :func:`hermes_state_bm25.bm25_score` computes bit for bit. Rows are
 proven to be the best from the search impact index (:mod:`hermes_state_impact`): each
-message's postings whose impact reaches :data:`THRESHOLD`, read best first.
+message's postings whose impact reaches :data:`hermes_state_impact.THRESHOLD`, read best
+first.
 
 **The query** (:func:`top_k`): a conjunction of phrases whose tokens are all ASCII, with the
 caller's filters. A single word is read best first, each row scored from its token, until the

@@ -827,30 +827,38 @@ def _ranked(
         prefix *= 8
 
 
-# A row without a time, a number (an older store's NULL, or text another client stored), comes
-# after every timed row in both directions (see _time_key); those of a block of ids holding no
-# timed row lie outside every range of ids, and are read once the ranges are exhausted.
-UNTIMED_LAST_SQL = "typeof(m.timestamp) NOT IN ('integer', 'real')"
-UNTIMED_HITS_SQL = """
-SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
-JOIN sessions s ON s.id = m.session_id
-WHERE {table} MATCH ? AND {untimed} {filters}
-"""
+# A row without a time (see the module docstring).
+UNTIMED_SQL = "typeof(m.timestamp) NOT IN ('integer', 'real')"
+_UNTIMED_KEY = (1, 0.0)
 
 
 def _time_key(timestamp: object, sign: float) -> tuple[int, float]:
-    """A row's place by time, ascending from the best row: its time, signed for the direction;
-    a row without a time (not a number) after every timed one, in both directions."""
-    if isinstance(timestamp, int | float) and timestamp == timestamp:  # not NaN
+    """A row's place by time, ascending from the best row: its time signed for the direction,
+    a row without a time after every timed one."""
+    if isinstance(timestamp, int | float):
         return 0, sign * timestamp
-    return 1, 0.0
+    return _UNTIMED_KEY
 
 
-def _every_id(ranges: Sequence[tuple[int, int, float, float]]) -> bool:
-    """Whether the ranges of ids leave none out."""
-    spans = sorted((lo, hi) for lo, hi, _, _ in ranges)
-    return (spans[0][0] == INT64_MIN and spans[-1][1] == INT64_MAX
-            and all(lo <= last + 1 for (_, last), (lo, _) in zip(spans, spans[1:])))
+def _outside(ranges: Sequence[tuple[int, int, float, float]]) -> list[tuple[int, int]]:
+    """The ids no range covers: blocks holding no timed row, so their rows have no time."""
+    gaps, start = [], INT64_MIN
+    for lo, hi in sorted((lo, hi) for lo, hi, _, _ in ranges):
+        if lo > start:
+            gaps.append((start, lo - 1))
+        start = max(start, hi + 1)
+    if start <= INT64_MAX:
+        gaps.append((start, INT64_MAX))
+    return gaps
+
+
+def _kept(found: list[tuple[tuple[int, float], int]], wanted: int
+          ) -> list[tuple[tuple[int, float], int]]:
+    """The first ``wanted`` of ``found`` (sorted), and every row tied with the last of them."""
+    if len(found) <= wanted:
+        return found
+    cut = found[wanted - 1][0]
+    return [f for f in found if f[0] <= cut]
 
 
 def _by_time(
@@ -858,8 +866,7 @@ def _by_time(
     wanted: int, newest: bool,
 ) -> list[tuple[int, Any]]:
     """The first ``wanted`` rows of ``table`` for ``match`` by message time (newest or oldest
-    first), ties by relevance, then id; rows without a time last (see :func:`_time_key`); as
-    (id, timestamp).
+    first), ties by relevance, then id, rows without a time last; as (id, timestamp).
 
     Ranges of ids are read in the order of their time bounds, and reading stops at the first
     range that cannot hold a row as new (old) as the last one kept: for a history written in
@@ -869,25 +876,21 @@ def _by_time(
     ranges.sort(key=lambda r: (sign * (r[3] if newest else r[2]), r[0]))
     sql = BLOCK_HITS_SQL.format(table=table, filters=filters)
     times: dict[int, Any] = {}
-    found: list[tuple[tuple[int, float], int]] = []  # (time key, id), the best rows so far
-    for lo, hi, first_at, last_at in ranges:
-        bound = (0, sign * (last_at if newest else first_at))
-        if len(found) >= wanted and bound > found[-1][0]:
-            break  # no row here, nor in the ranges after, is as new (old) as the last kept
+
+    def read(lo: int, hi: int) -> list[tuple[tuple[int, float], int]]:
         rows = conn.execute(sql, (match, lo, hi, *params)).fetchall()
         times.update(rows)
-        found = sorted(found + [(_time_key(ts, sign), row_id) for row_id, ts in rows])
-        if len(found) > wanted:  # keep every row tied with the last one kept
-            cut = found[wanted - 1][0]
-            found = [f for f in found if f[0] <= cut]
-    else:
-        if not _every_id(ranges):  # every range was read: the rows without a time follow
-            sql = UNTIMED_HITS_SQL.format(table=table, untimed=UNTIMED_LAST_SQL, filters=filters)
-            rows = conn.execute(sql, (match, *params)).fetchall()
-            times.update(rows)
-            known = {row_id for _, row_id in found}
-            found = sorted(found + [(_time_key(ts, sign), row_id) for row_id, ts in rows
-                                    if row_id not in known])
+        return [(_time_key(ts, sign), row_id) for row_id, ts in rows]
+
+    found: list[tuple[tuple[int, float], int]] = []  # (time key, id), the best rows so far
+    for lo, hi, first_at, last_at in ranges:
+        if len(found) >= wanted and (0, sign * (last_at if newest else first_at)) > found[-1][0]:
+            break  # no row here, nor in the ranges after, is as new (old) as the last kept
+        found = _kept(sorted(found + read(lo, hi)), wanted)
+    else:  # every range was read: rows without a time outside them follow, if there is room
+        if len(found) < wanted or found[wanted - 1][0] == _UNTIMED_KEY:
+            for lo, hi in _outside(ranges):
+                found = _kept(sorted(found + read(lo, hi)), wanted)
     keys = [key for key, _ in found]
     tied = [row_id for j, (key, row_id) in enumerate(found)
             if (j and keys[j - 1] == key) or (j + 1 < len(found) and keys[j + 1] == key)]
@@ -902,7 +905,7 @@ def _by_time(
 def _route_ids(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
     filters: str, params: list[str], wanted: int, order: str | None,
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, Any]]:
     """One route's first ``wanted`` rows, in its order, as (id, sort key)."""
     if order is None:
         return [(row_id, float(n)) for n, row_id in
@@ -916,13 +919,15 @@ TRIGRAM_SEARCH_SQL = """
 SELECT m.id, m.timestamp FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
 JOIN sessions s ON s.id = m.session_id
 WHERE t.content LIKE ? AND {exact} {filters}
-ORDER BY {untimed_last}, m.timestamp {direction}, m.id {direction} LIMIT ?
+ORDER BY {untimed}, CASE WHEN {untimed} THEN NULL ELSE m.timestamp END {direction},
+         m.id {direction} LIMIT ?
 """
 # The canonical fallback, with no index at all.
 LIKE_SEARCH_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE {exact} {filters}
-ORDER BY {untimed_last}, m.timestamp {direction}, m.id {direction} LIMIT ? OFFSET ?
+ORDER BY {untimed}, CASE WHEN {untimed} THEN NULL ELSE m.timestamp END {direction},
+         m.id {direction} LIMIT ? OFFSET ?
 """
 _LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')" \
              " || char(10) || COALESCE(m.tool_calls, ''))"
@@ -953,7 +958,7 @@ def _word_hits(
         routes.append(("messages_fts_cjk", plan.cjk_match, None,
                        order or ("newest" if plan.cjk_short else None), plan.cjk_where))
 
-    def route(position: int, wanted: int) -> list[tuple[int, float]]:
+    def route(position: int, wanted: int) -> list[tuple[int, Any]]:
         if position == len(routes):  # CJK text inside longer words, as substrings mean it
             return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
         table, match, conj, route_order, (where, where_params) = routes[position]
@@ -984,19 +989,19 @@ def _word_hits(
 def _substring_rows(
     conn: sqlite3.Connection, groups: Sequence[LikeGroup], filters: str, params: list[str],
     wanted: int, order: str | None,
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, Any]]:
     """Rows of user and assistant text holding a group's text anywhere, through the trigram
     index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
     user's own "quoted phrases" asks for that phrase and is left out."""
     direction = "ASC" if order == "oldest" else "DESC"
     sign = 1.0 if order == "oldest" else -1.0
-    found: dict[int, float] = {}
+    found: dict[int, Any] = {}
     for group in groups:
         if not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content", row_text=_LIKE_TEXT)
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
-                                        untimed_last=UNTIMED_LAST_SQL)
+                                        untimed=UNTIMED_SQL)
         index_pattern = max(group.index_patterns, key=len)
         for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
             found[row_id] = ts
@@ -1011,7 +1016,7 @@ def _like_hits(
     exact, exact_params = plan.like_where(_LIKE_TEXT)
     direction = "ASC" if order == "oldest" else "DESC"
     sql = LIKE_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
-                                 untimed_last=UNTIMED_LAST_SQL)
+                                 untimed=UNTIMED_SQL)
     return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
 
 

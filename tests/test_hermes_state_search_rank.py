@@ -381,6 +381,55 @@ def test_rows_without_a_time_sort_after_every_timed_row(
         assert [i for page in pages for i in page] == expected
 
 
+@pytest.mark.parametrize("sort", ["newest", "oldest"])
+def test_substring_pages_with_rows_without_a_time_are_slices_of_one_order(
+    db: SessionDB, db_path: Path, sort: str
+) -> None:
+    db.create_session("s1", "cli")
+    conn = raw(db_path)
+    conn.executemany("INSERT INTO messages (session_id, role, content, timestamp)"
+                     " VALUES ('s1', 'user', ?, ?)",
+                     [("unploy one", 2.0), ("unploy two", "z"), ("unploy three", "m"),
+                      ("unploy four", 1.0), ("unploy five", "a")])
+    conn.close()
+    whole = ids(db.search_messages("ploy", sort=sort, limit=10))
+    assert len(whole) == 5 and all(h["match"] == "substring"
+                                   for h in db.search_messages("ploy", sort=sort))
+    assert [ids(db.search_messages("ploy", sort=sort, limit=1, offset=o))[0]
+            for o in range(5)] == whole
+    assert whole[:2] == ([1, 4] if sort == "newest" else [4, 1])  # the timed rows first
+
+
+def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
+    db_path: Path
+) -> None:
+    """A file written before the triggers skipped times that are not numbers: its trigger
+    stores text another client wrote as a time in a block's bound, which a time sort then
+    treats as no bound."""
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        for n in range(300):
+            db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n))
+    conn = raw(db_path)
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_on_update'"
+                          ).fetchone()
+    older = sql.replace("typeof(new.timestamp) IN ('integer', 'real')",
+                        "new.timestamp IS NOT NULL")
+    assert older != sql
+    conn.execute("DROP TRIGGER search_impact_on_update")
+    conn.execute(older)
+    conn.execute("UPDATE messages SET timestamp = 'soon' WHERE id = 5")
+    assert conn.execute("SELECT count(*) FROM search_time_blocks WHERE typeof(last_at) = 'text'"
+                        ).fetchone() == (1,)
+    conn.close()
+    with SessionDB(db_path) as db:
+        newest = ids(db.search_messages("kiwi", sort="newest", limit=400))
+        assert newest[:3] == [300, 299, 298] and newest[-1] == 5
+        assert ids(db.search_messages("kiwi", sort="oldest", limit=3)) == [1, 2, 3]
+        db.append_message("s1", "user", "kiwi after", timestamp=1000.0)
+        assert db._read(impact.index_health)["usable"]
+
+
 def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
     db.create_session("s1", "cli")
     conn = raw(db_path)
