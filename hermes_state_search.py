@@ -38,11 +38,17 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
   ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
   without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes).
-  A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative cannot be
-  expressed there; it is matched as a whole word on ``messages_fts`` (the LIKE route is exact).
+  A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative stays on
+  ``messages_fts``, as a negation (see below).
 * The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
   reads a CJK run and the Latin letters touching it as one token, so in ``日本語のUI設計`` or
   ``Python入門`` the word is not a token of ``messages_fts``, but it is one of ``search_cjk``.
+* A negated term leaves a row out when either index finds it there: ``messages_fts`` does not
+  see a word glued to CJK text (nor a CJK term inside a longer run), ``messages_fts_cjk`` does
+  not see the tool name, so each route also asks the other index, row by row, for the rows it
+  does not read whole (``fts_where``, ``latin_cjk_where``, ``cjk_where``). The required terms
+  of one alternative are found by one index: a row holding one of them only in its tool name
+  and another only glued to CJK text (or as CJK text) is not found.
 * LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
   ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal, and a word
   keeps the ``%`` and ``_`` at its edges there: ``50%`` finds ``50% off``, not ``500``) and
@@ -429,7 +435,8 @@ class SearchPlan:
     conjunction: rank.Conjunction | None = None
     cjk_short: bool = False  # a CJK run of fewer than 3 characters: newest first, like LIKE
     cjk_groups: tuple[LikeGroup, ...] = ()  # the CJK alternatives, for their substring rows
-    # What keeps each route on messages_fts_cjk exact for negated terms (see _cjk_route_where).
+    # What keeps each route exact for negated terms (see _negations_where).
+    fts_where: tuple[str, tuple[str, ...]] = ("", ())
     latin_cjk_where: tuple[str, tuple[str, ...]] = ("", ())
     cjk_where: tuple[str, tuple[str, ...]] = ("", ())
 
@@ -441,10 +448,12 @@ class SearchPlan:
         )
 
 
-# Whether this row matches an expression on messages_fts_cjk; whether its tool name holds a
-# term. messages_fts is asked only when the name could hold it: an ASCII name holds a token only
-# as a substring (the term's longest ASCII word stands for it), and holds a word that is the
-# whole name without asking.
+# Whether this row matches an expression on messages_fts, on messages_fts_cjk; whether its tool
+# name holds a term. messages_fts is asked only when the name could hold it: an ASCII name
+# holds a token only as a substring (the term's longest ASCII word stands for it), and holds a
+# word that is the whole name without asking.
+FTS_ROW_MATCHES_SQL = """
+EXISTS (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? AND rowid = m.id)"""
 CJK_ROW_MATCHES_SQL = """
 EXISTS (SELECT 1 FROM messages_fts_cjk WHERE messages_fts_cjk MATCH ? AND rowid = m.id)"""
 TOOL_NAME_HOLDS_SQL = """
@@ -466,13 +475,36 @@ def _tool_name_holds(term: _Term) -> tuple[str, list[str]]:
                  "tool_name : (" + _render_term(term) + ")"]
 
 
-def _cjk_route_where(alternatives: Sequence[list[_Item]]) -> tuple[str, tuple[str, ...]]:
-    """A condition on ``m`` (and its parameters) that keeps a route on ``messages_fts_cjk``
-    exact for negated terms: ``search_cjk`` holds a row's content and tool calls but not its
-    tool name. The route's match already leaves out a row holding a whole negated conjunction
-    there; so a row is also left out when its tool name holds some term of one and each of the
-    others is held by either. With several alternatives, a row passes through one it matches.
-    Empty when no alternative negates anything."""
+def _cjk_view_holds(term: _Term) -> tuple[str, list[str]]:
+    return CJK_ROW_MATCHES_SQL, [_render_cjk_term(term)]
+
+
+@dataclass(frozen=True)
+class _View:
+    """What the index of a route reads of a row, for the negations it cannot see whole."""
+
+    whole: str  # a condition under which the index reads the whole row
+    render: _RenderTerm  # a term spelled for the index
+    matches: str  # the row matches an expression on the index
+    elsewhere: Callable[[_Term], tuple[str, list[str]]]  # the row holds a term where it does not
+
+
+# messages_fts reads a word glued to CJK text as part of one token with it; messages_fts_cjk
+# does not read the tool name.
+_FTS_VIEW = _View("m.search_cjk IS NULL", _render_term, FTS_ROW_MATCHES_SQL, _cjk_view_holds)
+_CJK_VIEW = _View("m.tool_name IS NULL", _render_cjk_term, CJK_ROW_MATCHES_SQL, _tool_name_holds)
+
+
+def _negations_where(
+    alternatives: Sequence[list[_Item]], view: _View
+) -> tuple[str, tuple[str, ...]]:
+    """A condition on ``m`` (and its parameters) that keeps a route exact for negated terms: a
+    row holds a term when either index finds it there (a word glued to CJK text, or in the tool
+    name, included). The route's match already leaves out a row whose negated conjunction its
+    own index finds whole; so a row is also left out when a term of one is held where that
+    index does not look and each of the others is held either way. With several alternatives,
+    a row passes through one it matches. The lookups run for the row itself, only for a row
+    that index does not read whole. Empty when no alternative negates anything."""
     negations = [_positive_and_negated(alternative)[1] for alternative in alternatives]
     if not any(negations):
         return "", ()
@@ -481,23 +513,23 @@ def _cjk_route_where(alternatives: Sequence[list[_Item]]) -> tuple[str, tuple[st
     for alternative, negated in zip(alternatives, negations, strict=True):
         clauses = []
         if len(alternatives) > 1:  # which alternative the row matches
-            clauses.append(CJK_ROW_MATCHES_SQL)
-            params.append(_render(alternative, _render_cjk_term))
+            clauses.append(view.matches)
+            params.append(_render(alternative, view.render))
         for conjunction in negated:
-            named = [_tool_name_holds(term) for term in conjunction]
-            in_name = " OR ".join(sql for sql, _ in named)
-            for _, term_params in named:
+            elsewhere = [view.elsewhere(term) for term in conjunction]
+            there = " OR ".join(sql for sql, _ in elsewhere)
+            for _, term_params in elsewhere:
                 params += term_params
             if len(conjunction) == 1 and len(alternatives) == 1:
-                clauses.append(f"NOT ({in_name})")
+                clauses.append(f"NOT ({there})")
                 continue
             held = []
-            for term, (sql, term_params) in zip(conjunction, named, strict=True):
-                held.append(f"({sql} OR {CJK_ROW_MATCHES_SQL})")
-                params += [*term_params, _render_cjk_term(term)]
-            clauses.append(f"(NOT ({in_name}) OR NOT ({' AND '.join(held)}))")
+            for term, (sql, term_params) in zip(conjunction, elsewhere, strict=True):
+                held.append(f"({sql} OR {view.matches})")
+                params += [*term_params, view.render(term)]
+            clauses.append(f"(NOT ({there}) OR NOT ({' AND '.join(held)}))")
         parts.append("(" + (" AND ".join(clauses) or "1") + ")")
-    return " AND (" + " OR ".join(parts) + ")", tuple(params)
+    return f" AND ({view.whole} OR " + " OR ".join(parts) + ")", tuple(params)
 
 
 def plan_search(query: object) -> SearchPlan | None:
@@ -539,8 +571,9 @@ def plan_search(query: object) -> SearchPlan | None:
         conjunction=conj,
         cjk_short=cjk_short,
         cjk_groups=tuple(cjk_groups),
-        latin_cjk_where=_cjk_route_where(latin),
-        cjk_where=_cjk_route_where(cjk),
+        fts_where=_negations_where(latin, _FTS_VIEW),
+        latin_cjk_where=_negations_where(latin, _CJK_VIEW),
+        cjk_where=_negations_where(cjk, _CJK_VIEW),
     )
 
 
@@ -950,7 +983,7 @@ def _word_hits(
     routes: list[tuple[str, str, rank.Conjunction | None, str | None,
                        tuple[str, tuple[str, ...]]]] = []
     if plan.fts_match:
-        routes.append(("messages_fts", plan.fts_match, plan.conjunction, order, ("", ())))
+        routes.append(("messages_fts", plan.fts_match, plan.conjunction, order, plan.fts_where))
     if plan.latin_cjk_match:
         routes.append(("messages_fts_cjk", plan.latin_cjk_match, None, order,
                        plan.latin_cjk_where))

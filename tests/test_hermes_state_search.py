@@ -608,6 +608,37 @@ def test_a_negated_word_excludes_a_row_whatever_column_holds_it(
         assert not any("match" in hit for hit in hits), query
 
 
+@pytest.mark.parametrize("sort", [None, "newest"])
+def test_a_negated_word_glued_to_cjk_text_leaves_the_row_out(
+    db: SessionDB, sort: str | None
+) -> None:
+    """A word glued to CJK text is a word of the row (``python`` finds ``Python入門``), and a
+    CJK term inside a longer run is held by it: negated, either leaves the row out of the
+    Latin words' own index too, which reads the glued text as one token."""
+    db.create_session("s", "cli")
+    glued = add(db, "s", "Python入門 hello")
+    glued_after = add(db, "s", "hello 入門python")
+    in_calls = add(db, "s", "hello", "assistant", tool_calls=[
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '"python入門"'}}])
+    hello = add(db, "s", "hello there")
+    glued_there = add(db, "s", "Python入門 hello there")
+    longer_run = add(db, "s", "alpha 京都大阪")
+    run = add(db, "s", "alpha 大阪")
+    glued_run = add(db, "s", "alpha 大阪beta")
+    alpha = add(db, "s", "alpha only")
+    expected = {
+        "python": {glued, glued_after, in_calls, glued_there},
+        "hello NOT python": {hello},
+        "hello NOT pyt*": {hello},
+        "hello NOT python there": {glued, glued_after, in_calls, hello},
+        "大阪": {longer_run, run, glued_run},
+        "alpha NOT 大阪": {alpha},
+        "hello NOT python OR alpha NOT 大阪": {hello, alpha},
+    }
+    for query, ids in expected.items():
+        assert set(found(db.search_messages(query, sort=sort, limit=50))) == ids, query
+
+
 def test_a_negated_word_is_held_by_a_tool_name_as_fts5_tokenizes_it(db: SessionDB) -> None:
     db.create_session("s", "cli")
     names = ["Términal", "read_file", "terminals", "TERMINAL", None, "ターミナル terminal"]
