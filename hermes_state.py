@@ -550,8 +550,10 @@ class SessionDB:
         """Finish or start an index rebuild in the background when that is safe (see
         hermes_state_fts): only under the cross-process admission lock, and a stale index
         only when no other process has the database open; then the search index's fill, or
-        its replacement when damaged (see hermes_state_impact), under the same lock."""
-        if self._read(fts.index_state).usable and not self._read(impact.needs_maintenance):
+        its replacement when damaged (see hermes_state_impact), under the same lock, after the
+        respelling of an earlier version's CJK index text, if the file has one."""
+        if (self._read(fts.index_state).usable and not self._read(fts.respell_due)
+                and not self._read(impact.needs_maintenance)):
             return
         self._rebuild_thread = threading.Thread(
             target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True
@@ -561,6 +563,8 @@ class SessionDB:
     def _rebuild_in_background(self) -> None:
         try:
             if self._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
+                fts.respell_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
+                                          before=self._refuse_rebuild_on_damage)
                 self._fill_search_index()
         except (errors.HermesStateError, sqlite3.Error) as exc:
             logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)

@@ -9,6 +9,10 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   term is a phrase of bigrams, and a 1-character term is a prefix query on the bigrams (the
   trailing unigram catches a character that ends a run). No tokenizer extension is needed, and
   any connection — the ``sqlite3`` shell included — can read the database and run the triggers.
+  The text is the row's content, tool name and tool calls, all that ``messages_fts`` reads, so
+  every required term of a query is found in this one index. An earlier version left the tool
+  name out; a file it wrote is respelled once, in chunks, under the admission lock
+  (:func:`respell_when_admitted`; state_meta records the spelling).
 * When FTS damage is proven (see :func:`damage_is_fts_only`), :func:`detach_index` sets the
   persistent ``fts_stale`` marker and drops the sync triggers in one transaction; canonical
   writes carry on without the index and searches fall back to LIKE over canonical rows.
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state_lockowners as lockowners
+from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
 from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -77,6 +82,12 @@ __all__ = [
     "RebuildStep",
     "rebuild_chunk",
     "rebuild_when_admitted",
+    "CJK_SPELLING",
+    "SPELLING_KEY",
+    "respell_due",
+    "respell_chunk",
+    "respell_when_admitted",
+    "run_chunks",
     "restore_missing_indexes",
     "start_rebuild",
     "status",
@@ -136,8 +147,12 @@ def _index_tokens(run: str) -> str:
     return " ".join(cjk_bigrams(run)) + " " + run[-1]
 
 
-def cjk_index_text(*parts: str | None) -> str | None:
-    """The ``search_cjk`` value for a row whose indexed text is ``parts`` (None: no CJK)."""
+def cjk_index_text(
+    content: str | None, tool_name: str | None, tool_calls: str | None
+) -> str | None:
+    """A row's ``search_cjk`` (None: no CJK text): its content, tool name and tool calls, the
+    text ``messages_fts`` reads, one part per line (the spelling :data:`CJK_SPELLING`)."""
+    parts = (content, tool_name, tool_calls)
     text = "\n".join(p for p in parts if p)
     if not has_cjk(text):
         return None
@@ -379,6 +394,7 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
     _delete_meta(conn, STALE_KEY)
+    set_meta(conn, SPELLING_KEY, CJK_SPELLING)  # the chunks respell every row they index
     high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
     if rows:
         set_meta(conn, HIGH_WATER_KEY, high_water)
@@ -413,7 +429,7 @@ SELECT MAX(id), COUNT(*) FROM (
 )
 """
 REBUILD_ROWS_SQL = """
-SELECT id, content, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
+SELECT id, content, tool_name, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
 """
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
@@ -454,12 +470,7 @@ def rebuild_chunk(
     last, rows = conn.execute(CHUNK_END_SQL, (lo, state.high_water, want)).fetchone()
     finished = rows < want or last == state.high_water
     hi = state.high_water if finished else last
-    stale_cjk = [
-        (fresh, row_id)
-        for row_id, content, tool_calls, stored in conn.execute(REBUILD_ROWS_SQL, (lo, hi))
-        if (fresh := cjk_index_text(content, tool_calls)) != stored
-    ]
-    conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", stale_cjk)
+    _respell(conn, REBUILD_ROWS_SQL, (lo, hi))
     for statement in split_sql(REBUILD_FTS_SQL):
         conn.execute(statement, {"lo": lo, "hi": hi})
     if finished:
@@ -467,6 +478,105 @@ def rebuild_chunk(
     else:
         set_meta(conn, PROGRESS_KEY, hi)
     return RebuildStep(rows, finished)
+
+
+def _respell(conn: sqlite3.Connection, sql: str, args: tuple[int, int]) -> None:
+    """Store the current ``search_cjk`` of the rows ``sql`` reads (id, content, tool name,
+    tool calls, stored value) where it differs; the sync trigger reindexes each such row."""
+    stale = [
+        (fresh, row_id)
+        for row_id, content, tool_name, tool_calls, stored in conn.execute(sql, args)
+        if (fresh := cjk_index_text(content, tool_name, tool_calls)) != stored
+    ]
+    conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", stale)
+
+
+# --- respelling -------------------------------------------------------------------------------
+
+# How search_cjk spells a row, recorded in state_meta for the whole file: "2" reads the tool
+# name as well as the content and the tool calls. No record is the first spelling, without
+# the tool name, which an earlier version wrote: such a file's rows are respelled in chunks,
+# once, in the background (a rebuild respells every row on its way, and a new file has none).
+CJK_SPELLING = "2"
+SPELLING_KEY = "search_cjk_spelling"
+# The id the respelling goes on from; a chunk is the next RESPELL_CHUNK_ROWS existing rows.
+RESPELL_NEXT_KEY = "search_cjk_respell_next"
+RESPELL_CHUNK_ROWS = 2000
+RESPELL_STATE_SQL = """
+SELECT
+    (SELECT value FROM state_meta WHERE key = 'search_cjk_spelling'),
+    (SELECT value FROM state_meta WHERE key = 'search_cjk_respell_next')
+"""
+RESPELL_CHUNK_END_SQL = """
+SELECT MAX(id), COUNT(*) FROM (SELECT id FROM messages WHERE id >= ? ORDER BY id LIMIT ?)
+"""
+# Only a row with a tool name is spelled differently now.
+RESPELL_ROWS_SQL = """
+SELECT id, content, tool_name, tool_calls, search_cjk FROM messages
+WHERE id >= ? AND id <= ? AND tool_name IS NOT NULL
+"""
+
+
+def respell_due(conn: sqlite3.Connection, /) -> bool:
+    """True when rows of this file may still have an earlier spelling of ``search_cjk``."""
+    return bool(conn.execute(RESPELL_STATE_SQL).fetchone()[0] != CJK_SPELLING)
+
+
+def respell_chunk(
+    conn: sqlite3.Connection, /, chunk_rows: int | None = None
+) -> RebuildStep | None:
+    """Respell the next ``chunk_rows`` (default :data:`RESPELL_CHUNK_ROWS`) existing rows of
+    a file whose ``search_cjk`` has an earlier spelling (the caller's transaction); None when
+    none is due, or while the indexes are stale or rebuilding (a rebuild respells). Rows
+    written meanwhile by this version are spelled already and stay as they are."""
+    spelling, next_id = conn.execute(RESPELL_STATE_SQL).fetchone()
+    if spelling == CJK_SPELLING or not index_state(conn).usable:
+        return None
+    want = RESPELL_CHUNK_ROWS if chunk_rows is None else chunk_rows
+    lo = INT64_MIN if next_id is None else int(next_id)
+    last, rows = conn.execute(RESPELL_CHUNK_END_SQL, (lo, want)).fetchone()
+    finished = rows < want or last == INT64_MAX
+    _respell(conn, RESPELL_ROWS_SQL, (lo, INT64_MAX if finished else last))
+    if finished:
+        _delete_meta(conn, RESPELL_NEXT_KEY)
+        set_meta(conn, SPELLING_KEY, CJK_SPELLING)
+    else:
+        set_meta(conn, RESPELL_NEXT_KEY, last + 1)
+    return RebuildStep(rows, finished)
+
+
+def respell_when_admitted(
+    db_path: Path,
+    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    stop: threading.Event,
+    *,
+    before: Callable[[], None],
+) -> bool:
+    """Respell the file's rows in chunks (see :func:`respell_chunk`) if this process gets the
+    admission lock; True when none is left with an earlier spelling, or they are left to a
+    rebuild. ``read``, ``write``, ``stop`` and ``before`` as for
+    :func:`rebuild_when_admitted`."""
+    with admission_lock(db_path) as admitted:
+        if not admitted or not read(index_state).usable:
+            return False
+        if not read(respell_due):
+            return True
+        before()
+        return run_chunks(write, respell_chunk, stop)
+
+
+def run_chunks(
+    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    chunk: Callable[[sqlite3.Connection], RebuildStep | None],
+    stop: threading.Event,
+) -> bool:
+    """Run ``chunk`` in write transactions until it is done (True) or ``stop`` is set."""
+    while not stop.is_set():
+        step = write(chunk)
+        if step is None or step.finished:
+            return True
+    return False
 
 
 def integrity_report(
@@ -552,11 +662,7 @@ def rebuild_when_admitted(
                 )
                 return False
             write(start_rebuild)
-        while not stop.is_set():
-            step = write(rebuild_chunk)
-            if step is None or step.finished:
-                return True
-        return False
+        return run_chunks(write, rebuild_chunk, stop)
 
 
 def other_processes_hold(db_path: Path) -> bool:

@@ -72,7 +72,7 @@ from hermes_state_bm25 import B, K1, read_stats, row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
-from hermes_state_fts import RebuildStep, admission_lock
+from hermes_state_fts import RebuildStep, admission_lock, run_chunks
 
 logger = logging.getLogger("hermes_state")
 
@@ -732,10 +732,7 @@ def fill_when_admitted(
         before()
         if read(_needs_reset) and not write(reset_index):
             return False
-        while not stop.is_set():
-            step = write(fill_chunk)
-            if step is None or step.finished:
-                break
+        run_chunks(write, fill_chunk, stop)
         return bool(read(index_whole))
 
 

@@ -441,7 +441,7 @@ class MessageRow:
 
     def values(self) -> tuple[Any, ...]:
         """The row's INSERT parameters, in column order: JSON fields encoded, flags as
-        integers, and the CJK index text (of the content and the encoded tool calls)."""
+        integers, and the CJK index text (of the content, tool name and encoded tool calls)."""
         tool_calls = encode_json(self.tool_calls)
         return (
             self.session_id,
@@ -470,7 +470,7 @@ class MessageRow:
             self.tool_call_uid,
             int(self.active),
             int(self.compacted),
-            fts.cjk_index_text(self.content, tool_calls),
+            fts.cjk_index_text(self.content, self.tool_name, tool_calls),
         )
 
 

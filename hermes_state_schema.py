@@ -53,6 +53,7 @@ from hermes_state_common import (
     SCHEMA_VERSION,
     TABLES_SQL,
     quote_identifier,
+    set_meta,
     split_sql,
     table_exists,
 )
@@ -454,6 +455,7 @@ def _create_fresh(conn: sqlite3.Connection, /) -> bool:
         return False
     for statement in split_sql(SCHEMA_SQL):
         conn.execute(statement)
+    set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
     impact.create_index(conn)
     _set_version(conn, SCHEMA_VERSION)
     return True

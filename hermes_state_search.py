@@ -44,11 +44,13 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   reads a CJK run and the Latin letters touching it as one token, so in ``日本語のUI設計`` or
   ``Python入門`` the word is not a token of ``messages_fts``, but it is one of ``search_cjk``.
 * A negated term leaves a row out when either index finds it there: ``messages_fts`` does not
-  see a word glued to CJK text (nor a CJK term inside a longer run), ``messages_fts_cjk`` does
-  not see the tool name, so each route also asks the other index, row by row, for the rows it
-  does not read whole (``fts_where``, ``latin_cjk_where``, ``cjk_where``). The required terms
-  of one alternative are found by one index: a row holding one of them only in its tool name
-  and another only glued to CJK text (or as CJK text) is not found.
+  see a word glued to CJK text (nor a CJK term inside a longer run), and ``messages_fts_cjk``
+  does not see the tool name of a row an earlier version spelled (see
+  ``hermes_state_fts.CJK_SPELLING``), so each route also asks the other index, row by row, for
+  the rows it may not read whole (``fts_where``, ``latin_cjk_where``, ``cjk_where``). The
+  required terms of one alternative are found by one index; ``messages_fts_cjk`` reads all the
+  text of a row holding CJK, so a row with one of them in its tool name and another glued to
+  CJK text is found there (once an earlier version's rows are respelled).
 * LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
   ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal, and a word
   keeps the ``%`` and ``_`` at its edges there: ``50%`` finds ``50% off``, not ``500``) and
@@ -490,7 +492,7 @@ class _View:
 
 
 # messages_fts reads a word glued to CJK text as part of one token with it; messages_fts_cjk
-# does not read the tool name.
+# does not read the tool name of a row spelled by an earlier version (or another client).
 _FTS_VIEW = _View("m.search_cjk IS NULL", _render_term, FTS_ROW_MATCHES_SQL, _cjk_view_holds)
 _CJK_VIEW = _View("m.tool_name IS NULL", _render_cjk_term, CJK_ROW_MATCHES_SQL, _tool_name_holds)
 

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import hermes_state_fts as fts
 import hermes_state_impact as impact
 from hermes_state import SessionDB
 from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, SEARCH_TRIGGER_NAMES, TIME_BLOCK_SHIFT
@@ -439,3 +440,35 @@ def assert_search_index_exact(path: Path) -> None:
 # private use, unassigned code points.
 TRICKY = ["⭊", "⮳", "ễ", "ầ", "Ὑ", "\u0301", "\u09fe", "ﬁ", "😀", "\ue000", "\u0ee6", "Ａ",
           "東京", "x²", "café", "—", "\u200d", "\u00ad", "é", "ß"]
+
+
+def spell_as_earlier_version(path: Path) -> int:
+    """Make a store's CJK index text what an earlier version wrote (without the tool name),
+    through another client while the store may be open; returns the rows respelled."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute(
+            "SELECT id, content, tool_calls, search_cjk FROM messages WHERE tool_name IS NOT NULL"
+        ).fetchall()
+        earlier = [(fts.cjk_index_text(content, None, tool_calls), row_id)
+                   for row_id, content, tool_calls, stored in rows]
+        conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", earlier)
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.SPELLING_KEY,))
+        conn.execute("COMMIT")
+        return sum(spelt != stored for (spelt, _), (*_, stored) in zip(earlier, rows))
+    finally:
+        conn.close()
+
+
+def assert_spelled_current(path: Path) -> None:
+    """Every row's CJK index text is the current spelling, and the file records it."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        for row_id, content, tool_name, tool_calls, stored in conn.execute(
+                "SELECT id, content, tool_name, tool_calls, search_cjk FROM messages"):
+            assert stored == fts.cjk_index_text(content, tool_name, tool_calls), row_id
+        meta = dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'search_cjk%'"))
+        assert meta == {fts.SPELLING_KEY: fts.CJK_SPELLING}
+    finally:
+        conn.close()

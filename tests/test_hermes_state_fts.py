@@ -119,11 +119,13 @@ def update_row(path: Path, row_id: int, **columns: Any) -> None:
     the indexed text changes."""
     conn = raw(path)
     try:
-        current = dict(zip(("content", "tool_calls"), conn.execute(
-            "SELECT content, tool_calls FROM messages WHERE id = ?", (row_id,)).fetchone()))
+        indexed = ("content", "tool_name", "tool_calls")
+        current = dict(zip(indexed, conn.execute(
+            "SELECT content, tool_name, tool_calls FROM messages WHERE id = ?", (row_id,)
+        ).fetchone()))
         current.update({k: v for k, v in columns.items() if k in current})
-        if "content" in columns or "tool_calls" in columns:
-            columns["search_cjk"] = fts.cjk_index_text(current["content"], current["tool_calls"])
+        if any(k in columns for k in indexed):
+            columns["search_cjk"] = fts.cjk_index_text(*(current[k] for k in indexed))
         for column, value in columns.items():
             assert column in ("content", "tool_name", "tool_calls", "role", "search_cjk")
             conn.execute(f"UPDATE messages SET {column} = ? WHERE id = ?", (value, row_id))

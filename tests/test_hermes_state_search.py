@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from state_helpers import spell_as_earlier_version
+
 import hermes_state_search as search
 from hermes_state import SessionDB
 
@@ -574,13 +576,15 @@ def _calls(name: str) -> list[dict[str, Any]]:
     return [{"id": "c", "type": "function", "function": {"name": name, "arguments": "{}"}}]
 
 
+@pytest.mark.parametrize("earlier", [False, True], ids=["current", "earlier-spelling"])
 @pytest.mark.parametrize("sort", [None, "newest", "oldest"])
 def test_a_negated_word_excludes_a_row_whatever_column_holds_it(
-    db: SessionDB, sort: str | None
+    db: SessionDB, db_path: Path, sort: str | None, earlier: bool
 ) -> None:
-    """The index that finds a word glued to CJK text, or CJK text itself, holds the content
-    and the tool calls but not the tool name: a row holding a negated word there, or half of a
-    negated conjunction, is still left out, on every route and in every order."""
+    """A row holding a negated word in any column, or half of a negated conjunction, is left
+    out, on every route and in every order; also in a file an earlier version wrote, whose
+    index of CJK text (and of words glued to it) holds the content and the tool calls but not
+    the tool name."""
     db.create_session("s", "cli")
     plain = add(db, "s", "kiwi plain")
     tool = add(db, "s", "kiwi 日本語 output", "tool", tool_name="terminal", tool_call_id="c1")
@@ -591,6 +595,8 @@ def test_a_negated_word_excludes_a_row_whatever_column_holds_it(
     cjk_call = add(db, "s", "東京都", "assistant", tool_calls=_calls("zebra"))
     inside = add(db, "s", "abc京def")  # found as a substring inside a longer word
     inside_call = add(db, "s", "abc京def", "assistant", tool_calls=_calls("zebra"))
+    if earlier:
+        assert spell_as_earlier_version(db_path) == 3
     expected = {
         "kiwi NOT terminal": {plain, call, glued},
         "kiwi NOT zebra": {plain, tool, glued, glued_tool},

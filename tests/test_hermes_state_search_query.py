@@ -43,7 +43,7 @@ def add(conn: sqlite3.Connection, content: str, role: str = "user") -> int:
     cur = conn.execute(
         "INSERT INTO messages (session_id, role, content, timestamp, search_cjk) "
         "VALUES ('s1', ?, ?, 0, ?)",
-        (role, content, cjk_index_text(content)),
+        (role, content, cjk_index_text(content, None, None)),
     )
     assert cur.lastrowid is not None
     return cur.lastrowid

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import hermes_state_fts as fts
 from hermes_state import SCHEMA_VERSION, SessionDB
 
 UPSTREAM_VERSION = 21
@@ -360,6 +361,12 @@ def upstream_columns(path: Path) -> dict[str, list[str]]:
         conn.close()
 
 
+def with_spelling(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """``rows`` as the upgrade leaves them: state_meta records how the CJK index is spelled."""
+    meta = sorted([*rows["state_meta"], (fts.SPELLING_KEY, fts.CJK_SPELLING)])
+    return {**rows, "state_meta": meta}
+
+
 def table_rows(path: Path, columns: dict[str, list[str]]) -> dict[str, list[tuple[Any, ...]]]:
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
@@ -392,7 +399,7 @@ def test_every_row_of_every_table_is_kept(upstream_path: Path) -> None:
     with SessionDB(upstream_path) as db:
         assert db.get_session("up-child")["parent_session_id"] == "up-root"
         wait_for_fts_rebuild(db)  # its progress markers live in state_meta meanwhile
-    assert table_rows(upstream_path, columns) == before
+    assert table_rows(upstream_path, columns) == with_spelling(before)
     conn = sqlite3.connect(upstream_path)
     try:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [
@@ -403,7 +410,7 @@ def test_every_row_of_every_table_is_kept(upstream_path: Path) -> None:
         conn.close()
     with SessionDB(upstream_path) as db:  # a second open changes nothing either
         assert db.get_session("up-root")["title"] == "Upstream root"
-    assert table_rows(upstream_path, columns) == before
+    assert table_rows(upstream_path, columns) == with_spelling(before)
 
 
 def test_upgraded_messages_get_lasting_uids_and_pair_their_tool_results(
@@ -481,4 +488,4 @@ def test_processes_upgrading_the_file_at_once_all_succeed_and_lose_nothing(
         assert json.loads(out) == len(before["messages"])
     with SessionDB(upstream_path) as db:
         wait_for_fts_rebuild(db)
-    assert table_rows(upstream_path, columns) == before
+    assert table_rows(upstream_path, columns) == with_spelling(before)
