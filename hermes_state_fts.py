@@ -18,10 +18,11 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   writes carry on without the index and searches fall back to LIKE over canonical rows.
   Nothing on that path rebuilds.
 * A rebuild runs in chunks in id order. ``fts_rebuild_high_water`` (the highest message id when
-  it started) and ``fts_rebuild_progress`` (the last id indexed) gate the triggers, so rows the
-  rebuild has not reached yet are left to it, rows it has passed and rows newer than the high
-  water are kept in sync by the triggers: nothing is indexed twice or missed, even with other
-  writers running meanwhile. A chunk is the next :data:`REBUILD_CHUNK_ROWS` existing rows above
+  it started) and ``fts_rebuild_progress`` (the last id indexed; none before the first chunk,
+  which starts at the smallest 64-bit id) gate the triggers, so rows the rebuild has not
+  reached yet are left to it, rows it has passed and rows newer than the high water are kept
+  in sync by the triggers: nothing is indexed twice or missed, even with other writers running
+  meanwhile. A chunk is the next :data:`REBUILD_CHUNK_ROWS` existing rows above
   the progress marker (a keyset over the ids, never a fixed span of ids), so a rebuild costs
   the rows there are, however sparse the ids: one bogus id near 2^40 adds one row, not half a
   billion empty chunks. Only a writable open that holds the cross-process admission lock
@@ -82,6 +83,8 @@ __all__ = [
     "RebuildStep",
     "rebuild_chunk",
     "rebuild_when_admitted",
+    "CHUNK_END_SQL",
+    "next_chunk_start",
     "CJK_SPELLING",
     "SPELLING_KEY",
     "respell_due",
@@ -396,11 +399,11 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     _delete_meta(conn, STALE_KEY)
     set_meta(conn, SPELLING_KEY, CJK_SPELLING)  # the chunks respell every row they index
     high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
+    _delete_meta(conn, PROGRESS_KEY)  # no row done yet
     if rows:
         set_meta(conn, HIGH_WATER_KEY, high_water)
-        set_meta(conn, PROGRESS_KEY, 0)
     else:
-        _delete_meta(conn, HIGH_WATER_KEY, PROGRESS_KEY)
+        _delete_meta(conn, HIGH_WATER_KEY)
     return int(rows)
 
 
@@ -421,24 +424,31 @@ def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
 
 # What a rebuild starting now must index: everything up to the highest id, and how many rows.
 REBUILD_EXTENT_SQL = "SELECT COALESCE(MAX(id), 0), COUNT(*) FROM messages"
-# The end of the next chunk: the id of the n-th existing row above the progress marker, or of
+# The end of the next chunk: the id of the n-th existing row from the chunk's first id, or of
 # the last one below the high water when fewer are left (a seek and n steps along the rowids).
 CHUNK_END_SQL = """
 SELECT MAX(id), COUNT(*) FROM (
-    SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?
+    SELECT id FROM messages WHERE id >= ? AND id <= ? ORDER BY id LIMIT ?
 )
 """
 REBUILD_ROWS_SQL = """
-SELECT id, content, tool_name, tool_calls, search_cjk FROM messages WHERE id > ? AND id <= ?
+SELECT id, content, tool_name, tool_calls, search_cjk FROM messages WHERE id >= ? AND id <= ?
 """
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
-    SELECT id, content, tool_name, tool_calls FROM messages WHERE id > :lo AND id <= :hi;
+    SELECT id, content, tool_name, tool_calls FROM messages WHERE id >= :lo AND id <= :hi;
 INSERT INTO messages_fts_trigram(rowid, content)
-    SELECT id, content FROM messages_fts_trigram_source WHERE id > :lo AND id <= :hi;
+    SELECT id, content FROM messages_fts_trigram_source WHERE id >= :lo AND id <= :hi;
 INSERT INTO messages_fts_cjk(rowid, search_cjk)
-    SELECT id, search_cjk FROM messages_fts_cjk_source WHERE id > :lo AND id <= :hi;
+    SELECT id, search_cjk FROM messages_fts_cjk_source WHERE id >= :lo AND id <= :hi;
 """
+
+
+def next_chunk_start(progress: int | None) -> int:
+    """The first id of a chunk after ``progress``, the last id done (None: none yet, so the
+    chunk starts at the smallest 64-bit id: rows another client wrote at or below id 0 are
+    indexed too)."""
+    return INT64_MIN if progress is None else progress + 1
 
 
 @dataclass(frozen=True)
@@ -466,7 +476,7 @@ def rebuild_chunk(
     if state.high_water is None:
         return None
     want = REBUILD_CHUNK_ROWS if chunk_rows is None else chunk_rows
-    lo = state.progress or 0
+    lo = next_chunk_start(state.progress)
     last, rows = conn.execute(CHUNK_END_SQL, (lo, state.high_water, want)).fetchone()
     finished = rows < want or last == state.high_water
     hi = state.high_water if finished else last
@@ -499,16 +509,13 @@ def _respell(conn: sqlite3.Connection, sql: str, args: tuple[int, int]) -> None:
 # once, in the background (a rebuild respells every row on its way, and a new file has none).
 CJK_SPELLING = "2"
 SPELLING_KEY = "search_cjk_spelling"
-# The id the respelling goes on from; a chunk is the next RESPELL_CHUNK_ROWS existing rows.
-RESPELL_NEXT_KEY = "search_cjk_respell_next"
+# The last id respelled; a chunk is the next RESPELL_CHUNK_ROWS existing rows.
+RESPELL_PROGRESS_KEY = "search_cjk_respell_progress"
 RESPELL_CHUNK_ROWS = 2000
 RESPELL_STATE_SQL = """
 SELECT
     (SELECT value FROM state_meta WHERE key = 'search_cjk_spelling'),
-    (SELECT value FROM state_meta WHERE key = 'search_cjk_respell_next')
-"""
-RESPELL_CHUNK_END_SQL = """
-SELECT MAX(id), COUNT(*) FROM (SELECT id FROM messages WHERE id >= ? ORDER BY id LIMIT ?)
+    (SELECT value FROM state_meta WHERE key = 'search_cjk_respell_progress')
 """
 # Only a row with a tool name is spelled differently now.
 RESPELL_ROWS_SQL = """
@@ -529,19 +536,19 @@ def respell_chunk(
     a file whose ``search_cjk`` has an earlier spelling (the caller's transaction); None when
     none is due, or while the indexes are stale or rebuilding (a rebuild respells). Rows
     written meanwhile by this version are spelled already and stay as they are."""
-    spelling, next_id = conn.execute(RESPELL_STATE_SQL).fetchone()
+    spelling, progress = conn.execute(RESPELL_STATE_SQL).fetchone()
     if spelling == CJK_SPELLING or not index_state(conn).usable:
         return None
     want = RESPELL_CHUNK_ROWS if chunk_rows is None else chunk_rows
-    lo = INT64_MIN if next_id is None else int(next_id)
-    last, rows = conn.execute(RESPELL_CHUNK_END_SQL, (lo, want)).fetchone()
+    lo = next_chunk_start(None if progress is None else int(progress))
+    last, rows = conn.execute(CHUNK_END_SQL, (lo, INT64_MAX, want)).fetchone()
     finished = rows < want or last == INT64_MAX
     _respell(conn, RESPELL_ROWS_SQL, (lo, INT64_MAX if finished else last))
     if finished:
-        _delete_meta(conn, RESPELL_NEXT_KEY)
+        _delete_meta(conn, RESPELL_PROGRESS_KEY)
         set_meta(conn, SPELLING_KEY, CJK_SPELLING)
     else:
-        set_meta(conn, RESPELL_NEXT_KEY, last + 1)
+        set_meta(conn, RESPELL_PROGRESS_KEY, last)
     return RebuildStep(rows, finished)
 
 

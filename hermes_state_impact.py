@@ -31,7 +31,8 @@ part of it (a fresh one, one written before it existed, a recovered or repaired 
 whole and empty at open (:func:`create_index`, the version unchanged), with a fill due for
 every message up to the highest id (``fill_high_water``). The fill runs like an FTS rebuild:
 in the background of a writable open, under the cross-process admission lock, in chunks of
-:data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids), each
+:data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids, from
+the smallest 64-bit id while it is unset), each
 chunk one write transaction (:func:`fill_when_admitted`, :func:`fill_chunk`). Rows above the
 high water are kept by the batches; a row below it that a drain indexed first is left
 as it is. Until the fill is done searches rank with FTS5 and sort by time without the blocks.
@@ -72,7 +73,8 @@ from hermes_state_bm25 import B, K1, read_stats, row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
-from hermes_state_fts import RebuildStep, admission_lock, run_chunks
+from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
+from hermes_state_fts import run_chunks
 
 logger = logging.getLogger("hermes_state")
 
@@ -560,8 +562,7 @@ EPOCH_TOKEN = "_epoch_{epoch}"
 START_SQL = """
 INSERT OR REPLACE INTO search_impact_state
     (id, epoch, avgdl, indexed, fill_high_water, fill_progress, damaged)
-SELECT 1, ?, ?, coalesce(max(id), 0), max(id), CASE WHEN max(id) IS NULL THEN NULL ELSE 0 END, 0
-FROM messages
+SELECT 1, ?, ?, coalesce(max(id), 0), max(id), NULL, 0 FROM messages
 """
 
 
@@ -614,18 +615,11 @@ def reset_index(conn: sqlite3.Connection) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 FILL_CHUNK_ROWS = 2000
-# The end of the next chunk: the id of the n-th message above the progress marker, or of the
-# last one below the high water when fewer are left (a keyset over the ids).
-FILL_CHUNK_END_SQL = """
-SELECT max(id), count(*) FROM (
-    SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?
-)
-"""
 # The chunk's messages, and whether a drain already gave one its postings in this epoch.
 FILL_ROWS_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, m.timestamp, i.id IS NOT NULL
 FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
-WHERE m.id > ? AND m.id <= ?
+WHERE m.id >= ? AND m.id <= ?
 """
 FILL_PROGRESS_SQL = "UPDATE search_impact_state SET fill_progress = ?"
 FILL_DONE_SQL = "UPDATE search_impact_state SET fill_high_water = NULL, fill_progress = NULL"
@@ -642,8 +636,8 @@ def fill_chunk(
     index = read_state(conn)
     if index is None or index.damaged or index.fill_high_water is None:
         return None
-    lo, want = index.fill_progress or 0, chunk_rows or FILL_CHUNK_ROWS
-    last, count = conn.execute(FILL_CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
+    lo, want = next_chunk_start(index.fill_progress), chunk_rows or FILL_CHUNK_ROWS
+    last, count = conn.execute(CHUNK_END_SQL, (lo, index.fill_high_water, want)).fetchone()
     finished = count < want or last == index.fill_high_water
     hi = index.fill_high_water if finished else last
     chunk = _index_read(conn, FILL_ROWS_SQL, (index.epoch, lo, hi))

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import pytest
 from conftest import subprocess_env
+from state_helpers import assert_search_index_exact, strip_search_index
 
 import hermes_state_common as common
 import hermes_state_fts as fts
@@ -231,7 +232,7 @@ db.close()
 
 def free_ids_near(conn: sqlite3.Connection, around: int, rng: random.Random) -> list[int]:
     """Free ids just below and just above ``around`` (holes the rebuild has passed and holes
-    it has not reached yet), and one somewhere in the gap."""
+    it has not reached yet), one somewhere in the gap and one below id 0."""
     def free(candidates: range) -> int | None:
         for row in rng.sample(candidates, min(len(candidates), 50)):
             if conn.execute("SELECT 1 FROM messages WHERE id = ?", (row,)).fetchone() is None:
@@ -239,7 +240,7 @@ def free_ids_near(conn: sqlite3.Connection, around: int, rng: random.Random) -> 
         return None
 
     picks = [free(range(max(around - 60, 1), around + 1)), free(range(around + 1, around + 60)),
-             free(range(BELOW, GAP))]
+             free(range(BELOW, GAP)), free(range(-GAP, 1))]
     return [row for row in picks if row is not None]
 
 
@@ -308,3 +309,48 @@ def assert_whole_with(path: Path, extra: set[int]) -> None:
         assert [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")] == expected
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ids at and below zero
+# ---------------------------------------------------------------------------------------------
+
+# Rows another client inserted with ids of its own choosing, down to the smallest 64-bit id.
+LOW_IDS = [-(2**63), -(2**40), -5, 0]
+
+
+def store_with_low_ids(path: Path) -> None:
+    with SessionDB(path) as db:
+        db.create_session("s1", "cli")
+        for n in range(3):
+            db.append_message("s1", "user", f"positive{n} wombat 東京")
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for n, row_id in enumerate(LOW_IDS):
+            conn.execute(
+                "INSERT INTO messages (id, session_id, role, content, timestamp)"
+                " VALUES (?, 's1', 'user', ?, ?)", (row_id, f"low{n} wombat", 10.0 + n))
+    finally:
+        conn.close()
+
+
+def test_a_rebuild_indexes_the_rows_at_and_below_id_zero(db_path: Path) -> None:
+    store_with_low_ids(db_path)
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        db.rebuild_fts()
+        assert db.check_fts_integrity() == CLEAN
+        for n, row_id in enumerate(LOW_IDS):
+            assert [h["id"] for h in db.search_messages(f"low{n}")] == [row_id]
+        assert len(db.search_messages("wombat", limit=100)) == len(LOW_IDS) + 3
+    assert fts_rows(db_path, "messages_fts", "wombat") == [*LOW_IDS, 1, 2, 3]
+
+
+def test_the_search_index_fill_covers_the_rows_at_and_below_id_zero(db_path: Path) -> None:
+    store_with_low_ids(db_path)
+    strip_search_index(db_path)
+    with SessionDB(db_path) as db:
+        assert db._rebuild_thread is not None
+        db._rebuild_thread.join(DEADLINE_S)
+        wombats = [h["id"] for h in db.search_messages("wombat", limit=100)]
+        assert sorted(wombats) == [*LOW_IDS, 1, 2, 3]
+    assert_search_index_exact(db_path)

@@ -248,7 +248,7 @@ def test_a_respelling_killed_midway_goes_on_at_the_next_open(
     time.sleep(random.Random(seed).uniform(0.05, 0.3))
     kill(child)
     state = respell_state(earlier)
-    assert fts.SPELLING_KEY not in state and int(state["search_cjk_respell_next"]) > 1, state
+    assert fts.SPELLING_KEY not in state and int(state["search_cjk_respell_progress"]) > 1, state
     with SessionDB(earlier) as db:
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(60)
