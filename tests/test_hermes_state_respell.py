@@ -160,6 +160,34 @@ def test_respelling_waits_for_a_rebuild_of_the_indexes(db: SessionDB, db_path: P
         conn.close()
 
 
+def test_blob_values_another_client_stored_are_spelled_as_fts5_reads_them(
+    db: SessionDB, db_path: Path
+) -> None:
+    """A blob is read as UTF-8 text, by the respelling and by a rebuild alike: neither stops
+    at such a row."""
+    db.create_session("s", "cli")
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        for content, tool_name in [("東京 blob".encode(), "terminal"), ("output", "京都".encode()),
+                                   (b"\xff\xfe broken", b"\xe6\x9d")]:
+            conn.execute("INSERT INTO messages (session_id, role, content, tool_name, timestamp)"
+                         " VALUES ('s', 'tool', ?, ?, 1.0)", (content, tool_name))
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.SPELLING_KEY,))
+    finally:
+        conn.close()
+    db.close()
+    with SessionDB(db_path) as reopened:
+        assert reopened._rebuild_thread is not None
+        reopened._rebuild_thread.join(30)
+        assert_spelled_current(db_path)
+        assert found(reopened, "terminal 東京") == {1}
+        assert found(reopened, "京都 output") == {2}
+        reopened.rebuild_fts()
+        assert reopened.check_fts_integrity() == CLEAN
+        assert found(reopened, "terminal 東京") == {1}
+    assert_spelled_current(db_path)
+
+
 # --- other processes ---------------------------------------------------------------------------
 
 OLD_ROWS = 1500  # tool rows holding CJK text, spelled without their tool name
