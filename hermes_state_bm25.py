@@ -4,7 +4,8 @@
 characters, folded to lower case, and every other ASCII byte separates tokens. Other characters
 are decided and folded one code point at a time from SQLite's own Unicode tables, which need not
 be Python's; so each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and :func:`column_tokens` gives exactly the tokens FTS5 makes of a column. Frequencies can also
+and :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of a blob another
+client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
 be read from a column's folded text without splitting it (:func:`folded_text`,
 :func:`text_frequency`): a phrase is found by a pattern over the text.
 
@@ -37,6 +38,7 @@ logger = logging.getLogger("hermes_state")
 __all__ = [
     "K1",
     "B",
+    "fts5_text",
     "column_tokens",
     "row_counts",
     "phrase_frequency",
@@ -101,6 +103,41 @@ def _learn(chars: Iterable[str]) -> None:
                 _CHARS[ord(ch)] = " "
             else:
                 _CHARS[ord(ch)] = term[1:-1]
+
+
+# sqlite3Utf8Trans1: the bits a UTF-8 lead byte 0xC0–0xFF contributes to its code point.
+_LEAD_BITS = bytes([*range(32), *range(16), *range(8), *range(4), *range(2), 0, 0])
+# A code point no Python string can hold (beyond U+10FFFF, from an over-long run of
+# continuation bytes) reads as this one: unicode61 puts everything from U+100000 up in one
+# category, so the two make the same tokens.
+_BEYOND_UNICODE = "\U00100000"
+
+
+def fts5_text(value: str | bytes | None) -> str | None:
+    """A column value as FTS5 reads it. The library stores text; another client may store a
+    blob, whose bytes FTS5 decodes as UTF-8 its own way (SQLite's READ_UTF8): any run of
+    continuation bytes joins its lead byte, a lone continuation byte is the code point of its
+    value, and an over-long form, a surrogate, U+FFFE and U+FFFF read as U+FFFD. (A number is
+    stored as text in these columns.)"""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")  # where it is valid, FTS5 reads the same code points
+    except UnicodeDecodeError:
+        pass
+    chars, i, end = [], 0, len(value)
+    while i < end:
+        c = value[i]
+        i += 1
+        if c >= 0xC0:
+            c = _LEAD_BITS[c - 0xC0]
+            while i < end and value[i] & 0xC0 == 0x80:
+                c = ((c << 6) + (value[i] & 0x3F)) & 0xFFFFFFFF  # a C unsigned int
+                i += 1
+            if c < 0x80 or c & 0xFFFFF800 == 0xD800 or c & 0xFFFFFFFE == 0xFFFE:
+                c = 0xFFFD
+        chars.append(chr(c) if c <= 0x10FFFF else _BEYOND_UNICODE)
+    return "".join(chars)
 
 
 def _pieces(text: str) -> list[str]:

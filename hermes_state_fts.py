@@ -51,6 +51,7 @@ from typing import Any
 
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
+from hermes_state_bm25 import fts5_text
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
 from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -150,22 +151,17 @@ def _index_tokens(run: str) -> str:
     return " ".join(cjk_bigrams(run)) + " " + run[-1]
 
 
-def cjk_index_text(content: object, tool_name: object, tool_calls: object) -> str | None:
+def cjk_index_text(
+    content: str | bytes | None, tool_name: str | bytes | None, tool_calls: str | bytes | None
+) -> str | None:
     """A row's ``search_cjk`` (None: no CJK text): its content, tool name and tool calls, the
     text ``messages_fts`` reads, one part per line (the spelling :data:`CJK_SPELLING`). The
-    library writes text; a value another client stored is read as FTS5 reads it, a blob as
-    UTF-8 text, and a number holds no CJK."""
-    parts = (_as_text(content), _as_text(tool_name), _as_text(tool_calls))
+    library writes text; a blob another client stored is read as FTS5 reads it."""
+    parts = map(fts5_text, (content, tool_name, tool_calls))
     text = "\n".join(p for p in parts if p)
     if not has_cjk(text):
         return None
     return _CJK_RUN_RE.sub(lambda m: f" {_index_tokens(m.group(0))} ", text)
-
-
-def _as_text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
 
 
 def iter_cjk_runs(text: str) -> Iterator[re.Match[str]]:

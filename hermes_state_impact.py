@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import B, K1, read_stats, row_counts
+from hermes_state_bm25 import B, K1, fts5_text, read_stats, row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
@@ -137,8 +137,12 @@ def least_frequency(length: int, avgdl: float) -> int:
     return max(1, math.ceil(THRESHOLD * k / (1.0 - THRESHOLD) - 1e-9))
 
 
+# A column's value: text, or a blob another client stored (read as FTS5 reads it).
+Column = str | bytes | None
+
+
 def impact_postings(
-    content: str | None, tool_name: str | None, tool_calls: str | None, avgdl: float
+    content: Column, tool_name: Column, tool_calls: Column, avgdl: float
 ) -> tuple[str, int]:
     """A row's high-impact postings as index text (``term_kkkk_f_D`` tokens), and its length.
 
@@ -148,10 +152,10 @@ def impact_postings(
 
 
 def _postings_of(
-    content: str | None, tool_name: str | None, tool_calls: str | None, avgdl: float
+    content: Column, tool_name: Column, tool_calls: Column, avgdl: float
 ) -> tuple[str, str, int]:
     """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
-    text = "\n".join(part for part in (content, tool_name, tool_calls) if part)
+    text = "\n".join(part for part in map(fts5_text, (content, tool_name, tool_calls)) if part)
     if not text:
         return "", "", 0
     counts, length = row_counts(text)
@@ -406,12 +410,12 @@ def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> l
 
 def _write_postings(
     conn: sqlite3.Connection, index: IndexState,
-    rows: Sequence[tuple[int, str | None, str | None, str | None, float | None]],
+    rows: Sequence[tuple[int, Column, Column, Column, float | None]],
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
     into the blocks (a time that is not a number bounds none), all or nothing; False (the
-    index marked damaged) when the index fails — or when a row holds text that is not text
-    (another client's), whose postings it cannot compute exactly."""
+    index marked damaged) when the index fails. A blob another client stored is read as FTS5
+    reads it (:func:`hermes_state_bm25.fts5_text`)."""
     postings: list[tuple[int, int, str]] = []
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
-from hermes_state_bm25 import folded_text, formula_matches_fts5, lacks_a_word, phrase_frequency
+from hermes_state_bm25 import folded_text, formula_matches_fts5, fts5_text, lacks_a_word
+from hermes_state_bm25 import phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
 from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
@@ -421,7 +422,7 @@ class _Walk:
         sql = ROW_TEXT_SQL.format(filters=self.filters)
         rows = self.conn.execute(sql, (json.dumps(list(ids)), *self.params)).fetchall()
         for row_id, content, tool_name, tool_calls, sizes in rows:
-            texts = (content, tool_name, tool_calls)
+            texts = tuple(map(fts5_text, (content, tool_name, tool_calls)))
             if lacks_a_word(texts, self.words):
                 continue
             if sizes is not None:

@@ -62,3 +62,44 @@ def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
     postings, length = impact.impact_postings(text, None, None, 256.0)
     assert length == len(theirs)
     assert {p.rsplit("_", 3)[0] for p in postings.split()} <= {t for t in theirs if t.isascii()}
+
+
+# Blobs another client may store: UTF-8 text, cut and spliced sequences, lone continuation
+# bytes, over-long forms, surrogates, runs of continuation bytes past any code point and past
+# 32 bits.
+blob_pieces = st.one_of(
+    st.sampled_from([b"a", b"B", b" ", b"-", b"\x00", b"\x80", b"\xbf", b"\xaa", b"\xc3",
+                     b"\xc3\x84", b"\xe6\x9d\xb1", b"\xed\xa0\x80", b"\xc0\x81", b"\xef\xbf\xbf",
+                     b"\xf4\x90\x80\x80", b"\xf3\xb0\x80\x80", b"\xfe" + b"\x80" * 7, b"\xff",
+                     # past 32 bits the code point wraps, to a separator or to 中
+                     b"\xc1\xbf\xbf\x80\x80\x80\x80\x81\x81",
+                     b"\xc1\xbf\xbf\x80\x80\x80\x84\xb8\xad"]),
+    st.text(max_size=4).map(str.encode), st.binary(max_size=4))
+blobs = st.lists(blob_pieces, max_size=16).map(b"".join)
+
+
+def _as_fts5_bytes(token: str) -> bytes | None:
+    """A token of the library as FTS5 writes it (None: it holds a code point past U+10FFFF,
+    which stands in for FTS5's own)."""
+    return None if "\U00100000" in token else token.encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(blob=blobs)
+def test_a_blob_is_read_as_fts5_reads_it(blob: bytes) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.text_factory = bytes
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (blob,))
+    theirs = [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
+    conn.close()
+    ours = bm25.column_tokens(bm25.fts5_text(blob))
+    assert len(ours) == len(theirs)
+    for mine, their in zip(ours, theirs):
+        if (spelled := _as_fts5_bytes(mine)) is not None:
+            assert spelled == their
+    postings, length = impact.impact_postings(blob, None, None, 256.0)
+    assert length == len(theirs)
+    posted = {p.rsplit("_", 3)[0].encode() for p in postings.split()}
+    assert posted <= {t for t in theirs if t.isascii()}
