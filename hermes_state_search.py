@@ -105,7 +105,7 @@ import re
 import sqlite3
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import hermes_state_impact as impact
@@ -118,7 +118,8 @@ from hermes_state_errors import (
     is_corruption_error,
     is_sqlite_lock_error,
 )
-from hermes_state_fts import cjk_bigrams, damage_is_fts_only, has_cjk, index_state, iter_cjk_runs
+from hermes_state_fts import CJK_CHAR_CLASS, cjk_bigrams, damage_is_fts_only, has_cjk, index_state
+from hermes_state_fts import iter_cjk_runs
 
 __all__ = [
     "MAX_QUERY_TERMS",
@@ -380,13 +381,17 @@ class LikeGroup:
     not all of its patterns match. Patterns are for ``LIKE ? ESCAPE '\\'``. ``index_patterns``
     are plain ``LIKE ?`` patterns (no ESCAPE) implied by ``include``, for the trigram index.
     ``substring`` is False for a group made only of the user's own "quoted phrases": they ask
-    for that phrase, so substring hits do not pad out a short page of phrase hits.
+    for that phrase, so substring hits do not pad out a short page of phrase hits. ``words``
+    is the alternative's terms without CJK text as a MATCH on ``messages_fts_cjk`` (None when
+    it has none): where the group finds CJK text inside a longer word, those terms are still
+    words (``東京 python`` does not find ``東京 abcpython``).
     """
 
     include: tuple[str, ...]
     exclude: tuple[tuple[str, ...], ...]
     index_patterns: tuple[str, ...]
     substring: bool = True
+    words: str | None = None
 
     def where(
         self, column: str, *, trigram: bool = False, row_text: str | None = None
@@ -555,7 +560,9 @@ def plan_search(query: object) -> SearchPlan | None:
         prefixes.update((t.text, None) for t in positive if t.prefix)
         if any(has_cjk(t.text) for t in positive):
             cjk.append(alternative)
-            cjk_groups.append(groups[-1])
+            words = [t for t in positive if not has_cjk(t.text)]
+            cjk_groups.append(replace(
+                groups[-1], words=_render(words, _render_cjk_term) if words else None))
             cjk_short = cjk_short or any(
                 len(run.group(0)) < 3 for t in positive for run in iter_cjk_runs(t.text))
         else:
@@ -614,8 +621,10 @@ def _needle_start(needle: str) -> str:
     return words[0] if words else needle
 
 
-# What unicode61 keeps inside a token, for word boundaries in snippets of word hits.
-_TOKEN_CHAR = r"[^\W_]"
+# What keeps a word going, for word boundaries in snippets of word hits: a character unicode61
+# keeps inside a token, but not CJK text, which the CJK index reads apart from the letters
+# touching it (``python`` is a word of ``Python入門``).
+_TOKEN_CHAR = rf"(?:(?![{CJK_CHAR_CLASS}])[^\W_])"
 
 
 @dataclass(frozen=True)
@@ -1035,6 +1044,9 @@ def _substring_rows(
         if not group.index_patterns or not group.substring:
             continue
         exact, exact_params = group.where("m.content", row_text=_LIKE_TEXT)
+        if group.words is not None:
+            exact, exact_params = f"{exact} AND {CJK_ROW_MATCHES_SQL}", (*exact_params,
+                                                                          group.words)
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
                                         untimed=UNTIMED_SQL)
         index_pattern = max(group.index_patterns, key=len)

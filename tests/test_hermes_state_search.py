@@ -335,6 +335,43 @@ def test_a_match_in_tool_calls_or_tool_name_is_marked_in_the_snippet(
         assert f">>>{marked}<<<" in hits[row], (query, hits)
 
 
+@pytest.mark.parametrize("sort", [None, "newest"])
+def test_a_word_glued_to_cjk_text_is_marked_in_the_snippet(db: SessionDB, sort: str | None
+                                                          ) -> None:
+    """The CJK index finds ``python`` in ``Python入門``: the snippet marks it there too, in
+    whichever column holds it, and still marks no word inside a longer one."""
+    db.create_session("s1", "cli")
+    glued = add(db, "s1", "Python入門 and pythonic")
+    named = add(db, "s1", None, role="tool", tool_name="検索tool", tool_call_id="c1")
+    inside = add(db, "s1", "東京 abcpython入門")
+    expected = {
+        "python": {glued: ">>>Python<<<入門 and pythonic"},
+        "pyth*": {glued: ">>>Python<<<入門 and >>>pythonic<<<"},
+        "tool": {named: "検索>>>tool<<<"},
+        "入門 python": {glued: ">>>Python<<<>>>入門<<< and pythonic"},
+    }
+    for query, snippets in expected.items():
+        hits = {hit["id"]: hit["snippet"] for hit in db.search_messages(query, sort=sort)}
+        assert hits == snippets, query
+    assert inside not in found(db.search_messages("python"))
+
+
+@pytest.mark.parametrize("sort", [None, "newest", "oldest"])
+def test_a_word_beside_cjk_text_found_inside_a_longer_word_is_still_a_word(
+    db: SessionDB, sort: str | None
+) -> None:
+    """Rows holding the query's CJK text inside a longer word are found by substring, but the
+    query's other words keep their word meaning there."""
+    db.create_session("s1", "cli")
+    word = add(db, "s1", "abc東京def python")
+    inside = add(db, "s1", "abc東京def abcpython")
+    glued = add(db, "s1", "abc東京def python入門")
+    expected = {"c東京d python": {word, glued}, "c東京d": {word, inside, glued},
+                "c東京d pyth*": {word, glued}, 'c東京d "python"': {word, glued}}
+    for query, ids in expected.items():
+        assert set(found(db.search_messages(query, sort=sort))) == ids, query
+
+
 def _rewind(db_path: Path, session_id: str, ids: list[int]) -> None:
     """Rewind rows away, as /undo leaves them: inactive, not compacted, and the session's
     rewind count raised."""
