@@ -12,7 +12,9 @@ The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
   The text is the row's content, tool name and tool calls, all that ``messages_fts`` reads, so
   every required term of a query is found in this one index. An earlier version left the tool
   name out; a file it wrote is respelled once, in chunks, under the admission lock
-  (:func:`respell_when_admitted`; state_meta records the spelling).
+  (:func:`respell_when_admitted`; state_meta records the spelling). Rows an earlier version
+  writes after that keep its spelling until a rebuild (the schema version, fixed by the
+  specification, cannot keep that version out).
 * When FTS damage is proven (see :func:`damage_is_fts_only`), :func:`detach_index` sets the
   persistent ``fts_stale`` marker and drops the sync triggers in one transaction; canonical
   writes carry on without the index and searches fall back to LIKE over canonical rows.
@@ -401,7 +403,7 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     _delete_meta(conn, STALE_KEY)
     set_meta(conn, SPELLING_KEY, CJK_SPELLING)  # the chunks respell every row they index
     high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
-    _delete_meta(conn, PROGRESS_KEY)  # no row done yet
+    _delete_meta(conn, PROGRESS_KEY, RESPELL_PROGRESS_KEY)  # no row done yet
     if rows:
         set_meta(conn, HIGH_WATER_KEY, high_water)
     else:
@@ -526,6 +528,14 @@ WHERE id >= ? AND id <= ? AND tool_name IS NOT NULL
 """
 
 
+def _last_id(value: object) -> int | None:
+    """A progress marker's id; None (start over) for one another client made unreadable."""
+    try:
+        return None if value is None else int(str(value))
+    except ValueError:
+        return None
+
+
 def respell_due(conn: sqlite3.Connection, /) -> bool:
     """True when rows of this file may still have an earlier spelling of ``search_cjk``."""
     return bool(conn.execute(RESPELL_STATE_SQL).fetchone()[0] != CJK_SPELLING)
@@ -542,7 +552,7 @@ def respell_chunk(
     if spelling == CJK_SPELLING or not index_state(conn).usable:
         return None
     want = RESPELL_CHUNK_ROWS if chunk_rows is None else chunk_rows
-    lo = next_chunk_start(None if progress is None else int(progress))
+    lo = next_chunk_start(_last_id(progress))
     last, rows = conn.execute(CHUNK_END_SQL, (lo, INT64_MAX, want)).fetchone()
     finished = rows < want or last == INT64_MAX
     _respell(conn, RESPELL_ROWS_SQL, (lo, INT64_MAX if finished else last))

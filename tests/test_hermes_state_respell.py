@@ -147,6 +147,36 @@ def test_respelling_covers_every_row_in_chunks_of_existing_ids(
         assert found(db, "terminal 東京") == set(EDGE_IDS)
 
 
+def test_a_rebuild_started_midway_ends_the_respelling(db: SessionDB, db_path: Path) -> None:
+    now, _ = split_rows(db)
+    spell_as_earlier_version(db_path)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        with common.transaction(conn):
+            assert fts.respell_chunk(conn, 2) is not None
+    finally:
+        conn.close()
+    db.rebuild_fts()
+    assert_spelled_current(db_path)  # no respelling progress left behind
+    for query, ids in now.items():
+        assert found(db, query) == ids, query
+
+
+def test_an_unreadable_progress_marker_starts_the_respelling_over(
+    db: SessionDB, db_path: Path
+) -> None:
+    now, _ = split_rows(db)
+    spell_as_earlier_version(db_path)
+    db.set_meta("search_cjk_respell_progress", "not an id")
+    db.close()
+    with SessionDB(db_path) as reopened:
+        assert reopened._rebuild_thread is not None
+        reopened._rebuild_thread.join(30)
+        for query, ids in now.items():
+            assert found(reopened, query) == ids, query
+    assert_spelled_current(db_path)
+
+
 def test_respelling_waits_for_a_rebuild_of_the_indexes(db: SessionDB, db_path: Path) -> None:
     split_rows(db)
     spell_as_earlier_version(db_path)
@@ -273,7 +303,11 @@ def test_a_respelling_killed_midway_goes_on_at_the_next_open(
     earlier: Path, spawn_python: Callable[..., Any], seed: int
 ) -> None:
     child = spawn(spawn_python, earlier, "wait")
-    time.sleep(random.Random(seed).uniform(0.05, 0.3))
+    deadline = time.monotonic() + 30
+    while "search_cjk_respell_progress" not in respell_state(earlier):  # under way
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.002)
+    time.sleep(random.Random(seed).uniform(0, 0.1))
     kill(child)
     state = respell_state(earlier)
     assert fts.SPELLING_KEY not in state and int(state["search_cjk_respell_progress"]) > 1, state
