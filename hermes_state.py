@@ -552,8 +552,8 @@ class SessionDB:
         only when no other process has the database open; then the search index's fill, or
         its replacement when damaged (see hermes_state_impact), under the same lock, after the
         respelling of an earlier version's CJK index text, if the file has one."""
-        if (self._read(fts.index_state).usable and not self._read(fts.respell_due)
-                and not self._read(impact.needs_maintenance)):
+        if self._read(lambda conn: fts.index_state(conn).usable and not fts.respell_due(conn)
+                      and not impact.needs_maintenance(conn)):
             return
         self._rebuild_thread = threading.Thread(
             target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True

@@ -38,6 +38,7 @@ logger = logging.getLogger("hermes_state")
 __all__ = [
     "K1",
     "B",
+    "ColumnValue",
     "fts5_text",
     "column_tokens",
     "row_counts",
@@ -113,7 +114,11 @@ _LEAD_BITS = bytes([*range(32), *range(16), *range(8), *range(4), *range(2), 0, 
 _BEYOND_UNICODE = "\U00100000"
 
 
-def fts5_text(value: str | bytes | None) -> str | None:
+# A text column's value: the library's text, or a blob another client stored.
+ColumnValue = str | bytes | None
+
+
+def fts5_text(value: ColumnValue) -> str | None:
     """A column value as FTS5 reads it. The library stores text; another client may store a
     blob, whose bytes FTS5 decodes as UTF-8 its own way (SQLite's READ_UTF8): any run of
     continuation bytes joins its lead byte, a lone continuation byte is the code point of its

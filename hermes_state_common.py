@@ -34,7 +34,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "Text",
     "Key",
     "Bound",
+    "OnStore",
     "SCHEMA_VERSION",
     "temp_prefix",
     "remove_abandoned_temps",
@@ -520,6 +521,10 @@ Key = str
 #: The annotation of a message id used as a bound (``seen_through_id``): an int of any size,
 #: clamped to the ids SQLite can hold by its sibling (a bound beyond every row covers them all).
 Bound = int
+
+#: A function that runs another on the store's connection and returns its result (a handle's
+#: read, or its retried write transaction): what maintenance run in chunks is given.
+OnStore = Callable[[Callable[[sqlite3.Connection], Any]], Any]
 
 
 def clean_text(value: str) -> str:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import hermes_state_arguments as arguments
-from hermes_state_common import escape_like, get_meta, now, row_to_dict, set_meta
+from hermes_state_common import OnStore, escape_like, get_meta, now, row_to_dict, set_meta
 from hermes_state_errors import (
     InvalidInputError,
     LedgerBusyError,
@@ -685,7 +685,7 @@ def restore_auto_prune(conn: sqlite3.Connection, /, previous: str | None) -> Non
 
 
 def auto_prune_and_vacuum(
-    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: OnStore,
     prune: Callable[..., int],
     vacuum_now: Callable[[], int],
     *,

@@ -53,9 +53,9 @@ from typing import Any
 
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import fts5_text
+from hermes_state_bm25 import ColumnValue, fts5_text
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
-from hermes_state_common import quote_identifier, set_meta, split_sql, table_exists
+from hermes_state_common import OnStore, quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
 from hermes_state_errors import is_sqlite_lock_error
 
@@ -154,7 +154,7 @@ def _index_tokens(run: str) -> str:
 
 
 def cjk_index_text(
-    content: str | bytes | None, tool_name: str | bytes | None, tool_calls: str | bytes | None
+    content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue
 ) -> str | None:
     """A row's ``search_cjk`` (None: no CJK text): its content, tool name and tool calls, the
     text ``messages_fts`` reads, one part per line (the spelling :data:`CJK_SPELLING`). The
@@ -566,8 +566,8 @@ def respell_chunk(
 
 def respell_when_admitted(
     db_path: Path,
-    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
-    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    read: OnStore,
+    write: OnStore,
     stop: threading.Event,
     *,
     before: Callable[[], None],
@@ -586,7 +586,7 @@ def respell_when_admitted(
 
 
 def run_chunks(
-    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    write: OnStore,
     chunk: Callable[[sqlite3.Connection], RebuildStep | None],
     stop: threading.Event,
 ) -> bool:
@@ -657,8 +657,8 @@ def admission_lock(db_path: Path) -> Iterator[bool]:
 
 def rebuild_when_admitted(
     db_path: Path,
-    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
-    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    read: OnStore,
+    write: OnStore,
     stop: threading.Event,
     *,
     require_exclusive: bool,

@@ -69,9 +69,10 @@ from pathlib import Path
 from typing import Any
 
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import B, K1, fts5_text, read_stats, row_counts
+from hermes_state_bm25 import B, K1, ColumnValue, fts5_text, read_stats, row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
-from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, split_sql, transaction
+from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, OnStore, split_sql
+from hermes_state_common import transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
 from hermes_state_fts import run_chunks
@@ -137,12 +138,8 @@ def least_frequency(length: int, avgdl: float) -> int:
     return max(1, math.ceil(THRESHOLD * k / (1.0 - THRESHOLD) - 1e-9))
 
 
-# A column's value: text, or a blob another client stored (read as FTS5 reads it).
-Column = str | bytes | None
-
-
 def impact_postings(
-    content: Column, tool_name: Column, tool_calls: Column, avgdl: float
+    content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float
 ) -> tuple[str, int]:
     """A row's high-impact postings as index text (``term_kkkk_f_D`` tokens), and its length.
 
@@ -152,7 +149,7 @@ def impact_postings(
 
 
 def _postings_of(
-    content: Column, tool_name: Column, tool_calls: Column, avgdl: float
+    content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float
 ) -> tuple[str, str, int]:
     """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
     text = "\n".join(part for part in map(fts5_text, (content, tool_name, tool_calls)) if part)
@@ -410,7 +407,7 @@ def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> l
 
 def _write_postings(
     conn: sqlite3.Connection, index: IndexState,
-    rows: Sequence[tuple[int, Column, Column, Column, float | None]],
+    rows: Sequence[tuple[int, ColumnValue, ColumnValue, ColumnValue, float | None]],
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
     into the blocks (a time that is not a number bounds none), all or nothing; False (the
@@ -714,8 +711,8 @@ def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]
 
 def fill_when_admitted(
     db_path: Path,
-    read: Callable[[Callable[[sqlite3.Connection], Any]], Any],
-    write: Callable[[Callable[[sqlite3.Connection], Any]], Any],
+    read: OnStore,
+    write: OnStore,
     stop: threading.Event,
     *,
     before: Callable[[], None],

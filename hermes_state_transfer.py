@@ -49,6 +49,7 @@ from typing import IO, Any, Literal
 
 from hermes_state_common import (
     SCHEMA_VERSION,
+    OnStore,
     clean_optional,
     connect,
     quote_identifier,
@@ -231,7 +232,6 @@ def iter_export_jsonl(
 OnConflict = Literal["skip", "replace", "fail"]
 ON_CONFLICT_CHOICES: tuple[OnConflict, ...] = ("skip", "replace", "fail")
 Progress = Callable[[str, int, int | None], None]
-ReadFn = Callable[[Callable[[sqlite3.Connection], Any]], Any]
 
 # One publish transaction writes about this many messages (a few tenths of a second), so a
 # long import never holds the write lock near another writer's patience (20 s / 60 s).
@@ -766,7 +766,7 @@ def _merge(outcome: _Outcome, part: _Outcome) -> None:
 
 
 def _import(
-    read: ReadFn,
+    read: OnStore,
     write: WriteFn,
     records: Callable[[], Iterable[_Incoming]],
     on_conflict: str,
@@ -842,7 +842,7 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
 
 
 def import_sessions(
-    read: ReadFn,
+    read: OnStore,
     write: WriteFn,
     sessions: list[Any],
     *,
@@ -1026,7 +1026,7 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
 
 
 def import_jsonl(
-    read: ReadFn,
+    read: OnStore,
     write: WriteFn,
     fp: IO[Any],
     *,

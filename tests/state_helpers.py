@@ -451,12 +451,12 @@ def spell_as_earlier_version(path: Path) -> int:
         rows = conn.execute(
             "SELECT id, content, tool_calls, search_cjk FROM messages WHERE tool_name IS NOT NULL"
         ).fetchall()
-        earlier = [(fts.cjk_index_text(content, None, tool_calls), row_id)
-                   for row_id, content, tool_calls, stored in rows]
-        conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", earlier)
+        changed = [(spelt, row_id) for row_id, content, tool_calls, stored in rows
+                   if (spelt := fts.cjk_index_text(content, None, tool_calls)) != stored]
+        conn.executemany("UPDATE messages SET search_cjk = ? WHERE id = ?", changed)
         conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.SPELLING_KEY,))
         conn.execute("COMMIT")
-        return sum(spelt != stored for (spelt, _), (*_, stored) in zip(earlier, rows))
+        return len(changed)
     finally:
         conn.close()
 

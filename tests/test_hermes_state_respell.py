@@ -5,13 +5,14 @@ loses nothing to writers racing it or to a SIGKILL in the middle."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import signal
 import sqlite3
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,16 @@ def found(db: SessionDB, query: str, sort: str | None = None) -> set[int]:
     assert len(ids) == len(set(ids)), ids
     assert not any("match" in hit for hit in hits), query  # word hits, not substring ones
     return set(ids)
+
+
+@contextlib.contextmanager
+def reopened_after_respelling(path: Path) -> Iterator[SessionDB]:
+    """A writable open of ``path`` once its background maintenance, the respelling, is done."""
+    with SessionDB(path) as db:
+        assert db._rebuild_thread is not None, "the open respells in the background"
+        db._rebuild_thread.join(60)
+        assert not db._rebuild_thread.is_alive()
+        yield db
 
 
 def tool_row(db: SessionDB, content: str, name: str) -> int:
@@ -81,9 +92,7 @@ def test_a_file_spelled_by_an_earlier_version_is_respelled_by_the_next_open(
     for query, ids in earlier.items():
         assert found(db, query) == ids, query  # negations still hold on such rows
     db.close()
-    with SessionDB(db_path) as reopened:
-        assert reopened._rebuild_thread is not None
-        reopened._rebuild_thread.join(30)
+    with reopened_after_respelling(db_path) as reopened:
         for query, ids in now.items():
             assert found(reopened, query) == ids, query
         assert reopened.check_fts_integrity() == CLEAN
@@ -169,9 +178,7 @@ def test_an_unreadable_progress_marker_starts_the_respelling_over(
     spell_as_earlier_version(db_path)
     db.set_meta("search_cjk_respell_progress", "not an id")
     db.close()
-    with SessionDB(db_path) as reopened:
-        assert reopened._rebuild_thread is not None
-        reopened._rebuild_thread.join(30)
+    with reopened_after_respelling(db_path) as reopened:
         for query, ids in now.items():
             assert found(reopened, query) == ids, query
     assert_spelled_current(db_path)
@@ -206,9 +213,7 @@ def test_blob_values_another_client_stored_are_spelled_as_fts5_reads_them(
     finally:
         conn.close()
     db.close()
-    with SessionDB(db_path) as reopened:
-        assert reopened._rebuild_thread is not None
-        reopened._rebuild_thread.join(30)
+    with reopened_after_respelling(db_path) as reopened:
         assert_spelled_current(db_path)
         assert found(reopened, "terminal 東京") == {1}
         assert found(reopened, "京都 output") == {2}
@@ -311,9 +316,8 @@ def test_a_respelling_killed_midway_goes_on_at_the_next_open(
     kill(child)
     state = respell_state(earlier)
     assert fts.SPELLING_KEY not in state and int(state["search_cjk_respell_progress"]) > 1, state
-    with SessionDB(earlier) as db:
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(60)
+    with reopened_after_respelling(earlier):
+        pass
     assert_whole(earlier, 2 * OLD_ROWS)
 
 
