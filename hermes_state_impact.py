@@ -44,12 +44,13 @@ that skips virtual tables) is never trusted; nor is a state row holding what the
 never writes, or a row indexed in the FTS5 table without its postings. Errors from the impact
 index never reach a canonical write: the index is marked damaged and left alone, searches rank
 with FTS5, and the next writable open replaces it with an empty one of a new epoch and fills
-it (:func:`reset_index`). A search that finds it damaged or inconsistent says so
-(:func:`damage_noticed`); a writable handle then marks it, through its own retried write. A
-table or trigger of it dropped under an open handle is found by the handle's write that meets
-it (:func:`missing_index_object`), or by a search's check of its objects and then the next
-write (:func:`mark_index_damaged`): either drops the rest, whose triggers would fail every
-write of messages, and the next writable open creates the index anew.
+it (:func:`reset_index`). A search that finds it damaged or inconsistent says so, for its
+file (:func:`notice_damage`); the process's next write of a message to that file, from any
+handle or thread, then marks it (:func:`damage_noticed`). A table or trigger of it dropped
+under an open handle is found by the handle's write that meets it
+(:func:`missing_index_object`), or by a search's check of its objects and then the next write
+(:func:`mark_index_damaged`): either drops the rest, whose triggers would fail every write of
+messages, and the next writable open creates the index anew.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,19 +250,34 @@ def _mark_damaged(conn: sqlite3.Connection, exc: BaseException) -> None:
     conn.execute(SET_DAMAGED_SQL)
 
 
-# Set when a read finds the impact index damaged; reads cannot write the marker themselves.
-_damage_noticed: ContextVar[bool] = ContextVar("hermes_impact_damage_noticed", default=False)
+# The files whose impact index a search found damaged, by their main database file: a read
+# cannot write the marker itself, so the process's next write of a message to that file does.
+_damage_noticed: set[str] = set()
+_DAMAGE_LOCK = threading.Lock()
+FILE_SQL = "PRAGMA database_list"
 
 
-def notice_damage() -> None:
-    """Say that a read of this context found the impact index damaged."""
-    _damage_noticed.set(True)
+def _file_of(conn: sqlite3.Connection) -> str:
+    name = conn.execute(FILE_SQL).fetchone()[2]
+    return os.path.realpath(name) if name else f":memory:{id(conn)}"
 
 
-def damage_noticed() -> bool:
-    """Whether a search of this context found the impact index damaged since the last call."""
-    noticed = _damage_noticed.get()
-    _damage_noticed.set(False)
+def notice_damage(conn: sqlite3.Connection) -> None:
+    """Say that a read on ``conn`` found its file's impact index damaged."""
+    file = _file_of(conn)
+    with _DAMAGE_LOCK:
+        _damage_noticed.add(file)
+
+
+def damage_noticed(conn: sqlite3.Connection) -> bool:
+    """Whether a search found the impact index of ``conn``'s file damaged since the last
+    call for that file."""
+    if not _damage_noticed:
+        return False
+    file = _file_of(conn)
+    with _DAMAGE_LOCK:
+        noticed = file in _damage_noticed
+        _damage_noticed.discard(file)
     return noticed
 
 
@@ -357,9 +372,9 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
     """Keep the index after the library inserted message ``row_id`` (the caller's
     transaction): at every :data:`CHECK_EVERY`-th id, index a due batch and work a little on
     the queues. Nothing else is written for a message; searches read the rows past the
-    batch boundary from their text. A search of this context that found the index damaged
-    marks it so here, in the write (the next writable open replaces it)."""
-    if damage_noticed():
+    batch boundary from their text. A search that found this file's index damaged has it
+    marked here, in the write (the next writable open replaces it)."""
+    if damage_noticed(conn):
         mark_index_damaged(conn)
     if row_id % CHECK_EVERY:
         return
@@ -703,7 +718,7 @@ def time_ranges(conn: sqlite3.Connection) -> list[tuple[int, int, float, float]]
     except INDEX_FAULTS as exc:
         if not index_error(exc):
             raise
-        notice_damage()
+        notice_damage(conn)
         return everything
     ranges.append((index.indexed + 1, INT64_MAX, -math.inf, math.inf))
     return ranges

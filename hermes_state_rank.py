@@ -614,7 +614,7 @@ def top_k(
         if not index_error(exc):
             raise
         logger.warning("search impact index unreadable (%s); ranking with FTS5", exc)
-        notice_damage()
+        notice_damage(conn)
         return None
 
 
@@ -628,7 +628,7 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
         except INDEX_FAULTS as exc:
             if not index_error(exc):
                 raise
-            notice_damage()
+            notice_damage(conn)
     return count_matches(conn, "messages_fts", expression)
 
 
@@ -695,7 +695,7 @@ def _top_k(
     if index is None or not index.whole:
         return None
     if not consistent(conn, index):
-        notice_damage()  # a copy that kept one table without the other
+        notice_damage(conn)  # a copy that kept one table without the other
         return None
     stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:

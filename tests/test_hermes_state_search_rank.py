@@ -10,6 +10,7 @@ import json
 import random
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -590,6 +591,37 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
+
+
+def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
+    small: SessionDB, db_path: Path, tmp_path: Path
+) -> None:
+    """A search that finds one file's index damaged has the next write to that file mark it,
+    from any handle or thread of the process; writes to another file mark nothing."""
+    other_path = tmp_path / "other" / "state.db"
+    other_path.parent.mkdir()
+    with SessionDB(other_path) as other:
+        other.create_session("o1", "cli")
+        other.replace_messages("o1", [_message(random.Random(8), n) for n in range(300)])
+        conn = raw(db_path)
+        conn.execute("UPDATE search_impact SET epoch = epoch + 1"
+                     " WHERE id = (SELECT max(id) FROM search_impact)")
+        conn.close()
+        with SessionDB(db_path, read_only=True) as reader:
+            assert ids(reader.search_messages("session")) == exact(reader, "session")
+        for n in range(3):  # another file, from this thread and from another
+            other.append_message("o1", "user", f"session elsewhere {n}")
+        writer = threading.Thread(target=other.append_message,
+                                  args=("o1", "user", "session from a thread"))
+        writer.start()
+        writer.join()
+        assert not other._read(impact.index_health)["damaged"]
+        worker = threading.Thread(target=small.append_message,
+                                  args=("s1", "user", "session after the damage"))
+        worker.start()  # the damaged file's write, from a thread of its own
+        worker.join()
+        assert small._read(impact.index_health)["damaged"]
+        assert not other._read(impact.index_health)["damaged"]
 
 
 # Damage to the impact index under an open handle: parts of it dropped, emptied or holding
