@@ -26,7 +26,13 @@ tokens, and the bounds allow for the difference (impact at most x under A is at 
 avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
 Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
-ranks with FTS5: the answer is the same.
+ranks with FTS5: the answer is the same. A proof of several phrases weighs its own cost, in
+estimated µs, against what FTS5 would take to rank the whole query
+(:data:`FTS_RANKED_ROW_COST`): it gives up when reading a phrase's postings down to the depth
+the proof needs would cost more, at the share of postings it has had to settle so far
+(foreseen after a first batch and whenever the postings read have doubled), or once what it
+has cost and what its waiting rows would cost reach it. Two common words whose best rows
+mostly leave one frequency open cost it twice FTS5's time or more before.
 
 **Counts and few rows.** The counts a query needs (each phrase's for its idf, the whole
 query's to choose a route) are kept per file (:class:`_Counter`): a count of the rows at or
@@ -202,6 +208,7 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 # A word's postings best first, with their rows: the fts5vocab 'instance' view of the impact
 # table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
+LEFT_SQL = "SELECT count(*) FROM search_impact_vocab WHERE term >= ? AND term < ?"
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
@@ -271,6 +278,11 @@ TEXT_TOKEN_COST = 0.06
 FTS_LIST_ROW_COST = 0.08
 FTS_PHRASE_FACTOR = 0.5
 FTS_SCORED_ROW_COST = 3.0
+# What the proof costs, in µs, per row it settles from its postings and per posting it reads;
+# what FTS5's own ranking costs per row of the query, beyond walking its words' lists.
+SETTLE_ROW_COST = 10.0
+POSTING_COST = 2.0
+FTS_RANKED_ROW_COST = 0.8
 # The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
 # how many times that cut is widened (four times each) before they are all scored here.
 EVERYWHERE_FIRST_CUT = 48
@@ -284,6 +296,7 @@ class _Cursor:
     """A word's postings, best first: (token, row id) pairs."""
 
     def __init__(self, conn: sqlite3.Connection, term: str) -> None:
+        self.conn, self.term = conn, term
         self._rows = conn.execute(VOCAB_SQL, (term + "_", term + "`"))
         self._buffer: list[tuple[str, int]] = []
         self.batch = FIRST_BATCH_POSTINGS
@@ -306,6 +319,13 @@ class _Cursor:
         if self.next is None:
             return THRESHOLD
         return 1.0 - int(self.next[0].rsplit("_", 3)[1]) / KEY_SCALE
+
+    def left(self, reach: float) -> int:
+        """How many postings not read yet have a reference impact of ``reach`` or more."""
+        if self.next is None:
+            return 0
+        end = f"{self.term}_{math.floor((1.0 - reach) * KEY_SCALE) + 1:04d}"
+        return int(self.conn.execute(LEFT_SQL, (self.next[0], end)).fetchone()[0])
 
     def take(self) -> list[tuple[str, int]]:
         """The next postings, more each time (the first reads are the likeliest to suffice)."""
@@ -339,6 +359,7 @@ class _Walk:
     # leave out the idf, so FTS5's own cannot resolve them.
     fts_cost: float | None = None
     lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
+    spent: float = 0.0  # what the proof has cost so far (µs, estimated)
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -449,16 +470,25 @@ class _Walk:
         fts_cost = None if self.fts_cost is None else (
             self.fts_cost + FTS_SCORED_ROW_COST * len(candidates))
         if fts_cost is None or text_cost <= fts_cost:
+            self.spent += text_cost
             self.resolve_texts(sorted(candidates))
         elif ids := sorted(self.passing(candidates)):
+            self.spent += fts_cost
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
         return True
 
+    def pending_cost(self) -> float:
+        """What scoring every pending row by FTS5 would cost (µs, estimated)."""
+        if self.fts_cost is None or not self.pending:
+            return 0.0
+        return self.fts_cost + FTS_SCORED_ROW_COST * len(self.pending)
+
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`): rows ``search_impact_fts``
         indexes, so each has its postings in ``search_impact``, or the two disagree."""
+        self.spent += SETTLE_ROW_COST * len(ids)
         sql, params = self.postings_sql
         rows = self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall()
         if len(rows) < len(set(ids)):
@@ -718,6 +748,7 @@ def _top_k(
         return None
     idf_of = {p: 1.0 for p in distinct}
     fts_cost: float | None = None
+    budget = math.inf  # what FTS5's own ranking of the query would cost (µs, estimated)
     everywhere: list[int] = []
     if not single:
         # Rows indexed under every word of the query (cheap to list, they need no idf yet):
@@ -730,6 +761,7 @@ def _top_k(
         # The phrases' counts give their idf.
         idf_of = {p: stats.idf(count(phrase_match(p))) for p in distinct}
         fts_cost = _fts_pass_cost(distinct, count)
+        budget = fts_cost + FTS_RANKED_ROW_COST * count(conj.match)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[p] for p in conj.phrases], seen=outside[0], fts_cost=fts_cost)
     walk.resolve_texts(sorted(outside[1]))
@@ -749,7 +781,8 @@ def _top_k(
     cursors = {p: _Cursor(conn, max(p, key=len)) for p in distinct}
     try:
         floor = walk.most(THRESHOLD)
-        read = 0
+        read = settled = 0
+        foresee_at = 1
         while True:
             shares = {p: weight[p] * walk.most(c.bound()) for p, c in cursors.items()}
             if single:
@@ -762,7 +795,12 @@ def _top_k(
                 readable = [p for p in distinct if p != below]
             kth = walk.kth()
             live = [p for p in readable if cursors[p].next is not None]
-            if (kth is not None and kth > unseen) or not live:
+            only_pending = (kth is not None and kth > unseen) or not live
+            # FTS5 ranks once what the proof has cost and what its waiting rows would cost
+            # reach FTS5's own ranking; when only those rows are left, once they alone would.
+            if walk.pending_cost() + (0.0 if only_pending else walk.spent) > budget:
+                return None
+            if only_pending:
                 if walk.resolve_pending(kth):
                     continue  # the top moved: check the proof again
                 if kth is not None and kth > unseen:
@@ -777,11 +815,22 @@ def _top_k(
                 reach = walk.reference_for((kth - unseen + shares[phrase]) / weight[phrase])
                 if reach is None or reach < THRESHOLD + ABORT_MARGIN:
                     return None
+                if read >= foresee_at:
+                    # After a first batch, and whenever the postings read have doubled: what
+                    # reading down to that depth would cost, at the share of postings settled
+                    # so far, against FTS5's own ranking.
+                    foresee_at = 2 * read
+                    per_posting = POSTING_COST + settled / read * (
+                        SETTLE_ROW_COST + FTS_SCORED_ROW_COST)
+                    ahead = cursors[phrase].left(reach) * per_posting + walk.pending_cost()
+                    if ahead > budget:
+                        return None
             postings = cursors[phrase].take()
             if single and read < SINGLE_WORD_PROBE_POSTINGS <= read + len(postings):
                 if count(conj.match) <= EXACT_RANK_ROWS:
                     return None
             read += len(postings)
+            walk.spent += POSTING_COST * len(postings)
             fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
             walk.seen.update(row_id for _, row_id in fresh)
             if single:
@@ -797,6 +846,7 @@ def _top_k(
                             best[token] = _token_best(walk, weight[phrase], token, others)
                     fresh = [(t, r) for t, r in fresh if best[t] >= kth]
                 if fresh:
+                    settled += len(fresh)
                     walk.settle([row_id for _, row_id in fresh])
         ranked = sorted((-score, -negated) for score, negated in walk.top)
         if single and _near_tie([s for s, _ in ranked]):

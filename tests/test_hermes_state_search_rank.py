@@ -189,6 +189,39 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
     assert (by_fts5 > 0) == (route == "fts5")
 
 
+def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
+    bench_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rows the postings leave open are scored by FTS5 (text is made dear): with a proof
+    # estimated dearer than ranking the whole query, the proof stops at its first estimate,
+    # before it settles a second batch or has FTS5 score any row, and the order is FTS5's.
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    for cost in ("TEXT_ROW_COST", "TEXT_TOKEN_COST"):
+        monkeypatch.setattr(rank, cost, 1e12)
+    terms = query_terms(seed=1)
+    queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
+
+    def walks(ranked_row_cost: float) -> tuple[int, int]:
+        monkeypatch.setattr(rank, "FTS_RANKED_ROW_COST", ranked_row_cost)
+        by_fts5 = settles = 0
+        with SessionDB(bench_store, read_only=True) as db:
+            for query in queries:
+                got, statements = traced_search(db, query)
+                assert got == fts5_order(db, query), query
+                by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s
+                               for s in statements)
+                settles = max(settles, sum(
+                    "FROM search_impact WHERE id IN" in s for s in statements))
+        return by_fts5, settles
+
+    assert walks(1e9)[0] > 0  # what a budget that never runs out lets the proofs do
+    monkeypatch.setattr(rank, "POSTING_COST", 1e9)
+    by_fts5, settles = walks(0.0)
+    assert by_fts5 == 0
+    assert settles <= 1
+
+
 # Words that begin or end one another: a row's posting of one must never be read as the
 # other's (the proof cuts each query word's posting out of the row's postings).
 NESTED = ["deploy", "deployment", "deployed", "redeploy", "re"]
