@@ -830,6 +830,13 @@ SELECT r.id FROM ranked r JOIN messages m ON m.id = r.id JOIN sessions s ON s.id
 WHERE 1 {filters}
 ORDER BY r.score, r.id LIMIT ?
 """
+# The same order over the rows that pass the filters, each match joined to its session (FTS5
+# scores only the rows that pass).
+FILTERED_RANKED_SQL = """
+SELECT f.rowid FROM {table} f JOIN messages m ON m.id = f.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE {table} MATCH ? {filters} ORDER BY bm25({table}), f.rowid LIMIT ?
+"""
 COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
 # Time order: the rows of one range of ids, read range by range (see impact.time_ranges).
 BLOCK_HITS_SQL = """
@@ -861,14 +868,24 @@ def _ranked(
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
     prefix = 2 * wanted + 16
-    while True:
-        ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
-        if len(ids) >= wanted or prefix >= 2**31:
+    ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
+    if len(ids) >= wanted:
+        return ids
+    count = _match_count(conn, table, match)
+    if count <= prefix:
+        return ids
+    # Too few of FTS5's best rows passed the filters. Each prefix scores every matching row
+    # again: one more, four times as long as the share that passed says is enough (the best
+    # rows pass less often than the rest, as often as not), while that is under half the
+    # matches; else, or should it still fall short, the rows that pass the filters are ranked
+    # in one pass, a join per match.
+    longer = 4 * prefix * wanted // len(ids) if ids else count
+    if longer < count // 2:
+        ids = [row[0] for row in conn.execute(sql, (match, longer, *params, wanted))]
+        if len(ids) >= wanted:
             return ids
-        # Too few passed the filters: unless the prefix was everything, rank further.
-        if _match_count(conn, table, match) <= prefix:
-            return ids
-        prefix *= 8
+    sql = FILTERED_RANKED_SQL.format(table=table, filters=filters)
+    return [row[0] for row in conn.execute(sql, (match, *params, wanted))]
 
 
 # A row without a time (see the module docstring).

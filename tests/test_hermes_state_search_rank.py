@@ -333,6 +333,38 @@ def test_offset_0_and_20_are_the_first_40_of_one_request(
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("query", ["kiwi", "kiwi tart", "東京大学"])
+def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_passes(
+    db: SessionDB, query: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FTS5 ranks a prefix of its order and the filters keep what they keep of it; when that
+    # is too few, one longer prefix at most, then the rows that pass the filters in one pass:
+    # not ever longer prefixes of the whole list, each of which scores every matching row.
+    monkeypatch.setattr(rank, "top_k", lambda *args: None)  # FTS5 ranks, whatever the words
+    for session, source in (("many", "cli"), ("weak", "telegram"), ("some", "discord")):
+        db.create_session(session, source)
+    db.replace_messages("many", [{"role": "user", "content": f"kiwi tart 東京大学 {n} x"}
+                                 for n in range(3000)])
+    long_text = "kiwi tart 東京大学 " + " ".join(f"w{n}" for n in range(200))
+    weak = [db.append_message("weak", "user", f"{long_text} {n}") for n in range(3)]
+    some = [db.append_message("some", "user", "kiwi tart 東京大学") for _ in range(5)]
+    some += [db.append_message("some", "user", f"{long_text} {n}") for n in range(30)]
+    plan = search.plan_search(query)
+    assert plan is not None
+    table, match = (("messages_fts", plan.fts_match) if plan.fts_match
+                    else ("messages_fts_cjk", plan.cjk_match))
+    for sources, passes in ((["telegram"], 2), (["discord"], 3), (["cli"], 1), (["email"], 2)):
+        got, statements = traced_search(db, query, source_filter=sources)
+        where, params = search.search_filters(sources, None, None, False)
+        oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
+        assert got == [r[0] for r in db._read(
+            lambda c: c.execute(oracle, (match, *params, 20)).fetchall())], sources
+        rankings = [s for s in statements if f"bm25({table})" in s]
+        assert len(rankings) == passes, (sources, rankings)
+    assert set(ids(db.search_messages(query, source_filter=["telegram"]))) == set(weak)
+    assert ids(db.search_messages(query, source_filter=["discord"]))[:5] == some[:5]
+
+
 def test_newest_and_oldest_order_by_time_then_relevance(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     once = db.append_message("s1", "user", "kiwi and many other words here", timestamp=50.0)
