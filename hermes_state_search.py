@@ -838,6 +838,9 @@ JOIN sessions s ON s.id = m.session_id
 WHERE {table} MATCH ? {filters} ORDER BY bm25({table}), f.rowid LIMIT ?
 """
 COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
+# Whether any session passes the source filters: when none does no row can, and the search ends
+# before it reads an index (else a source no session has costs every route, substrings too).
+SOURCES_EXIST_SQL = "SELECT EXISTS (SELECT 1 FROM sessions s WHERE 1 {filters})"
 # Time order: the rows of one range of ids, read range by range (see impact.time_ranges).
 BLOCK_HITS_SQL = """
 SELECT f.rowid, m.timestamp FROM {table} f JOIN messages m ON m.id = f.rowid
@@ -1162,6 +1165,17 @@ def _hits(
     return hits
 
 
+def _some_source_passes(
+    conn: sqlite3.Connection, source_filter: str | Iterable[str] | None,
+    exclude_sources: str | Iterable[str] | None,
+) -> bool:
+    """Whether a session passes the source filters (true without any)."""
+    if source_filter is None and exclude_sources is None:
+        return True
+    sources, params = search_filters(source_filter, exclude_sources, None, True)
+    return bool(conn.execute(SOURCES_EXIST_SQL.format(filters=sources), params).fetchone()[0])
+
+
 def search_messages(
     conn: sqlite3.Connection,
     /,
@@ -1199,6 +1213,8 @@ def search_messages(
     order = sort_order(sort)
     filters, params = search_filters(source_filter, exclude_sources, role_filter,
                                      include_inactive)
+    if not _some_source_passes(conn, source_filter, exclude_sources):
+        return []
     # Past the rows any store can hold every page is empty: the end of the page is cut there,
     # so that what the routes ask of SQLite stays within its 64-bit integers.
     offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)

@@ -474,6 +474,28 @@ def test_filters_apply_on_every_route(route: tuple[SessionDB, str]) -> None:
     assert db.search_messages(query, source_filter=["nowhere"]) == []
 
 
+def test_source_filters_no_session_passes_find_nothing_without_reading_messages(
+    route: tuple[SessionDB, str],
+) -> None:
+    """A source no session has (a misspelt one, say) cannot match a row: no route is asked,
+    where each of them, the substring route included, would read every match to find none."""
+    db, query = route
+    statements: list[str] = []
+    db._conn.set_trace_callback(statements.append)
+    try:
+        assert found(db.search_messages(query, source_filter=["cli"], limit=100))
+        assert any("messages" in sql for sql in statements)
+        for filters in ({"source_filter": ["nowhere"]}, {"source_filter": []},
+                        {"source_filter": "nowhere", "role_filter": ["user"]},
+                        {"exclude_sources": ["cli", "telegram", "discord"]},
+                        {"source_filter": ["cli"], "exclude_sources": "cli"}):
+            statements.clear()
+            assert db.search_messages(query, limit=100, sort="newest", **filters) == [], filters
+            assert not [sql for sql in statements if "messages" in sql], filters
+    finally:
+        db._conn.set_trace_callback(None)
+
+
 def test_filter_lists_of_ten_thousand_entries_are_accepted(route: tuple[SessionDB, str]) -> None:
     db, query = route
     many = [f"source-{i}" for i in range(9_999)]

@@ -339,10 +339,13 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
 ) -> None:
     # FTS5 ranks a prefix of its order and the filters keep what they keep of it; when that
     # is too few, one longer prefix at most, then the rows that pass the filters in one pass:
-    # not ever longer prefixes of the whole list, each of which scores every matching row.
+    # not ever longer prefixes of the whole list, each of which scores every matching row;
+    # none at all for a source that no session has.
     monkeypatch.setattr(rank, "top_k", lambda *args: None)  # FTS5 ranks, whatever the words
-    for session, source in (("many", "cli"), ("weak", "telegram"), ("some", "discord")):
+    for session, source in (("many", "cli"), ("weak", "telegram"), ("some", "discord"),
+                            ("quiet", "email")):
         db.create_session(session, source)
+    db.append_message("quiet", "user", "none of the words")
     db.replace_messages("many", [{"role": "user", "content": f"kiwi tart 東京大学 {n} x"}
                                  for n in range(3000)])
     long_text = "kiwi tart 東京大学 " + " ".join(f"w{n}" for n in range(200))
@@ -353,7 +356,8 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
     assert plan is not None
     table, match = (("messages_fts", plan.fts_match) if plan.fts_match
                     else ("messages_fts_cjk", plan.cjk_match))
-    for sources, passes in ((["telegram"], 2), (["discord"], 3), (["cli"], 1), (["email"], 2)):
+    for sources, passes in ((["telegram"], 2), (["discord"], 3), (["cli"], 1), (["email"], 2),
+                            (["nowhere"], 0)):
         got, statements = traced_search(db, query, source_filter=sources)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
