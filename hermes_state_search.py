@@ -1087,23 +1087,24 @@ def _like_hits(
     return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
 
 
-# The text columns come as bytes, decoded here (see :func:`_column_text`).
+# The text columns come as bytes, decoded here (see :func:`_column_text`). With each hit, the
+# ids of its neighbours in its session, by time then id, whatever their state (the context).
 HIT_ROWS_SQL = """
 SELECT m.id, m.session_id, m.role, m.timestamp, CAST(m.tool_name AS BLOB),
-       CAST(m.content AS BLOB), CAST(m.tool_calls AS BLOB), s.source, s.model, s.started_at
+       CAST(m.content AS BLOB), CAST(m.tool_calls AS BLOB), s.source, s.model, s.started_at,
+       (SELECT b.id FROM messages b
+        WHERE b.session_id = m.session_id AND (b.timestamp, b.id) < (m.timestamp, m.id)
+        ORDER BY b.timestamp DESC, b.id DESC LIMIT 1),
+       (SELECT a.id FROM messages a
+        WHERE a.session_id = m.session_id AND (a.timestamp, a.id) > (m.timestamp, m.id)
+        ORDER BY a.timestamp, a.id LIMIT 1)
 FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?))
 """
-# A hit's neighbours in its session, by time then id, whatever their state.
-CONTEXT_BEFORE_SQL = """
-SELECT role, CAST(substr(COALESCE(content, ''), 1, :n) AS BLOB) FROM messages
-WHERE session_id = :session AND (timestamp < :ts OR (timestamp = :ts AND id < :id))
-ORDER BY timestamp DESC, id DESC LIMIT 1
-"""
-CONTEXT_AFTER_SQL = """
-SELECT role, CAST(substr(COALESCE(content, ''), 1, :n) AS BLOB) FROM messages
-WHERE session_id = :session AND (timestamp > :ts OR (timestamp = :ts AND id > :id))
-ORDER BY timestamp, id LIMIT 1
+# The start of the neighbours' content, all in one read.
+CONTEXT_ROWS_SQL = """
+SELECT id, role, CAST(substr(COALESCE(content, ''), 1, ?) AS BLOB) FROM messages
+WHERE id IN (SELECT value FROM json_each(?))
 """
 
 
@@ -1135,6 +1136,10 @@ def _hits(
 ) -> list[dict[str, Any]]:
     """The hit dicts of ``ids``, in that order (see :func:`search_messages`)."""
     rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (json.dumps(list(ids)),))}
+    around = {r[-2] for r in rows.values()} | {r[-1] for r in rows.values()}
+    around.discard(None)
+    neighbours = {r[0]: {"role": r[1], "content": _column_text(r[2])} for r in conn.execute(
+        CONTEXT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(sorted(around))))}
     marker = snippet_pattern(plan, words=kind == WORD)
     hits = []
     for row_id in ids:
@@ -1142,17 +1147,14 @@ def _hits(
         if row is None:
             continue
         _, session_id, role, timestamp, tool_name, content, tool_calls, source, model, \
-            started = row
+            started, before, after = row
         tool_name, content, tool_calls = map(_column_text, (tool_name, content, tool_calls))
         context = []
-        params = {"n": CONTEXT_CHARS, "session": session_id, "ts": timestamp, "id": row_id}
-        before = conn.execute(CONTEXT_BEFORE_SQL, params).fetchone()
-        after = conn.execute(CONTEXT_AFTER_SQL, params).fetchone()
         if before is not None:
-            context.append({"role": before[0], "content": _column_text(before[1])})
+            context.append(dict(neighbours[before]))
         context.append({"role": role, "content": (content or "")[:CONTEXT_CHARS]})
         if after is not None:
-            context.append({"role": after[0], "content": _column_text(after[1])})
+            context.append(dict(neighbours[after]))
         hit = {
             "id": row_id, "session_id": session_id, "role": role,
             "snippet": _snippet_of(content, tool_name, tool_calls, marker),

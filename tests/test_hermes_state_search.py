@@ -310,6 +310,35 @@ def test_context_follows_message_time_then_id_whatever_the_state(db: SessionDB) 
         "written second, stamped first", "the kiwi in the middle", "same moment, other words"]
 
 
+_STAMPS = st.sampled_from([100.0, 200.0, 300.0])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.sampled_from(["s1", "s2"]), _STAMPS, st.booleans()),
+                     min_size=1, max_size=12))
+def test_each_hits_context_is_its_neighbours_by_time_then_id(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[str, float, bool]],
+) -> None:
+    # Few distinct times, so that many rows share one and their ids decide.
+    path = tmp_path_factory.mktemp("context") / "state.db"
+    written: list[tuple[int, str, float, str]] = []
+    with SessionDB(path) as db:
+        db.create_session("s1", "cli")
+        db.create_session("s2", "cli")
+        for n, (session, stamp, hit) in enumerate(rows):
+            text = f"row{n} " + ("kiwi" if hit else "plum")
+            written.append((add(db, session, text, timestamp=stamp), session, stamp, text))
+        results = db.search_messages("kiwi", limit=50)
+    assert {r["id"] for r in results} == {r[0] for r, (_, _, hit) in zip(written, rows) if hit}
+    for result in results:
+        row_id, session, stamp, text = next(r for r in written if r[0] == result["id"])
+        timed = sorted((r[2], r[0], r[3]) for r in written if r[1] == session)
+        before = [t for s, i, t in timed if (s, i) < (stamp, row_id)]
+        after = [t for s, i, t in timed if (s, i) > (stamp, row_id)]
+        assert [c["content"] for c in result["context"]] == [*before[-1:], text, *after[:1]]
+
+
 def test_a_message_with_the_term_many_times_ranks_first(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     once = add(db, "s1", "kiwi alpha bravo charlie delta")
