@@ -6,9 +6,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import hermes_state_impact as impact
 from bench.corpus import generate_corpus
-from bench.suite import append_batch, append_cpu_kept_and_stopped
+from bench.suite import append_batch, append_cpu_kept_and_stopped, postings_cpu
 
 
 def test_the_append_cpu_figure_indexes_every_message_of_one_store_and_none_of_the_other(
@@ -27,3 +29,16 @@ def test_the_append_cpu_figure_indexes_every_message_of_one_store_and_none_of_th
             assert postings == (len(batch) if name == "kept" else 0)
         finally:
             conn.close()
+
+
+def test_the_postings_figure_times_every_stored_message_and_is_a_part_of_an_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch, sessions = append_batch(list(generate_corpus(600, seed=2)), 2 * impact.FLUSH_ROWS)
+    kept_us, _ = append_cpu_kept_and_stopped(tmp_path, sessions, batch)
+    timed: list[object] = []
+    postings = impact.impact_postings
+    monkeypatch.setattr(impact, "impact_postings", lambda *row: timed.append(row) or postings(*row))
+    posting_us = postings_cpu(tmp_path / "kept.db", repeats=2)
+    assert len(timed) == 2 * len(batch)
+    assert 0 < posting_us < kept_us
