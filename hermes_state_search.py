@@ -1136,8 +1136,7 @@ def _hits(
 ) -> list[dict[str, Any]]:
     """The hit dicts of ``ids``, in that order (see :func:`search_messages`)."""
     rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (json.dumps(list(ids)),))}
-    around = {r[-2] for r in rows.values()} | {r[-1] for r in rows.values()}
-    around.discard(None)
+    around = {n for r in rows.values() for n in r[-2:] if n is not None}
     neighbours = {r[0]: {"role": r[1], "content": _column_text(r[2])} for r in conn.execute(
         CONTEXT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(sorted(around))))}
     marker = snippet_pattern(plan, words=kind == WORD)
