@@ -45,7 +45,6 @@ __all__ = [
     "phrase_frequency",
     "folded_text",
     "text_frequency",
-    "lacks_a_word",
     "Bm25Stats",
     "varints",
     "read_stats",
@@ -233,16 +232,6 @@ def text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:
             start = m.start()
             found += start == 0 or not _is_token_char(text[start - 1])
     return found
-
-
-def lacks_a_word(texts: Sequence[str | None], words: Sequence[str]) -> bool:
-    """Whether ASCII texts lack one of the (ASCII, folded) words even as a substring, so that
-    no token of theirs is that word (most rows waiting on a word's frequency lack it)."""
-    present = [t for t in texts if t]
-    if not all(t.isascii() for t in present):
-        return False  # unicode61 folds some other characters onto ASCII letters
-    lowered = "\n".join(present).lower()
-    return any(word not in lowered for word in words)
 
 
 def _is_token_char(ch: str) -> bool:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
-from hermes_state_bm25 import folded_text, formula_matches_fts5, fts5_text, lacks_a_word
+from hermes_state_bm25 import folded_text, formula_matches_fts5, fts5_text
 from hermes_state_bm25 import phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
 from hermes_state_errors import is_sqlite_lock_error
@@ -241,12 +241,23 @@ ORDER BY score DESC, id LIMIT ?
 """
 SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # The text of the rows that pass the filters, and their length in tokens as FTS5 keeps it (the
-# column sizes in %_docsize).
+# column sizes in %_docsize). Most rows waiting on a word's frequency lack it, and a row of
+# ASCII text that lacks a word even as a substring of its lower-cased text has no token that
+# is the word: such rows are left out by the read itself, before their text reaches Python.
+# A column is ASCII when it is NULL or text of as many bytes as characters (unicode61 folds
+# some other characters onto ASCII letters; a blob is read by FTS5 its own way).
 ROW_TEXT_SQL = """
 SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
 JOIN sessions AS s ON s.id = m.session_id LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
-WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
+WHERE m.id IN (SELECT value FROM json_each(?)) {filters} AND NOT ({ascii} AND ({lacking}))
 """
+_TEXT_COLUMNS = ("m.content", "m.tool_name", "m.tool_calls")
+ASCII_ROW_SQL = " AND ".join(
+    f"({c} IS NULL OR (typeof({c}) = 'text' AND length({c}) = length(CAST({c} AS BLOB))))"
+    for c in _TEXT_COLUMNS)
+# One word (a parameter per column) is in no column of the row, even as a substring.
+WORD_ABSENT_SQL = "NOT (" + " OR ".join(
+    f"instr(lower(coalesce({c}, '')), ?) > 0" for c in _TEXT_COLUMNS) + ")"
 # FTS5's own scores for chosen rows: the rowid test is kept out of FTS5's reach (+rowid), so
 # FTS5 walks the query once and scores only the rows that pass it.
 RESOLVE_SQL = """
@@ -440,12 +451,12 @@ class _Walk:
         if not ids:
             return
         self.resolved += len(ids)
-        sql = ROW_TEXT_SQL.format(filters=self.filters)
-        rows = self.conn.execute(sql, (json.dumps(list(ids)), *self.params)).fetchall()
-        for row_id, content, tool_name, tool_calls, sizes in rows:
+        sql = ROW_TEXT_SQL.format(filters=self.filters, ascii=ASCII_ROW_SQL,
+                                  lacking=" OR ".join([WORD_ABSENT_SQL] * len(self.words)))
+        words = [word for word in self.words for _ in _TEXT_COLUMNS]
+        for row_id, content, tool_name, tool_calls, sizes in self.conn.execute(
+                sql, (json.dumps(list(ids)), *self.params, *words)):
             texts = tuple(map(fts5_text, (content, tool_name, tool_calls)))
-            if lacks_a_word(texts, self.words):
-                continue
             if sizes is not None:
                 folded = [folded_text(t) for t in texts if t]
                 frequencies = [text_frequency(folded, p) for p in self.conj.phrases]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_bm25 as bm25
@@ -187,6 +187,53 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
             assert got == fts5_order(db, query), query
             by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
     assert (by_fts5 > 0) == (route == "fts5")
+
+
+_PIECES = ["worker", "Worker", "WORKER", "workers", "coworker", "work", "er", "session", " ",
+           "\n", "-", "ö", "Wörker", "Ｗorker", "wo\u0301rker", "\x00", "東京", "é"]
+_column_values = st.one_of(
+    st.none(),
+    st.lists(st.sampled_from(_PIECES), max_size=8).map("".join),
+    st.lists(st.sampled_from(_PIECES), max_size=4).map(" ".join),
+    st.lists(st.sampled_from(_PIECES), max_size=8).map(lambda p: "".join(p).encode()),
+    st.binary(max_size=12).map(lambda b: b"worker" + b),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+)
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(_column_values, _column_values, _column_values),
+                     min_size=1, max_size=8))
+@example(rows=[("Wörker", None, None), (None, "wo\u0301rker", None), (b"W\xc3\xb6rker", None, None),
+               ("\x00worker", None, "worker"), ("plain", "terminal", None), (None, None, None)])
+def test_rows_left_out_before_their_text_is_read_hold_no_token_of_the_word(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[object, object, object]],
+) -> None:
+    # Rows waiting on a word's frequency are read for their text only when they may hold it:
+    # a row the read leaves out must have no token FTS5 makes the word, whatever its columns
+    # hold (characters unicode61 folds onto it, a blob another client stored, a NUL, a
+    # number); and every row of ASCII text lacking the word even as a substring is left out.
+    path = tmp_path_factory.mktemp("lacking") / "state.db"
+    SessionDB(path).close()
+    conn = raw(path)
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 0)")
+    written = [conn.execute(
+        "INSERT INTO messages (session_id, role, content, tool_name, tool_calls, timestamp)"
+        " VALUES ('s1', 'user', ?, ?, ?, 0)", row).lastrowid for row in rows]
+    sql = rank.ROW_TEXT_SQL.format(filters="", ascii=rank.ASCII_ROW_SQL,
+                                   lacking=rank.WORD_ABSENT_SQL)
+    words = ["worker"] * 3
+    kept = {r[0] for r in conn.execute(sql, (json.dumps(written), *words))}
+    holding = {r[0] for r in conn.execute(
+        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'worker'")}
+    conn.close()
+    assert holding <= kept
+    for row_id, row in zip(written, rows):
+        ascii_text = all(v is None or (isinstance(v, str) and v.isascii() and "\x00" not in v)
+                         for v in row)
+        if ascii_text and not any("worker" in v.lower() for v in row if v):
+            assert row_id not in kept, row
 
 
 def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
