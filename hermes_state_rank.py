@@ -506,6 +506,26 @@ class _Walk:
             raise IndexMismatch(f"{len(set(ids)) - len(rows)} indexed rows without postings")
         self.score_rows(rows)
 
+    def wait_below(self, word: str, postings: Sequence[tuple[str, int]]) -> None:
+        """Rows of a query of two words that ``word``'s postings find after the rows indexed
+        under both were scored: each is indexed under ``word`` alone, so the other word is
+        below the threshold in it (absent from a row so short that it posts every word). Its
+        posting tells its frequency of ``word`` and its length, and its postings in
+        ``search_impact`` would tell nothing more: it waits with its best case, as in
+        :meth:`score_rows`, without reading them."""
+        kth = self.kth()
+        for token, row_id in postings:
+            _, _, f, n = token.rsplit("_", 3)
+            length = int(n)
+            least = least_frequency(length, self.index.avgdl)
+            if least == 1:
+                continue  # a row this short would have indexed the other word: it lacks it
+            best = self.score([float(f) if p[0] == word else float(least - 1)
+                               for p in self.conj.phrases], length)
+            if kth is None or best >= kth:
+                heapq.heappush(self.pending, (-best, row_id))
+                self.lengths[row_id] = length
+
     def settle_everywhere(self, ids: Sequence[int]) -> None:
         """Score the rows indexed under every word of a query of single words (all their
         frequencies are in their postings): SQLite picks the best few, and only those are
@@ -790,6 +810,8 @@ def _top_k(
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     # Each phrase is read through its longest word: likely its rarest, with fewest postings.
     cursors = {p: _Cursor(conn, max(p, key=len)) for p in distinct}
+    # Two words: a row the postings of one of them find later is not indexed under the other.
+    pair = len(distinct) == 2 and all(len(p) == 1 for p in distinct)
     try:
         floor = walk.most(THRESHOLD)
         read = settled = 0
@@ -858,7 +880,10 @@ def _top_k(
                     fresh = [(t, r) for t, r in fresh if best[t] >= kth]
                 if fresh:
                     settled += len(fresh)
-                    walk.settle([row_id for _, row_id in fresh])
+                    if pair:
+                        walk.wait_below(phrase[0], fresh)
+                    else:
+                        walk.settle([row_id for _, row_id in fresh])
         ranked = sorted((-score, -negated) for score, negated in walk.top)
         if single and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
