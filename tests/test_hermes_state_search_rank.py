@@ -309,6 +309,23 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
         assert scored >= len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
 
 
+def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
+    bench_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Such a row holds the other word below the threshold: its own posting gives its best
+    # case, and only the rows indexed under both words have their postings read.
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    walked = 0
+    with SessionDB(bench_store, read_only=True) as db:
+        for query in query_terms(seed=1)["en_2term"]:
+            got, statements = traced_search(db, query)
+            assert got == fts5_order(db, query), query
+            walked += any("FROM search_impact_vocab" in s for s in statements)
+            assert not [s for s in statements if s.lstrip().startswith("SELECT id, epoch,")]
+    assert walked
+
+
 def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> None:
     for word in COMMON:
         got, reads = impact_reads(corpus, word, limit=50)
