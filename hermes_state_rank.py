@@ -18,9 +18,11 @@ against the filters, when the rest provably cannot enter the top); every other r
 phrase below the threshold, which bounds it, and the phrases' postings are read best first
 (for a phrase, those of its longest word: a phrase occurs at most as often as each of its
 words) until that bound falls below the k-th best. A row whose postings leave a frequency
-unknown waits with its best case, and only if that best case can still enter the top is it
-scored, from its text (tokenized as FTS5 tokenizes it; text that lacks a word even as a
-substring is skipped) or, with others in one pass, by FTS5 itself, whichever the estimate
+unknown waits with its best case (in a query of two words, a row found under one word alone
+waits on its posting of that word, its postings unread), and only if that best case can still
+enter the top is it scored, from its text (tokenized as FTS5 tokenizes it; ASCII text that
+lacks a word even as a substring is left out by the read) or, with others in one pass, by
+FTS5 itself, whichever the estimate
 (:data:`TEXT_ROW_COST` …) finds cheaper. Scores use the current avgdl; A only orders the
 tokens, and the bounds allow for the difference (impact at most x under A is at most x under
 avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
