@@ -196,8 +196,9 @@ class StateDbReadOnlyError(HermesStateError):
     create a file of it): its owner write-protected the database file or a sidecar
     (``chmod a-w``; the library never gives a write permission back), a read-only mount, a
     directory that cannot take the ``-wal`` or ``-shm``. Raised at a writable open or at the
-    write; nothing was written; ``path`` is the protected file where it is known. A hot journal that a read-only open may not roll
-    back is :class:`StateDbUnavailableError` ``hot_journal`` instead."""
+    write; nothing was written; ``path`` is the protected file where it is known. A hot
+    journal that a read-only open may not roll back is :class:`StateDbUnavailableError`
+    ``hot_journal`` instead."""
 
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message)
@@ -238,8 +239,8 @@ class StateDbUnavailableError(HermesStateError):
     a ``-wal`` that is not: it lost its content, it is not a new store), "busy" or
     "hot_journal" (an interrupted write left a rollback journal that only a writable open may
     roll back), "read_only_directory" (a read-only open of a WAL store with no ``-shm`` in a
-    directory this user may not write: SQLite cannot create the ``-shm`` a reader needs). ``http_status`` is
-    what a web front end should answer (503: try again later)."""
+    directory this user may not write: SQLite cannot create the ``-shm`` a reader needs).
+    ``http_status`` is what a web front end should answer (503: try again later)."""
 
     def __init__(
         self,

@@ -714,9 +714,10 @@ def repair_state_db(
     :class:`StateDbInUseError` while any other connection has it open, other processes'
     writes wait meanwhile):
 
-    1. a working copy (backup API) on which the FTS objects and the search index are dropped, the file VACUUMed
-       (rebuilding every ordinary index and dropping orphaned pages) and the FTS indexes,
-       triggers and markers and the search index rebuilt; canonical rows are never deleted;
+    1. a working copy (backup API) on which the FTS objects and the search index are
+       dropped, the file VACUUMed (rebuilding every ordinary index and dropping orphaned
+       pages) and the FTS indexes, triggers and markers and the search index rebuilt;
+       canonical rows are never deleted;
     2. the checks on the working copy, which must pass with every row count unchanged;
     3. only then a snapshot among the store's snapshots (:func:`snapshot_dir`,
        ``backup=True``), and the working copy written onto the live file with the backup
