@@ -119,10 +119,12 @@ ColumnValue = str | bytes | None
 
 def fts5_text(value: ColumnValue) -> str | None:
     """A column value as FTS5 reads it. The library stores text; another client may store a
-    blob, whose bytes FTS5 decodes as UTF-8 its own way (SQLite's READ_UTF8): any run of
-    continuation bytes joins its lead byte, a lone continuation byte is the code point of its
-    value, and an over-long form, a surrogate, U+FFFE and U+FFFF read as U+FFFD. (A number is
-    stored as text in these columns.)"""
+    blob, or text that is not UTF-8, whose bytes FTS5 decodes its own way (SQLite's
+    READ_UTF8): any run of continuation bytes joins its lead byte, a lone continuation byte is
+    the code point of its value, and an over-long form, a surrogate, U+FFFE and U+FFFF read as
+    U+FFFD. The library's reads of the text it tokenizes therefore take the bytes (``CAST(...
+    AS BLOB)``): Python cannot decode such text. (A number is stored as text in these
+    columns.)"""
     if not isinstance(value, bytes):
         return value
     try:

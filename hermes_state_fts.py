@@ -436,7 +436,8 @@ SELECT MAX(id), COUNT(*) FROM (
 )
 """
 REBUILD_ROWS_SQL = """
-SELECT id, content, tool_name, tool_calls, search_cjk FROM messages WHERE id >= ? AND id <= ?
+SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), search_cjk
+FROM messages WHERE id >= ? AND id <= ?
 """
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
@@ -523,8 +524,8 @@ SELECT
 """
 # Only a row with a tool name is spelled differently now.
 RESPELL_ROWS_SQL = """
-SELECT id, content, tool_name, tool_calls, search_cjk FROM messages
-WHERE id >= ? AND id <= ? AND tool_name IS NOT NULL
+SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), search_cjk
+FROM messages WHERE id >= ? AND id <= ? AND tool_name IS NOT NULL
 """
 
 

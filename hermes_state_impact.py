@@ -305,8 +305,8 @@ class IndexMismatch(Exception):
 # mean the index is at fault).
 _PYTHON_FAULTS = (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)
 INDEX_FAULTS = (sqlite3.Error, *_PYTHON_FAULTS)
-# FTS5 refusing its table's format; text another client stored that is not UTF-8, which
-# the index's reads of messages cannot hand over (its postings cannot be computed).
+# FTS5 refusing its table's format; text another client stored in the index's own tables
+# that is not UTF-8 (its reads of messages take their bytes, which any value gives).
 _INDEX_ERROR_SIGNS = ("invalid fts5 file format", "Could not decode to UTF-8")
 # An object SQLite names missing: a statement's own table, or one a trigger writes.
 _MISSING_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
@@ -396,7 +396,8 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
 
 # The messages past the batch boundary, oldest first.
 UNFLUSHED_SQL = """
-SELECT id, content, tool_name, tool_calls, timestamp FROM messages WHERE id > ? ORDER BY id
+SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), timestamp
+FROM messages WHERE id > ? ORDER BY id
 LIMIT ?
 """
 
@@ -455,8 +456,8 @@ def _write_postings(
 # Queued rows (all at or below the batch boundary: the triggers leave newer ones to the next
 # batch), with the postings they have and their text now.
 QUEUE_BATCH_SQL = """
-SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, m.content, m.tool_name, m.tool_calls,
-       m.timestamp
+SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, CAST(m.content AS BLOB),
+       CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB), m.timestamp
 FROM (SELECT id FROM search_impact_queue ORDER BY id DESC LIMIT ?) AS q
 LEFT JOIN search_impact i ON i.id = q.id
 LEFT JOIN messages m ON m.id = q.id
@@ -633,7 +634,8 @@ def reset_index(conn: sqlite3.Connection) -> bool:
 FILL_CHUNK_ROWS = 2000
 # The chunk's messages, and whether a drain already gave one its postings in this epoch.
 FILL_ROWS_SQL = """
-SELECT m.id, m.content, m.tool_name, m.tool_calls, m.timestamp, i.id IS NOT NULL
+SELECT m.id, CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB),
+       m.timestamp, i.id IS NOT NULL
 FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
 WHERE m.id >= ? AND m.id <= ?
 """

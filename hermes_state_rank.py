@@ -249,7 +249,8 @@ SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # A column is ASCII when it is NULL or text of as many bytes as characters (unicode61 folds
 # some other characters onto ASCII letters; a blob is read by FTS5 its own way).
 ROW_TEXT_SQL = """
-SELECT m.id, m.content, m.tool_name, m.tool_calls, d.sz FROM messages AS m
+SELECT m.id, CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB), d.sz
+FROM messages AS m
 JOIN sessions AS s ON s.id = m.session_id LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters} AND NOT ({ascii} AND ({lacking}))
 """

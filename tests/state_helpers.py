@@ -413,7 +413,8 @@ def assert_search_index_exact(path: Path) -> None:
         gone = {r[0] for r in conn.execute("SELECT id FROM search_impact_gone")}
         kept = {i: (e, p) for i, e, p in conn.execute(
             "SELECT id, epoch, postings FROM search_impact")}
-        rows = conn.execute("SELECT id, content, tool_name, tool_calls FROM messages").fetchall()
+        rows = conn.execute("SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB),"
+                            " CAST(tool_calls AS BLOB) FROM messages").fetchall()
         for row_id, content, tool_name, tool_calls in rows:
             if row_id not in queued and row_id <= indexed:  # past it: the next batch's
                 expected = impact.impact_postings(content, tool_name, tool_calls, avgdl)[0]
@@ -466,7 +467,8 @@ def assert_spelled_current(path: Path) -> None:
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
         for row_id, content, tool_name, tool_calls, stored in conn.execute(
-                "SELECT id, content, tool_name, tool_calls, search_cjk FROM messages"):
+                "SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB),"
+                " CAST(tool_calls AS BLOB), search_cjk FROM messages"):
             assert stored == fts.cjk_index_text(content, tool_name, tool_calls), row_id
         meta = dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'search_cjk%'"))
         assert meta == {fts.SPELLING_KEY: fts.CJK_SPELLING}

@@ -125,43 +125,56 @@ def test_a_writable_open_fills_it_in_the_background(db_path: Path) -> None:
     assert_search_index_exact(db_path)
 
 
-def blob(r: random.Random) -> bytes:
-    """Text another client stored as a blob: words of the queries among bytes that are not
-    UTF-8 (lone continuation bytes, cut sequences, a run past any code point)."""
+def foreign_bytes(r: random.Random) -> bytes:
+    """What another client may store where the library writes UTF-8 text: words of the
+    queries among bytes that are not UTF-8 (lone continuation bytes, cut sequences, a run past
+    any code point)."""
     junk = [b"\xff", b"\x80", b"\xc3", b"\xe6\x9d", b"\xf4\x90\x80\x80", b"\xc3\x84"]
     return b"".join(r.choice(WORDS).encode() if r.random() < 0.6 else r.choice(junk)
                     for _ in range(r.randint(1, 30)))
 
 
+# The bytes stored as a blob, or as text (SQLite keeps text as the bytes it is given).
+STORED_AS = {"blob": "?", "text": "CAST(? AS TEXT)"}
+
+
+@pytest.mark.parametrize("stored", list(STORED_AS))
 @pytest.mark.parametrize("seed", SEEDS)
-def test_blobs_another_client_stored_are_indexed_as_fts5_reads_them(
-    db_path: Path, seed: int
+def test_bytes_another_client_stored_are_indexed_as_fts5_reads_them(
+    db_path: Path, seed: int, stored: str
 ) -> None:
-    """Rows in the gaps (queued by the triggers), rows past the batch boundary and rows the
-    fill reads: the index stays whole, ranks them as FTS5 does, and an open replaces nothing."""
+    """Rows in the gaps (queued by the triggers), rows past the batch boundary (ranked from
+    their text), rows the batches, the fill and an FTS rebuild read: the index stays whole,
+    ranks them as FTS5 does, and an open replaces nothing."""
     r = random.Random(seed)
     store(db_path, seed)
     conn = sqlite3.connect(db_path, isolation_level=None)
-    rows = [(row_id, blob(r), r.choice([None, blob(r)])) for row_id in range(10, 400, 10)]
+    value = STORED_AS[stored]
+    rows = [(row_id, foreign_bytes(r), r.choice([None, foreign_bytes(r)]))
+            for row_id in range(10, 400, 10)]
     conn.executemany("INSERT INTO messages (id, session_id, role, content, tool_name, timestamp)"
-                     " VALUES (?, 's0', 'user', ?, ?, 1.0)", rows)
+                     f" VALUES (?, 's0', 'user', {value}, {value}, 1.0)", rows)
     conn.executemany("INSERT INTO messages (session_id, role, content, timestamp)"
-                     " VALUES ('s1', 'user', ?, 2.0)", [(blob(r),) for _ in range(20)])
+                     f" VALUES ('s1', 'user', {value}, 2.0)",
+                     [(foreign_bytes(r),) for _ in range(20)])
     conn.close()
     with SessionDB(db_path) as db:
+        assert_searches_exact(db)  # the new rows from their text
         for n in range(2 * impact.FLUSH_ROWS):
             db.append_message("s2", "user", text(r), timestamp=3000.0 + n)
         drain(db)
         assert_searches_exact(db)
-        epoch = db._read(impact.read_state).epoch
+        assert db._read(impact.index_health)["usable"]
     assert_search_index_exact(db_path)
     strip_search_index(db_path)
-    with SessionDB(db_path) as db:  # the fill reads every blob
+    with SessionDB(db_path) as db:  # the fill reads every row
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
         assert db._read(impact.index_health)["usable"]
         assert_searches_exact(db)
         epoch = db._read(impact.read_state).epoch
+        db.rebuild_fts()  # the FTS indexes from every row again, search_cjk recomputed
+        assert_searches_exact(db)
     with SessionDB(db_path) as db:
         assert db._rebuild_thread is None and db._read(impact.read_state).epoch == epoch
     assert_search_index_exact(db_path)

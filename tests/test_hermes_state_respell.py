@@ -197,18 +197,19 @@ def test_respelling_waits_for_a_rebuild_of_the_indexes(db: SessionDB, db_path: P
         conn.close()
 
 
-def test_blob_values_another_client_stored_are_spelled_as_fts5_reads_them(
-    db: SessionDB, db_path: Path
+@pytest.mark.parametrize("value", ["?", "CAST(? AS TEXT)"], ids=["blob", "text"])
+def test_bytes_another_client_stored_are_spelled_as_fts5_reads_them(
+    db: SessionDB, db_path: Path, value: str
 ) -> None:
-    """A blob is read as UTF-8 text, by the respelling and by a rebuild alike: neither stops
-    at such a row."""
+    """Bytes stored as a blob, or as text that is not UTF-8, are read as FTS5 reads them, by
+    the respelling and by a rebuild alike: neither stops at such a row."""
     db.create_session("s", "cli")
     conn = sqlite3.connect(db_path, isolation_level=None)
     try:
         for content, tool_name in [("東京 blob".encode(), "terminal"), ("output", "京都".encode()),
                                    (b"\xff\xfe broken", b"\xe6\x9d")]:
             conn.execute("INSERT INTO messages (session_id, role, content, tool_name, timestamp)"
-                         " VALUES ('s', 'tool', ?, ?, 1.0)", (content, tool_name))
+                         f" VALUES ('s', 'tool', {value}, {value}, 1.0)", (content, tool_name))
         conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.SPELLING_KEY,))
     finally:
         conn.close()
