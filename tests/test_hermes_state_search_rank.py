@@ -191,14 +191,29 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 
 _PIECES = ["worker", "Worker", "WORKER", "workers", "coworker", "work", "er", "session", " ",
            "\n", "-", "ö", "Wörker", "Ｗorker", "wo\u0301rker", "\x00", "東京", "é"]
+# Bytes that are not UTF-8: lone continuation bytes (FTS5 reads one as the code point of its
+# value: ª, µ, ²...), a lead byte alone or cut short, a run past any code point.
+_JUNK = [b"\x80", b"\xaa", b"\xb5", b"\xb2", b"\xc3", b"\xff", b"\xe6\x9d", b"\xf4\x90\x80\x80"]
+
+
+class _StoredAsText(bytes):
+    """Bytes another client stored as text (SQLite keeps the bytes it is given)."""
+
+
+_foreign_bytes = st.lists(st.sampled_from([p.encode() for p in _PIECES] + _JUNK), max_size=8)
 _column_values = st.one_of(
     st.none(),
     st.lists(st.sampled_from(_PIECES), max_size=8).map("".join),
     st.lists(st.sampled_from(_PIECES), max_size=4).map(" ".join),
     st.lists(st.sampled_from(_PIECES), max_size=8).map(lambda p: "".join(p).encode()),
     st.binary(max_size=12).map(lambda b: b"worker" + b),
+    _foreign_bytes.map(lambda p: _StoredAsText(b"".join(p))),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
 )
+
+
+def _value_sql(value: object) -> str:
+    return "CAST(? AS TEXT)" if isinstance(value, _StoredAsText) else "?"
 
 
 @settings(max_examples=80, deadline=None,
@@ -206,21 +221,24 @@ _column_values = st.one_of(
 @given(rows=st.lists(st.tuples(_column_values, _column_values, _column_values),
                      min_size=1, max_size=8))
 @example(rows=[("Wörker", None, None), (None, "wo\u0301rker", None), (b"W\xc3\xb6rker", None, None),
-               ("\x00worker", None, "worker"), ("plain", "terminal", None), (None, None, None)])
+               ("\x00worker", None, "worker"), ("plain", "terminal", None), (None, None, None),
+               (_StoredAsText(b"wor\xaaker \xffworker"), None, _StoredAsText(b"\xc3worker"))])
 def test_rows_left_out_before_their_text_is_read_hold_no_token_of_the_word(
     tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[object, object, object]],
 ) -> None:
     # Rows waiting on a word's frequency are read for their text only when they may hold it:
     # a row the read leaves out must have no token FTS5 makes the word, whatever its columns
-    # hold (characters unicode61 folds onto it, a blob another client stored, a NUL, a
-    # number); and every row of ASCII text lacking the word even as a substring is left out.
+    # hold (characters unicode61 folds onto it, a blob or text that is not UTF-8 another client
+    # stored, a NUL, a number); and every row of ASCII text lacking the word even as a
+    # substring is left out.
     path = tmp_path_factory.mktemp("lacking") / "state.db"
     SessionDB(path).close()
     conn = raw(path)
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 0)")
     written = [conn.execute(
         "INSERT INTO messages (session_id, role, content, tool_name, tool_calls, timestamp)"
-        " VALUES ('s1', 'user', ?, ?, ?, 0)", row).lastrowid for row in rows]
+        f" VALUES ('s1', 'user', {', '.join(map(_value_sql, row))}, 0)", row).lastrowid
+        for row in rows]
     sql = rank.ROW_TEXT_SQL.format(filters="", ascii=rank.ASCII_ROW_SQL,
                                    lacking=rank.WORD_ABSENT_SQL)
     words = ["worker"] * 3
