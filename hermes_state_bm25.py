@@ -40,6 +40,7 @@ __all__ = [
     "B",
     "ColumnValue",
     "fts5_text",
+    "TEXT_BYTES_SQL",
     "column_tokens",
     "row_counts",
     "phrase_frequency",
@@ -117,14 +118,18 @@ _BEYOND_UNICODE = "\U00100000"
 ColumnValue = str | bytes | None
 
 
+# A message's text columns (of ``messages AS m``) as the bytes stored, for :func:`fts5_text`.
+TEXT_BYTES_SQL = "CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB)"
+
+
 def fts5_text(value: ColumnValue) -> str | None:
     """A column value as FTS5 reads it. The library stores text; another client may store a
     blob, or text that is not UTF-8, whose bytes FTS5 decodes its own way (SQLite's
     READ_UTF8): any run of continuation bytes joins its lead byte, a lone continuation byte is
     the code point of its value, and an over-long form, a surrogate, U+FFFE and U+FFFF read as
-    U+FFFD. The library's reads of the text it tokenizes therefore take the bytes (``CAST(...
-    AS BLOB)``): Python cannot decode such text. (A number is stored as text in these
-    columns.)"""
+    U+FFFD. The library's reads of the text it tokenizes therefore take the bytes
+    (:data:`TEXT_BYTES_SQL`): Python cannot decode such text. (A number is stored as text in
+    these columns.)"""
     if not isinstance(value, bytes):
         return value
     try:

@@ -53,7 +53,7 @@ from typing import Any
 
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import ColumnValue, fts5_text
+from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
 from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
 from hermes_state_common import OnStore, quote_identifier, set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -435,9 +435,8 @@ SELECT MAX(id), COUNT(*) FROM (
     SELECT id FROM messages WHERE id >= ? AND id <= ? ORDER BY id LIMIT ?
 )
 """
-REBUILD_ROWS_SQL = """
-SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), search_cjk
-FROM messages WHERE id >= ? AND id <= ?
+REBUILD_ROWS_SQL = f"""
+SELECT m.id, {TEXT_BYTES_SQL}, m.search_cjk FROM messages m WHERE m.id >= ? AND m.id <= ?
 """
 REBUILD_FTS_SQL = """
 INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
@@ -523,9 +522,9 @@ SELECT
     (SELECT value FROM state_meta WHERE key = 'search_cjk_respell_progress')
 """
 # Only a row with a tool name is spelled differently now.
-RESPELL_ROWS_SQL = """
-SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), search_cjk
-FROM messages WHERE id >= ? AND id <= ? AND tool_name IS NOT NULL
+RESPELL_ROWS_SQL = f"""
+SELECT m.id, {TEXT_BYTES_SQL}, m.search_cjk FROM messages m
+WHERE m.id >= ? AND m.id <= ? AND m.tool_name IS NOT NULL
 """
 
 

@@ -69,7 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import B, K1, ColumnValue, fts5_text, read_stats, row_counts
+from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, ColumnValue, fts5_text, read_stats
+from hermes_state_bm25 import row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, OnStore, split_sql
 from hermes_state_common import transaction
@@ -395,10 +396,8 @@ def after_insert(conn: sqlite3.Connection, row_id: int) -> None:
 
 
 # The messages past the batch boundary, oldest first.
-UNFLUSHED_SQL = """
-SELECT id, CAST(content AS BLOB), CAST(tool_name AS BLOB), CAST(tool_calls AS BLOB), timestamp
-FROM messages WHERE id > ? ORDER BY id
-LIMIT ?
+UNFLUSHED_SQL = f"""
+SELECT m.id, {TEXT_BYTES_SQL}, m.timestamp FROM messages m WHERE m.id > ? ORDER BY m.id LIMIT ?
 """
 
 
@@ -455,9 +454,8 @@ def _write_postings(
 
 # Queued rows (all at or below the batch boundary: the triggers leave newer ones to the next
 # batch), with the postings they have and their text now.
-QUEUE_BATCH_SQL = """
-SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, CAST(m.content AS BLOB),
-       CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB), m.timestamp
+QUEUE_BATCH_SQL = f"""
+SELECT q.id, i.epoch, i.postings, m.id IS NOT NULL, {TEXT_BYTES_SQL}, m.timestamp
 FROM (SELECT id FROM search_impact_queue ORDER BY id DESC LIMIT ?) AS q
 LEFT JOIN search_impact i ON i.id = q.id
 LEFT JOIN messages m ON m.id = q.id
@@ -633,9 +631,8 @@ def reset_index(conn: sqlite3.Connection) -> bool:
 
 FILL_CHUNK_ROWS = 2000
 # The chunk's messages, and whether a drain already gave one its postings in this epoch.
-FILL_ROWS_SQL = """
-SELECT m.id, CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB),
-       m.timestamp, i.id IS NOT NULL
+FILL_ROWS_SQL = f"""
+SELECT m.id, {TEXT_BYTES_SQL}, m.timestamp, i.id IS NOT NULL
 FROM messages m LEFT JOIN search_impact i ON i.id = m.id AND i.epoch = ?
 WHERE m.id >= ? AND m.id <= ?
 """

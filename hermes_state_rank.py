@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
-from hermes_state_bm25 import folded_text, formula_matches_fts5, fts5_text
+from hermes_state_bm25 import TEXT_BYTES_SQL, folded_text, formula_matches_fts5, fts5_text
 from hermes_state_bm25 import phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
 from hermes_state_errors import is_sqlite_lock_error
@@ -249,8 +249,7 @@ SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # A column is ASCII when it is NULL or text of as many bytes as characters (unicode61 folds
 # some other characters onto ASCII letters; a blob is read by FTS5 its own way).
 ROW_TEXT_SQL = """
-SELECT m.id, CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB), d.sz
-FROM messages AS m
+SELECT m.id, """ + TEXT_BYTES_SQL + """, d.sz FROM messages AS m
 JOIN sessions AS s ON s.id = m.session_id LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters} AND NOT ({ascii} AND ({lacking}))
 """
