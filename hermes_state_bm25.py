@@ -40,6 +40,7 @@ __all__ = [
     "B",
     "ColumnValue",
     "fts5_text",
+    "TEXT_COLUMNS",
     "TEXT_BYTES_SQL",
     "column_tokens",
     "row_counts",
@@ -118,8 +119,10 @@ _BEYOND_UNICODE = "\U00100000"
 ColumnValue = str | bytes | None
 
 
-# A message's text columns (of ``messages AS m``) as the bytes stored, for :func:`fts5_text`.
-TEXT_BYTES_SQL = "CAST(m.content AS BLOB), CAST(m.tool_name AS BLOB), CAST(m.tool_calls AS BLOB)"
+# A message's text columns (of ``messages AS m``), in the order FTS5 indexes them, and the same
+# as the bytes stored, for :func:`fts5_text`.
+TEXT_COLUMNS = ("m.content", "m.tool_name", "m.tool_calls")
+TEXT_BYTES_SQL = ", ".join(f"CAST({column} AS BLOB)" for column in TEXT_COLUMNS)
 
 
 def fts5_text(value: ColumnValue) -> str | None:

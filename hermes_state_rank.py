@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
-from hermes_state_bm25 import TEXT_BYTES_SQL, folded_text, formula_matches_fts5, fts5_text
-from hermes_state_bm25 import phrase_frequency
+from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
+from hermes_state_bm25 import fts5_text, phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
 from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
@@ -253,13 +253,12 @@ SELECT m.id, """ + TEXT_BYTES_SQL + """, d.sz FROM messages AS m
 JOIN sessions AS s ON s.id = m.session_id LEFT JOIN messages_fts_docsize AS d ON d.id = m.id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters} AND NOT ({ascii} AND ({lacking}))
 """
-_TEXT_COLUMNS = ("m.content", "m.tool_name", "m.tool_calls")
 ASCII_ROW_SQL = " AND ".join(
     f"({c} IS NULL OR (typeof({c}) = 'text' AND length({c}) = length(CAST({c} AS BLOB))))"
-    for c in _TEXT_COLUMNS)
+    for c in TEXT_COLUMNS)
 # One word (a parameter per column) is in no column of the row, even as a substring.
 WORD_ABSENT_SQL = "NOT (" + " OR ".join(
-    f"instr(lower(coalesce({c}, '')), ?) > 0" for c in _TEXT_COLUMNS) + ")"
+    f"instr(lower(coalesce({c}, '')), ?) > 0" for c in TEXT_COLUMNS) + ")"
 # FTS5's own scores for chosen rows: the rowid test is kept out of FTS5's reach (+rowid), so
 # FTS5 walks the query once and scores only the rows that pass it.
 RESOLVE_SQL = """
@@ -455,7 +454,7 @@ class _Walk:
         self.resolved += len(ids)
         sql = ROW_TEXT_SQL.format(filters=self.filters, ascii=ASCII_ROW_SQL,
                                   lacking=" OR ".join([WORD_ABSENT_SQL] * len(self.words)))
-        words = [word for word in self.words for _ in _TEXT_COLUMNS]
+        words = [word for word in self.words for _ in TEXT_COLUMNS]
         for row_id, content, tool_name, tool_calls, sizes in self.conn.execute(
                 sql, (json.dumps(list(ids)), *self.params, *words)):
             texts = tuple(map(fts5_text, (content, tool_name, tool_calls)))

@@ -111,6 +111,7 @@ from typing import Any
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 from hermes_state_arguments import INT64_MAX, INT64_MIN, integer
+from hermes_state_bm25 import TEXT_BYTES_SQL
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
     FtsCorruptError,
@@ -1089,9 +1090,8 @@ def _like_hits(
 
 # The text columns come as bytes, decoded here (see :func:`_column_text`). With each hit, the
 # ids of its neighbours in its session, by time then id, whatever their state (the context).
-HIT_ROWS_SQL = """
-SELECT m.id, m.session_id, m.role, m.timestamp, CAST(m.tool_name AS BLOB),
-       CAST(m.content AS BLOB), CAST(m.tool_calls AS BLOB), s.source, s.model, s.started_at,
+HIT_ROWS_SQL = f"""
+SELECT m.id, m.session_id, m.role, m.timestamp, {TEXT_BYTES_SQL}, s.source, s.model, s.started_at,
        (SELECT b.id FROM messages b
         WHERE b.session_id = m.session_id AND (b.timestamp, b.id) < (m.timestamp, m.id)
         ORDER BY b.timestamp DESC, b.id DESC LIMIT 1),
@@ -1145,9 +1145,9 @@ def _hits(
         row = rows.get(row_id)
         if row is None:
             continue
-        _, session_id, role, timestamp, tool_name, content, tool_calls, source, model, \
+        _, session_id, role, timestamp, content, tool_name, tool_calls, source, model, \
             started, before, after = row
-        tool_name, content, tool_calls = map(_column_text, (tool_name, content, tool_calls))
+        content, tool_name, tool_calls = map(_column_text, (content, tool_name, tool_calls))
         context = []
         if before is not None:
             context.append(dict(neighbours[before]))
