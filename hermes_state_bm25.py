@@ -23,6 +23,7 @@ process, and a SQLite that scores differently never takes the library's own rank
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -30,7 +31,7 @@ import re
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger("hermes_state")
@@ -40,6 +41,7 @@ __all__ = [
     "B",
     "ColumnValue",
     "fts5_text",
+    "text_as_fts5_reads_it",
     "TEXT_COLUMNS",
     "TEXT_BYTES_SQL",
     "column_tokens",
@@ -153,6 +155,19 @@ def fts5_text(value: ColumnValue) -> str | None:
         chars.append(chr(c) if c <= 0x10FFFF else _BEYOND_UNICODE)
     return "".join(chars)
 
+
+
+@contextlib.contextmanager
+def text_as_fts5_reads_it(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``conn`` returning text values as FTS5 (and SQLite's own functions) read them
+    (:func:`fts5_text`) instead of failing on text that is not UTF-8. It costs a Python call
+    per value, so the library turns it on for a read that met such text."""
+    factory = conn.text_factory
+    conn.text_factory = fts5_text
+    try:
+        yield conn
+    finally:
+        conn.text_factory = factory
 
 def _pieces(text: str) -> list[str]:
     """The text split at ASCII separators, ASCII letters folded (other characters kept as they
