@@ -621,14 +621,6 @@ class _Walk:
             if kth is None or score >= kth:
                 self.propose(score, row_id)
 
-    def visit(self, expression: str) -> None:
-        """Settle the rows of the impact index matching ``expression`` not seen yet."""
-        rows = [r[0] for r in self.conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        new = [r for r in rows if r not in self.seen]
-        self.seen.update(new)
-        if new:
-            self.settle(new)
-
 
 # Matching rows past the batch boundary; queued rows (changed, or written below it by another
 # program). Neither has current postings: both are scored from their text, and when there
