@@ -26,7 +26,7 @@ SEEDS = (1, 2, 3)
 # an over-long form, a lead byte of a run past every code point. (No NUL: SQLite's own
 # functions stop at one.)
 _JUNK = [b"\xff", b"\x80", b"\xaa", b"\xc3", b"\xe6\x9d", b"\xed\xa0\x80", b"\xc0\xaf",
-         b"\xf4\x90\x80\x80", b"\xfe\x80\x80\x80\x80\x80"]
+         b"\xf4\x90\x80\x80", b"\xfe\x80\x80\x80\x80\x80", b"\xf2\x80\x80\x80\x80\x80"]
 _WORDS = ["docker", "gateway", "東京", "tool", "output", " ", "\n"]
 
 
@@ -53,9 +53,10 @@ def as_sqlite_reads(raw: bytes) -> str:
             _SQLITE_READS_SQL.replace("?1", "CAST(?1 AS TEXT)"), (raw,))]
     finally:
         conn.close()
-    # A run of continuation bytes can add up past U+10FFFF, which no Python string holds:
-    # the library reads it as U+100000 (unicode61 makes the same tokens of the two).
-    return "".join(chr(min(p, 0x100000) if p > 0x10FFFF else p) for p in points)
+    # A run of continuation bytes can add up past U+10FFFF, which no Python string holds
+    # (unicode() returns such a C unsigned int as it is, or wrapped below zero): the library
+    # reads it as U+100000 (unicode61 makes the same tokens of the two).
+    return "".join(chr(p) if 0 <= p <= 0x10FFFF else "\U00100000" for p in points)
 
 
 def store_foreign_text(db_path: Path, seed: int) -> dict[tuple[str, int | str, str], bytes]:
@@ -160,6 +161,28 @@ def test_a_read_only_handle_and_the_command_line_read_it(db_path: Path,
     assert sha256(db_path) == digest  # read-only, as it says
 
 
+
+
+def test_a_rewind_to_such_a_turn_returns_it_as_sqlite_reads_it(db_path: Path) -> None:
+    """The rewind reads its target row to return it: that read decodes as the others do, and
+    the rows it marks keep their bytes."""
+    written = store_foreign_text(db_path, seed=6)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    raw = b"rewind \xff\xc3 here"
+    row_id, session_id = conn.execute(
+        "SELECT id, session_id FROM messages WHERE role = 'user' AND active = 1"
+        " ORDER BY id DESC LIMIT 1").fetchone()
+    conn.execute("UPDATE messages SET content = CAST(? AS TEXT) WHERE id = ?", (raw, row_id))
+    conn.close()
+    written["messages", row_id, "content"] = raw
+    before = stored_bytes(db_path, written)
+    with SessionDB(db_path) as db:
+        rewound = db.rewind_to_message(session_id, row_id)
+        target = rewound["target_message"]
+        assert target["content"] == as_sqlite_reads(raw) == "rewind \ufffd\ufffd here"
+        assert rewound["rewound_count"] >= 1
+        assert db.restore_rewound(session_id, row_id) == rewound["rewound_count"]
+    assert stored_bytes(db_path, written) == before
 
 # Any bytes but NUL, mostly pieces that are not UTF-8 on their own.
 foreign_bytes = st.lists(st.one_of(st.sampled_from(_JUNK), st.binary(min_size=1, max_size=4),
