@@ -156,7 +156,6 @@ def fts5_text(value: ColumnValue) -> str | None:
     return "".join(chars)
 
 
-
 @contextlib.contextmanager
 def text_as_fts5_reads_it(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``conn`` returning text values as FTS5 (and SQLite's own functions) read them
@@ -168,6 +167,7 @@ def text_as_fts5_reads_it(conn: sqlite3.Connection) -> Iterator[sqlite3.Connecti
         yield conn
     finally:
         conn.text_factory = factory
+
 
 def _pieces(text: str) -> list[str]:
     """The text split at ASCII separators, ASCII letters folded (other characters kept as they
@@ -202,7 +202,6 @@ def row_counts(text: str) -> tuple[Counter[str], int]:
     others = _tokens_of(" ".join(piece for piece in pieces if not piece.isascii()))
     words = plain + [token for token in others if token.isascii()]
     return Counter(words), len(plain) + len(others)
-
 
 
 # ---------------------------------------------------------------------------------------------

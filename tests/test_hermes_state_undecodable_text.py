@@ -161,8 +161,6 @@ def test_a_read_only_handle_and_the_command_line_read_it(db_path: Path,
     assert sha256(db_path) == digest  # read-only, as it says
 
 
-
-
 def test_a_rewind_to_such_a_turn_returns_it_as_sqlite_reads_it(db_path: Path) -> None:
     """The rewind reads its target row to return it: that read decodes as the others do, and
     the rows it marks keep their bytes."""
@@ -183,6 +181,7 @@ def test_a_rewind_to_such_a_turn_returns_it_as_sqlite_reads_it(db_path: Path) ->
         assert rewound["rewound_count"] >= 1
         assert db.restore_rewound(session_id, row_id) == rewound["rewound_count"]
     assert stored_bytes(db_path, written) == before
+
 
 # Any bytes but NUL, mostly pieces that are not UTF-8 on their own.
 foreign_bytes = st.lists(st.one_of(st.sampled_from(_JUNK), st.binary(min_size=1, max_size=4),
