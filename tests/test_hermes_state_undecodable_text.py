@@ -144,9 +144,11 @@ def test_a_read_only_handle_and_the_command_line_read_it(db_path: Path,
     digest = sha256(db_path)
     (row_id, column), raw = next(((k[1], k[2]), v) for k, v in written.items()
                                  if k[0] == "messages")
+    conn = sqlite3.connect(db_path)
+    (session_id,) = conn.execute("SELECT session_id FROM messages WHERE id = ?",
+                                 (row_id,)).fetchone()
+    conn.close()
     with SessionDB(db_path, read_only=True) as db:
-        session_id = db._read(lambda conn: conn.execute(
-            "SELECT session_id FROM messages WHERE id = ?", (row_id,)).fetchone()[0])
         by_id = _messages_by_id(db.get_messages(session_id, include_inactive=True))
         assert by_id[row_id][column] == as_sqlite_reads(raw)
     shown = cli(hermes_home, "--json", "sessions", "show", session_id)
