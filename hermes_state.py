@@ -503,7 +503,7 @@ class SessionDB:
         :meth:`_read`)."""
         self._check_open()
         conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
-        conn.text_factory = bm25.fts5_text
+        conn.text_factory = bm25.text_as_read
         try:
             conn.execute("BEGIN")
             yield conn

@@ -33,6 +33,9 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
+
+from hermes_state_errors import InvalidInputError
 
 logger = logging.getLogger("hermes_state")
 
@@ -41,6 +44,8 @@ __all__ = [
     "B",
     "ColumnValue",
     "fts5_text",
+    "ForeignText",
+    "text_as_read",
     "text_as_fts5_reads_it",
     "TEXT_COLUMNS",
     "TEXT_BYTES_SQL",
@@ -140,7 +145,11 @@ def fts5_text(value: ColumnValue) -> str | None:
     try:
         return value.decode("utf-8")  # where it is valid, FTS5 reads the same code points
     except UnicodeDecodeError:
-        pass
+        return _read_utf8(value)
+
+
+def _read_utf8(value: bytes) -> str:
+    """Bytes that are not UTF-8 as SQLite's READ_UTF8 reads them (see :func:`fts5_text`)."""
     chars, i, end = [], 0, len(value)
     while i < end:
         c = value[i]
@@ -156,13 +165,43 @@ def fts5_text(value: ColumnValue) -> str | None:
     return "".join(chars)
 
 
+class ForeignText(str):
+    """A text value another client stored that is not UTF-8, as SQLite and FTS5 read it: what
+    the library's reads return for such a value (:func:`text_as_fts5_reads_it`). No row is
+    stored under this text, so a statement that binds it is refused with
+    :class:`~hermes_state_errors.InvalidInputError`: a row the library looked up by it would
+    silently not be found (a session whose id it is, left out of an export). The library's
+    writes take prose by its characters (:func:`hermes_state_common.clean_text`), so text
+    handed back is stored as read, and a key handed back is refused or finds nothing."""
+
+    __slots__ = ()
+
+
+def _refuse_foreign_text(value: ForeignText) -> NoReturn:
+    shown = value if len(value) <= 40 else value[:40] + "…"
+    raise InvalidInputError(
+        f"{shown!r} is text another client stored that is not UTF-8, as read: no row is "
+        "stored under it (the stored bytes are not this text)")
+
+
+sqlite3.register_adapter(ForeignText, _refuse_foreign_text)
+
+
+def text_as_read(value: bytes) -> str:
+    """A text value's bytes as a str: decoded when they are UTF-8, else :class:`ForeignText`."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return ForeignText(_read_utf8(value))
+
+
 @contextlib.contextmanager
 def text_as_fts5_reads_it(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``conn`` returning text values as FTS5 (and SQLite's own functions) read them
-    (:func:`fts5_text`) instead of failing on text that is not UTF-8. It costs a Python call
+    (:func:`text_as_read`) instead of failing on text that is not UTF-8. It costs a Python call
     per value, so the library turns it on for a read that met such text."""
     factory = conn.text_factory
-    conn.text_factory = fts5_text
+    conn.text_factory = text_as_read
     try:
         yield conn
     finally:

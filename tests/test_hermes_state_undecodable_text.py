@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes_state import SessionDB
+from hermes_state import InvalidInputError, SessionDB
 from state_helpers import populate, sha256
 from test_hermes_state_cli import as_json, cli
 
@@ -212,3 +212,59 @@ def test_any_stored_bytes_read_as_sqlite_reads_them(db_path: Path) -> None:
             check()
         finally:
             other.close()
+
+
+def test_a_session_id_that_is_not_utf8_is_refused_not_silently_left_out(db_path: Path) -> None:
+    """A read returns such an id as read, but no row is stored under that text: using it to
+    look a row up (as an export does for every session it lists) is refused with a typed
+    error instead of finding nothing, so no export quietly leaves a session out."""
+    with SessionDB(db_path) as db:
+        populate(db)
+    raw = b"sess-\xff"
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("UPDATE sessions SET id = CAST(? AS TEXT) WHERE id = 'sess-1'", (raw,))
+    conn.execute("UPDATE messages SET session_id = CAST(? AS TEXT)"
+                 " WHERE session_id = 'sess-1'", (raw,))
+    conn.execute("UPDATE sessions SET parent_session_id = CAST(? AS TEXT)"
+                 " WHERE parent_session_id = 'sess-1'", (raw,))
+    conn.close()
+    digest = sha256(db_path)
+    with SessionDB(db_path) as db:
+        listed = db.list_sessions_rich(include_children=True, limit=10)
+        (foreign,) = [s["id"] for s in listed if s["id"] not in ("sess-0", "sess-2")]
+        assert foreign == as_sqlite_reads(raw) == "sess-\ufffd"
+        for call in (lambda: db.get_messages(foreign), db.export_all,
+                     lambda: db.export_session_lineage("sess-2"),
+                     lambda: list(db.iter_export_jsonl()),
+                     lambda: db.set_session_title(foreign, "renamed")):
+            with pytest.raises(InvalidInputError, match="not UTF-8"):
+                call()
+        assert db.get_messages("sess-2")  # the other sessions read as ever
+    assert sha256(db_path) == digest
+
+
+def test_text_handed_back_is_stored_as_read_and_the_original_keeps_its_bytes(
+    db_path: Path,
+) -> None:
+    """A compaction that keeps a turn as it read it stores the turn's text as read (valid
+    UTF-8 from then on); the archived original keeps its bytes."""
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        row_id = db.append_message("s", "user", "placeholder")
+        db.append_message("s", "assistant", "a reply")
+    raw = b"keep \xc3 this"
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("UPDATE messages SET content = CAST(? AS TEXT) WHERE id = ?", (raw, row_id))
+    conn.close()
+    with SessionDB(db_path) as db:
+        turns = db.get_messages_as_conversation("s")
+        assert turns[0]["content"] == as_sqlite_reads(raw) == "keep \ufffd this"
+        assert db.archive_and_compact("s", [{"role": "user", "content": "summary"}, turns[0]]) == 2
+        assert [t["content"] for t in db.get_messages_as_conversation("s")] == [
+            "summary", "keep \ufffd this"]
+    conn = sqlite3.connect(db_path)
+    stored = conn.execute("SELECT active, CAST(content AS BLOB) FROM messages"
+                          " ORDER BY id").fetchall()
+    conn.close()
+    assert stored == [(0, raw), (0, b"a reply"), (1, b"summary"),
+                      (1, "keep \ufffd this".encode())]
