@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
-import hermes_state_bm25 as bm25
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -464,22 +463,12 @@ class SessionDB:
         of it sees the same snapshot); SQLite errors become typed errors.
 
         Corruption a read meets in the record itself (not only in an index) quarantines a
-        writable handle as a write would: the file is proven damaged either way. Text another
-        client stored that is not UTF-8 is returned as FTS5 reads it, as search shows it
-        (the bytes on disk stay as they are)."""
+        writable handle as a write would: the file is proven damaged either way."""
         with self._lock:
             self._check_open()
             try:
                 with common.read_transaction(self._conn):
-                    try:
-                        return fn(self._conn)
-                    except sqlite3.OperationalError as exc:
-                        if not errors.is_undecodable_text(exc):
-                            raise
-                    # Text another client stored that is not UTF-8: read again, in the
-                    # same snapshot, as search shows it.
-                    with bm25.text_as_fts5_reads_it(self._conn):
-                        return fn(self._conn)
+                    return fn(self._conn)
             except sqlite3.Error as exc:
                 damaged = errors.is_corruption_error(exc) and not self.read_only
                 if damaged and not self._fts_only(exc):
@@ -498,12 +487,9 @@ class SessionDB:
     @contextlib.contextmanager
     def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
         """A second, read-only connection inside one read transaction: a consistent snapshot
-        for long reads (a streaming export) that must not hold this handle's lock. A stream
-        cannot read a row again, so its text is read as FTS5 reads it from the start (see
-        :meth:`_read`)."""
+        for long reads (a streaming export) that must not hold this handle's lock."""
         self._check_open()
         conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
-        conn.text_factory = bm25.text_as_read
         try:
             conn.execute("BEGIN")
             yield conn

@@ -23,7 +23,6 @@ process, and a SQLite that scores differently never takes the library's own rank
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -31,11 +30,8 @@ import re
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
-
-from hermes_state_errors import InvalidInputError
 
 logger = logging.getLogger("hermes_state")
 
@@ -44,9 +40,6 @@ __all__ = [
     "B",
     "ColumnValue",
     "fts5_text",
-    "ForeignText",
-    "text_as_read",
-    "text_as_fts5_reads_it",
     "TEXT_COLUMNS",
     "TEXT_BYTES_SQL",
     "column_tokens",
@@ -145,11 +138,7 @@ def fts5_text(value: ColumnValue) -> str | None:
     try:
         return value.decode("utf-8")  # where it is valid, FTS5 reads the same code points
     except UnicodeDecodeError:
-        return _read_utf8(value)
-
-
-def _read_utf8(value: bytes) -> str:
-    """Bytes that are not UTF-8 as SQLite's READ_UTF8 reads them (see :func:`fts5_text`)."""
+        pass
     chars, i, end = [], 0, len(value)
     while i < end:
         c = value[i]
@@ -163,49 +152,6 @@ def _read_utf8(value: bytes) -> str:
                 c = 0xFFFD
         chars.append(chr(c) if c <= 0x10FFFF else _BEYOND_UNICODE)
     return "".join(chars)
-
-
-class ForeignText(str):
-    """A text value another client stored that is not UTF-8, as SQLite and FTS5 read it: what
-    the library's reads return for such a value (:func:`text_as_fts5_reads_it`). No row is
-    stored under this text, so a statement that binds it is refused with
-    :class:`~hermes_state_errors.InvalidInputError`: a row the library looked up by it would
-    silently not be found (a session whose id it is, left out of an export). The library's
-    writes take prose by its characters (:func:`hermes_state_common.clean_text`), so text
-    handed back is stored as read, and a key handed back is refused or finds nothing."""
-
-    __slots__ = ()
-
-
-def _refuse_foreign_text(value: ForeignText) -> NoReturn:
-    shown = value if len(value) <= 40 else value[:40] + "…"
-    raise InvalidInputError(
-        f"{shown!r} is text another client stored that is not UTF-8, as read: no row is "
-        "stored under it (the stored bytes are not this text)")
-
-
-sqlite3.register_adapter(ForeignText, _refuse_foreign_text)
-
-
-def text_as_read(value: bytes) -> str:
-    """A text value's bytes as a str: decoded when they are UTF-8, else :class:`ForeignText`."""
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return ForeignText(_read_utf8(value))
-
-
-@contextlib.contextmanager
-def text_as_fts5_reads_it(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``conn`` returning text values as FTS5 (and SQLite's own functions) read them
-    (:func:`text_as_read`) instead of failing on text that is not UTF-8. It costs a Python call
-    per value, so the library turns it on for a read that met such text."""
-    factory = conn.text_factory
-    conn.text_factory = text_as_read
-    try:
-        yield conn
-    finally:
-        conn.text_factory = factory
 
 
 def _pieces(text: str) -> list[str]:

@@ -65,7 +65,6 @@ __all__ = [
     "ReplicationError",
     "is_sqlite_lock_error",
     "is_corruption_error",
-    "is_undecodable_text",
     "is_fts_corruption_code",
     "is_disk_full_error",
     "is_io_error",
@@ -466,13 +465,6 @@ def is_corruption_error(exc: BaseException) -> bool:
     """True for SQLITE_CORRUPT (any extended code) and SQLITE_NOTADB."""
     code = _error_code(exc)
     return code is not None and (code & 0xFF) in (SQLITE_CORRUPT, SQLITE_NOTADB)
-
-
-def is_undecodable_text(exc: BaseException) -> bool:
-    """True when Python could not decode a text value SQLite returned: text another client
-    stored that is not UTF-8 (SQLite keeps the bytes it is given)."""
-    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
-        "Could not decode to UTF-8")
 
 
 def is_fts_corruption_code(exc: BaseException) -> bool:

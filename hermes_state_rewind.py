@@ -25,7 +25,6 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_state_bm25 import text_as_fts5_reads_it
 from hermes_state_common import row_to_dict
 from hermes_state_errors import InvalidInputError
 from hermes_state_messages import SELECT_MESSAGES_SQL, decode_content
@@ -147,11 +146,8 @@ def rewind_to_message(
     live (None when none is). :class:`InvalidInputError` (a ``ValueError``) when the id is not
     a message of that session (an unknown session included) or its role is not ``user``."""
     target_id = _message_id(target_message_id, "target_message_id")
-    # Only returned, never written back: text another client stored that is not UTF-8 is
-    # read as every read of the library reads it.
-    with text_as_fts5_reads_it(conn):
-        cursor = conn.execute(TARGET_MESSAGE_SQL, (target_id, session_id))
-        row = cursor.fetchone()
+    cursor = conn.execute(TARGET_MESSAGE_SQL, (target_id, session_id))
+    row = cursor.fetchone()
     if row is None:
         raise InvalidInputError(f"message {target_id} is not a message of session {session_id!r}")
     target = row_to_dict(cursor, row)
