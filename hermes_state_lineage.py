@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_state_common import row_to_dict
+from hermes_state_errors import is_sqlite_lock_error
 
 __all__ = [
     "DELEGATE_MARKER",
@@ -388,12 +389,14 @@ def resolve_resume_session_id(conn: sqlite3.Connection, /, session_id: str) -> s
     (at most 32 steps) through each most recently started unmarked child, and return the
     deepest session on the way that has any message, else the tip. A falsy or unknown id
     comes back unchanged; a busy or locked store during the walk down returns the tip (a
-    damaged file still raises: the caller must learn of it)."""
+    damaged file, or text that cannot be read, still raises: the caller must learn of it)."""
     if not session_id or conn.execute(SESSION_EXISTS_SQL, (session_id,)).fetchone() is None:
         return session_id
     try:
         tip = get_compression_tip(conn, session_id)
-    except sqlite3.OperationalError:
+    except sqlite3.OperationalError as exc:
+        if not is_sqlite_lock_error(exc):
+            raise
         tip = session_id
     try:
         node, visited = tip, {tip}
@@ -406,6 +409,8 @@ def resolve_resume_session_id(conn: sqlite3.Connection, /, session_id: str) -> s
             visited.add(node)
             if conn.execute(HAS_MESSAGES_SQL, (node,)).fetchone():
                 deepest = node
-    except sqlite3.OperationalError:
+    except sqlite3.OperationalError as exc:
+        if not is_sqlite_lock_error(exc):
+            raise
         return tip
     return deepest or tip

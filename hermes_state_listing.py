@@ -35,6 +35,7 @@ from typing import Any
 
 import hermes_state_arguments as arguments
 from hermes_state_common import escape_like, row_to_dict
+from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_lineage import CONTINUATION_EDGE_SQL, LISTABLE_SQL, get_compression_tip
 from hermes_state_sessions import source_filters
 
@@ -213,8 +214,10 @@ def _project_tip(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
         if tip_id == row["id"]:
             return
         found = _enriched(conn.execute(ENRICHED_ONE_SQL, (tip_id,)))
-    except sqlite3.OperationalError:  # busy or locked: the row stays as it is
-        return
+    except sqlite3.OperationalError as exc:
+        if not is_sqlite_lock_error(exc):
+            raise  # a tip that cannot be read is no reason to show the root instead
+        return  # busy or locked: the row stays as it is
     if not found:
         return
     root_id = row["id"]

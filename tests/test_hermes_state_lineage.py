@@ -7,11 +7,14 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import hermes_state_lineage as lineage
-from hermes_state import SessionDB
+import hermes_state_listing as listing
+from hermes_state import SessionDB, StateDbError
+from state_helpers import populate
 
 
 def ids(rows: list[dict]) -> list[str]:
@@ -390,3 +393,70 @@ def raw(db: SessionDB) -> Iterator[sqlite3.Connection]:
 def successor_of(db: SessionDB, session_id: str) -> str | None:
     with raw(db) as conn:
         return lineage.successor(conn, session_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# A read that fails is no busy file
+# ---------------------------------------------------------------------------------------------
+
+
+def _chain(path: Path, updates: list[str]) -> None:
+    """populate()'s chain sess-0 → sess-1 → sess-2 (the tip), then text that is not UTF-8
+    written by another client: each update sets its columns to ``:raw`` as text."""
+    with SessionDB(path) as handle:
+        populate(handle)
+    conn = sqlite3.connect(path, isolation_level=None)
+    for sql in updates:
+        conn.execute(sql, {"raw": b"sess-\xff"})
+    conn.close()
+
+
+def test_a_tip_that_cannot_be_read_fails_the_listing_not_shows_the_root(db_path: Path) -> None:
+    """Only a busy or locked file leaves a compressed row unprojected: a tip whose title is
+    not UTF-8 raises (a listing showing the ended root instead would send a resume there)."""
+    _chain(db_path, ["UPDATE sessions SET title = CAST(:raw AS TEXT) WHERE id = 'sess-2'"])
+    with SessionDB(db_path) as handle:
+        with pytest.raises(StateDbError, match="UTF-8"):
+            handle.list_sessions_rich()
+
+
+def test_a_lineage_that_cannot_be_read_fails_the_resume_not_returns_the_root(
+    db_path: Path,
+) -> None:
+    _chain(db_path, [
+        "UPDATE sessions SET id = CAST(:raw AS TEXT) WHERE id = 'sess-1'",
+        "UPDATE messages SET session_id = CAST(:raw AS TEXT) WHERE session_id = 'sess-1'",
+        "UPDATE sessions SET parent_session_id = CAST(:raw AS TEXT)"
+        " WHERE parent_session_id = 'sess-1'",
+    ])
+    with SessionDB(db_path) as handle:
+        with pytest.raises(StateDbError, match="UTF-8"):
+            handle.resolve_resume_session_id("sess-0")
+
+
+class _BusyWalk(sqlite3.Connection):
+    """A connection whose statements reading ``busy_sql`` fail as a locked file does."""
+
+    busy_sql = ""
+
+    def execute(self, sql, *args):  # type: ignore[no-untyped-def, override]
+        if self.busy_sql and self.busy_sql in sql:
+            exc = sqlite3.OperationalError("database is locked")
+            exc.sqlite_errorcode = 5  # type: ignore[attr-defined]  # SQLITE_BUSY
+            raise exc
+        return super().execute(sql, *args)
+
+
+def test_a_busy_file_during_the_walk_still_answers_with_what_it_has(db_path: Path) -> None:
+    _chain(db_path, [])
+    conn = sqlite3.connect(db_path, factory=_BusyWalk)
+    try:
+        assert lineage.resolve_resume_session_id(conn, "sess-0") == "sess-2"
+        conn.busy_sql = lineage.RESUME_CHILD_SQL.strip()[:40]
+        assert lineage.resolve_resume_session_id(conn, "sess-0") == "sess-2"  # the tip
+        row = {"id": "sess-0", "end_reason": "compression"}
+        conn.busy_sql = "FROM sessions s WHERE s.id = ?"
+        listing._project_tip(conn, row)
+        assert row == {"id": "sess-0", "end_reason": "compression"}  # left as it is
+    finally:
+        conn.close()
