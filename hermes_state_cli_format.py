@@ -48,6 +48,7 @@ __all__ = [
     "doomed_table",
     "stats_lines",
     "doctor_lines",
+    "MARKER",
 ]
 
 MARKER = "..."

@@ -97,6 +97,7 @@ __all__ = [
     "restore_missing_indexes",
     "start_rebuild",
     "status",
+    "RESPELL_CHUNK_ROWS",
 ]
 
 # Letters of the scripts written without spaces between words (plus Hangul, which is written

@@ -117,6 +117,13 @@ __all__ = [
     "consistent",
     "index_problem",
     "index_health",
+    "ADD_ROW_SQL",
+    "AFTER_INSERT_SQL",
+    "DRAIN_PER_WRITE",
+    "FTS_ADD_SQL",
+    "SET_INDEXED_SQL",
+    "TIME_BLOCK_SQL",
+    "UNFLUSHED_SQL",
 ]
 
 THRESHOLD = 0.7

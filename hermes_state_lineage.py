@@ -86,6 +86,7 @@ __all__ = [
     "forwarding_chain",
     "LISTABLE_SQL",
     "resolve_resume_session_id",
+    "RESUME_CHILD_SQL",
 ]
 
 DELEGATE_MARKER = "_delegate_from"

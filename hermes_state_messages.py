@@ -98,6 +98,9 @@ __all__ = [
     "has_platform_message_id",
     "tool_call_count_of",
     "row_to_message",
+    "CONVERSATION_SQL",
+    "COUNT_MESSAGE_SQL",
+    "INSERT_MESSAGE_SQL",
 ]
 
 # The append_message keywords, in column order (session_id comes first in the row).

@@ -112,6 +112,8 @@ __all__ = [
     "earlier_quarantine",
     "describe_marker",
     "clear_quarantine",
+    "CIRCULAR_MARK",
+    "TOO_DEEP_MARK",
 ]
 
 MARKER_SUFFIX = "-quarantine"

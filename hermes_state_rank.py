@@ -82,6 +82,9 @@ __all__ = [
     "conjunction",
     "match_count",
     "top_k",
+    "ASCII_ROW_SQL",
+    "ROW_TEXT_SQL",
+    "WORD_ABSENT_SQL",
 ]
 
 QUEUE_SCAN_LIMIT = 64

@@ -141,6 +141,7 @@ __all__ = [
     "search_filters",
     "search_messages",
     "SORTS",
+    "BLOCK_HITS_SQL",
 ]
 
 MAX_QUERY_TERMS = 32

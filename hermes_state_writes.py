@@ -55,6 +55,7 @@ __all__ = [
     "CHECKPOINT_SQL",
     "passive_checkpoint",
     "truncate_checkpoint",
+    "TRUNCATE_CHECKPOINT_SQL",
 ]
 
 logger = logging.getLogger("hermes_state")
