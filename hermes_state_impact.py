@@ -165,27 +165,21 @@ def _postings_of(
         return "", "", 0
     counts, length = row_counts(text)
     least = least_frequency(length, avgdl)
-    k = _reference_k(length, avgdl)
     if least == 1:  # a short row posts every word
-        terms, frequencies = list(counts.keys()), list(counts.values())
-    else:  # a long row only its repeated words, most frequent first
-        items = sorted(((t, f) for t, f in counts.items() if f >= least),
-                       key=_second, reverse=True)
-        terms, frequencies = [t for t, _ in items], [f for _, f in items]
+        terms = list(counts)
+    else:  # a long row only its repeated words
+        terms = [t for t, f in counts.items() if f >= least]
     if terms and max(map(len, terms)) > MAX_TERM_CHARS:
-        kept = [(t, f) for t, f in zip(terms, frequencies) if len(t) <= MAX_TERM_CHARS]
-        terms, frequencies = [t for t, _ in kept], [f for _, f in kept]
+        terms = [t for t in terms if len(t) <= MAX_TERM_CHARS]
     if not terms:
         return "", "", length
+    frequencies = list(map(counts.__getitem__, terms))
     # A posting's key depends on its frequency alone (the length is the row's): most are 1.
+    k = _reference_k(length, avgdl)
     keys = {f: "_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
             for f in set(frequencies)}
     postings = " ".join(map(str.__add__, terms, map(keys.__getitem__, frequencies)))
     return postings, postings + " " + " ".join(terms), length
-
-
-def _second(item: tuple[str, int]) -> int:
-    return item[1]
 
 
 # ---------------------------------------------------------------------------------------------
