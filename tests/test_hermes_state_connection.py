@@ -17,6 +17,8 @@ import pytest
 import hermes_state
 from hermes_state import (
     SessionDB,
+    InvalidInputError,
+    InvalidTypeError,
     StateDbClosedError,
     StateDbLockedError,
     UnsafePathError,
@@ -143,6 +145,45 @@ def test_symlinked_sidecar_is_refused(db_path: Path, tmp_path: Path, sidecar: st
     with pytest.raises(UnsafePathError):
         SessionDB(db_path)
     assert not target.exists()
+
+
+def _empty_dir(tmp_path: Path) -> Path:
+    """A working directory of its own, so that a test sees every file an open makes."""
+    work = tmp_path / "work"
+    work.mkdir()
+    return work
+
+
+@pytest.mark.parametrize("name", [":memory:", Path(":memory:")])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_memory_is_refused_not_made_a_file_of_that_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str | Path, read_only: bool
+) -> None:
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    with pytest.raises(InvalidInputError, match="in-memory") as raised:
+        SessionDB(name, read_only=read_only)
+    assert raised.value.argument == "db_path"
+    assert list(Path.cwd().iterdir()) == []
+
+
+def test_a_file_named_memory_is_still_a_file_when_its_path_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    with SessionDB("./:memory:") as db:
+        db.create_session("s1", "cli")
+    with SessionDB(Path.cwd() / ":memory:") as db:
+        assert db.get_session("s1") is not None
+
+
+@pytest.mark.parametrize("value", [5, b"state.db", True, 1.5, ["state.db"]])
+def test_a_db_path_that_is_not_a_path_is_refused_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: object
+) -> None:
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    with pytest.raises(InvalidTypeError, match="db_path must be a str or a path"):
+        SessionDB(value)  # type: ignore[arg-type]
+    assert list(Path.cwd().iterdir()) == []
 
 
 # --- lock contention -------------------------------------------------------------------------
