@@ -213,7 +213,12 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 # A word's postings best first, with their rows: the fts5vocab 'instance' view of the impact
 # table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
-LEFT_SQL = "SELECT count(*) FROM search_impact_vocab WHERE term >= ? AND term < ?"
+# The postings from a cursor's next one on: the rest of its token's rows (in row order, as the
+# cursor reads them), then the tokens after it.
+LEFT_SQL = """
+SELECT (SELECT count(*) FROM search_impact_vocab WHERE term = ? AND doc >= ?)
+     + (SELECT count(*) FROM search_impact_vocab WHERE term > ? AND term < ?)
+"""
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
@@ -340,7 +345,10 @@ class _Cursor:
         if self.next is None:
             return 0
         end = f"{self.term}_{math.floor((1.0 - reach) * KEY_SCALE) + 1:04d}"
-        return int(self.conn.execute(LEFT_SQL, (self.next[0], end)).fetchone()[0])
+        token, row_id = self.next
+        if token >= end:
+            return 0
+        return int(self.conn.execute(LEFT_SQL, (token, row_id, token, end)).fetchone()[0])
 
     def take(self) -> list[tuple[str, int]]:
         """The next postings, more each time (the first reads are the likeliest to suffice)."""

@@ -974,3 +974,30 @@ def test_queries_matching_few_rows_rank_as_fts5_from_their_text(
             assert not [s for s in statements if "bm25(messages_fts)" in s], query
             scored_here += 1
     assert scored_here >= 5
+
+
+def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
+    """A word's cursor, part-way through the rows of one posting token (rows of one length
+    holding the word once share it), counts only the postings it has not handed out yet."""
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        for n in range(4 * impact.FLUSH_ROWS):
+            db.append_message("s1", role="user", content=f"alpha w{n}" if n % 3 else "beta")
+    conn = sqlite3.connect(db_path)
+    try:
+        (posted,) = conn.execute(
+            "SELECT count(*) FROM search_impact_vocab WHERE term >= 'alpha_' AND term < 'alpha`'"
+        ).fetchone()
+        tokens = {t for (t,) in conn.execute(
+            "SELECT term FROM search_impact_vocab WHERE term >= 'alpha_' AND term < 'alpha`'")}
+        assert len(tokens) == 1 and posted > rank.FIRST_BATCH_POSTINGS  # one token, many rows
+        cursor = rank._Cursor(conn, "alpha")
+        read = 0
+        while cursor.next is not None:
+            assert cursor.left(impact.THRESHOLD) == posted - read
+            assert cursor.left(cursor.bound() + 0.001) == 0  # none reach past the next one
+            read += len(cursor.take())
+        assert read == posted and cursor.left(impact.THRESHOLD) == 0
+        cursor.close()
+    finally:
+        conn.close()
