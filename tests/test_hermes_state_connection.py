@@ -16,9 +16,9 @@ import pytest
 
 import hermes_state
 from hermes_state import (
-    SessionDB,
     InvalidInputError,
     InvalidTypeError,
+    SessionDB,
     StateDbClosedError,
     StateDbLockedError,
     UnsafePathError,
