@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -127,9 +126,6 @@ _FAST_RETRY_WINDOW_S = 2.0
 _SQLITE_BUSY_TIMEOUT_S = 1.0
 _READ_BUSY_TIMEOUT_S = 5.0
 
-# What sqlite3.connect takes for a private in-memory database (the store refuses it).
-MEMORY_NAME = ":memory:"
-
 # The pauses between attempts are random so that contending writers do not retry in lockstep.
 _JITTER = random.Random()
 
@@ -141,21 +137,6 @@ def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
     fast = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
     slow = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
     return writes.RetryPolicy(patience, _FAST_RETRY_WINDOW_S, fast, slow)
-
-
-def _store_path(db_path: object) -> Path:
-    """The file a handle opens: ``db_path``, or the default store's when it is None."""
-    if db_path is None:
-        return common.default_db_path()
-    if not isinstance(db_path, str | os.PathLike):
-        raise errors.InvalidTypeError(
-            f"db_path must be a str or a path, got {type(db_path).__name__}", argument="db_path")
-    if os.fspath(db_path) == MEMORY_NAME:
-        raise errors.InvalidInputError(
-            f"db_path {MEMORY_NAME!r} names SQLite's in-memory database, which the store does "
-            "not offer: its processes and connections share one file, so pass that file's path",
-            argument="db_path")
-    return Path(db_path).expanduser()
 
 
 # --- what some methods answer instead of raising (see hermes_state_methods) -----------------
@@ -206,7 +187,7 @@ class SessionDB:
         read_only: bool = False,
         rebuild_fts: bool = True,
     ) -> None:
-        path = _store_path(db_path)
+        path = common.store_path(db_path)
         testguard.check_test_isolation(path)
         self.db_path = path
         self.path = path.absolute()

@@ -63,6 +63,8 @@ __all__ = [
     "platform_default_home",
     "hermes_root",
     "default_db_path",
+    "MEMORY_NAME",
+    "store_path",
     "display_hermes_home",
     "validate_profile_name",
     "resolve_profile_home",
@@ -175,6 +177,25 @@ def hermes_root(home: Path | None = None) -> Path:
 
 def default_db_path() -> Path:
     return get_hermes_home() / DB_FILENAME
+
+
+# What sqlite3.connect takes for a private in-memory database (a store refuses it).
+MEMORY_NAME = ":memory:"
+
+
+def store_path(db_path: object) -> Path:
+    """The file a handle opens: ``db_path``, or the default store's when it is None."""
+    if db_path is None:
+        return default_db_path()
+    if not isinstance(db_path, str | os.PathLike):
+        raise InvalidTypeError(
+            f"db_path must be a str or a path, got {type(db_path).__name__}", argument="db_path")
+    if os.fspath(db_path) == MEMORY_NAME:
+        raise InvalidInputError(
+            f"db_path {MEMORY_NAME!r} names SQLite's in-memory database, which the store does "
+            "not offer: its processes and connections share one file, so pass that file's path",
+            argument="db_path")
+    return Path(db_path).expanduser()
 
 
 _PROFILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
