@@ -383,6 +383,8 @@ class _Walk:
     fts_cost: float | None = None
     lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
     spent: float = 0.0  # what the proof has cost so far (µs, estimated)
+    # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
+    passed_over: set[float] = field(default_factory=set)
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -395,7 +397,9 @@ class _Walk:
         if len(self.top) < self.wanted:
             heapq.heappush(self.top, item)
         elif item > self.top[0]:
-            heapq.heapreplace(self.top, item)
+            self.passed_over.add(heapq.heapreplace(self.top, item)[0])
+        else:
+            self.passed_over.add(score)
 
     def propose(self, score: float, row_id: int) -> None:
         """A row whose filters are checked only if it can still enter the top."""
@@ -631,6 +635,19 @@ class _Walk:
                 last = token
             if kth is None or score >= kth:
                 self.propose(score, row_id)
+            else:
+                self.passed_over.add(score)
+
+    def tie_at_the_edge(self, unseen: float) -> bool:
+        """Whether a row left out of a one-word query's full top, or not read (its score at
+        most ``unseen``), may score a hair below the last row in it: multiplied by the idf,
+        as FTS5 does, the two could become equal, and FTS5 would then order them by id."""
+        kth = self.kth()
+        if kth is None:
+            return False
+        low = kth - NEAR_TIE * abs(kth)
+        left_out = {-negated for negated, _ in self.unchecked}
+        return unseen >= low or any(low <= s < kth for s in self.passed_over | left_out)
 
 
 # Matching rows past the batch boundary; queued rows (changed, or written below it by another
@@ -888,6 +905,8 @@ def _top_k(
                         walk.wait_below(phrase[0], fresh)
                     else:
                         walk.settle([row_id for _, row_id in fresh])
+        if single and walk.tie_at_the_edge(unseen):
+            return None  # FTS5 ranks: which of the two makes the page depends on the idf
         ranked = sorted((-score, -negated) for score, negated in walk.top)
         if single and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
@@ -916,5 +935,9 @@ def _token_best(
             - min(high - w * low_share for w, high in others))
 
 
+# Scores this close (relatively) may be equal once multiplied by the idf.
+NEAR_TIE = 1e-12
+
+
 def _near_tie(scores: Sequence[float]) -> bool:
-    return any(a != b and abs(a - b) <= 1e-12 * abs(a) for a, b in zip(scores, scores[1:]))
+    return any(a != b and abs(a - b) <= NEAR_TIE * abs(a) for a, b in zip(scores, scores[1:]))

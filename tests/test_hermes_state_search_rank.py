@@ -1001,3 +1001,42 @@ def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path)
         cursor.close()
     finally:
         conn.close()
+
+
+def _tie_across_the_page(db: SessionDB, rows: int, holding: int) -> tuple[int, int]:
+    """A store of ``rows`` messages averaging exactly 18 tokens, ``holding`` of them with the
+    word kiwi: x ("kiwi") and y ("kiwi kiwi" and six words) score a hair apart before the
+    idf and alike after it (so FTS5 puts x, the older, first), the others lower."""
+    db.create_session("s1", "cli")
+    x = db.append_message("s1", role="user", content="kiwi")
+    y = db.append_message("s1", role="user", content="kiwi kiwi a b c d e f")
+    tokens = 1 + 8
+    for _ in range(holding - 2):
+        db.append_message("s1", role="user", content="kiwi " + " ".join(f"w{i}" for i in range(39)))
+        tokens += 40
+    rest = rows - holding
+    size, longer = divmod(18 * rows - tokens, rest)
+    for n in range(rest):
+        words = size + (n < longer)
+        db.append_message("s1", role="user", content=" ".join(f"p{i}" for i in range(words)))
+    return x, y
+
+
+@pytest.mark.parametrize("rows, holding", [(20, 4), (impact.FLUSH_ROWS + 2, 5)])
+def test_rows_that_tie_once_the_idf_is_applied_page_as_fts5_orders_them(
+    db_path: Path, rows: int, holding: int
+) -> None:
+    """Scored from their text (20 rows) or from their postings (the first batch indexed),
+    the two rows' order at the edge of a page is FTS5's, and pages are slices of it."""
+    with SessionDB(db_path) as db:
+        x, y = _tie_across_the_page(db, rows, holding)
+        fts5 = db._read(lambda c: c.execute(
+            "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH 'kiwi'"
+            " ORDER BY bm25(messages_fts), rowid").fetchall())
+        assert fts5[0] == (x, fts5[1][1]) and fts5[1][0] == y  # the tie the test is about
+        expected = [row_id for row_id, _ in fts5]
+        for limit in range(1, holding + 1):
+            assert [h["id"] for h in db.search_messages("kiwi", limit=limit)] == expected[:limit]
+        pages = [h["id"] for offset in range(holding)
+                 for h in db.search_messages("kiwi", limit=1, offset=offset)]
+        assert pages == expected
