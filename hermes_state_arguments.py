@@ -58,7 +58,7 @@ from hermes_state_errors import (
 
 __all__ = [
     "INT64_MIN", "INT64_MAX", "shown", "has_lone_surrogate", "Check", "checker", "checked",
-    "operation", "integer", "number", "text",
+    "operation", "integer", "number", "text", "filter_texts",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -84,6 +84,20 @@ def integer(name: str, value: object, *, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise InvalidInputError(f"{name} must be at least {minimum}, got {value}", argument=name)
     return value
+
+
+def filter_texts(name: str, values: str | Iterable[object] | None) -> list[str] | None:
+    """A filter's values as text (one string is one value; an id given as a number is its
+    text), None for no filter. An item None is refused: no stored value is the text "None"
+    it would otherwise become."""
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return [values]
+    items = list(values)
+    if any(item is None for item in items):
+        raise InvalidTypeError(f"an item of {name} must be str, got NoneType", argument=name)
+    return [str(item) for item in items]
 
 
 def number(name: str, value: object) -> float:

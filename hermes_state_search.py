@@ -110,7 +110,7 @@ from typing import Any
 
 import hermes_state_impact as impact
 import hermes_state_rank as rank
-from hermes_state_arguments import INT64_MAX, INT64_MIN, integer
+from hermes_state_arguments import INT64_MAX, INT64_MIN, filter_texts, integer
 from hermes_state_bm25 import TEXT_BYTES_SQL
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
@@ -778,14 +778,6 @@ def sort_order(sort: object) -> str | None:
     return None
 
 
-def _as_list(values: str | Iterable[str] | None) -> list[str] | None:
-    if values is None:
-        return None
-    if isinstance(values, str):
-        return [values]
-    return [str(v) for v in values]
-
-
 # The whole record without duplicates: live rows, and rows of an archived generation whose
 # message has no live copy in its session (summarized away). A rewound row (inactive, not
 # compacted, in a session that has been rewound) is left out. Stores written before archives
@@ -809,10 +801,10 @@ def search_filters(
     sql, params = "", []
     if not include_inactive:
         sql += WHOLE_RECORD_SQL
-    roles = _as_list(role_filter)
+    roles = filter_texts("role_filter", role_filter)
     for values, condition in (
-        (_as_list(source_filter), "s.source IN"),
-        (_as_list(exclude_sources), "s.source NOT IN"),
+        (filter_texts("source_filter", source_filter), "s.source IN"),
+        (filter_texts("exclude_sources", exclude_sources), "s.source NOT IN"),
         (roles or None, "m.role IN"),
     ):
         if values is None or (condition.endswith("NOT IN") and not values):

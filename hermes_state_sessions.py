@@ -29,6 +29,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hermes_state_arguments import filter_texts
 from hermes_state_common import (
     LIVE_ADMISSION_STATUSES,
     LIVE_EXECUTION_STATUSES,
@@ -421,9 +422,7 @@ def source_filters(
     if source is not None:
         sql += f" AND {alias}.source = ?"
         params.append(source)
-    if isinstance(exclude_sources, str):  # one source, not its characters
-        exclude_sources = [exclude_sources]
-    excluded = [str(s) for s in exclude_sources or ()]
+    excluded = filter_texts("exclude_sources", exclude_sources) or []
     if excluded:
         sql += f" AND {alias}.source NOT IN (SELECT value FROM json_each(?))"
         params.append(json.dumps(excluded))

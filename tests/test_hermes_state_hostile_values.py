@@ -232,6 +232,25 @@ def test_an_id_past_64_bits_inside_a_collection_is_an_id_that_names_no_row(db_pa
         assert db.export_all() == before
 
 
+@pytest.mark.parametrize("method, kwargs", [
+    ("search_messages", {"query": "message", "source_filter": [None]}),
+    ("search_messages", {"query": "message", "exclude_sources": ["cli", None]}),
+    ("search_messages", {"query": "message", "role_filter": [None]}),
+    ("list_sessions_rich", {"exclude_sources": [None]}),
+    ("session_count", {"exclude_sources": (None,)}),
+])
+def test_a_filter_item_none_is_refused_not_read_as_the_text_none(
+    db_path: Path, method: str, kwargs: dict[str, Any]
+) -> None:
+    """An item None in a filter list named the source (or role) "None": a session of that
+    source was selected, or left out."""
+    with SessionDB(db_path) as db:
+        db.create_session("s-none", "None")
+        db.append_message("s-none", role="user", content="a message")
+        with pytest.raises(InvalidTypeError, match="an item of .* must be str, got NoneType"):
+            getattr(db, method)(**kwargs)
+
+
 def test_a_progress_callback_that_is_not_callable_is_refused_typed(db_path: Path) -> None:
     """``progress`` is annotated through its module (``transfer.Progress``); the check still
     knows it for a callback (a string got as far as being called)."""
