@@ -779,13 +779,17 @@ def sort_order(sort: object) -> str | None:
 
 
 # The whole record without duplicates: live rows, and rows of an archived generation whose
-# message has no live copy in its session (summarized away). A rewound row (inactive, not
-# compacted, in a session that has been rewound) is left out. Stores written before archives
-# were marked compacted have never been rewound, so their inactive rows are archives too.
+# message has no live copy in its session (summarized away), the newest such copy only (a
+# message kept through one compaction and summarized away by a later one is archived twice).
+# A rewound row (inactive, not compacted, in a session that has been rewound) is left out.
+# Stores written before archives were marked compacted have never been rewound, so their
+# inactive rows are archives too.
 WHOLE_RECORD_SQL = """ AND (m.active = 1 OR (
     (m.compacted = 1 OR COALESCE(s.rewind_count, 0) = 0)
     AND NOT EXISTS (SELECT 1 FROM messages a WHERE a.session_id = m.session_id
-                    AND a.active = 1 AND a.message_uid = m.message_uid)))"""
+                    AND a.message_uid = m.message_uid
+                    AND (a.active = 1 OR (a.id > m.id AND (
+                         a.compacted = 1 OR COALESCE(s.rewind_count, 0) = 0))))))"""
 
 
 def search_filters(

@@ -454,6 +454,32 @@ def test_the_whole_record_is_searched_once_and_rewound_rows_are_left_out(
     assert undone in found(db.search_messages(query, include_inactive=True, limit=50))
 
 
+@pytest.mark.parametrize(("query", "text", "stale"), [
+    ("kiwi", "kiwi we keep a while", False), ("東京", "東京の話を続ける", False),
+    ("iwitur", "kiwiturn we keep", False), ("kiwi", "kiwi we keep a while", True),
+], ids=["fts", "cjk", "trigram", "stale"])
+def test_a_message_archived_by_two_compactions_is_found_once(
+    db: SessionDB, query: str, text: str, stale: bool
+) -> None:
+    """Kept through one compaction (archived, and copied under its message_uid), then
+    summarized away by the next (archived again, no live copy left): one hit, the newest
+    archived copy; with include_inactive, every copy."""
+    db.create_session("s1", "cli")
+    first = add(db, "s1", text)
+    add(db, "s1", "an unrelated reply")
+    [copy] = db.get_messages("s1")[:1]
+    db.archive_and_compact("s1", [copy])
+    [second] = [m["id"] for m in db.get_messages("s1")]
+    db.archive_and_compact("s1", [{"role": "user", "content": "a summary of it all"}])
+    if stale:
+        mark_stale(db)
+    assert found(db.search_messages(query, limit=50)) == [second]
+    assert sorted(found(db.search_messages(query, include_inactive=True, limit=50))) == [
+        first, second]
+    for sort in ("newest", "oldest"):
+        assert found(db.search_messages(query, sort=sort, limit=50)) == [second]
+
+
 # ---------------------------------------------------------------------------------------------
 # Filters, wildcards and pages, on every route
 # ---------------------------------------------------------------------------------------------
