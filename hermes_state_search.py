@@ -63,7 +63,8 @@ precedence); each alternative goes to one index (a Latin one to a second one as 
   one can crash it. So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
   for the pieces of ≥ 3 characters between ``%``/``_`` in its required terms. They drive the
   index; the escaped patterns then filter exactly. A group without one cannot use the trigram
-  index and is served by the canonical LIKE scan instead.
+  index, so it finds no substring rows there (``ph`` finds the word ph, not ``graph``); only
+  the canonical LIKE scan of a stale or refusing index, which has no word route, serves it.
 
 A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
 search returns nothing. A plan that is one Latin alternative of required terms, none of them a

@@ -454,6 +454,17 @@ def test_the_whole_record_is_searched_once_and_rewound_rows_are_left_out(
     assert undone in found(db.search_messages(query, include_inactive=True, limit=50))
 
 
+def test_a_substring_needs_three_characters_beside_a_healthy_index(db: SessionDB) -> None:
+    """The trigram index serves substrings of three characters or more; a shorter query is a
+    word only (``ph`` finds the word, not ``graph``), and finds nothing when no row holds it."""
+    db.create_session("s1", "cli")
+    add(db, "s1", "graphql endpoint")
+    word = add(db, "s1", "the ph of the water")
+    assert [(h["id"], h.get("match")) for h in db.search_messages("ph")] == [(word, None)]
+    assert db.search_messages("gr") == []
+    assert [h["match"] for h in db.search_messages("gra")] == ["substring"]
+
+
 @pytest.mark.parametrize(("query", "text", "stale"), [
     ("kiwi", "kiwi we keep a while", False), ("東京", "東京の話を続ける", False),
     ("iwitur", "kiwiturn we keep", False), ("kiwi", "kiwi we keep a while", True),
