@@ -46,6 +46,7 @@ __all__ = [
     "row_counts",
     "phrase_frequency",
     "folded_text",
+    "folded_origins",
     "text_frequency",
     "Bm25Stats",
     "varints",
@@ -229,6 +230,17 @@ def folded_text(text: str) -> str:
             pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
             text = pattern.sub(lambda m: special[m.group()], text)
     return text.encode().translate(_ASCII_LOWER).decode()
+
+
+def folded_origins(text: str, folded: str) -> list[int]:
+    """For each character of ``folded`` (:func:`folded_text` of ``text``), the index in
+    ``text`` of the character it comes from, then ``len(text)``: unicode61 drops some
+    characters (combining diacritics), so the two need not line up."""
+    origins: list[int] = []
+    for i, ch in enumerate(text):
+        origins.extend([i] * (1 if ch.isascii() else len(_CHARS[ord(ch)])))
+    origins.append(len(text))
+    return origins
 
 
 def text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:

@@ -112,7 +112,7 @@ from typing import Any
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 from hermes_state_arguments import INT64_MAX, INT64_MIN, filter_texts, integer
-from hermes_state_bm25 import TEXT_BYTES_SQL
+from hermes_state_bm25 import TEXT_BYTES_SQL, folded_origins, folded_text
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
     FtsCorruptError,
@@ -643,6 +643,22 @@ class Marker:
 
     pattern: re.Pattern[str]
     starts: tuple[str, ...] | None
+    # Whether the pattern's words are folded as unicode61 folds them (``cafe`` for ``Café``),
+    # so that text is read folded too (see :meth:`spans`).
+    folded: bool = False
+
+    def spans(self, text: str) -> Iterator[tuple[int, int]]:
+        """(start, end) of each match in ``text``; a folded marker matches the text as the
+        index read it (``café`` and ``CAFE`` are the word cafe), spans in ``text``."""
+        if not self.folded or text.isascii():
+            yield from (m.span() for m in self.finditer(text))
+            return
+        folded = folded_text(text)
+        if len(folded) == len(text):
+            yield from (m.span() for m in self.finditer(folded))
+            return
+        origins = folded_origins(text, folded)
+        yield from ((origins[m.start()], origins[m.end()]) for m in self.finditer(folded))
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """The matches of :attr:`pattern` in ``text``, as ``pattern.finditer`` finds them."""
@@ -696,13 +712,15 @@ def _needles_re(
     return "|".join(f"(?:{rx})" for rx in ordered)
 
 
-def _marker(parts: Sequence[tuple[Sequence[str], str | None]]) -> Marker | None:
+def _marker(
+    parts: Sequence[tuple[Sequence[str], str | None]], *, folded: bool = False
+) -> Marker | None:
     """The marker of (needles, their pattern) parts."""
     rxs = [rx for _, rx in parts if rx is not None]
     if not rxs:
         return None
     needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n)]
-    return Marker(re.compile("|".join(rxs), re.IGNORECASE), _ascii_starts(needles))
+    return Marker(re.compile("|".join(rxs), re.IGNORECASE), _ascii_starts(needles), folded)
 
 
 def make_snippet(
@@ -724,26 +742,27 @@ def make_snippet(
     else:
         listed = list(needles)
         marker = _marker([(listed, _needles_re(listed))])
-    matches = marker.finditer(text) if marker is not None else iter(())
-    return _window(text, next(matches, None), matches, max(width, 1))
+    spans = marker.spans(text) if marker is not None else iter(())
+    return _window(text, next(spans, None), spans, max(width, 1))
 
 
-def _window(text: str, first: re.Match[str] | None, rest: Iterator[re.Match[str]],
+def _window(text: str, first: tuple[int, int] | None, rest: Iterator[tuple[int, int]],
             width: int) -> str:
-    """The snippet centred on ``first``, marking it and the ``rest`` inside the window."""
+    """The snippet centred on the ``first`` match, marking it and the ``rest`` inside the
+    window (matches as (start, end))."""
     start = 0
     if first is not None:
-        length = first.end() - first.start()
-        start = first.start() - max(width - length, 0) // 2
-        start = max(0, min(start, len(text) - width, first.start()))
+        length = first[1] - first[0]
+        start = first[0] - max(width - length, 0) // 2
+        start = max(0, min(start, len(text) - width, first[0]))
     end = min(len(text), start + width)
     out = [ELLIPSIS] if start > 0 else []
     pos = start
     if first is not None:
-        for match in itertools.chain((first,), rest):
-            if match.start() >= end:
+        for match_start, match_end in itertools.chain((first,), rest):
+            if match_start >= end:
                 break
-            lo, hi = max(match.start(), start), min(match.end(), end)
+            lo, hi = max(match_start, start), min(match_end, end)
             out += [text[pos:lo], MATCH_START, text[lo:hi], MATCH_END]
             pos = hi
     out.append(text[pos:end])
@@ -757,8 +776,12 @@ def snippet_pattern(plan: SearchPlan, *, words: bool) -> Marker | None:
     CJK index finds them), the needles' text anywhere for substring hits."""
     latin = [n for n in plan.needles if not has_cjk(n)]
     cjk = [n for n in plan.needles if has_cjk(n)]
-    return _marker([(latin, _needles_re(latin, words=words, prefixes=plan.prefixes)),
-                    (cjk, _needles_re(cjk))])
+    prefixes = plan.prefixes
+    if words:  # as the index reads them: a word hit may hold the word in another spelling
+        latin = [folded_text(n) for n in latin]
+        prefixes = tuple(folded_text(n) for n in prefixes)
+    return _marker([(latin, _needles_re(latin, words=words, prefixes=prefixes)),
+                    (cjk, _needles_re(cjk))], folded=words and bool(latin))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1122,10 +1145,10 @@ def _snippet_of(
     if marker is not None:
         for text in (content, tool_calls, tool_name):
             if text:
-                matches = marker.finditer(text)
-                first = next(matches, None)
+                spans = marker.spans(text)
+                first = next(spans, None)
                 if first is not None:
-                    return _window(text, first, matches, SNIPPET_WIDTH)
+                    return _window(text, first, spans, SNIPPET_WIDTH)
     return _window(content or "", None, iter(()), SNIPPET_WIDTH)
 
 

@@ -454,6 +454,25 @@ def test_the_whole_record_is_searched_once_and_rewound_rows_are_left_out(
     assert undone in found(db.search_messages(query, include_inactive=True, limit=50))
 
 
+def test_a_word_spelled_with_accents_is_marked_where_it_is(db: SessionDB) -> None:
+    """unicode61 folds accents (and drops a combining one), so ``cafe`` finds ``Café`` and
+    ``café`` finds ``cafe``; the snippet marks the word as the text spells it, centred on it."""
+    db.create_session("s1", "cli")
+    long_row = add(db, "s1", "x " * 200 + "Zürich meeting " + "y " * 200)
+    decomposed = add(db, "s1", "the nai\u0308ve cafe\u0301 plan")
+    plain = add(db, "s1", "plain cafe here")
+    [hit] = db.search_messages("zurich")
+    before, marked, after = re.split(">>>|<<<", hit["snippet"])
+    assert hit["id"] == long_row and marked == "Zürich"
+    assert before.startswith("... x") and after.endswith("y ...")  # the window is around it
+    assert abs(len(before) - len(after)) <= len(" meeting") + 1
+    hits = {h["id"]: h["snippet"] for h in db.search_messages("café")}
+    assert hits == {decomposed: "the nai\u0308ve >>>cafe\u0301<<< plan",
+                    plain: "plain >>>cafe<<< here"}
+    assert [h["snippet"] for h in db.search_messages("naive")] == [
+        "the >>>nai\u0308ve<<< cafe\u0301 plan"]
+
+
 def test_a_substring_needs_three_characters_beside_a_healthy_index(db: SessionDB) -> None:
     """The trigram index serves substrings of three characters or more; a shorter query is a
     word only (``ph`` finds the word, not ``graph``), and finds nothing when no row holds it."""

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_bm25 as bm25
 import hermes_state_common
 from hermes_state_fts import cjk_index_text
 from hermes_state_search import (
@@ -624,3 +625,34 @@ def test_a_snippet_marker_finds_a_word_after_many_near_misses() -> None:
     phrase = snippet_pattern(phrase_plan, words=True)
     assert phrase is not None
     assert [m.span() for m in phrase.finditer("a-a-a a")] == [(0, 3), (4, 7)]
+
+
+# Letters unicode61 folds (accents, upper case, a combining acute it drops), plain ones and
+# separators: words spelled one way in the text and another in the query.
+_FOLDED_CHARS = ["cafe", "café", "CAFÉ", "cafe\u0301", "ca\u0301fe", "naïve", "nai\u0308ve",
+                 "Zürich", "zurich", "x", "é", " ", "-", "\u0301", "ß"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_FOLDED_CHARS), max_size=12),
+       st.sampled_from(["cafe", "café", "naive", "zurich", "caf*", '"cafe x"']))
+def test_a_word_hit_marks_the_word_however_the_text_spells_it(
+    pieces: list[str], query: str
+) -> None:
+    """Where the index finds the word (its tokens, as unicode61 folds them), the snippet of a
+    word hit marks it, and what it marks folds to the query's words."""
+    text = "".join(pieces)
+    plan = plan_search(query)
+    assert plan is not None
+    words = [bm25.folded_text(w) for w in re.findall(r"[^\W_]+", query)]
+    tokens = bm25.column_tokens(text)
+    prefix = query.endswith("*")
+    holds = any(
+        tokens[i:i + len(words)] == words if not prefix else tokens[i].startswith(words[0])
+        for i in range(len(tokens)))
+    snippet = make_snippet(text, snippet_pattern(plan, words=True), width=1000)
+    marked = re.findall(">>>(.*?)<<<", snippet, re.DOTALL)
+    assert bool(marked) == holds, (text, query, snippet)
+    for span in marked:
+        found = bm25.column_tokens(span)
+        assert found[:1] and (found[0].startswith(words[0]) if prefix else found == words)
