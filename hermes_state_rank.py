@@ -639,15 +639,21 @@ class _Walk:
                 self.passed_over.add(score)
 
     def tie_at_the_edge(self, unseen: float) -> bool:
-        """Whether a row left out of a one-word query's full top, or not read (its score at
-        most ``unseen``), may score a hair below the last row in it: multiplied by the idf,
-        as FTS5 does, the two could become equal, and FTS5 would then order them by id."""
+        """Whether the edge of a one-word query's full top may move once the scores are
+        multiplied by the idf, as FTS5 does: scores a hair apart can become equal, and FTS5
+        then orders the rows by id. So: a row not read may come that close to the last row in
+        (its score at most ``unseen``), or a row left out scores that close and some two
+        scores there differ (left out at a tie with the last row, it may still come in, when a
+        row just above both joins the tie)."""
         kth = self.kth()
         if kth is None:
             return False
-        low = kth - NEAR_TIE * abs(kth)
-        left_out = {-negated for negated, _ in self.unchecked}
-        return unseen >= low or any(low <= s < kth for s in self.passed_over | left_out)
+        low, high = kth - NEAR_TIE * abs(kth), kth + NEAR_TIE * abs(kth)
+        left_out = self.passed_over | {-negated for negated, _ in self.unchecked}
+        near = {s for s in left_out if low <= s <= kth}
+        if unseen >= low:
+            return True
+        return bool(near) and len(near | {s for s, _ in self.top if s <= high}) > 1
 
 
 # Matching rows past the batch boundary; queued rows (changed, or written below it by another
@@ -791,6 +797,10 @@ def _top_k(
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
+    if single and len(conj.phrases) > 1:
+        # One word again and again: FTS5 adds idf·x once per time, which differs in its last
+        # bits from any multiple of x taken before the idf. FTS5 ranks.
+        return None
     # The count of a query of several words decides first (:func:`_few_rows` counted it):
     # FTS5 ranks a few thousand rows faster than any proof.
     if not single and count(conj.match) <= EXACT_RANK_ROWS:

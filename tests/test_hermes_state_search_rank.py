@@ -1003,15 +1003,20 @@ def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path)
         conn.close()
 
 
-def _tie_across_the_page(db: SessionDB, rows: int, holding: int) -> tuple[int, int]:
+def _tie_across_the_page(
+    db: SessionDB, rows: int, holding: int, lead: tuple[str, ...] = ("kiwi",)
+) -> tuple[int, int]:
     """A store of ``rows`` messages averaging exactly 18 tokens, ``holding`` of them with the
-    word kiwi: x ("kiwi") and y ("kiwi kiwi" and six words) score a hair apart before the
-    idf and alike after it (so FTS5 puts x, the older, first), the others lower."""
+    word kiwi: the ``lead`` rows, then x ("kiwi") and y ("kiwi kiwi" and six words), which
+    score a hair apart before the idf and alike after it (so FTS5 puts x, the older, first),
+    then others lower. Returns the ids of the first lead row and of y."""
     db.create_session("s1", "cli")
-    x = db.append_message("s1", role="user", content="kiwi")
+    x = db.append_message("s1", role="user", content=lead[0])
+    for text in lead[1:]:
+        db.append_message("s1", role="user", content=text)
     y = db.append_message("s1", role="user", content="kiwi kiwi a b c d e f")
-    tokens = 1 + 8
-    for _ in range(holding - 2):
+    tokens = sum(len(text.split()) for text in lead) + 8
+    for _ in range(holding - len(lead) - 1):
         db.append_message("s1", role="user", content="kiwi " + " ".join(f"w{i}" for i in range(39)))
         tokens += 40
     rest = rows - holding
@@ -1022,21 +1027,44 @@ def _tie_across_the_page(db: SessionDB, rows: int, holding: int) -> tuple[int, i
     return x, y
 
 
+@pytest.mark.parametrize("lead", [("kiwi",), ("kiwi", "kiwi")], ids=["one", "two-alike"])
 @pytest.mark.parametrize("rows, holding", [(20, 4), (impact.FLUSH_ROWS + 2, 5)])
 def test_rows_that_tie_once_the_idf_is_applied_page_as_fts5_orders_them(
-    db_path: Path, rows: int, holding: int
+    db_path: Path, rows: int, holding: int, lead: tuple[str, ...]
 ) -> None:
     """Scored from their text (20 rows) or from their postings (the first batch indexed),
-    the two rows' order at the edge of a page is FTS5's, and pages are slices of it."""
+    the rows' order at the edge of a page is FTS5's, and pages are slices of it: with one
+    row a hair below y, and with two rows alike a hair below it (the second, left out at a
+    tie with the first, belongs before y)."""
     with SessionDB(db_path) as db:
-        x, y = _tie_across_the_page(db, rows, holding)
+        x, y = _tie_across_the_page(db, rows, holding, lead)
         fts5 = db._read(lambda c: c.execute(
             "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH 'kiwi'"
             " ORDER BY bm25(messages_fts), rowid").fetchall())
-        assert fts5[0] == (x, fts5[1][1]) and fts5[1][0] == y  # the tie the test is about
+        assert fts5[0] == (x, fts5[1][1]) and y in [r for r, b in fts5 if b == fts5[0][1]]
         expected = [row_id for row_id, _ in fts5]
         for limit in range(1, holding + 1):
             assert [h["id"] for h in db.search_messages("kiwi", limit=limit)] == expected[:limit]
         pages = [h["id"] for offset in range(holding)
                  for h in db.search_messages("kiwi", limit=1, offset=offset)]
         assert pages == expected
+
+
+def test_a_word_repeated_in_the_query_ranks_as_fts5_adds_it_up(db_path: Path) -> None:
+    """``kiwi kiwi kiwi``: FTS5 adds idf·x three times, which differs in its last bits from
+    three times x before the idf, so two rows it scores alike keep FTS5's order."""
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        first = db.append_message("s1", role="user", content="kiwi kiwi kiwi kiwi a b")
+        second = db.append_message("s1", role="user", content="kiwi kiwi kiwi c")
+        db.append_message("s1", role="user", content="kiwi " + " ".join(f"w{i}" for i in range(9)))
+        for n in range(7):
+            db.append_message("s1", role="user", content=" ".join("pqrstu"[: 6 if n < 5 else 5]))
+        query = "kiwi kiwi kiwi"
+        fts5 = db._read(lambda c: c.execute(
+            "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH ?"
+            " ORDER BY bm25(messages_fts), rowid", (query,)).fetchall())
+        assert [r for r, _ in fts5[:2]] == [first, second] and fts5[0][1] == fts5[1][1]
+        expected = [r for r, _ in fts5]
+        for limit in range(1, len(expected) + 1):
+            assert [h["id"] for h in db.search_messages(query, limit=limit)] == expected[:limit]
