@@ -624,10 +624,11 @@ def _needle_start(needle: str) -> str:
     return words[0] if words else needle
 
 
-# What keeps a word going, for word boundaries in snippets of word hits: a character unicode61
-# keeps inside a token, but not CJK text, which the CJK index reads apart from the letters
-# touching it (``python`` is a word of ``Python入門``).
-_TOKEN_CHAR = rf"(?:(?![{CJK_CHAR_CLASS}])[^\W_])"
+# What keeps a word going, for word boundaries in snippets of word hits, read in folded text
+# (see :meth:`Marker.spans`, where every character unicode61 separates is a space): a letter
+# or digit, or any other character left, but not CJK text, which the CJK index reads apart
+# from the letters touching it (``python`` is a word of ``Python入門``).
+_TOKEN_CHAR = rf"(?:(?![{CJK_CHAR_CLASS}])[a-z0-9\x80-\U0010ffff])"
 
 
 @dataclass(frozen=True)
@@ -643,17 +644,18 @@ class Marker:
 
     pattern: re.Pattern[str]
     starts: tuple[str, ...] | None
-    # Whether the pattern's words are folded as unicode61 folds them (``cafe`` for ``Café``),
+    # Whether the pattern's needles are folded as unicode61 folds them (``cafe`` for ``Café``),
     # so that text is read folded too (see :meth:`spans`).
     folded: bool = False
 
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
         """(start, end) of each match in ``text``; a folded marker matches the text as the
-        index read it (``café`` and ``CAFE`` are the word cafe), spans in ``text``."""
-        if not self.folded or text.isascii():
+        index reads it (``café`` and ``CAFE`` are the word cafe, ``sınır`` is not ``sinir``),
+        spans in ``text``."""
+        if not self.folded:
             yield from (m.span() for m in self.finditer(text))
             return
-        folded = folded_text(text)
+        folded = text.lower() if text.isascii() else folded_text(text)
         if len(folded) == len(text):
             yield from (m.span() for m in self.finditer(folded))
             return
@@ -720,7 +722,10 @@ def _marker(
     if not rxs:
         return None
     needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n)]
-    return Marker(re.compile("|".join(rxs), re.IGNORECASE), _ascii_starts(needles), folded)
+    # Folded text is in unicode61's case already; Python's own case folding would make more
+    # letters alike than it does (``ı`` and ``i``).
+    flags = 0 if folded else re.IGNORECASE
+    return Marker(re.compile("|".join(rxs), flags), _ascii_starts(needles), folded)
 
 
 def make_snippet(
@@ -774,14 +779,18 @@ def _window(text: str, first: tuple[int, int] | None, rest: Iterator[tuple[int, 
 def snippet_pattern(plan: SearchPlan, *, words: bool) -> Marker | None:
     """What a hit's snippet marks: whole words for word hits (CJK runs stay substrings, as the
     CJK index finds them), the needles' text anywhere for substring hits."""
-    latin = [n for n in plan.needles if not has_cjk(n)]
-    cjk = [n for n in plan.needles if has_cjk(n)]
-    prefixes = plan.prefixes
-    if words:  # as the index reads them: a word hit may hold the word in another spelling
-        latin = [folded_text(n) for n in latin]
+    needles, prefixes = plan.needles, plan.prefixes
+    # A word hit may hold a word in another spelling (``Café`` for cafe): such needles are read
+    # as the index reads them, in folded text. CJK text alone folds to itself, and folding it
+    # costs more than the rest of a snippet, so a query of CJK text alone is read as it is.
+    folded = words and any(not has_cjk(n) or folded_text(n) != n for n in needles)
+    if folded:
+        needles = tuple(folded_text(n) for n in needles)
         prefixes = tuple(folded_text(n) for n in prefixes)
+    latin = [n for n in needles if not has_cjk(n)]
+    cjk = [n for n in needles if has_cjk(n)]
     return _marker([(latin, _needles_re(latin, words=words, prefixes=prefixes)),
-                    (cjk, _needles_re(cjk))], folded=words and bool(latin))
+                    (cjk, _needles_re(cjk))], folded=folded)
 
 
 # ---------------------------------------------------------------------------------------------

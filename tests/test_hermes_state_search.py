@@ -473,6 +473,18 @@ def test_a_word_spelled_with_accents_is_marked_where_it_is(db: SessionDB) -> Non
         "the >>>nai\u0308ve<<< cafe\u0301 plan"]
 
 
+def test_cjk_text_with_accents_is_marked_beside_a_latin_word(db: SessionDB) -> None:
+    """A query of CJK text and a Latin word reads the text folded: the CJK term's accented
+    letters are folded with it, so both stay marked."""
+    db.create_session("s1", "cli")
+    paris = add(db, "s1", "Rendez-vous à 東京é demain")
+    name = add(db, "s1", "Ünïcode 東京Ü here")
+    assert [(h["id"], h["snippet"]) for h in db.search_messages("東京é OR zebra")] == [
+        (paris, "Rendez-vous à >>>東京é<<< demain")]
+    assert [(h["id"], h["snippet"]) for h in db.search_messages("東京Ü ünïcode")] == [
+        (name, ">>>Ünïcode<<< >>>東京Ü<<< here")]
+
+
 def test_a_substring_needs_three_characters_beside_a_healthy_index(db: SessionDB) -> None:
     """The trigram index serves substrings of three characters or more; a shorter query is a
     word only (``ph`` finds the word, not ``graph``), and finds nothing when no row holds it."""
