@@ -232,10 +232,10 @@ def folded_text(text: str) -> str:
     return text.encode().translate(_ASCII_LOWER).decode()
 
 
-def folded_origins(text: str, folded: str) -> list[int]:
-    """For each character of ``folded`` (:func:`folded_text` of ``text``), the index in
-    ``text`` of the character it comes from, then ``len(text)``: unicode61 drops some
-    characters (combining diacritics), so the two need not line up."""
+def folded_origins(text: str) -> list[int]:
+    """For each character of :func:`folded_text` of ``text`` (called first: it learns the
+    characters), the index in ``text`` of the character it comes from, then ``len(text)``:
+    unicode61 drops some characters (combining diacritics), so the two need not line up."""
     origins: list[int] = []
     for i, ch in enumerate(text):
         origins.extend([i] * (1 if ch.isascii() else len(_CHARS[ord(ch)])))

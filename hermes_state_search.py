@@ -659,7 +659,7 @@ class Marker:
         if len(folded) == len(text):
             yield from (m.span() for m in self.finditer(folded))
             return
-        origins = folded_origins(text, folded)
+        origins = folded_origins(text)
         yield from ((origins[m.start()], origins[m.end()]) for m in self.finditer(folded))
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
