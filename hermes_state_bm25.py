@@ -47,6 +47,7 @@ __all__ = [
     "phrase_frequency",
     "folded_text",
     "folded_origins",
+    "ascii_lower",
     "text_frequency",
     "Bm25Stats",
     "varints",
@@ -230,6 +231,12 @@ def folded_text(text: str) -> str:
             pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
             text = pattern.sub(lambda m: special[m.group()], text)
     return text.encode().translate(_ASCII_LOWER).decode()
+
+
+def ascii_lower(text: str) -> str:
+    """The text with its ASCII letters in lower case, every other character kept (as LIKE
+    folds case)."""
+    return text.encode().translate(_ASCII_LOWER).decode() if not text.isascii() else text.lower()
 
 
 def folded_origins(text: str) -> list[int]:

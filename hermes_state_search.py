@@ -112,7 +112,13 @@ from typing import Any
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 from hermes_state_arguments import INT64_MAX, INT64_MIN, filter_texts, integer
-from hermes_state_bm25 import TEXT_BYTES_SQL, folded_origins, folded_text
+from hermes_state_bm25 import (
+    TEXT_BYTES_SQL,
+    ascii_lower,
+    column_tokens,
+    folded_origins,
+    folded_text,
+)
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
     FtsCorruptError,
@@ -594,9 +600,14 @@ def plan_search(query: object) -> SearchPlan | None:
 # ---------------------------------------------------------------------------------------------
 
 _SEPARATORS = r"[\W_]+"
+# Between words in folded text, where every character unicode61 separates is ASCII.
+_FOLDED_SEPARATORS = r"[^a-z0-9\x80-\U0010ffff]+"
 
 
-def _needle_words(needle: str) -> list[str]:
+def _needle_words(needle: str, folded: bool = False) -> list[str]:
+    """The words of a needle: in folded text, unicode61's own tokens (``thanks🙂`` is one)."""
+    if folded:
+        return column_tokens(needle)
     words: list[str] = []
     current = ""
     for ch in needle:
@@ -610,17 +621,17 @@ def _needle_words(needle: str) -> list[str]:
     return words
 
 
-def _needle_regex(needle: str) -> str | None:
+def _needle_regex(needle: str, folded: bool = False) -> str | None:
     """A needle as a regex: its words in order, any punctuation or space between them."""
-    words = _needle_words(needle)
+    words = _needle_words(needle, folded)
     if words:
-        return _SEPARATORS.join(re.escape(w) for w in words)
+        return (_FOLDED_SEPARATORS if folded else _SEPARATORS).join(map(re.escape, words))
     return re.escape(needle) if needle.strip() else None
 
 
-def _needle_start(needle: str) -> str:
-    """The literal text every match of the needle's regex starts with (case aside)."""
-    words = _needle_words(needle)
+def _needle_start(needle: str, folded: bool = False) -> str:
+    """The literal text every match of the needle's regex starts with."""
+    words = _needle_words(needle, folded)
     return words[0] if words else needle
 
 
@@ -645,17 +656,21 @@ class Marker:
     pattern: re.Pattern[str]
     starts: tuple[str, ...] | None
     # Whether the pattern's needles are folded as unicode61 folds them (``cafe`` for ``Café``),
-    # so that text is read folded too (see :meth:`spans`).
+    # so that text is read folded too; else both have their ASCII letters folded, as LIKE
+    # folds case (see :meth:`spans`).
     folded: bool = False
+    # Whether some needle holds an ASCII letter (else there is no case to fold).
+    cased: bool = True
 
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
-        """(start, end) of each match in ``text``; a folded marker matches the text as the
-        index reads it (``café`` and ``CAFE`` are the word cafe, ``sınır`` is not ``sinir``),
-        spans in ``text``."""
-        if not self.folded:
-            yield from (m.span() for m in self.finditer(text))
+        """(start, end) of each match in ``text``, read as the marker's needles are: folded as
+        the index reads it (``café`` and ``CAFE`` are the word cafe, ``sınır`` is not
+        ``sinir``), or with ASCII letters folded only (the Kelvin sign is not ``k``)."""
+        if not self.folded or text.isascii():
+            read = ascii_lower(text) if self.cased else text
+            yield from (m.span() for m in self.finditer(read))
             return
-        folded = text.lower() if text.isascii() else folded_text(text)
+        folded = folded_text(text)
         if len(folded) == len(text):
             yield from (m.span() for m in self.finditer(folded))
             return
@@ -663,13 +678,14 @@ class Marker:
         yield from ((origins[m.start()], origins[m.end()]) for m in self.finditer(folded))
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
-        """The matches of :attr:`pattern` in ``text``, as ``pattern.finditer`` finds them."""
+        """The matches of :attr:`pattern` in ``text`` (read as :meth:`spans` reads it), as
+        ``pattern.finditer`` finds them."""
         if self.starts is None or not text.isascii():
             yield from self.pattern.finditer(text)
             return
-        lowered, pos = text.lower(), 0
+        pos = 0
         while True:
-            found = [i for i in (lowered.find(s, pos) for s in self.starts) if i >= 0]
+            found = [i for i in (text.find(s, pos) for s in self.starts) if i >= 0]
             if not found:
                 return
             candidate = min(found)
@@ -681,26 +697,23 @@ class Marker:
             pos = max(match.end(), candidate + 1)
 
 
-def _ascii_starts(needles: Iterable[str]) -> tuple[str, ...] | None:
-    starts: list[str] = []
-    for needle in needles:
-        start = _needle_start(needle)
-        if start.isascii():
-            starts.append(start.lower())
-        elif all(ch.isascii() or ch.lower() != ch.upper() for ch in start):
-            return None  # cased non-ASCII letters only: it may match ASCII text
-    return tuple(dict.fromkeys(starts))
+def _ascii_starts(needles: Iterable[str], folded: bool) -> tuple[str, ...]:
+    """The literals the needles' matches in ASCII text start with (a needle that is not ASCII
+    matches none: the pattern folds no case)."""
+    starts = (_needle_start(needle, folded) for needle in needles)
+    return tuple(dict.fromkeys(start for start in starts if start.isascii()))
 
 
 def _needles_re(
-    needles: Iterable[str], *, words: bool = False, prefixes: Iterable[str] = ()
+    needles: Iterable[str], *, words: bool = False, prefixes: Iterable[str] = (),
+    folded: bool = False,
 ) -> str | None:
     """One pattern for all needles. With ``words`` a needle matches whole tokens only (as a
     word query matches), a prefix needle any token it begins, marked whole."""
     prefix_set = set(prefixes)
     alternatives: dict[str, None] = {}
     for needle in needles:
-        rx = _needle_regex(needle)
+        rx = _needle_regex(needle, folded)
         if not rx:
             continue
         if words:
@@ -721,11 +734,11 @@ def _marker(
     rxs = [rx for _, rx in parts if rx is not None]
     if not rxs:
         return None
-    needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n)]
-    # Folded text is in unicode61's case already; Python's own case folding would make more
-    # letters alike than it does (``ı`` and ``i``).
-    flags = 0 if folded else re.IGNORECASE
-    return Marker(re.compile("|".join(rxs), flags), _ascii_starts(needles), folded)
+    needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n, folded)]
+    # No re.IGNORECASE: Python's case folding makes more letters alike than unicode61's or
+    # LIKE's (``ı`` and ``i``, the Kelvin sign and ``k``); the text is read folded instead.
+    cased = any(ch.isascii() and ch.isalpha() for needle in needles for ch in needle)
+    return Marker(re.compile("|".join(rxs)), _ascii_starts(needles, folded), folded, cased)
 
 
 def make_snippet(
@@ -745,7 +758,7 @@ def make_snippet(
     if needles is None or isinstance(needles, Marker):
         marker = needles
     else:
-        listed = list(needles)
+        listed = [ascii_lower(n) for n in needles]
         marker = _marker([(listed, _needles_re(listed))])
     spans = marker.spans(text) if marker is not None else iter(())
     return _window(text, next(spans, None), spans, max(width, 1))
@@ -784,13 +797,12 @@ def snippet_pattern(plan: SearchPlan, *, words: bool) -> Marker | None:
     # as the index reads them, in folded text. CJK text alone folds to itself, and folding it
     # costs more than the rest of a snippet, so a query of CJK text alone is read as it is.
     folded = words and any(not has_cjk(n) or folded_text(n) != n for n in needles)
-    if folded:
-        needles = tuple(folded_text(n) for n in needles)
-        prefixes = tuple(folded_text(n) for n in prefixes)
+    fold = folded_text if folded else ascii_lower
+    needles, prefixes = tuple(map(fold, needles)), tuple(map(fold, prefixes))
     latin = [n for n in needles if not has_cjk(n)]
     cjk = [n for n in needles if has_cjk(n)]
-    return _marker([(latin, _needles_re(latin, words=words, prefixes=prefixes)),
-                    (cjk, _needles_re(cjk))], folded=folded)
+    return _marker([(latin, _needles_re(latin, words=words, prefixes=prefixes, folded=folded)),
+                    (cjk, _needles_re(cjk, folded=folded))], folded=folded)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -485,6 +485,20 @@ def test_cjk_text_with_accents_is_marked_beside_a_latin_word(db: SessionDB) -> N
         (name, ">>>Ünïcode<<< >>>東京Ü<<< here")]
 
 
+def test_a_substring_hit_is_marked_where_like_found_it(db: SessionDB) -> None:
+    """LIKE folds ASCII case only: the snippet marks and centres on what it matched, not on
+    a letter only Python's case folding makes alike (the Kelvin sign, Ä, ẞ)."""
+    db.create_session("s1", "cli")
+    pad = " filler" * 30
+    for query, lookalike, real in [("kit", "tool\u212ait", "toolkit"),
+                                   ("ärger", "xÄRGERx", "xärgerx"),
+                                   ("straße", "xSTRAẞEx", "xstraßex")]:
+        row = add(db, "s1", f"{lookalike}{pad} {real}")
+        [hit] = db.search_messages(query)
+        assert (hit["id"], hit["match"]) == (row, "substring")
+        assert re.findall(">>>(.*?)<<<", hit["snippet"]) == [query], hit["snippet"]
+
+
 def test_a_substring_needs_three_characters_beside_a_healthy_index(db: SessionDB) -> None:
     """The trigram index serves substrings of three characters or more; a shorter query is a
     word only (``ph`` finds the word, not ``graph``), and finds nothing when no row holds it."""
