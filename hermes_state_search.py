@@ -647,14 +647,13 @@ class Marker:
     """The pattern a snippet marks, and the literal each of its alternatives starts with.
 
     A pattern that starts with a look-behind (whole words) is tried at every position of the
-    text; in ASCII text a match can only start where one of the literals does (case folded), so
-    those places are found by ``str.find`` and the pattern is tried there alone. ``starts`` is
-    None when some literal could match ASCII text without being ASCII itself (``K``, the
-    Kelvin sign, matches ``k``); a literal holding an uncased non-ASCII character (CJK) never
-    matches ASCII text and is left out."""
+    text; in ASCII text (read as :meth:`spans` reads it) a match can only start where one of
+    the literals does, so those places are found by ``str.find`` and the pattern is tried there
+    alone. The pattern folds no case, so a literal that is not ASCII never matches ASCII text
+    and is left out."""
 
     pattern: re.Pattern[str]
-    starts: tuple[str, ...] | None
+    starts: tuple[str, ...]
     # Whether the pattern's needles are folded as unicode61 folds them (``cafe`` for ``Café``),
     # so that text is read folded too; else both have their ASCII letters folded, as LIKE
     # folds case (see :meth:`spans`).
@@ -680,7 +679,7 @@ class Marker:
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """The matches of :attr:`pattern` in ``text`` (read as :meth:`spans` reads it), as
         ``pattern.finditer`` finds them."""
-        if self.starts is None or not text.isascii():
+        if not text.isascii():
             yield from self.pattern.finditer(text)
             return
         pos = 0
