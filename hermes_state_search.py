@@ -1253,6 +1253,9 @@ def search_messages(
     if plan is None or limit == 0:
         return []
     order = sort_order(sort)
+    # Read once: the source filters are asked twice (an iterator would be empty the second time).
+    source_filter = filter_texts("source_filter", source_filter)
+    exclude_sources = filter_texts("exclude_sources", exclude_sources)
     filters, params = search_filters(source_filter, exclude_sources, role_filter,
                                      include_inactive)
     if not _some_source_passes(conn, source_filter, exclude_sources):

@@ -499,6 +499,18 @@ def test_a_substring_hit_is_marked_where_like_found_it(db: SessionDB) -> None:
         assert re.findall(">>>(.*?)<<<", hit["snippet"]) == [query], hit["snippet"]
 
 
+def test_source_filters_given_as_iterators_are_read_once(db: SessionDB) -> None:
+    """The module's search asks the source filters twice (do any sessions pass, then the
+    rows): an iterator given there is read once, not found empty the second time."""
+    db.create_session("s-cli", "cli")
+    db.create_session("s-tg", "telegram")
+    cli = add(db, "s-cli", "kiwi here")
+    add(db, "s-tg", "kiwi there")
+    for filters in ({"source_filter": iter(["cli"])}, {"exclude_sources": iter(["telegram"])}):
+        hits = db._read(lambda conn, f=filters: search.search_messages(conn, "kiwi", **f))
+        assert found(hits) == [cli], filters
+
+
 def test_a_substring_needs_three_characters_beside_a_healthy_index(db: SessionDB) -> None:
     """The trigram index serves substrings of three characters or more; a shorter query is a
     word only (``ph`` finds the word, not ``graph``), and finds nothing when no row holds it."""
