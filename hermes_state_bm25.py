@@ -230,7 +230,7 @@ def folded_text(text: str) -> str:
         if special:
             pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
             text = pattern.sub(lambda m: special[m.group()], text)
-    return text.encode().translate(_ASCII_LOWER).decode()
+    return ascii_lower(text)
 
 
 def ascii_lower(text: str) -> str:
