@@ -22,10 +22,11 @@ unknown waits with its best case (in a query of two words, a row found under one
 waits on its posting of that word, its postings unread), and only if that best case can still
 enter the top is it scored, from its text (tokenized as FTS5 tokenizes it; ASCII text that
 lacks a word even as a substring is left out by the read) or, with others in one pass, by
-FTS5 itself, whichever the estimate
-(:data:`TEXT_ROW_COST` …) finds cheaper. Scores use the current avgdl; A only orders the
-tokens, and the bounds allow for the difference (impact at most x under A is at most x under
-avgdl when A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+FTS5 itself, whichever the estimate (:data:`TEXT_ROW_COST` …) finds cheaper; before such a
+pass the text of the likeliest few is read, and the top they make leaves most of the others
+out. Scores use the current avgdl; A only orders the tokens, and the bounds allow for the
+difference (impact at most x under A is at most x under avgdl when A ≥ avgdl, else
+x/(x + r·(1 − x)), r = A/avgdl).
 Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
 a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
 ranks with FTS5: the answer is the same. A proof of several phrases weighs its own cost, in
@@ -303,6 +304,9 @@ FTS_SCORED_ROW_COST = 3.0
 SETTLE_ROW_COST = 10.0
 POSTING_COST = 2.0
 FTS_RANKED_ROW_COST = 0.8
+# Pending rows FTS5 would score: the text of this many times the rows wanted, the likeliest
+# first, is read instead (see :meth:`_Walk.resolve_pending`).
+HEAD_ROWS = 2
 # The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
 # how many times that cut is widened (four times each) before they are all scored here.
 EVERYWHERE_FIRST_CUT = 48
@@ -385,6 +389,7 @@ class _Walk:
     spent: float = 0.0  # what the proof has cost so far (µs, estimated)
     # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
     passed_over: set[float] = field(default_factory=set)
+    heads_spent: float = 0.0  # what reading the likeliest pending rows' text has cost (µs)
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -486,16 +491,29 @@ class _Walk:
 
     def resolve_pending(self, floor: float | None) -> bool:
         """Score the pending rows whose best case reaches ``floor`` (all of them for None);
-        False when there were none."""
-        candidates = []
+        False when there were none.
+
+        FTS5 scores them in one pass, or their text does, whichever costs less. When it is
+        FTS5, the best cases first: the text of the :data:`HEAD_ROWS` × wanted likeliest rows
+        is read instead, and the others wait on, while that costs less than the pass. The top
+        those rows make leaves most of the others out."""
+        due = []
         while self.pending and (floor is None or -self.pending[0][0] >= floor):
-            candidates.append(heapq.heappop(self.pending)[1])
-        if not candidates:
+            due.append(heapq.heappop(self.pending))
+        if not due:
             return False
-        tokens = sum(self.lengths.get(i, round(self.avgdl)) for i in candidates)
-        text_cost = TEXT_ROW_COST * len(candidates) + TEXT_TOKEN_COST * tokens
+        text_cost = self._text_cost(due)
         fts_cost = None if self.fts_cost is None else (
-            self.fts_cost + FTS_SCORED_ROW_COST * len(candidates))
+            self.fts_cost + FTS_SCORED_ROW_COST * len(due))
+        head = HEAD_ROWS * self.wanted
+        if fts_cost is not None and text_cost > fts_cost and 0 < head < len(due):
+            head_cost = self._text_cost(due[:head])
+            if self.heads_spent + head_cost < fts_cost:
+                self.heads_spent += head_cost
+                for waiting in due[head:]:
+                    heapq.heappush(self.pending, waiting)
+                due, text_cost, fts_cost = due[:head], head_cost, None
+        candidates = [row_id for _, row_id in due]
         if fts_cost is None or text_cost <= fts_cost:
             self.spent += text_cost
             self.resolve_texts(sorted(candidates))
@@ -505,6 +523,11 @@ class _Walk:
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
         return True
+
+    def _text_cost(self, due: Sequence[tuple[float, int]]) -> float:
+        """What scoring these pending rows from their text costs (µs, estimated)."""
+        tokens = sum(self.lengths.get(row_id, round(self.avgdl)) for _, row_id in due)
+        return TEXT_ROW_COST * len(due) + TEXT_TOKEN_COST * tokens
 
     def pending_cost(self) -> float:
         """What scoring every pending row by FTS5 would cost (µs, estimated)."""

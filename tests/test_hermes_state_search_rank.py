@@ -254,6 +254,36 @@ def test_rows_left_out_before_their_text_is_read_hold_no_token_of_the_word(
             assert row_id not in kept, row
 
 
+def _fts5_passes(statements: list[str]) -> int:
+    """How many of a search's statements had FTS5 score rows the proof left waiting."""
+    return sum("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
+
+
+def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
+    bench_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows that wait with a best case, more than their text is worth reading: FTS5 would score
+    # them in one pass. The text of the likeliest few is read first, and the top they make
+    # leaves the others out: the same order, from fewer passes. (Pages of five rows: at this
+    # size few rows wait, and the likeliest are fewer.)
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
+    monkeypatch.setattr(rank, "FEW_ROWS", 0)
+    terms = query_terms(seed=1)
+    queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
+    passes, likeliest = {}, rank.HEAD_ROWS
+    with SessionDB(bench_store, read_only=True) as db:
+        for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
+            monkeypatch.setattr(rank, "HEAD_ROWS", head)
+            passes[head] = 0
+            for query in queries:
+                for offset in (0, 5):
+                    got, statements = traced_search(db, query, limit=5, offset=offset)
+                    want = fts5_order(db, query, limit=offset + 5)[offset:]
+                    assert got == want, (query, head, offset)
+                    passes[head] += _fts5_passes(statements)
+    assert passes[likeliest] < passes[0], passes
+
+
 def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     bench_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
