@@ -36,7 +36,7 @@ import sqlite3
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -222,13 +222,12 @@ def _read_only(args: argparse.Namespace) -> SessionDB:
     return SessionDB(_resolve_db(args), read_only=True)
 
 
-def _writable(args: argparse.Namespace, *, create: bool = False) -> SessionDB:
-    """A writable handle for an explicit change. Creating or upgrading a store is its owner's
-    job: an existing store must already be current (checked read-only first), and a missing
-    one is only created when ``create`` (importing into a new file)."""
+def _writable(args: argparse.Namespace) -> SessionDB:
+    """A writable handle for an explicit change to an existing store. Creating or upgrading a
+    store is its owner's job: the store must already be current (checked read-only first; only
+    an import creates one, see :func:`_import_into_store`)."""
     path = _resolve_db(args)
-    if path.exists() or not create:
-        SessionDB(path, read_only=True).close()
+    SessionDB(path, read_only=True).close()
     return SessionDB(path, rebuild_fts=False)
 
 
@@ -472,24 +471,61 @@ def _import_errors(errors: Sequence[dict[str, Any]]) -> None:
     _warn("nothing was imported")
 
 
+def _import_into_store(
+    args: argparse.Namespace, work: Callable[[SessionDB], dict[str, Any]]
+) -> dict[str, Any]:
+    """Run an import (``work``) on the store ``args`` names; its report. A store that is not
+    there yet is written beside its path under a temporary name and linked into place only
+    when the import is whole, never over a file created meanwhile: an import that is rejected
+    or interrupted leaves no store behind (what a killed one left, the next import into that
+    folder removes), nor the folders its open created."""
+    path = _resolve_db(args)
+    if path.exists() or path.is_symlink():
+        with _writable(args) as db:
+            return work(db)
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+    common.remove_abandoned_temps(path.parent, PARTIAL_MARK)
+    staged = path.with_name(f".{path.name}{common.temp_prefix(PARTIAL_MARK)}{os.urandom(4).hex()}")
+    try:
+        with SessionDB(staged, rebuild_fts=False) as db:
+            report = work(db)
+        if report["ok"]:
+            if os.path.exists(f"{staged}-wal") and os.path.getsize(f"{staged}-wal"):
+                raise HermesStateError(f"{staged} kept a write-ahead log after closing; "
+                                       "nothing was imported")
+            os.link(staged, path)  # fails on a file created meanwhile: never overwrites
+            common.fsync_directory(path.parent)
+    finally:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{staged}{suffix}")
+        if not path.exists():
+            for folder in made:  # deepest first; one that holds anything stays
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+    return report
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     try:
         fmt = _detect_format(source, args.format, args.file)
-        with _writable(args, create=True) as db:
+
+        def work(db: SessionDB) -> dict[str, Any]:
             if fmt == "jsonl":
                 try:
-                    report = db.import_jsonl(
+                    return db.import_jsonl(
                         source, on_conflict=args.on_conflict, progress=_Progress()
                     )
                 except ImportRejectedError as exc:
-                    report = {"ok": False, "errors": exc.errors}
-            else:
-                data = json.load(source)
-                report = db.import_sessions(
-                    data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
-                    limited=False, progress=_Progress(),
-                )
+                    return {"ok": False, "errors": exc.errors}
+            data = json.load(source)
+            return db.import_sessions(
+                data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
+                limited=False, progress=_Progress(),
+            )
+
+        report = _import_into_store(args, work)
     finally:
         if source is not sys.stdin.buffer:
             source.close()

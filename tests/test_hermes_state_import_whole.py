@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -221,7 +222,22 @@ def test_the_command_line_names_the_bad_line_and_imports_nothing(
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"line {len(lines) - len(extra)}" in done.stderr or "line" in done.stderr
     assert reason in done.stderr and "nothing was imported" in done.stderr
-    assert store_rows(target) == (0, 0)
+    assert not target.exists() and not list(tmp_path.glob("*b.db*"))
+
+
+def test_an_import_into_a_new_file_creates_it_only_whole(tmp_path: Path) -> None:
+    with SessionDB(tmp_path / "a.db") as a:
+        populate(a, sessions=2, messages=3)
+        lines = stream_of(a)
+    target = tmp_path / "new" / "deeper" / "b.db"
+    cut = cli("--db", str(target), "sessions", "import", "-", stdin="".join(lines[:-1]))
+    assert cut.returncode == 1 and "nothing was imported" in cut.stderr
+    assert not (tmp_path / "new").exists()  # nor the folders the import made for it
+    whole = cli("--db", str(target), "sessions", "import", "-", stdin="".join(lines))
+    assert whole.returncode == 0, whole.stderr
+    assert [p.name for p in target.parent.iterdir()] == ["b.db"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert store_rows(target) == store_rows(tmp_path / "a.db")
 
 
 def test_an_import_without_counters_computes_them(db: SessionDB) -> None:
@@ -340,6 +356,45 @@ def test_an_import_killed_mid_way_leaves_nothing_once_the_next_import_runs(
         assert len(report["abandoned_import_removed"]) >= seed
     assert store_rows(resident) == (KILLED_SESSIONS + 1, KILLED_SESSIONS * KILLED_PER_SESSION + 1)
     assert journal_sessions(resident) == 0 and counters_agree(resident)
+
+
+def staged_stores(folder: Path, name: str) -> list[Path]:
+    """The stores an import into ``folder / name`` writes before it is whole."""
+    return [p for p in folder.glob(f".{name}.hermes-partial-*")
+            if not p.name.endswith(("-wal", "-shm", "-journal"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 6])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_an_import_into_a_new_file_killed_mid_way_leaves_no_store_there(
+    killed_export: Path, tmp_path: Path, seed: int, how: signal.Signals
+) -> None:
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    target = folder / "new.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IMPORTER, str(target), str(killed_export),
+         str(KILLED_PER_SESSION)],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+    )
+    wait_until(lambda: any(journal_sessions(p) >= seed for p in staged_stores(folder, "new.db")),
+               proc, timeout=60)
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=60)
+    assert not target.exists()
+    if how == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert list(folder.iterdir()) == []
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        assert len(staged_stores(folder, "new.db")) == 1
+    again = cli("--db", str(target), "sessions", "import", str(killed_export))
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in folder.iterdir()] == ["new.db"]  # what the killed one left: gone
+    assert store_rows(target) == (KILLED_SESSIONS, KILLED_SESSIONS * KILLED_PER_SESSION)
+    assert counters_agree(target)
 
 
 @pytest.mark.parametrize("after_chunk", [1, 2, 5])
