@@ -493,10 +493,10 @@ class _Walk:
         """Score the pending rows whose best case reaches ``floor`` (all of them for None);
         False when there were none.
 
-        FTS5 scores them in one pass, or their text does, whichever costs less. When it is
-        FTS5, the best cases first: the text of the :data:`HEAD_ROWS` × wanted likeliest rows
-        is read instead, and the others wait on, while that costs less than the pass. The top
-        those rows make leaves most of the others out."""
+        Their text scores them, or FTS5 in one pass, whichever costs less by estimate. Before
+        such a pass the text of the :data:`HEAD_ROWS` × wanted likeliest (highest best cases)
+        is read instead, while what those reads cost stays below the pass: the top they make
+        leaves most of the others out, and the others wait on."""
         due = []
         while self.pending and (floor is None or -self.pending[0][0] >= floor):
             due.append(heapq.heappop(self.pending))
@@ -505,19 +505,19 @@ class _Walk:
         text_cost = self._text_cost(due)
         fts_cost = None if self.fts_cost is None else (
             self.fts_cost + FTS_SCORED_ROW_COST * len(due))
-        head = HEAD_ROWS * self.wanted
-        if fts_cost is not None and text_cost > fts_cost and 0 < head < len(due):
-            head_cost = self._text_cost(due[:head])
-            if self.heads_spent + head_cost < fts_cost:
-                self.heads_spent += head_cost
-                for waiting in due[head:]:
-                    heapq.heappush(self.pending, waiting)
-                due, text_cost, fts_cost = due[:head], head_cost, None
-        candidates = [row_id for _, row_id in due]
         if fts_cost is None or text_cost <= fts_cost:
             self.spent += text_cost
-            self.resolve_texts(sorted(candidates))
-        elif ids := sorted(self.passing(candidates)):
+            self.resolve_texts(sorted(row_id for _, row_id in due))
+            return True
+        head = HEAD_ROWS * self.wanted
+        head_cost = self._text_cost(due[:head])
+        if 0 < head < len(due) and self.heads_spent + head_cost < fts_cost:
+            self.heads_spent += head_cost
+            self.spent += head_cost
+            for waiting in due[head:]:
+                heapq.heappush(self.pending, waiting)
+            self.resolve_texts(sorted(row_id for _, row_id in due[:head]))
+        elif ids := sorted(self.passing(row_id for _, row_id in due)):
             self.spent += fts_cost
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
