@@ -497,27 +497,28 @@ class _Walk:
         such a pass the text of the :data:`HEAD_ROWS` × wanted likeliest (highest best cases)
         is read instead, while what those reads cost stays below the pass: the top they make
         leaves most of the others out, and the others wait on."""
-        due = []
-        while self.pending and (floor is None or -self.pending[0][0] >= floor):
-            due.append(heapq.heappop(self.pending))
+        due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
         text_cost = self._text_cost(due)
         fts_cost = None if self.fts_cost is None else (
             self.fts_cost + FTS_SCORED_ROW_COST * len(due))
+        head = HEAD_ROWS * self.wanted
+        if fts_cost is not None and text_cost > fts_cost and 0 < head < len(due):
+            head_cost = self._text_cost(heapq.nsmallest(head, due))
+            if self.heads_spent + head_cost < fts_cost:
+                self.heads_spent += head_cost
+                self.spent += head_cost
+                likeliest = [heapq.heappop(self.pending)[1] for _ in range(head)]
+                self.resolve_texts(sorted(likeliest))
+                return True
+        self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
+        heapq.heapify(self.pending)
+        ids = sorted(row_id for _, row_id in due)
         if fts_cost is None or text_cost <= fts_cost:
             self.spent += text_cost
-            self.resolve_texts(sorted(row_id for _, row_id in due))
-            return True
-        head = HEAD_ROWS * self.wanted
-        head_cost = self._text_cost(due[:head])
-        if 0 < head < len(due) and self.heads_spent + head_cost < fts_cost:
-            self.heads_spent += head_cost
-            self.spent += head_cost
-            for waiting in due[head:]:
-                heapq.heappush(self.pending, waiting)
-            self.resolve_texts(sorted(row_id for _, row_id in due[:head]))
-        elif ids := sorted(self.passing(row_id for _, row_id in due)):
+            self.resolve_texts(ids)
+        elif ids := sorted(self.passing(ids)):
             self.spent += fts_cost
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
