@@ -307,6 +307,8 @@ FTS_RANKED_ROW_COST = 0.8
 # Pending rows FTS5 would score: the text of this many times the rows wanted, the likeliest
 # first, is read instead (see :meth:`_Walk.resolve_pending`).
 HEAD_ROWS = 2
+# ...the likeliest of them that pass the filters, among this many times as many.
+HEAD_LOOK = 4
 # The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
 # how many times that cut is widened (four times each) before they are all scored here.
 EVERYWHERE_FIRST_CUT = 48
@@ -495,8 +497,8 @@ class _Walk:
 
         Their text scores them, or FTS5 in one pass, whichever costs less by estimate. Before
         such a pass the text of the :data:`HEAD_ROWS` × wanted likeliest (highest best cases)
-        is read instead, while what those reads cost stays below the pass: the top they make
-        leaves most of the others out, and the others wait on."""
+        that pass the filters is read instead, while what those reads cost stays below the
+        pass: the top they make leaves most of the others out, and the others wait on."""
         due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
@@ -509,8 +511,7 @@ class _Walk:
             if self.heads_spent + head_cost < fts_cost:
                 self.heads_spent += head_cost
                 self.spent += head_cost
-                likeliest = [heapq.heappop(self.pending)[1] for _ in range(head)]
-                self.resolve_texts(sorted(likeliest))
+                self.resolve_texts(self._likeliest(head))
                 return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
         heapq.heapify(self.pending)
@@ -524,6 +525,22 @@ class _Walk:
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
         return True
+
+    def _likeliest(self, n: int) -> list[int]:
+        """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
+        taken off the heap, in id order: the likeliest :data:`HEAD_LOOK` × ``n`` are checked, and
+        those failing the filters dropped (they cannot enter the top)."""
+        looked = [heapq.heappop(self.pending) for _ in range(min(HEAD_LOOK * n, len(self.pending)))]
+        passing = self.passing(row_id for _, row_id in looked)
+        taken: list[int] = []
+        for item in looked:
+            if item[1] not in passing:
+                continue
+            if len(taken) < n:
+                taken.append(item[1])
+            else:
+                heapq.heappush(self.pending, item)
+        return sorted(taken)
 
     def _text_cost(self, due: Sequence[tuple[float, int]]) -> float:
         """What scoring these pending rows from their text costs (µs, estimated)."""

@@ -259,13 +259,15 @@ def _fts5_passes(statements: list[str]) -> int:
     return sum("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
 
 
+@pytest.mark.parametrize("filters", [{}, {"source_filter": ["telegram", "email"]}],
+                         ids=["none", "sources"])
 def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
-    bench_store: Path, monkeypatch: pytest.MonkeyPatch
+    bench_store: Path, filters: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Rows that wait with a best case, more than their text is worth reading: FTS5 would score
-    # them in one pass. The text of the likeliest few is read first, and the top they make
-    # leaves the others out: the same order, from fewer passes. (Pages of five rows: at this
-    # size few rows wait, and the likeliest are fewer.)
+    # them in one pass. The text of the likeliest few that pass the filters is read first, and
+    # the top they make leaves the others out: the same order, from fewer passes. (Pages of
+    # five rows: at this size few rows wait, and the likeliest are fewer.)
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
     monkeypatch.setattr(rank, "FEW_ROWS", 0)
     terms = query_terms(seed=1)
@@ -277,8 +279,9 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
             passes[head] = 0
             for query in queries:
                 for offset in (0, 5):
-                    got, statements = traced_search(db, query, limit=5, offset=offset)
-                    want = fts5_order(db, query, limit=offset + 5)[offset:]
+                    got, statements = traced_search(db, query, limit=5, offset=offset,
+                                                    **filters)
+                    want = fts5_order(db, query, limit=offset + 5, **filters)[offset:]
                     assert got == want, (query, head, offset)
                     passes[head] += _fts5_passes(statements)
     assert passes[likeliest] < passes[0], passes
