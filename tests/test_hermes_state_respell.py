@@ -339,6 +339,10 @@ def test_rows_another_process_writes_during_a_respelling_are_kept_and_found(
             time.sleep(0.01)
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(60)
+        # The writer goes on after the respelling, however quick that was.
+        while db.message_count() <= 2 * OLD_ROWS + 50:
+            assert time.monotonic() < deadline and writer.poll() is None
+            time.sleep(0.01)
     time.sleep(rng.uniform(0, 0.2))
     written = kill(writer)
     assert len(written) > 50
