@@ -74,6 +74,7 @@ _ASCII_FOLD = bytes(
 )
 # The same, keeping the bytes of non-ASCII characters for a closer look.
 _ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
+_ASCII_BYTES = bytes(range(128))
 # Every character seen so far → what unicode61 makes of it: " " for a separator, else its
 # folded form (possibly empty). unicode61 decides and folds one code point at a time, from
 # tables of its own Unicode version (not Python's), so each new character is asked of FTS5
@@ -81,25 +82,34 @@ _ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
 _CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
 _PROBE_LOCK = threading.Lock()
 _probe: sqlite3.Connection | None = None
-PROBE_SQL = "SELECT term FROM temp.probe_vocab ORDER BY offset"
+PROBE_SQL = "SELECT doc, term FROM temp.probe_vocab ORDER BY doc, offset"
+
+
+def _probe_terms(docs: Sequence[str]) -> list[list[str]]:
+    """The terms unicode61 makes of each of ``docs``, in order (the caller holds the lock)."""
+    global _probe
+    if _probe is None:
+        _probe = sqlite3.connect(":memory:", check_same_thread=False)
+        # FTS5 cuts a token past 32 KB, maybe inside a character.
+        _probe.text_factory = lambda b: b.decode(errors="replace")
+        _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x, content='')")
+        _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
+                       " USING fts5vocab(temp, probe, 'instance')")
+    _probe.execute("INSERT INTO temp.probe (probe) VALUES ('delete-all')")
+    _probe.executemany("INSERT INTO temp.probe (rowid, x) VALUES (?, ?)", enumerate(docs))
+    terms: list[list[str]] = [[] for _ in docs]
+    for doc, term in _probe.execute(PROBE_SQL):
+        terms[doc].append(term)
+    return terms
 
 
 def _learn(chars: Iterable[str]) -> None:
     """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s."""
-    global _probe
     with _PROBE_LOCK:
         todo = [ch for ch in chars if ord(ch) not in _CHARS]
         if not todo:
             return
-        if _probe is None:
-            _probe = sqlite3.connect(":memory:", check_same_thread=False)
-            _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
-            _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
-                           " USING fts5vocab(temp, probe, 'instance')")
-        _probe.execute("DELETE FROM temp.probe")
-        _probe.execute("INSERT INTO temp.probe (x) VALUES (?)",
-                       (" ".join(f"a{ch}a" for ch in todo),))
-        terms = iter([r[0] for r in _probe.execute(PROBE_SQL)])
+        terms = iter(_probe_terms([" ".join(f"a{ch}a" for ch in todo)])[0])
         for ch in todo:
             term = next(terms)
             if term == "a":  # a separator: "a", "a"
@@ -107,6 +117,76 @@ def _learn(chars: Iterable[str]) -> None:
                 _CHARS[ord(ch)] = " "
             else:
                 _CHARS[ord(ch)] = term[1:-1]
+
+
+# Ranges where unicode61 likely keeps every character as it is (a token character folding to
+# itself): letters of scripts without case, small letters without diacritics. For speed only:
+# a range is asked of FTS5 as one token before it is trusted, halved until its parts are kept
+# whole or shorter than :data:`_KEPT_RUN` (:func:`_changing`); what is left goes by
+# :data:`_CHARS`.
+_LIKELY_KEPT = (
+    (0x0430, 0x044F),  # Cyrillic а–я
+    (0x03B1, 0x03C9),  # Greek α–ω
+    (0x05D0, 0x05EA),  # Hebrew
+    (0x0620, 0x064A),  # Arabic
+    (0x0905, 0x0939),  # Devanagari
+    (0x0E01, 0x0E30),  # Thai
+    (0x3041, 0x3096),  # Hiragana
+    (0x309D, 0x309F),
+    (0x30A1, 0x30FA),  # Katakana
+    (0x30FC, 0x30FF),
+    (0x4E00, 0x76FF),  # CJK Unified Ideographs, in two: FTS5 cuts a token past 32 KB
+    (0x7700, 0x9FFF),
+    (0xAC00, 0xD7A3),  # Hangul syllables
+)
+_KEPT_RUN = 16
+_SCAN_FROM = 256
+
+
+@functools.cache
+def _changing() -> re.Pattern[str]:
+    """A non-ASCII character unicode61 may change: any but the runs of :data:`_LIKELY_KEPT`
+    that this SQLite's unicode61 keeps whole, asked once per process."""
+    kept: list[tuple[int, int]] = []
+    todo = list(_LIKELY_KEPT)
+    while todo:
+        docs = ["a" + "".join(map(chr, range(lo, hi + 1))) + "a" for lo, hi in todo]
+        with _PROBE_LOCK:
+            made = _probe_terms(docs)
+        halves: list[tuple[int, int]] = []
+        for (lo, hi), doc, terms in zip(todo, docs, made):
+            if terms == [doc]:
+                kept.append((lo, hi))
+            elif hi - lo >= _KEPT_RUN:
+                middle = (lo + hi) // 2
+                halves += [(lo, middle), (middle + 1, hi)]
+        todo = halves
+    ranges = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in sorted(kept))
+    return re.compile(f"[^\\x00-\\x7f{ranges}]")
+
+
+def _changes(raw: bytes) -> dict[str, str]:
+    """Each non-ASCII character of the text encoded as ``raw`` that unicode61 does not keep as
+    it is, with what it makes of it (see :data:`_CHARS`)."""
+    chars = raw.translate(None, _ASCII_BYTES).decode()
+    # A few are looked up one by one; in many, the pattern finds those that may change.
+    found = set(chars if len(chars) < _SCAN_FROM else _changing().findall(chars))
+    if not found:
+        return {}
+    unknown = [ch for ch in found if ord(ch) not in _CHARS]
+    if unknown:
+        _learn(unknown)
+    return {ch: _CHARS[ord(ch)] for ch in found if _CHARS[ord(ch)] != ch}
+
+
+def _changed(text: str, changes: dict[str, str]) -> str:
+    """``text`` with ``changes`` made, one code point at a time."""
+    if any(ch in changes for made in changes.values() for ch in made):
+        # A change makes a character that is changed too: a replacement would change it again.
+        return text.translate({ord(ch): made for ch, made in changes.items()})
+    for ch, made in changes.items():
+        text = text.replace(ch, made)
+    return text
 
 
 # sqlite3Utf8Trans1: the bits a UTF-8 lead byte 0xC0–0xFF contributes to its code point.
@@ -156,39 +236,21 @@ def fts5_text(value: ColumnValue) -> str | None:
     return "".join(chars)
 
 
-def _pieces(text: str) -> list[str]:
-    """The text split at ASCII separators, ASCII letters folded (other characters kept as they
-    are)."""
-    return text.encode().translate(_ASCII_FOLD_KEEP).decode().split()
-
-
-def _tokens_of(text: str) -> list[str]:
-    """The tokens of text holding non-ASCII characters."""
-    unknown = [ch for ch in set(text) if ord(ch) not in _CHARS]
-    if unknown:
-        _learn(unknown)
-    return [t for t in text.translate(_CHARS).split(" ") if t]
-
-
 def column_tokens(text: str | None) -> list[str]:
     """The tokens of one column's text, folded: exactly the ones FTS5 makes of it."""
     if not text:
         return []
     if text.isascii():
         return text.encode().translate(_ASCII_FOLD).decode().split()
-    return _tokens_of(text)
+    raw = text.encode()
+    # Every separator is a space then, and no character left is one that str.split splits at.
+    return _changed(raw.translate(_ASCII_FOLD_KEEP).decode(), _changes(raw)).split()
 
 
 def row_counts(text: str) -> tuple[Counter[str], int]:
-    """ASCII terms of a row's text with their frequencies, and its length in tokens."""
-    pieces = _pieces(text)
-    if text.isascii():
-        return Counter(pieces), len(pieces)
-    plain = [piece for piece in pieces if piece.isascii()]
-    # The other pieces at once: they are separated anyway, and their order does not matter.
-    others = _tokens_of(" ".join(piece for piece in pieces if not piece.isascii()))
-    words = plain + [token for token in others if token.isascii()]
-    return Counter(words), len(plain) + len(others)
+    """The terms of a row's text with their frequencies, and its length in tokens."""
+    tokens = column_tokens(text)
+    return Counter(tokens), len(tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,23 +276,13 @@ def phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) 
 # A-Z folded, every other byte kept.
 _ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
 _TOKEN_CHARS = "a-z0-9\x80-\U0010ffff"
-_ASCII_RUNS = re.compile("[\x00-\x7f]+")
 
 
 def folded_text(text: str) -> str:
     """The text with every character that unicode61 folds or separates replaced by what it
     makes of it, ASCII separators kept: every non-ASCII character left is then a token
     character folding to itself, and the tokens are the runs of ``[a-z0-9]`` and non-ASCII."""
-    if not text.isascii():
-        chars = set(_ASCII_RUNS.sub("", text))
-        unknown = [ch for ch in chars if ord(ch) not in _CHARS]
-        if unknown:
-            _learn(unknown)
-        special = {ch: _CHARS[ord(ch)] for ch in chars if _CHARS[ord(ch)] != ch}
-        if special:
-            pattern = re.compile("[" + "".join(map(re.escape, special)) + "]")
-            text = pattern.sub(lambda m: special[m.group()], text)
-    return ascii_lower(text)
+    return ascii_lower(text if text.isascii() else _changed(text, _changes(text.encode())))
 
 
 def ascii_lower(text: str) -> str:
@@ -245,7 +297,7 @@ def folded_origins(text: str) -> list[int]:
     unicode61 drops some characters (combining diacritics), so the two need not line up."""
     origins: list[int] = []
     for i, ch in enumerate(text):
-        origins.extend([i] * (1 if ch.isascii() else len(_CHARS[ord(ch)])))
+        origins.extend([i] * (1 if ch.isascii() else len(_CHARS.get(ord(ch), ch))))
     origins.append(len(text))
     return origins
 

@@ -4,6 +4,7 @@ characters, and its BM25 score is this SQLite's ``bm25()`` bit for bit."""
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,19 +50,85 @@ tricky_text = st.lists(st.one_of(st.sampled_from(TRICKY), st.sampled_from(["a", 
                        max_size=24).map("".join)
 
 
+def fts5_tokens(text: str) -> list[str]:
+    """The tokens FTS5's unicode61 makes of ``text``, in order."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+        conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
+        return [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
+    finally:
+        conn.close()
+
+
+def assert_postings_exact(text: str, theirs: list[str], avgdl: float = 256.0) -> None:
+    """The row's postings are exactly the ASCII terms (of at most MAX_TERM_CHARS) whose
+    frequency among FTS5's tokens reaches the least one for the row's length, each keyed by
+    its own frequency and that length."""
+    postings, length = impact.impact_postings(text, None, None, avgdl)
+    assert length == len(theirs)
+    least = impact.least_frequency(length, avgdl)
+    expected = {(t, f) for t, f in Counter(theirs).items()
+                if f >= least and t.isascii() and len(t) <= impact.MAX_TERM_CHARS}
+    posted = [p.rsplit("_", 3) for p in postings.split()]
+    assert {(t, int(f)) for t, _, f, _ in posted} == expected
+    assert len(posted) == len(expected) and all(int(d) == length for *_, d in posted)
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=tricky_text)
 def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
-    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-    conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
-    theirs = [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
-    conn.close()
+    theirs = fts5_tokens(text)
     assert bm25.column_tokens(text) == theirs
-    postings, length = impact.impact_postings(text, None, None, 256.0)
-    assert length == len(theirs)
-    assert {p.rsplit("_", 3)[0] for p in postings.split()} <= {t for t in theirs if t.isascii()}
+    assert_postings_exact(text, theirs)
+
+
+# Text of many scripts, long enough in non-ASCII characters for the pattern that finds those
+# unicode61 may change (shorter text is looked up a character at a time): letters of the
+# ranges it trusts and their neighbours, CJK and Latin punctuation, letters with case and
+# diacritics, combining marks, Greek final sigma, astral characters, ASCII words.
+_SCRIPTS = [chr(c) for lo, hi in bm25._LIKELY_KEPT
+            for c in (lo - 1, lo, (lo + hi) // 2, hi, hi + 1)]
+_SCRIPTS += list("東京都は日本の首都です。、「」（）・ー〜！？　ㄱ가힣ÄäÉéßΣσςПпж\u0301\u3099ﬁＡａ😀")
+scripts_text = st.lists(
+    st.one_of(st.sampled_from(_SCRIPTS), st.sampled_from(["a", "Word", " ", "-", "7", "\n"]),
+              st.characters(blacklist_categories=("Cs",))),
+    min_size=bm25._SCAN_FROM, max_size=3 * bm25._SCAN_FROM).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=scripts_text)
+def test_long_text_of_many_scripts_has_fts5s_tokens_and_exact_postings(text: str) -> None:
+    theirs = fts5_tokens(text)
+    assert bm25.column_tokens(text) == theirs
+    assert_postings_exact(text, theirs)
+    thrice = "\n".join([text] * 3)  # a long row's repeated words
+    assert_postings_exact(thrice, theirs * 3, avgdl=8.0)
+
+
+def test_every_character_the_scan_passes_over_is_one_unicode61_keeps_as_it_is() -> None:
+    """What the pattern does not match among all code points up to U+FFFF (and the astral
+    ones it could pass over): each is a token character folding to itself."""
+    changing = bm25._changing()
+    passed = [chr(c) for c in range(128, 0x10000)
+              if not 0xD800 <= c <= 0xDFFF and not changing.match(chr(c))]
+    assert len(passed) > 30_000  # the CJK, Hangul and kana ranges, at least
+    assert not changing.match("\U00020000") is None  # astral characters are looked up
+    theirs = fts5_tokens(" ".join(f"a{ch}a" for ch in passed))
+    assert theirs == [f"a{ch}a" for ch in passed]
+
+
+def test_every_character_python_splits_at_is_a_unicode61_separator() -> None:
+    """Tokens are the folded text split at whitespace: no character FTS5 keeps in a token
+    is one ``str.split`` splits at."""
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert fts5_tokens(" ".join(f"a{ch}a" for ch in spaces)) == ["a", "a"] * len(spaces)
+
+
+def test_changes_that_make_changed_characters_are_made_one_code_point_at_a_time() -> None:
+    assert bm25._changed("ÄÖÄ", {"Ä": "Ö", "Ö": "o"}) == "ÖoÖ"
+    assert bm25._changed("ÄÖÄ", {"Ä": "a", "Ö": ""}) == "aa"
 
 
 # Blobs another client may store: UTF-8 text, cut and spliced sequences, lone continuation
