@@ -160,26 +160,29 @@ def _postings_of(
     content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float
 ) -> tuple[str, str, int]:
     """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
-    text = "\n".join(part for part in map(fts5_text, (content, tool_name, tool_calls)) if part)
+    text = "\n".join(filter(None, map(fts5_text, (content, tool_name, tool_calls))))
     if not text:
         return "", "", 0
     counts, length = row_counts(text)
     least = least_frequency(length, avgdl)
-    if least == 1:  # a short row posts every word
-        terms = list(counts)
-    else:  # a long row only its repeated words
-        terms = [t for t, f in counts.items() if f >= least]
-    if terms and max(map(len, terms)) > MAX_TERM_CHARS:
-        terms = [t for t in terms if len(t) <= MAX_TERM_CHARS]
+    # A short row posts every word, a long row only its repeated words.
+    posted = counts.items() if least == 1 else [(t, f) for t, f in counts.items() if f >= least]
+    k = _reference_k(length, avgdl)
+    keys: dict[int, str] = {}  # a posting's key depends on its frequency alone: most are 1
+    terms: list[str] = []
+    postings: list[str] = []
+    for term, f in posted:
+        if len(term) > MAX_TERM_CHARS or not term.isascii():
+            continue  # words of other scripts, and over-long ones, are not posted
+        key = keys.get(f)
+        if key is None:
+            key = keys[f] = f"_{int((1.0 - f / (f + k)) * KEY_SCALE):04d}_{f}_{length}"
+        terms.append(term)
+        postings.append(term + key)
     if not terms:
         return "", "", length
-    frequencies = list(map(counts.__getitem__, terms))
-    # A posting's key depends on its frequency alone (the length is the row's): most are 1.
-    k = _reference_k(length, avgdl)
-    keys = {f: "_%04d_%d_%d" % (int((1.0 - f / (f + k)) * KEY_SCALE), f, length)
-            for f in set(frequencies)}
-    postings = " ".join(map(str.__add__, terms, map(keys.__getitem__, frequencies)))
-    return postings, postings + " " + " ".join(terms), length
+    text = " ".join(postings)
+    return text, text + " " + " ".join(terms), length
 
 
 # ---------------------------------------------------------------------------------------------
