@@ -1121,7 +1121,7 @@ CREATE TABLE IF NOT EXISTS search_impact (
     postings TEXT NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_fts USING fts5(
-    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='column'
+    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='none'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_vocab
     USING fts5vocab(search_impact_fts, 'instance');

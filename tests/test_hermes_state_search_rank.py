@@ -777,6 +777,70 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     assert_search_index_exact(db_path)
 
 
+# The index's FTS5 table as the library made it before it dropped the column lists (a table
+# of one column has no use for them).
+EARLIER_IMPACT_FTS_SQL = """
+CREATE VIRTUAL TABLE search_impact_fts USING fts5(
+    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='column'
+)"""
+
+
+def as_earlier_index_table(path: Path) -> None:
+    """Give a closed store the index table an earlier version made, holding the same
+    postings."""
+    conn = raw(path)
+    conn.execute("BEGIN IMMEDIATE")
+    (epoch,) = conn.execute("SELECT epoch FROM search_impact_state").fetchone()
+    rows = conn.execute("SELECT id, postings FROM search_impact WHERE postings <> ''").fetchall()
+    conn.execute("DROP TABLE search_impact_vocab")
+    conn.execute("DROP TABLE search_impact_fts")
+    conn.execute(EARLIER_IMPACT_FTS_SQL)
+    conn.execute("CREATE VIRTUAL TABLE search_impact_vocab"
+                 " USING fts5vocab(search_impact_fts, 'instance')")
+    conn.execute(impact.FTS_ADD_SQL, (0, f"_epoch_{epoch}"))
+    conn.executemany(impact.FTS_ADD_SQL, [(i, impact.index_text(p)) for i, p in rows])
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_an_index_table_an_earlier_version_made_is_kept_read_and_replaced_as_before(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 40)
+    r = random.Random(21)
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        db.replace_messages("s1", [_message(r, n) for n in range(600)])
+    as_earlier_index_table(db_path)
+    assert_search_index_exact(db_path)
+
+    def ranked_as_fts5(db: SessionDB) -> None:
+        through_index = 0
+        for query in QUERIES:
+            got, reads = impact_reads(db, query)
+            assert got == fts5_order(db, query), query
+            through_index += bool(reads)
+        assert through_index >= len(COMMON)
+
+    with SessionDB(db_path) as db:
+        ranked_as_fts5(db)
+        for n in range(600, 900):  # batches go into the earlier table
+            db.append_message("s1", **_message(r, n))
+        ranked_as_fts5(db)
+        db._write(impact.mark_index_damaged)
+    with SessionDB(db_path) as reopened:  # replaced in place, then filled
+        assert reopened._rebuild_thread is not None
+        reopened._rebuild_thread.join(30)
+        assert reopened._read(impact.index_health)["usable"]
+        ranked_as_fts5(reopened)
+    assert_search_index_exact(db_path)
+    conn = raw(db_path)
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_fts'"
+                          ).fetchone()
+    conn.close()
+    assert "detail='column'" in sql  # the same table throughout, reset in place
+
+
 def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
     small: SessionDB, db_path: Path, tmp_path: Path
 ) -> None:
