@@ -4,8 +4,10 @@
 characters, folded to lower case, and every other ASCII byte separates tokens. Other characters
 are decided and folded one code point at a time from SQLite's own Unicode tables, which need not
 be Python's; so each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of a blob another
-client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
+and only the characters unicode61 changes are replaced in a text, each at once (in text of
+many, those of the big scripts FTS5 was found to keep whole are passed over by a pattern:
+:func:`_changing`). :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of
+a blob another client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
 be read from a column's folded text without splitting it (:func:`folded_text`,
 :func:`text_frequency`): a phrase is found by a pattern over the text.
 
@@ -75,7 +77,7 @@ _ASCII_FOLD = bytes(
 # The same, keeping the bytes of non-ASCII characters for a closer look.
 _ASCII_FOLD_KEEP = bytes(c if c >= 128 else _ASCII_FOLD[c] for c in range(256))
 _ASCII_BYTES = bytes(range(128))
-# Every character seen so far → what unicode61 makes of it: " " for a separator, else its
+# Every character looked up so far → what unicode61 makes of it: " " for a separator, else its
 # folded form (possibly empty). unicode61 decides and folds one code point at a time, from
 # tables of its own Unicode version (not Python's), so each new character is asked of FTS5
 # itself, once per process (:func:`_learn`); ASCII is known from the start.
