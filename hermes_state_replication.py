@@ -60,7 +60,14 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state_quarantine as quarantine
-from hermes_state_common import SCHEMA_VERSION, connect, refuse_symlinks, sidecar_paths
+from hermes_state_common import (
+    SCHEMA_VERSION,
+    connect,
+    refuse_symlinks,
+    remove_abandoned_temps,
+    sidecar_paths,
+    temp_prefix,
+)
 from hermes_state_errors import (
     ReplicationError,
     StateDbCorruptError,
@@ -100,6 +107,9 @@ CHECKPOINTS_ENV = "HERMES_STATE_CHECKPOINTS"
 _LEAVE, _OWN = "litestream", "library"
 RECORD_SUFFIX = "-replica"
 LOCK_SUFFIX = "-replica.lock"
+# The folder of a running replicator's configuration, beside the store: ``.<db>.replicate-``
+# then the supervisor's process id (a killed replicator's folder is removed by the next start).
+CONFIG_MARK = ".replicate-"
 # The flags, configuration keys and embedded SQLite (3.53.0) this module was built against.
 MIN_LITESTREAM_VERSION = (0, 5, 17)
 _POLL_S = 0.25
@@ -431,7 +441,11 @@ def replicate(
     if url.startswith("file:"):  # a new replica directory is as private as the store
         Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).mkdir(
             parents=True, exist_ok=True, mode=0o700)
-    with _replicator_lock(db_path), tempfile.TemporaryDirectory(prefix="hermes-replicate-") as tmp:
+    mark = f".{db_path.name}{CONFIG_MARK}"
+    with _replicator_lock(db_path), tempfile.TemporaryDirectory(
+        prefix=temp_prefix(mark), dir=db_path.parent
+    ) as tmp:
+        remove_abandoned_temps(db_path.parent, mark)  # a killed replicator's configuration
         config = Path(tmp) / "litestream.yml"
         config.write_text(litestream_config(db_path, url, sync_interval=sync_interval),
                           encoding="utf-8")

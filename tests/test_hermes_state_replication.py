@@ -71,13 +71,14 @@ def replica(tmp_path: Path) -> str:
 class Replicator:
     """``hermes-state replicate`` in a child process, its stderr in a file."""
 
-    def __init__(self, db_path: Path, url: str, log: Path, *extra: str) -> None:
+    def __init__(self, db_path: Path, url: str, log: Path, *extra: str,
+                 env: dict[str, str | None] | None = None) -> None:
         self.db_path, self.log = db_path, log
         with log.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "replicate",
                  "--to", url, "--sync-interval", SYNC_ARG, *extra],
-                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=err,
+                env=subprocess_env(env or {}), stdout=subprocess.DEVNULL, stderr=err,
             )
         wait_for(lambda: self.record_pid() is not None or self.proc.poll() is not None)
         assert self.proc.poll() is None, self.stderr()
@@ -110,9 +111,10 @@ class Replicator:
 def replicators() -> Iterator[Callable[..., Replicator]]:
     started: list[Replicator] = []
 
-    def start(db_path: Path, url: str, *extra: str) -> Replicator:
+    def start(db_path: Path, url: str, *extra: str,
+              env: dict[str, str | None] | None = None) -> Replicator:
         log = db_path.parent / f"replicate-{len(started)}.log"
-        started.append(Replicator(db_path, url, log, *extra))
+        started.append(Replicator(db_path, url, log, *extra, env=env))
         return started[-1]
 
     yield start
@@ -600,6 +602,34 @@ def test_one_replicator_per_store(
     forget = run_cli("--db", str(db_path), "replicate", "--forget")
     assert forget.returncode == 1 and "being replicated" in forget.stderr
     assert first.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_replicator_keeps_its_configuration_beside_the_store_and_leaves_none_behind(
+    hermes_home: Path, litestream: Path, replica: str, replicators: Callable[..., Replicator],
+    tmp_path: Path,
+) -> None:
+    """The configuration folder lives beside the store, never in the system's temporary
+    folder: a clean stop removes it, and a killed replicator's is removed by the next start."""
+    db_path = hermes_home / "state.db"
+    store(db_path)
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    env: dict[str, str | None] = {"TMPDIR": str(system_temp)}
+
+    def beside() -> list[str]:
+        return sorted(p.name for p in hermes_home.glob(".state.db.replicate-*"))
+
+    first = replicators(db_path, replica, env=env)
+    first.kill()
+    assert list(system_temp.iterdir()) == []
+    killed = beside()
+    assert len(killed) == 1  # nothing could remove it: its process died at once
+    second = replicators(db_path, replica, env=env)
+    assert len(beside()) == 1 and beside() != killed  # the killed one's is gone
+    assert second.stop() == 0
+    assert beside() == []
+    assert list(system_temp.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------
