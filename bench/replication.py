@@ -80,7 +80,8 @@ def _acks(out: Path) -> dict[int, float]:
 
 def _restored_ids(binary: Path, url: str, dest: Path) -> set[int]:
     done = subprocess.run([str(binary), "restore", "-no-expand-env", "-o", str(dest), url],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          check=False, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise RuntimeError(f"litestream restore failed: {done.stderr.strip()[-300:]}")
     conn = sqlite3.connect(f"{dest.as_uri()}?mode=ro", uri=True)

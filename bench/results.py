@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.suite import Figure
 
-__all__ = ["RESULTS", "write_results", "section"]
+__all__ = ["RESULTS", "section", "write_results"]
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -42,8 +42,8 @@ def section(bench_id: str, figures: list[Figure], command: str) -> str:
     lines = [
         f"## {bench_id}",
         "",
-        f"`{command}`, {when}; SQLite {sqlite3.sqlite_version}, Python "
-        f"{platform.python_version()}, {os.cpu_count()} cores, load average {load}.",
+        (f"`{command}`, {when}; SQLite {sqlite3.sqlite_version}, Python "
+         f"{platform.python_version()}, {os.cpu_count()} cores, load average {load}."),
         "",
         "| figure | hermes_state | raw sqlite3 | unit | ratio | spread | target |",
         "|---|---|---|---|---|---|---|",
