@@ -175,14 +175,24 @@ def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> N
     assert '["tool"]["setuptools"]["py-modules"]' in "\n".join(lines[modules_read:])
 
 
+def anchors(doc: Path) -> set[str]:
+    """The anchors a Markdown renderer gives the headings of ``doc`` (GitHub's rule)."""
+    headings = re.findall(r"^#+ (.+)$", doc.read_text("utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 def test_the_readme_fits_and_its_links_lead_somewhere() -> None:
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) < 300
     for doc in DOCUMENTS:
-        for target in re.findall(r"\]\(((?!https?:)[^)#]+)", doc.read_text("utf-8")):
+        for target, anchor in re.findall(r"\]\(((?!https?:)[^)#]*)(?:#([^)]+))?\)",
+                                         doc.read_text("utf-8")):
             if Path(target).name == "compatibility.md":
                 continue  # written beside these by its own change
-            assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+            linked = doc.parent / target if target else doc
+            assert linked.exists(), f"{doc.name} links to missing {target}"
+            if anchor:
+                assert anchor in anchors(linked), f"{doc.name} links to {target}#{anchor}"
 
 
 def test_the_error_table_names_every_error_once() -> None:
