@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = only - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmark ids: {', '.join(sorted(unknown))}")
-    os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))
     sizes = [int(x) for x in args.sizes.split(",")]
     figures = []
-    if only & set(suite.BENCHMARKS):
-        figures += suite.run(only & set(suite.BENCHMARKS), args.repeats, sizes)
-    if "B10" in only:
-        figures += bench_loss_window(args.trials)
+    with tempfile.TemporaryDirectory(prefix="hermes-bench-home-") as home:
+        os.environ.setdefault("HERMES_HOME", home)  # never the real store
+        if only & set(suite.BENCHMARKS):
+            figures += suite.run(only & set(suite.BENCHMARKS), args.repeats, sizes)
+        if "B10" in only:
+            figures += bench_loss_window(args.trials)
     if args.json:
         print(json.dumps([asdict(f) for f in figures], indent=2))
     else:
