@@ -42,8 +42,8 @@ def test_a_crash_under_load_loses_only_the_newest_acknowledged_rows() -> None:
         replication.litestream_version(binary)
     except ReplicationError as exc:
         pytest.skip(str(exc))
-    trial = loss_trial(binary, "250ms", writers=2, storm_s=2.5, seed=3)
+    trial = loss_trial(binary, "250ms", writers=2, storm_s=4.0, seed=3)
     assert trial["acked"] > 20, trial
     assert trial["lost"] < trial["acked"], trial  # the replica holds the older rows
     assert (trial["lost"] == 0) == (trial["oldest_lost_s"] == 0.0), trial
-    assert 0.0 <= trial["oldest_lost_s"] < 2.5, trial  # only rows of the storm can be lost
+    assert 0.0 <= trial["oldest_lost_s"] < 4.0, trial
