@@ -1,40 +1,39 @@
 """The checks every public method's arguments pass before anything is read or written.
 
 The facade builds each ``SessionDB`` method from a sibling function; :func:`checker` reads that
-function's signature once and returns the check the method runs on every call. It holds what is
-true of a parameter whatever the method; what one method needs of its values is checked by its
-sibling, where the value enters (the message row, the session columns, a ledger's states).
+function's evaluated hints (``typing.get_type_hints``) once and returns the check the method
+runs on every call. A hint's spelling never matters: ``Optional[str]``, ``Union[str, None]``,
+``str | None`` and the string ``"str | None"`` are one type and make one check. The check holds
+what is true of a parameter whatever the method; what one method needs of its values is checked
+by its sibling, where the value enters (the message row, the session columns, a ledger's states).
 
-* A parameter annotated with scalar types only (``str``, ``int``, ``float``, ``bool``, ``None``,
-  ``Text``), paths or mappings takes values of those types, or None (its sibling says what None
-  means): a list, a dict, bytes, any other object, a string where a number belongs is refused
-  with :class:`InvalidTypeError`. A ``str`` parameter takes an int too (callers hand over ids
-  as ints as often as strings), a ``float`` parameter an int, a ``bool`` one an int; a
-  path parameter a string or an ``os.PathLike``; a mapping parameter any mapping; a callback
-  (``Progress``) anything callable. None is refused only where the annotation of a path, a
-  mapping, a stream or a callback leaves it out.
-* A parameter annotated with a collection of strings (``Iterable[str]``, alone or beside
-  ``str`` and ``None``) takes such a collection, each item a string or an int, or one string
-  (its sibling says what that means); the sibling gets the items as a list, so a one-shot
-  iterator still gives every item, and an int id past 64 bits arrives as its text.
-* A parameter annotated as a stream (``Iterable[Mapping[str, Any]]``, ``IO[Any]``) takes any
-  iterable or file object that is not a string or a mapping, unread: the sibling checks each
-  record as it reads it.
+The members of a hint's union (``Annotated``, ``NewType``, type variables and aliases seen
+through) say what the parameter takes; a value no member takes is refused:
+
+* ``str``, ``int``, ``float``, ``bool``: values of that type. A ``str`` takes an int too (callers
+  hand over ids as ints as often as strings), a ``float`` or a ``bool`` an int. ``Literal``:
+  its values. ``None`` is taken unless the hint is only of paths, mappings, streams,
+  callbacks or literals without it (elsewhere its sibling says what None means).
+* A path (``Path``, ``os.PathLike``): a string or an ``os.PathLike``. A mapping (``Mapping``,
+  ``dict``, a ``TypedDict``): any mapping. A ``Callable``: anything callable.
+* A collection of scalars (``Iterable[str]``, ``Sequence[str]``, ``list[str]``...): such a
+  collection, each item checked, or one string (its sibling says what that means); the sibling
+  gets the items as a list, so a one-shot iterator still gives every item, and an int id past
+  64 bits arrives as its text. A collection of anything else, or a stream (``IO``): any
+  iterable or file object that is not a string or a mapping, unread.
 * An int fits SQLite's 64 bits; a float is finite.
 * A string holds no lone surrogate: SQLite cannot bind one, so no stored id, key or name holds
-  one, and writing one cleaned of it could name another row. A parameter annotated
-  :data:`hermes_state_common.Text` is prose instead (a message's content, a system prompt, an
-  end reason): its sibling stores it with lone surrogates removed, the only change ever made
-  to text. A parameter annotated :data:`hermes_state_common.Key` is a key a read looks up:
-  one holding a lone surrogate names no row, and its sibling answers as for an absent key. A
-  path holds no NUL either, and a :data:`hermes_state_common.Bound` may be an int of any
-  size (its sibling clamps it).
+  one, and writing one cleaned of it could name another row. A path holds no NUL either. The
+  marks of :class:`hermes_state_common.Checked` relax this: :data:`~hermes_state_common.Text`
+  is prose, stored with lone surrogates removed; :data:`~hermes_state_common.Key` a key a read
+  looks up, answered as absent; :data:`~hermes_state_common.Bound` an int of any size, clamped.
 
-A parameter annotated anything else (``Any``, a collection of mappings) is its sibling's to
-check. Every refusal is an :class:`InvalidInputError` (a ``ValueError``) naming the parameter
-in ``argument``. :func:`checked` puts the check on a method the facade writes out;
-:func:`operation` on a module-level operation, whose operating-system failures it also types
-(a full disk, no permission, a read-only file system).
+A hint of ``Any`` or ``object`` takes anything; a hint that cannot be evaluated is a
+``TypeError`` when the check is built, never a check switched off. Every refusal is an
+:class:`InvalidInputError` (a ``ValueError``; a wrong type an :class:`InvalidTypeError`, also a
+``TypeError``) naming the parameter in ``argument``. :func:`checked` puts the check on a method
+the facade writes out, :func:`answered` on one that never raises; :func:`operation` on a
+module-level operation, whose operating-system failures it also types.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import math
 import os
 import re
 import sqlite3
+import sys
 import types
 from collections import abc
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -217,7 +217,9 @@ class _Rule:
                 f"{self.name} must be a finite number, got {value!r}", argument=self.name)
 
 
-def _members(hint: Any, marks: frozenset[Checked] = frozenset()) -> Iterator[tuple[Any, frozenset[Checked]]]:
+def _members(
+    hint: Any, marks: frozenset[Checked] = frozenset()
+) -> Iterator[tuple[Any, frozenset[Checked]]]:
     """The members of ``hint``'s union, each with the marks (:class:`Checked`) it carries:
     ``Optional``, ``Union`` and ``|`` are flattened, ``Annotated`` gives its marks, a
     ``NewType``, a type variable or a ``type`` alias stands for what it names."""
@@ -314,8 +316,9 @@ class _Shape:
             taken.add(cast(type, Mapping))
         if self.callable:
             taken.add(cast(type, abc.Callable))
-        items = self.items[0] if len(set(self.items)) == 1 else None
-        stream = self.stream or len(set(self.items)) > 1
+        kinds = set(self.items)
+        items = next(iter(kinds)) if len(kinds) == 1 else None
+        stream = self.stream or len(kinds) > 1  # collections of differing items: unread
         # None is a str's or a number's sibling's to read (often "not given"); a mapping, path,
         # stream or callback annotated without None has no such meaning.
         required = not self.none and (self.path or self.mapping or stream or self.callable
@@ -397,18 +400,20 @@ class Check:
 
 def _hints(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, Any]:
     """The evaluated hints (``typing.get_type_hints``, ``Annotated`` kept) of ``fn``'s
-    parameters ``names``; a hint that cannot be evaluated is a ``TypeError`` at once."""
+    parameters ``names``, in the namespace ``fn`` was written in; a hint that cannot be
+    evaluated is a ``TypeError`` at once. Its return hint is left alone: it may name what is
+    defined only later (the class of a method being written)."""
     target = inspect.unwrap(fn)
     annotations = getattr(target, "__annotations__", {})
+    namespace = getattr(target, "__globals__", None) or vars(sys.modules[target.__module__])
 
-    def parameters() -> None:  # fn's parameters' hints only, evaluated where fn was written
-        """A stand-in (a return hint may name what is not yet defined)."""
+    def parameters() -> None:
+        """A stand-in that holds the parameters' hints only."""
 
     parameters.__annotations__ = {n: annotations[n] for n in names if n in annotations}
     try:
-        return get_type_hints(parameters, getattr(target, "__globals__", None),
-                              include_extras=True)
-    except Exception as exc:
+        return get_type_hints(parameters, namespace, include_extras=True)
+    except Exception as exc:  # any failure to evaluate is the same refusal
         raise TypeError(f"the hints of {getattr(fn, '__qualname__', fn)!r} cannot be evaluated "
                         f"for its argument check: {exc}") from exc
 
