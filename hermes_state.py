@@ -735,10 +735,11 @@ class SessionDB:
         else:
             self.last_checkpoint = writes.truncate_checkpoint(conn)
 
+    @arguments.answered(deletion.refused_auto_prune)
     def maybe_auto_prune_and_vacuum(
         self,
-        retention_days: int = 90,
-        min_interval_hours: int = 24,
+        retention_days: float = 90,
+        min_interval_hours: float = 24,
         vacuum: bool = True,
         sessions_dir: Path | None = None,
     ) -> dict[str, Any]:

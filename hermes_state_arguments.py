@@ -1,40 +1,39 @@
 """The checks every public method's arguments pass before anything is read or written.
 
 The facade builds each ``SessionDB`` method from a sibling function; :func:`checker` reads that
-function's signature once and returns the check the method runs on every call. It holds what is
-true of a parameter whatever the method; what one method needs of its values is checked by its
-sibling, where the value enters (the message row, the session columns, a ledger's states).
+function's evaluated hints (``typing.get_type_hints``) once and returns the check the method
+runs on every call. A hint's spelling never matters: ``Optional[str]``, ``Union[str, None]``,
+``str | None`` and the string ``"str | None"`` are one type and make one check. The check holds
+what is true of a parameter whatever the method; what one method needs of its values is checked
+by its sibling, where the value enters (the message row, the session columns, a ledger's states).
 
-* A parameter annotated with scalar types only (``str``, ``int``, ``float``, ``bool``, ``None``,
-  ``Text``), paths or mappings takes values of those types, or None (its sibling says what None
-  means): a list, a dict, bytes, any other object, a string where a number belongs is refused
-  with :class:`InvalidTypeError`. A ``str`` parameter takes an int too (callers hand over ids
-  as ints as often as strings), a ``float`` parameter an int, a ``bool`` one an int; a
-  path parameter a string or an ``os.PathLike``; a mapping parameter any mapping; a callback
-  (``Progress``) anything callable. None is refused only where the annotation of a path, a
-  mapping, a stream or a callback leaves it out.
-* A parameter annotated with a collection of strings (``Iterable[str]``, alone or beside
-  ``str`` and ``None``) takes such a collection, each item a string or an int, or one string
-  (its sibling says what that means); the sibling gets the items as a list, so a one-shot
-  iterator still gives every item, and an int id past 64 bits arrives as its text.
-* A parameter annotated as a stream (``Iterable[Mapping[str, Any]]``, ``IO[Any]``) takes any
-  iterable or file object that is not a string or a mapping, unread: the sibling checks each
-  record as it reads it.
+The members of a hint's union (``Annotated``, ``NewType``, type variables and aliases seen
+through) say what the parameter takes; a value no member takes is refused:
+
+* ``str``, ``int``, ``float``, ``bool``: values of that type. A ``str`` takes an int too (callers
+  hand over ids as ints as often as strings), a ``float`` or a ``bool`` an int. ``Literal``:
+  its values. ``None`` is taken unless the hint is only of paths, mappings, streams,
+  callbacks or literals without it (elsewhere its sibling says what None means).
+* A path (``Path``, ``os.PathLike``): a string or an ``os.PathLike``. A mapping (``Mapping``,
+  ``dict``, a ``TypedDict``): any mapping. A ``Callable``: anything callable.
+* A collection of scalars (``Iterable[str]``, ``Sequence[str]``, ``list[str]``...): such a
+  collection, each item checked, or one string (its sibling says what that means); the sibling
+  gets the items as a list, so a one-shot iterator still gives every item, and an int id past
+  64 bits arrives as its text. A collection of anything else, or a stream (``IO``): any
+  iterable or file object that is not a string or a mapping, unread.
 * An int fits SQLite's 64 bits; a float is finite.
 * A string holds no lone surrogate: SQLite cannot bind one, so no stored id, key or name holds
-  one, and writing one cleaned of it could name another row. A parameter annotated
-  :data:`hermes_state_common.Text` is prose instead (a message's content, a system prompt, an
-  end reason): its sibling stores it with lone surrogates removed, the only change ever made
-  to text. A parameter annotated :data:`hermes_state_common.Key` is a key a read looks up:
-  one holding a lone surrogate names no row, and its sibling answers as for an absent key. A
-  path holds no NUL either, and a :data:`hermes_state_common.Bound` may be an int of any
-  size (its sibling clamps it).
+  one, and writing one cleaned of it could name another row. A path holds no NUL either. The
+  marks of :class:`hermes_state_common.Checked` relax this: :data:`~hermes_state_common.Text`
+  is prose, stored with lone surrogates removed; :data:`~hermes_state_common.Key` a key a read
+  looks up, answered as absent; :data:`~hermes_state_common.Bound` an int of any size, clamped.
 
-A parameter annotated anything else (``Any``, a collection of mappings) is its sibling's to
-check. Every refusal is an :class:`InvalidInputError` (a ``ValueError``) naming the parameter
-in ``argument``. :func:`checked` puts the check on a method the facade writes out;
-:func:`operation` on a module-level operation, whose operating-system failures it also types
-(a full disk, no permission, a read-only file system).
+A hint of ``Any`` or ``object`` takes anything; a hint that cannot be evaluated is a
+``TypeError`` when the check is built, never a check switched off. Every refusal is an
+:class:`InvalidInputError` (a ``ValueError``; a wrong type an :class:`InvalidTypeError`, also a
+``TypeError``) naming the parameter in ``argument``. :func:`checked` puts the check on a method
+the facade writes out, :func:`answered` on one that never raises; :func:`operation` on a
+module-level operation, whose operating-system failures it also types.
 """
 
 from __future__ import annotations
@@ -43,12 +42,30 @@ import functools
 import inspect
 import math
 import os
+import re
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+import sys
+import types
+from collections import abc
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import (
+    IO,
+    Annotated,
+    Any,
+    Literal,
+    NewType,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
-from hermes_state_common import clean_text
+from hermes_state_common import Checked, clean_text
 from hermes_state_errors import (
     InvalidInputError,
     InvalidTypeError,
@@ -58,10 +75,11 @@ from hermes_state_errors import (
 
 __all__ = [
     "INT64_MIN", "INT64_MAX", "shown", "has_lone_surrogate", "Check", "checker", "checked",
-    "operation", "integer", "number", "text", "filter_texts",
+    "answered", "operation", "integer", "number", "text", "filter_texts",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+NoneType = type(None)
 
 _SHOWN_CHARS = 80
 
@@ -122,27 +140,6 @@ def has_lone_surrogate(text: str) -> bool:
     return not text.isascii() and clean_text(text) != text
 
 
-# The Python types each scalar annotation takes (an int is a float, as for type checkers).
-_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str, int), "Text": (str,), "Key": (str, int), "Bound": (int,), "int": (int,),
-    "float": (int, float),
-    "bool": (int,),
-    "None": (),
-}
-# Path annotations: a string or an os.PathLike, a string without NUL (no file name holds one).
-_PATHS = frozenset({"Path", "PathLike[str]", "PathArg"})
-# Mapping annotations: any mapping (its keys and values are the sibling's to check).
-_MAPPINGS = frozenset({"Mapping[str, Any]", "Mapping[str, str]", "dict[str, Any]"})
-# Callback annotations: anything callable.
-_CALLABLES = frozenset({"Progress"})
-# The annotations of a collection of strings.
-_COLLECTIONS = frozenset({
-    "Iterable[str]", "Collection[str]", "Sequence[str]", "list[str]", "tuple[str, ...]",
-    "set[str]", "frozenset[str]",
-})
-# Annotations of a stream of records or lines: any iterable (or file object) that is not a
-# string or a mapping, passed on unread (the sibling checks each record as it reads it).
-_STREAMS = frozenset({"Iterable[Mapping[str, Any]]", "IO[Any]"})
 _NOT_COLLECTIONS = (str, bytes, bytearray, Mapping)
 
 
@@ -154,12 +151,13 @@ def _is_stream(value: object) -> bool:
 @dataclass(frozen=True, slots=True)
 class _Rule:
     """What one parameter takes: values of ``types``, or None (the sibling says what None
-    means), a string without lone surrogates unless ``text`` (and without NUL where ``path``);
-    with ``items``, also a collection whose items each pass ``items``; with ``stream``, also
-    any iterable that is not a string or a mapping, unread."""
+    means) unless ``required``, one of ``choices``, a string without lone surrogates unless
+    ``text`` (and without NUL where ``path``); with ``items``, also a collection whose items
+    each pass ``items``; with ``stream``, also any iterable that is not a string or a mapping,
+    unread. ``spelled`` is the hint as an error message shows it."""
 
     name: str
-    annotation: str
+    spelled: str
     types: tuple[type, ...]
     text: bool = False
     items: _Rule | None = None
@@ -167,15 +165,21 @@ class _Rule:
     stream: bool = False
     required: bool = False
     unbounded: bool = False
+    choices: tuple[object, ...] = ()
 
     def check(self, value: Any) -> Any:
         """``value`` when it passes (a collection as the list of its checked items)."""
+        kind = type(value)
+        if kind is str and value.isascii() and str in self.types and not self.path:
+            return value  # the common case first: no surrogate, no file name
         if value is None and not self.required:
             return value
         if isinstance(value, int) and str in self.types and not INT64_MIN <= value <= INT64_MAX:
             return str(value)  # an id given as a number is its text; this one binds as no int
         if isinstance(value, self.types):
             self._check_scalar(value)
+            return value
+        if self.choices and any(type(value) is type(c) and value == c for c in self.choices):
             return value
         if self.stream and _is_stream(value):
             return value
@@ -186,8 +190,11 @@ class _Rule:
                 and not isinstance(value, _NOT_COLLECTIONS)):
             # Checked items, as the sibling gets them (an id too large for SQLite as its text).
             return [self.items.check(item) for item in value]
+        if any(type(value) is type(choice) for choice in self.choices):
+            raise InvalidInputError(
+                f"{self.name} must be {self.spelled}, got {shown(value)}", argument=self.name)
         raise InvalidTypeError(
-            f"{self.name} must be {self.annotation}, got {type(value).__name__}",
+            f"{self.name} must be {self.spelled}, got {type(value).__name__}",
             argument=self.name)
 
     def _check_scalar(self, value: object) -> None:
@@ -210,42 +217,157 @@ class _Rule:
                 f"{self.name} must be a finite number, got {value!r}", argument=self.name)
 
 
-def _unqualified(member: str) -> str:
-    """An annotation without its module (``transfer.Progress`` is ``Progress``)."""
-    head, bracket, rest = member.partition("[")
-    return head.rsplit(".", 1)[-1] + bracket + rest
+def _members(
+    hint: Any, marks: frozenset[Checked] = frozenset()
+) -> Iterator[tuple[Any, frozenset[Checked]]]:
+    """The members of ``hint``'s union, each with the marks (:class:`Checked`) it carries:
+    ``Optional``, ``Union`` and ``|`` are flattened, ``Annotated`` gives its marks, a
+    ``NewType``, a type variable or a ``type`` alias stands for what it names."""
+    origin = get_origin(hint)
+    if origin is Annotated:
+        inner, *metadata = get_args(hint)
+        yield from _members(inner, marks | {m for m in metadata if isinstance(m, Checked)})
+    elif origin is Union or origin is types.UnionType:
+        for member in get_args(hint):
+            yield from _members(member, marks)
+    elif isinstance(hint, NewType):
+        yield from _members(hint.__supertype__, marks)
+    elif isinstance(hint, TypeVar):
+        bounds = hint.__constraints__ or (hint.__bound__ or Any,)
+        for bound in bounds:
+            yield from _members(bound, marks)
+    elif hasattr(hint, "__value__") and type(hint).__name__ == "TypeAliasType":
+        yield from _members(hint.__value__, marks)
+    else:
+        yield hint, marks
 
 
-def _rule(param: inspect.Parameter) -> _Rule | None:
-    """The rule of a parameter annotated with the kinds of the module docstring only; None for
-    any other (its sibling checks it)."""
-    annotation = param.annotation
-    if annotation is inspect.Parameter.empty:
-        return None
-    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
-    members = {_unqualified(member.strip()) for member in text.split("|")}
-    scalars, collections = members & _TYPES.keys(), members & _COLLECTIONS
-    paths, mappings, streams = members & _PATHS, members & _MAPPINGS, members & _STREAMS
-    callables = members & _CALLABLES
-    if scalars | collections | paths | mappings | streams | callables != members:
-        return None
-    types: set[type] = {t for member in scalars for t in _TYPES[member]}
-    if collections and "int" not in members:
-        types.discard(int)  # one number is no collection (its items may be numbers)
-    if paths:
-        types |= {str, os.PathLike}
-        if "int" not in members:
-            types.discard(int)  # a number is no file name
-    if mappings:
-        types.add(Mapping)
-    if callables:
-        types.add(cast(type, Callable))
-    items = _Rule(f"an item of {param.name}", "str", (str, int)) if collections else None
-    # None is a str's or a number's sibling's to read (often "not given"); a mapping, path,
-    # stream or callback annotated without None has no such meaning.
-    required = "None" not in members and bool(paths | mappings | streams | callables)
-    return _Rule(param.name, text, tuple(types), bool(members & {"Text", "Key"}), items,
-                 bool(paths), bool(streams), required, "Bound" in members)
+@dataclass(slots=True)
+class _Shape:
+    """What the members of one parameter's hint take, gathered before its rule is made."""
+
+    types: set[type] = field(default_factory=set)
+    choices: list[object] = field(default_factory=list)
+    none: bool = False
+    ids: bool = False
+    text: bool = False
+    unbounded: bool = False
+    path: bool = False
+    callable: bool = False
+    mapping: bool = False
+    stream: bool = False
+    items: list[_Rule] = field(default_factory=list)
+    open: bool = False
+
+    def take(self, name: str, member: Any, marks: frozenset[Checked]) -> None:
+        """Add what ``member`` (one member of the hint of parameter ``name``) takes."""
+        origin = get_origin(member) or member
+        if member is Any or member is object:
+            self.open = True  # anything goes: its sibling's to check
+        elif member is NoneType:
+            self.none = True
+        elif origin is Literal:
+            self.choices.extend(get_args(member))
+        elif member is str:
+            self.types.add(str)
+            self.ids = self.ids or Checked.PROSE not in marks
+            self.text = self.text or bool(marks & {Checked.PROSE, Checked.LOOKUP})
+        elif member in (int, bool, float):
+            self.types.update((int, float) if member is float else (int,))
+            self.unbounded = self.unbounded or Checked.UNBOUNDED in marks
+        elif origin is abc.Callable:
+            self.callable = True
+        elif not isinstance(origin, type):
+            self.open = True  # a hint this module does not know: its sibling's to check
+        elif issubclass(origin, (os.PathLike, PurePath)):
+            self.path = True
+        elif is_typeddict(origin) or issubclass(origin, Mapping):
+            self.mapping = True
+        elif issubclass(origin, IO):
+            self.stream = True
+        elif issubclass(origin, Iterable) and not issubclass(origin, (bytes, bytearray)):
+            self._take_collection(name, get_args(member))
+        elif _instances_checkable(origin):
+            self.types.add(origin)
+        else:
+            self.open = True
+
+    def _take_collection(self, name: str, args: tuple[Any, ...]) -> None:
+        """A collection whose items are ``args`` (``tuple[str, ...]``'s: str): of scalars, it
+        takes such a collection, items checked; of anything else, any iterable, unread."""
+        item_hints = [a for a in args if a is not Ellipsis] or [Any]
+        item = _rule(f"an item of {name}", Union[tuple(item_hints)])  # noqa: UP007 - built
+        if item is None or item.required or item.stream or item.items or item.path:
+            self.stream = True
+        else:
+            self.items.append(item)
+
+    def rule(self, name: str, spelled: str) -> _Rule | None:
+        """The rule of a parameter whose hint's members were all taken; None when one of them
+        takes anything."""
+        if self.open:
+            return None
+        taken = set(self.types)
+        if self.ids and not (self.items or self.path):
+            taken.add(int)  # an id given as a number (one number is no collection, no file)
+        if self.path:
+            taken.update((str, os.PathLike))
+        if self.mapping:
+            taken.add(cast(type, Mapping))
+        if self.callable:
+            taken.add(cast(type, abc.Callable))
+        kinds = set(self.items)
+        items = next(iter(kinds)) if len(kinds) == 1 else None
+        stream = self.stream or len(kinds) > 1  # collections of differing items: unread
+        # None is a str's or a number's sibling's to read (often "not given"); a mapping, path,
+        # stream or callback annotated without None has no such meaning.
+        required = not self.none and (self.path or self.mapping or stream or self.callable
+                                      or (bool(self.choices) and not taken))
+        return _Rule(name, spelled, tuple(taken), self.text, items, self.path, stream,
+                     required, self.unbounded, tuple(self.choices))
+
+
+def _instances_checkable(cls: type) -> bool:
+    """True when ``isinstance`` can test for ``cls`` (a protocol not runtime-checkable cannot)."""
+    try:
+        isinstance(None, cls)
+    except TypeError:
+        return False
+    return True
+
+
+def _rule(name: str, hint: Any) -> _Rule | None:
+    """The rule of a parameter ``name`` of the evaluated type ``hint`` (see the module
+    docstring); None for a hint that takes anything."""
+    shape = _Shape()
+    for member, marks in _members(hint):
+        shape.take(name, member, marks)
+    return shape.rule(name, _spelled(hint))
+
+
+_MODULES_RE = re.compile(r"\b(?:typing|typing_extensions|collections\.abc|builtins)\.")
+
+
+def _spelled(hint: Any) -> str:
+    """``hint`` as an error message shows it (``str | None``: marks and module names left
+    out, whatever the spelling of the source)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Annotated:
+        return _spelled(args[0])
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(_spelled(member) for member in args)
+    if hint is NoneType:
+        return "None"
+    if origin is Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin is abc.Callable:
+        return "Callable"
+    if origin is not None and args:
+        inner = ", ".join("..." if a is Ellipsis else _spelled(a) for a in args)
+        return f"{_spelled(origin)}[{inner}]"
+    if isinstance(hint, (type, NewType)):
+        return hint.__name__
+    return _MODULES_RE.sub("", repr(hint))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +376,7 @@ class Check:
     positional and keyword arguments (its first parameter, the connection or ``self``, left
     out), it returns them as the method passes them on."""
 
-    positional: Sequence[_Rule | None]
+    positional: tuple[_Rule | None, ...]
     keyword: Mapping[str, _Rule | None]
     extra_positional: _Rule | None
     extra_keyword: _Rule | None
@@ -262,33 +384,54 @@ class Check:
     def __call__(
         self, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        count = len(self.positional)
-        checked = tuple(
-            _checked(self.positional[i] if i < count else self.extra_positional, value)
-            for i, value in enumerate(args)
-        )
-        return checked, {
-            name: _checked(self.keyword.get(name, self.extra_keyword), value)
-            for name, value in kwargs.items()
-        }
+        rules = self.positional
+        if len(args) > len(rules):
+            rules += (self.extra_positional,) * (len(args) - len(rules))
+        checked = tuple([v if r is None else r.check(v) for r, v in zip(rules, args)])
+        if not kwargs:
+            return checked, {}
+        keyword, extra = self.keyword, self.extra_keyword
+        named = {}
+        for name, value in kwargs.items():
+            r = keyword.get(name, extra)
+            named[name] = value if r is None else r.check(value)
+        return checked, named
 
 
-def _checked(rule: _Rule | None, value: Any) -> Any:
-    return value if rule is None else rule.check(value)
+def _hints(fn: Callable[..., Any], names: Iterable[str]) -> dict[str, Any]:
+    """The evaluated hints (``typing.get_type_hints``, ``Annotated`` kept) of ``fn``'s
+    parameters ``names``, in the namespace ``fn`` was written in; a hint that cannot be
+    evaluated is a ``TypeError`` at once. Its return hint is left alone: it may name what is
+    defined only later (the class of a method being written)."""
+    target = inspect.unwrap(fn)
+    annotations = getattr(target, "__annotations__", {})
+    namespace = getattr(target, "__globals__", None) or vars(sys.modules[target.__module__])
+
+    def parameters() -> None:
+        """A stand-in that holds the parameters' hints only."""
+
+    parameters.__annotations__ = {n: annotations[n] for n in names if n in annotations}
+    try:
+        return get_type_hints(parameters, namespace, include_extras=True)
+    except Exception as exc:  # any failure to evaluate is the same refusal
+        raise TypeError(f"the hints of {getattr(fn, '__qualname__', fn)!r} cannot be evaluated "
+                        f"for its argument check: {exc}") from exc
 
 
 def checker(fn: Callable[..., Any], *, skip: int = 1) -> Check:
     """The argument check of a method made from ``fn`` (its first ``skip`` parameters, the
-    connection or ``self``, are dropped)."""
+    connection or ``self``, are dropped), built from its evaluated hints once."""
     params = list(inspect.signature(fn).parameters.values())[skip:]
+    evaluated = _hints(fn, [p.name for p in params])
+    rules = {p.name: _rule(p.name, evaluated[p.name]) if p.name in evaluated else None
+             for p in params}
     kinds = inspect.Parameter
-    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY,
-                                                  kinds.POSITIONAL_OR_KEYWORD)]
-    extra = {p.kind: _rule(p) for p in params
+    extra = {p.kind: rules[p.name] for p in params
              if p.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)}
     return Check(
-        positional=tuple(_rule(p) for p in positional),
-        keyword={p.name: _rule(p) for p in params
+        positional=tuple(rules[p.name] for p in params
+                         if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)),
+        keyword={p.name: rules[p.name] for p in params
                  if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)},
         extra_positional=extra.get(kinds.VAR_POSITIONAL),
         extra_keyword=extra.get(kinds.VAR_KEYWORD),
@@ -309,6 +452,26 @@ def checked(fn: F) -> F:
         return fn(self, *args, **kwargs)
 
     return cast(F, method)
+
+
+def answered(answer: Callable[[InvalidInputError], Any]) -> Callable[[F], F]:
+    """:func:`checked` for a method that never raises: a refused argument is answered with
+    ``answer(refusal)`` instead."""
+
+    def decorate(fn: F) -> F:
+        check = checker(fn)
+
+        @functools.wraps(fn)
+        def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            try:
+                args, kwargs = check(args, kwargs)
+            except InvalidInputError as refusal:
+                return answer(refusal)
+            return fn(self, *args, **kwargs)
+
+        return cast(F, method)
+
+    return decorate
 
 
 def operation(fn: F) -> F:

@@ -19,6 +19,7 @@ that ``hermes_state_impact`` creates whenever a file lacks any part of it);
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import functools
 import hashlib
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from hermes_state_errors import (
     HermesStateError,
@@ -49,6 +50,7 @@ from hermes_state_errors import (
 )
 
 __all__ = [
+    "Checked",
     "Text",
     "Key",
     "Bound",
@@ -530,19 +532,28 @@ _SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
+class Checked(enum.Enum):
+    """What the annotations below tell hermes_state_arguments beyond their type (type
+    checkers see a plain ``str`` or ``int``)."""
+
+    PROSE = "prose"
+    LOOKUP = "lookup"
+    UNBOUNDED = "unbounded"
+
+
 #: The annotation of a parameter of prose (a message's content, a system prompt, an end
 #: reason): stored with lone surrogates removed (:func:`clean_text`), where a lone surrogate in
 #: an id or a key is refused (see hermes_state_arguments).
-Text = str
+Text = Annotated[str, Checked.PROSE]
 
 #: The annotation of a key a read looks up (a session id, a chat id): one holding a lone
 #: surrogate names no stored row (none can hold one), so the read answers as for an absent
 #: key (see hermes_state_arguments); a write refuses such a key.
-Key = str
+Key = Annotated[str, Checked.LOOKUP]
 
 #: The annotation of a message id used as a bound (``seen_through_id``): an int of any size,
 #: clamped to the ids SQLite can hold by its sibling (a bound beyond every row covers them all).
-Bound = int
+Bound = Annotated[int, Checked.UNBOUNDED]
 
 #: A function that runs another on the store's connection and returns its result (a handle's
 #: read, or its retried write transaction): what maintenance run in chunks is given.

@@ -78,6 +78,7 @@ __all__ = [
     "claim_auto_prune",
     "restore_auto_prune",
     "auto_prune_and_vacuum",
+    "refused_auto_prune",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -724,3 +725,10 @@ def auto_prune_and_vacuum(
         logger.warning("automatic prune failed: %s", exc)
         report["error"] = str(exc) or type(exc).__name__
     return report
+
+
+def refused_auto_prune(refusal: Exception) -> dict[str, Any]:
+    """The report of an automatic prune whose arguments were refused: nothing was done, and,
+    as :func:`auto_prune_and_vacuum` never raises, the refusal is its ``error``."""
+    logger.warning("automatic prune refused: %s", refusal)
+    return {"skipped": False, "pruned": 0, "vacuumed": False, "error": str(refusal)}
