@@ -112,11 +112,15 @@ def _check_sessions_dir(sessions_dir: Any) -> Path | None:
 
 def _is_spool(path: Path, session_id: str) -> bool:
     """Whether ``path`` is the quarantine's spool of ``session_id``: its records name the
-    session (``hermes_state_quarantine.spool_transcript``). A file that cannot be read is
-    treated as one: keeping a stray file costs only disk space."""
+    session (``hermes_state_quarantine.spool_transcript``). An empty file holds nothing
+    spooled; one that cannot be read is treated as a spool: keeping a stray file costs only
+    disk space."""
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
-            first = json.loads(f.readline())
+            line = f.readline()
+            if not line.strip():
+                return False
+            first = json.loads(line)
     except FileNotFoundError:
         return False
     except (OSError, ValueError):
