@@ -434,3 +434,23 @@ def test_an_import_detaches_missing_self_and_cyclic_parents(db: SessionDB) -> No
     parents = [db.get_session(s)["parent_session_id"] for s in ("orphan", "self", "c1", "c2")]
     assert parents[:2] == [None, None] and None in parents[2:]
     assert db.get_session("c1")["started_at"] > 0  # a record written by hand starts now
+
+
+def test_wal_falls_back_on_a_locking_protocol_error_raised_without_its_code(
+    tmp_path: Path,
+) -> None:
+    """A connection wrapper raises SQLite's text alone (the kanban store's own wrapper does)."""
+
+    class NetworkMount(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if "journal_mode=wal" in sql.lower().replace(" ", ""):
+                raise sqlite3.OperationalError("locking protocol")
+            return super().execute(sql, *args)
+
+    conn = sqlite3.connect(tmp_path / "kanban.db", factory=NetworkMount, isolation_level=None)
+    try:
+        assert hermes_state.apply_wal_with_fallback(conn, db_label="kanban.db") == "delete"
+        conn.execute("CREATE TABLE t (x)")
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    finally:
+        conn.close()
