@@ -347,6 +347,15 @@ def _check_cost(name: str, value: Any) -> float | None:
     return float(value)
 
 
+# The session's model and billing route, and whether any usage was accounted to it yet.
+SESSION_ROUTE_SQL = """
+SELECT model, billing_provider, billing_base_url, billing_mode,
+       input_tokens + output_tokens + cache_read_tokens + cache_write_tokens
+       + reasoning_tokens + api_call_count > 0
+FROM sessions WHERE id = ?
+"""
+
+
 def update_token_counts(
     conn: sqlite3.Connection,
     /,
@@ -371,7 +380,14 @@ def update_token_counts(
 ) -> None:
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
-    transaction. ``model`` fills the session's model only while it is NULL."""
+    transaction. ``model`` fills the session's model only while it is NULL.
+
+    The session's billing route is the one requested (``create_session``,
+    ``update_session_billing_route``) until usage is first accounted: the route of the first
+    update that counts tokens or calls replaces it, its three fields at once. After that a
+    fallback route (a later update's) is kept on its usage row only, and an update that
+    counts nothing never changes the session's route. A usage row without a route of its own
+    takes the session's, and without a model the session's model."""
     given_tokens = {
         "input_tokens": input_tokens, "output_tokens": output_tokens,
         "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
@@ -388,12 +404,12 @@ def update_token_counts(
     labels = {
         f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
     }
-    row = conn.execute(
-        "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
-        (session_id,),
-    ).fetchone()
+    row = conn.execute(SESSION_ROUTE_SQL, (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(session_id)
+    given_route = {f: labels.pop(f) for f in ROUTE_FIELDS if f in labels}
+    if given_route and any(tokens.values()) and not row[4]:
+        labels.update({f: given_route.get(f) for f in ROUTE_FIELDS})  # the first accounted
     sets = [f"{f} = ?" if absolute else f"{f} = {f} + ?" for f in TOKEN_FIELDS]
     params: list[Any] = list(tokens.values())
     for f, value in costs.items():
@@ -408,7 +424,7 @@ def update_token_counts(
         params.append(clean_optional(model))
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
 
-    route = [labels.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
+    route = [given_route.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
     usage_model = model if model is not None else row[0]
     stamp = now()
     conn.execute(

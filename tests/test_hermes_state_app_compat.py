@@ -454,3 +454,26 @@ def test_wal_falls_back_on_a_locking_protocol_error_raised_without_its_code(
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     finally:
         conn.close()
+
+
+def _route(db: SessionDB, session_id: str) -> tuple[Any, Any, Any]:
+    row = db.get_session(session_id)
+    return row["billing_provider"], row["billing_base_url"], row["billing_mode"]
+
+
+def test_the_first_accounted_route_replaces_the_requested_one_and_stays(db: SessionDB) -> None:
+    db.create_session("s", "cli", model="main")
+    db.update_session_billing_route("s", provider="openrouter", base_url="https://or.example",
+                                    billing_mode="byok")
+    db.update_token_counts("s", model="main", billing_provider="ignored", cost_status="unknown")
+    assert _route(db, "s") == ("openrouter", "https://or.example", "byok")  # counts nothing
+    db.update_token_counts("s", input_tokens=10, api_call_count=1,
+                           billing_provider="anthropic", billing_base_url="https://a.example")
+    assert _route(db, "s") == ("anthropic", "https://a.example", None)  # all three at once
+    db.update_token_counts("s", input_tokens=4, api_call_count=1, model="backup",
+                           billing_provider="fallback", billing_base_url="https://f.example")
+    assert _route(db, "s") == ("anthropic", "https://a.example", None)
+    db.update_token_counts("s", input_tokens=1)  # no route, no model: the session's
+    usage = {(u["model"], u["billing_provider"]): u["input_tokens"]
+             for u in db.get_model_usage("s") if u["input_tokens"]}
+    assert usage == {("main", "anthropic"): 11, ("backup", "fallback"): 4}
