@@ -407,9 +407,10 @@ def update_token_counts(
     row = conn.execute(SESSION_ROUTE_SQL, (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(session_id)
-    given_route = {f: labels.pop(f) for f in ROUTE_FIELDS if f in labels}
+    given_route: dict[str, Any] = {f: labels.pop(f) for f in ROUTE_FIELDS if f in labels}
     if given_route and any(tokens.values()) and not row[4]:
-        labels.update({f: given_route.get(f) for f in ROUTE_FIELDS})  # the first accounted
+        given_route = {f: given_route.get(f) for f in ROUTE_FIELDS}  # the first accounted
+        labels.update(given_route)
     sets = [f"{f} = ?" if absolute else f"{f} = {f} + ?" for f in TOKEN_FIELDS]
     params: list[Any] = list(tokens.values())
     for f, value in costs.items():
