@@ -477,3 +477,10 @@ def test_the_first_accounted_route_replaces_the_requested_one_and_stays(db: Sess
     usage = {(u["model"], u["billing_provider"]): u["input_tokens"]
              for u in db.get_model_usage("s") if u["input_tokens"]}
     assert usage == {("main", "anthropic"): 11, ("backup", "fallback"): 4}
+
+
+def test_the_gateway_exception_path_keeps_a_photo_turn(db: SessionDB) -> None:
+    db.create_session("g", "telegram")
+    assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "appended"
+    assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "existing"
+    assert [r["content"] for r in db.get_messages("g")] == [PHOTO_TURN]
