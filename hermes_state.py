@@ -15,11 +15,15 @@ them at run time (they are read each time a write builds its policy).
 
 from __future__ import annotations
 
+# asyncio and sys are attributes of this module on purpose: the application's tests patch
+# ``hermes_state.asyncio.to_thread`` (the async wrapper looks it up at each call).
+import asyncio  # noqa: F401
 import contextlib
 import functools
 import logging
 import random
 import sqlite3
+import sys  # noqa: F401
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,6 +32,7 @@ from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
 import hermes_state_common as common
+import hermes_state_compat as compat
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
 import hermes_state_deletion as deletion
@@ -95,6 +100,8 @@ __all__ = [
     "get_last_init_error",
     "DEFAULT_DB_PATH",
     "SCHEMA_VERSION",
+    "SCHEMA_SQL",
+    "MAX_FTS5_QUERY_CHARS",
     "get_hermes_home",
     "hermes_home_override",
     "display_hermes_home",
@@ -107,6 +114,18 @@ __all__ = [
     "workspace_key",
     *errors.__all__,
 ]
+
+# --- names the application imports from the previous store (see docs/compatibility.md) -----
+
+#: The schema a new store is created with (tables, indexes, the FTS indexes and their
+#: triggers), as one script of complete statements.
+SCHEMA_SQL = common.SCHEMA_SQL
+#: The longest search query read: longer input is cut to this many characters.
+MAX_FTS5_QUERY_CHARS = search.MAX_INPUT_CHARS
+_collect_delegate_child_ids = deletion.delegate_children
+_delete_delegate_children = deletion.delete_delegate_children
+_is_background_review_harness_message = messages.is_background_review_prompt
+_strip_background_review_harness = messages.without_background_review
 
 #: The package version (the one place it is written: the build reads it from here).
 __version__ = "0.1.0"
@@ -212,7 +231,7 @@ class SessionDB:
         self._stop_rebuild = threading.Event()
         self._seen = seen.SeenThrough()
         try:
-            self._conn = self._open_read_only() if read_only else self._open_writable()
+            self._connection = self._open_read_only() if read_only else self._open_writable()
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
@@ -245,21 +264,21 @@ class SessionDB:
             if earlier is None:
                 common.prepare_db_file(self.path)
             self._file_id = quarantine.file_identity(self.path)
-            self._conn = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
+            self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
         if earlier is not None:
             # Born quarantined: it reads, spools what it cannot write, and never writes.
             logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)
             self._quarantine(earlier)
-            return self._conn
+            return self._connection
         try:
             self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
-            schema.ensure_schema(self._conn, self._write)
+            schema.ensure_schema(self._connection, self._write)
             common.tighten_modes(self.path)
         except BaseException:
             self._close_connections()
             raise
-        return self._conn
+        return self._connection
 
     def _open_read_only(self) -> sqlite3.Connection:
         common.refuse_symlinks(self.path)
@@ -310,7 +329,7 @@ class SessionDB:
     def _close_connections(self) -> None:
         if self._helper is not None:
             self._helper.close()
-        self._conn.close()
+        self._connection.close()
 
     def __enter__(self) -> SessionDB:
         return self
@@ -345,11 +364,29 @@ class SessionDB:
             if self._quarantined is not None:
                 return
             self._quarantined = exc
-            quarantine.protect(self._conn, self._helper)
+            quarantine.protect(self._connection, self._helper)
             quarantine.register(
                 self.path, self._file_id, exc, self.profile_home,
                 lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S),
             )
+
+    # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
+
+    @property
+    def _conn(self) -> compat.RowConnection:
+        """The handle's connection as the previous store handed it to application code: its
+        statements return ``sqlite3.Row`` rows (the library's own code sees plain rows)."""
+        view = self.__dict__.get("_row_view")
+        if view is None:
+            view = self.__dict__["_row_view"] = compat.RowConnection(self._connection, self._lock)
+        return view
+
+    def _execute_write(self, fn: Callable[[compat.WriteConnection], T]) -> T:
+        """Run the application's ``fn(conn)`` as one write of the store: in one
+        ``BEGIN IMMEDIATE`` transaction under the write patience and retry policy, refused on
+        a quarantined or read-only handle, SQLite errors typed; returns what ``fn`` returns.
+        ``conn`` is a :class:`~hermes_state_compat.WriteConnection` (``sqlite3.Row`` rows)."""
+        return self._write(lambda conn: fn(compat.WriteConnection(conn, self._lock)))
 
     # --- the write path (see hermes_state_writes) ---------------------------------------------
 
@@ -375,10 +412,10 @@ class SessionDB:
         def attempt(detach_index: bool) -> T:
             with self._lock:
                 self._check_writable()
-                with common.transaction(self._conn):
+                with common.transaction(self._connection):
                     if detach_index:
-                        fts.detach_index(self._conn)
-                    result = fn(self._conn)
+                        fts.detach_index(self._connection)
+                    result = fn(self._connection)
                 self._after_commit()
             return result
 
@@ -393,9 +430,9 @@ class SessionDB:
             with self._lock:
                 self._check_writable()
                 if detach_index:
-                    with common.transaction(self._conn):
-                        fts.detach_index(self._conn)
-                return fn(self._conn)
+                    with common.transaction(self._connection):
+                        fts.detach_index(self._connection)
+                return fn(self._connection)
 
         return self._retrying(attempt, "write")
 
@@ -443,7 +480,7 @@ class SessionDB:
 
     def _fts_only(self, exc: BaseException) -> bool:
         with self._lock:
-            return fts.damage_is_fts_only(self._conn, exc)
+            return fts.damage_is_fts_only(self._connection, exc)
 
     def _after_commit(self) -> None:
         self._writes += 1
@@ -467,8 +504,8 @@ class SessionDB:
         with self._lock:
             self._check_open()
             try:
-                with common.read_transaction(self._conn):
-                    return fn(self._conn)
+                with common.read_transaction(self._connection):
+                    return fn(self._connection)
             except sqlite3.Error as exc:
                 damaged = errors.is_corruption_error(exc) and not self.read_only
                 if damaged and not self._fts_only(exc):
@@ -516,7 +553,7 @@ class SessionDB:
         if leave != self._leave_checkpoints:
             self._leave_checkpoints = leave
             off = leave or self.wal_reset_exposed
-            for conn in filter(None, (self._conn, self._helper)):
+            for conn in filter(None, (self._connection, self._helper)):
                 conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL if off else WAL_AUTOCHECKPOINT_DEFAULT_SQL)
         return not leave
 
@@ -542,7 +579,7 @@ class SessionDB:
         if self.wal_reset_exposed and self._helper is None:
             self._helper = self._connect("rw", 0.0)
         helper = self._helper if self.wal_reset_exposed else None
-        self.last_checkpoint = writes.passive_checkpoint(self._conn, helper)
+        self.last_checkpoint = writes.passive_checkpoint(self._connection, helper)
 
     # --- FTS maintenance ----------------------------------------------------------------------
 
@@ -614,6 +651,7 @@ class SessionDB:
             )
 
     fts_status = _reads(fts.status)
+    optimize_fts = _writes(fts.optimize_indexes)
 
     def check_fts_integrity(self) -> dict[str, str | None]:
         """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs
@@ -635,6 +673,8 @@ class SessionDB:
     update_token_counts = _writes(sessions.update_token_counts)
     get_model_usage = _reads(sessions.get_model_usage)
     list_sessions_rich = _reads(listing.list_sessions_rich)
+    # The previous store's name for one enriched row; the dashboard calls it.
+    _get_session_rich_row = _reads(listing.get_session_rich_row)
     search_sessions = _reads(listing.search_sessions)
     session_count = _reads(listing.session_count)
     search_sessions_by_id = _reads(listing.search_sessions_by_id)

@@ -363,10 +363,13 @@ def try_acquire_compression_lock(
     """Take the session's compression lock for ``ttl_seconds`` (the caller's transaction).
 
     True when ``holder`` now holds it: it was free, expired, held by a provably gone process,
-    or already ``holder``'s (then its expiry is extended). False while someone else holds it.
+    or already ``holder``'s (then its expiry is extended). False while someone else holds it,
+    and for an empty session id (no session to compress).
     """
     _check_holder(holder)
     ttl = _check_ttl(ttl_seconds)
+    if not session_id:
+        return False
     at = now()
     row = conn.execute(SELECT_LOCK_SQL, (session_id,)).fetchone()
     if row is not None and row[0] == holder:

@@ -62,6 +62,8 @@ __all__ = [
     "AUTO_PRUNE_KEY",
     "remove_transcripts",
     "deletion_closure",
+    "delegate_children",
+    "delete_delegate_children",
     "list_delete_candidates",
     "delete_session",
     "DELETE_SESSION",
@@ -111,11 +113,15 @@ def _check_sessions_dir(sessions_dir: Any) -> Path | None:
 
 def _is_spool(path: Path, session_id: str) -> bool:
     """Whether ``path`` is the quarantine's spool of ``session_id``: its records name the
-    session (``hermes_state_quarantine.spool_transcript``). A file that cannot be read is
-    treated as one: keeping a stray file costs only disk space."""
+    session (``hermes_state_quarantine.spool_transcript``). An empty file holds nothing
+    spooled; one that cannot be read is treated as a spool: keeping a stray file costs only
+    disk space."""
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
-            first = json.loads(f.readline())
+            line = f.readline()
+            if not line.strip():
+                return False
+            first = json.loads(line)
     except FileNotFoundError:
         return False
     except (OSError, ValueError):
@@ -216,17 +222,42 @@ def deletion_closure(conn: sqlite3.Connection, /, session_ids: Collection[str]) 
     doomed = {r[0] for r in conn.execute(EXISTING_SQL, (requested,))}
     if not doomed:
         return []
+    return sorted(doomed | _delegates_below(conn, doomed))
+
+
+def _delegates_below(conn: sqlite3.Connection, /, seeds: Collection[str]) -> set[str]:
+    """The delegate children of ``seeds``, transitively, none of ``seeds`` among them."""
     below: dict[str, set[str]] = {}
     for child, parent, named in conn.execute(DELEGATES_SQL):
         for anchor in {parent, named} - {None}:
             below.setdefault(str(anchor), set()).add(child)
-    frontier = list(doomed)
+    found, frontier = set(seeds), list(seeds)
     while frontier:
         for child in below.get(frontier.pop(), ()):
-            if child not in doomed:
-                doomed.add(child)
+            if child not in found:
+                found.add(child)
                 frontier.append(child)
-    return sorted(doomed)
+    return found - set(seeds)
+
+
+def delegate_children(conn: sqlite3.Connection, /, parent_ids: Iterable[object]) -> list[str]:
+    """The delegate children deleting ``parent_ids`` takes along (transitively, sorted), never
+    one of ``parent_ids``; ids that are not non-empty strings are ignored. Reads only."""
+    seeds = {sid for sid in parent_ids if isinstance(sid, str) and sid}
+    return sorted(_delegates_below(conn, seeds))
+
+
+def delete_delegate_children(
+    conn: sqlite3.Connection, /, parent_ids: Iterable[object]
+) -> list[str]:
+    """Delete :func:`delegate_children` of ``parent_ids`` as :func:`delete_session` deletes a
+    session (the caller's transaction; anything else pointing at them detached) and return
+    their ids. :class:`LedgerBusyError`, nothing deleted, while any of them holds live work."""
+    doomed = delegate_children(conn, parent_ids)
+    if doomed:
+        _refuse_busy(conn, doomed)
+        _delete_rows(conn, doomed)
+    return doomed
 
 
 def _delete_rows(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> None:

@@ -1029,7 +1029,7 @@ def persist_exception_input(
     conn: sqlite3.Connection,
     /,
     session_id: str,
-    content: Text | None,
+    content: Text | list[Any] | dict[str, Any] | None,
     *,
     marker: str,
     role: Text = "user",

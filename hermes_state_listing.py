@@ -40,6 +40,7 @@ from hermes_state_lineage import CONTINUATION_EDGE_SQL, LISTABLE_SQL, get_compre
 from hermes_state_sessions import source_filters
 
 __all__ = [
+    "get_session_rich_row",
     "list_sessions_rich",
     "session_count",
     "search_sessions",
@@ -223,6 +224,20 @@ def _project_tip(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
     root_id = row["id"]
     row.update({key: found[0].get(key) for key in TIP_FIELDS})
     row["_lineage_root_id"] = root_id
+
+
+def get_session_rich_row(
+    conn: sqlite3.Connection, /, session_id: str, compact_rows: bool = False
+) -> dict[str, Any] | None:
+    """One session as :func:`list_sessions_rich` shows a row (every column, ``preview``,
+    ``last_active``), never projected onto its tip; None for an unknown id.
+    ``compact_rows`` leaves ``system_prompt`` out."""
+    found = _enriched(conn.execute(ENRICHED_ONE_SQL, (session_id,)))
+    if not found:
+        return None
+    if compact_rows:
+        found[0].pop("system_prompt", None)
+    return found[0]
 
 
 def list_sessions_rich(

@@ -8,6 +8,10 @@
   it encodes the JSON-typed fields and computes the CJK index text. A copy passes the uids it
   carries and they are kept as they are.
 * Lone surrogates are the only change ever made to text (SQLite cannot bind them).
+* Content is text, or structured: a list of parts (text, image_url, audio, file …) or a dict,
+  kept losslessly as JSON in ``api_content`` beside its text parts in ``content``, which the
+  indexes, snippets and previews read (:data:`STRUCTURED_CONTENT_PREFIX`). Every read returns
+  the structure as ``content``; content the previous store wrote structured reads back too.
 * Appending a user turn resumes its conversation, lifting an archive only the idle clean-up
   set (see ``hermes_state_sessions``); copies made by compression, replacement or import
   never count as a resume.
@@ -80,9 +84,14 @@ __all__ = [
     "append_message",
     "SELECT_MESSAGES_SQL",
     "BACKGROUND_REVIEW_PROMPTS",
+    "is_background_review_prompt",
+    "without_background_review",
     "get_messages",
     "newest_id",
     "decode_content",
+    "STRUCTURED_CONTENT_PREFIX",
+    "structured_text",
+    "stored_content",
     "hydrated_message",
     "get_messages_as_conversation",
     "read_conversation",
@@ -236,6 +245,18 @@ def _json_field(name: str, value: Any) -> Any:
     return value
 
 
+def _structured(content: list[Any] | dict[str, Any], api_content: Any) -> tuple[str, str]:
+    """(content, api_content) of a row whose content is structured (see
+    :data:`STRUCTURED_CONTENT_PREFIX`): its text parts, and the structure as JSON."""
+    if api_content is not None:
+        raise InvalidInputError(
+            "api_content cannot accompany structured content: the structure is what is sent",
+            argument="api_content")
+    encoded = encode_json(content, "content")
+    assert encoded is not None
+    return structured_text(content), STRUCTURED_CONTENT_PREFIX + encoded
+
+
 def _role(value: Any) -> str:
     role = clean_text(value) if isinstance(value, str) else ""
     if not role:
@@ -386,14 +407,16 @@ class MessageRow:
         """Check and complete one message's fields (``conn`` pairs a tool result with its
         call). ``active`` None means live; uids are issued where none is given."""
         role = _role(role)
-        content = _text("content", content)
         finish_reason = _text("finish_reason", finish_reason)
         reasoning = _text("reasoning", reasoning)
         reasoning_content = _text("reasoning_content", reasoning_content)
-        content, api_content = _reasoning_only_reply(
-            role, content, finish_reason, reasoning, reasoning_content, tool_calls,
-            _text("api_content", api_content),
-        )
+        if isinstance(content, (list, dict)):
+            content, api_content = _structured(content, api_content)
+        else:
+            content, api_content = _reasoning_only_reply(
+                role, _text("content", content), finish_reason, reasoning, reasoning_content,
+                tool_calls, _text("api_content", api_content),
+            )
         tool_call_id = _text("tool_call_id", tool_call_id)
         live = True if active is None else bool(active)
         return cls(
@@ -514,7 +537,7 @@ def append_message(
     /,
     session_id: str,
     role: Text,
-    content: Text | None = None,
+    content: Text | list[Any] | dict[str, Any] | None = None,
     tool_name: Text | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
     tool_call_id: Text | None = None,
@@ -582,7 +605,11 @@ SELECT_MESSAGES_SQL = f"SELECT {', '.join(_READ_COLUMNS)} FROM messages"
 
 
 def row_to_message(row: Sequence[Any]) -> dict[str, Any]:
+    """A full row (``SELECT_MESSAGES_SQL``) as a dict: JSON fields decoded, flags as bools,
+    structured content as its list or dict (:func:`stored_content`)."""
     message = dict(zip(_READ_COLUMNS, row, strict=True))
+    message["content"], message["api_content"] = stored_content(
+        message["content"], message["api_content"])
     for name in JSON_FIELDS:
         if message[name] is not None:
             message[name] = decode_json(message[name])
@@ -614,8 +641,39 @@ def newest_id(rows: Iterable[Mapping[str, Any]]) -> int:
 
 
 # Structured content (a list of parts, a dict) as the previous store wrote it: JSON text after
-# one of these prefixes, of one length (the older one used a NUL). This store writes text only.
+# one of these prefixes, of one length (the older one used a NUL).
 STRUCTURED_CONTENT_PREFIXES = ("\x01json:", "\x00json:")
+#: What precedes the JSON text of structured content in ``api_content``. A row whose content
+#: is a list or a dict (a multimodal turn: text parts beside images, audio, files) keeps the
+#: structure there, as what is sent, and its text parts, one per line, in ``content``: the
+#: column every index, snippet and preview reads. Readers get the structure back as
+#: ``content`` (and ``api_content`` None): :func:`stored_content`.
+STRUCTURED_CONTENT_PREFIX = "\x00json:"
+
+
+def structured_text(content: Any) -> str:
+    """The text parts of structured content, one per line: each string item of a list, and
+    the ``text`` of each part (a dict part, or the dict itself) that has a string one."""
+    parts = content if isinstance(content, list) else [content]
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return clean_text("\n".join(texts))
+
+
+def stored_content(content: Any, api_content: Any) -> tuple[Any, Any]:
+    """(content, api_content) of a stored row as readers get them: structured content back
+    as its list or dict with ``api_content`` None, and content the previous store wrote
+    structured decoded (:func:`decode_content`); anything else as it is."""
+    if isinstance(api_content, str) and api_content.startswith(STRUCTURED_CONTENT_PREFIX):
+        try:
+            return json.loads(api_content[len(STRUCTURED_CONTENT_PREFIX):]), None
+        except ValueError:
+            pass
+    return decode_content(content), api_content
 
 
 def decode_content(content: Any) -> Any:
@@ -633,7 +691,6 @@ def hydrated_message(row: Sequence[Any]) -> dict[str, Any]:
     """A full row (``SELECT_MESSAGES_SQL``) as :func:`get_messages` returns it, with structured
     content decoded and ``tool_calls`` that are not JSON read as ``[]``."""
     message = row_to_message(row)
-    message["content"] = decode_content(message["content"])
     if isinstance(message["tool_calls"], str):  # decode_json keeps text that does not parse
         message["tool_calls"] = []
     return message
@@ -724,9 +781,10 @@ def _turns(
         codex_reasoning_items, codex_message_items, message_uid, absorbed, call_uids,
         call_uid, timestamp, platform_message_id, observed, effect_disposition,
     ) in conn.execute(CONVERSATION_SQL, (session_id, int(bool(include_inactive)))):
+        content, api_content = stored_content(content, api_content)
         turn: dict[str, Any] = {
             "role": role,
-            "content": decode_content(content) if api_content is None else api_content,
+            "content": content if api_content is None else api_content,
             "timestamp": timestamp,
         }
         if tool_calls is not None:
@@ -774,37 +832,57 @@ def _turns(
 _Read = list[tuple[str, int, dict[str, Any]]]
 
 
-def _is_review_prompt(turn: Mapping[str, Any]) -> bool:
-    content = turn["content"]
-    return (
-        turn["role"] in ("user", "system")
-        and isinstance(content, str)
-        and content.lstrip().startswith(BACKGROUND_REVIEW_PROMPTS)
-    )
+def is_background_review_prompt(message: object) -> bool:
+    """True for a user or system message whose text begins, after leading whitespace, with
+    one of :data:`BACKGROUND_REVIEW_PROMPTS`."""
+    if not isinstance(message, Mapping) or message.get("role") not in ("user", "system"):
+        return False
+    content = message.get("content")
+    return isinstance(content, str) and content.lstrip().startswith(BACKGROUND_REVIEW_PROMPTS)
+
+
+def _review_kept(turns: Sequence[object]) -> list[bool]:
+    """Which of ``turns`` a replay keeps: each background-review prompt goes, with the
+    assistant turn right after it and the tool results that answer that turn's calls (a
+    result without its call breaks a replay). A prompt right after another takes the place of
+    the first one's reply, so it does not also claim the turn after it."""
+    kept: list[bool] = []
+    claims_reply = previous_was_prompt = False
+    dropped_calls: list[str] = []
+    for turn in turns:
+        if is_background_review_prompt(turn):
+            claims_reply = not previous_was_prompt
+            previous_was_prompt = True
+            kept.append(False)
+            continue
+        previous_was_prompt = False
+        fields: Mapping[str, Any] = turn if isinstance(turn, Mapping) else {}
+        role = fields.get("role")
+        if claims_reply and role == "assistant":
+            claims_reply = False
+            dropped_calls = _tool_call_ids(fields.get("tool_calls"))
+            kept.append(False)
+            continue
+        claims_reply = False
+        if role == "tool" and fields.get("tool_call_id") in dropped_calls:
+            kept.append(False)
+            continue
+        if role != "tool":
+            dropped_calls = []
+        kept.append(True)
+    return kept
+
+
+def without_background_review(messages: list[Any]) -> list[Any]:
+    """``messages`` (replay dicts) without background-review turns (see :func:`_review_kept`);
+    an item that is not a dict is kept as it is."""
+    return [m for m, keep in zip(messages, _review_kept(messages), strict=True) if keep]
 
 
 def _without_review_turns(read: _Read) -> _Read:
-    """Leave out each background-review prompt, the assistant turn right after it, and the tool
-    results that answer that turn's calls (a result without its call breaks a replay)."""
-    out: _Read = []
-    after_prompt = False
-    dropped_calls: list[str] = []
-    for entry in read:
-        turn = entry[2]
-        if _is_review_prompt(turn):
-            after_prompt = True
-            continue
-        if after_prompt and turn["role"] == "assistant":
-            after_prompt = False
-            dropped_calls = _tool_call_ids(turn.get("tool_calls"))
-            continue
-        after_prompt = False
-        if turn["role"] == "tool" and turn.get("tool_call_id") in dropped_calls:
-            continue
-        if turn["role"] != "tool":
-            dropped_calls = []
-        out.append(entry)
-    return out
+    """:func:`without_background_review` over the turns read."""
+    kept = _review_kept([entry[2] for entry in read])
+    return [entry for entry, keep in zip(read, kept, strict=True) if keep]
 
 
 def _without_replayed_prompts(read: _Read) -> _Read:

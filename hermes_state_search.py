@@ -591,8 +591,24 @@ def plan_search(query: object) -> SearchPlan | None:
         cjk_groups=tuple(cjk_groups),
         fts_where=_negations_where(latin, _FTS_VIEW),
         latin_cjk_where=_negations_where(latin, _CJK_VIEW),
-        cjk_where=_negations_where(cjk, _CJK_VIEW),
+        cjk_where=_literal_where(cjk, cjk_groups, _negations_where(cjk, _CJK_VIEW)),
     )
+
+
+def _literal_where(
+    alternatives: list[list[_Item]], groups: list[LikeGroup],
+    where: tuple[str, tuple[str, ...]],
+) -> tuple[str, tuple[str, ...]]:
+    """``where`` of the CJK route, which also holds the row to the exact text of a single
+    alternative whose terms keep a symbol between their parts (``100%完成``): the index reads
+    no symbol, so without it ``100完成`` would match as well."""
+    if len(alternatives) != 1:
+        return where
+    positive = _positive_and_negated(alternatives[0])[0]
+    if all(ch.isalnum() or ch.isspace() for term in positive for ch in term.text):
+        return where
+    exact = " AND ".join([f"{_LIKE_TEXT} LIKE ? ESCAPE '\\'"] * len(groups[0].include))
+    return f"{where[0]} AND ({exact})", (*where[1], *groups[0].include)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from hermes_state_errors import (
     SessionNotFoundError,
     TitleConflictError,
 )
-from hermes_state_lineage import compression_ancestors, conversation_members
+from hermes_state_lineage import compression_ancestors, conversation_members, session_ancestors
 from hermes_state_schema import expected_columns
 
 __all__ = [
@@ -134,9 +134,12 @@ def create_session(
     parent_session_id: str | None = None,
     **columns: Any,
 ) -> str:
-    """Create the session unless it exists; a second call changes nothing. Returns the id.
+    """Create the session unless it exists. Returns the id.
 
-    ``columns`` may set any other column of ``sessions`` (``cwd``, ``chat_id``, …)."""
+    ``columns`` may set any other column of ``sessions`` (``cwd``, ``chat_id``, …). On an
+    existing session the call fills the columns it gives that are still NULL and never
+    changes a value already set: a gateway creates a bare row, and the agent's own call later
+    brings the model, its configuration and the system prompt (:func:`_fill_missing`)."""
     columns.update(
         model=model,
         model_config=model_config,
@@ -170,11 +173,12 @@ def _insert_session(
     if unknown:
         raise InvalidTypeError(f"unknown session columns: {', '.join(sorted(unknown))}")
     values = {k: _session_value(k, v) for k, v in columns.items() if v is not None}
-    values.setdefault("started_at", now())
     if "title" in values:
         values["title"] = sanitize_title(values["title"])
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
-        return False  # idempotent: the existing row is never touched
+        _fill_missing(conn, session_id, values)
+        return False
+    values.setdefault("started_at", now())
     parent = values.get("parent_session_id")
     if parent is not None:
         require_session(conn, parent)
@@ -186,6 +190,30 @@ def _insert_session(
         f" VALUES ({placeholders(len(names))}) ON CONFLICT(id) DO NOTHING"
     )
     return conn.execute(sql, (session_id, clean_optional(source), *values.values())).rowcount > 0
+
+
+# Columns a repeated create_session never fills: the start stays the first call's, and a
+# title is set (and checked for uniqueness) by set_session_title only.
+_NEVER_FILLED = frozenset({"started_at", "title"})
+
+
+def _fill_missing(
+    conn: sqlite3.Connection, /, session_id: str, values: Mapping[str, Any]
+) -> None:
+    """Set each of ``values`` on the existing session where its column is still NULL. A parent
+    is filled only when it exists and is not the session or one of its descendants."""
+    fill = {k: v for k, v in values.items() if k not in _NEVER_FILLED}
+    parent = fill.get("parent_session_id")
+    if parent is not None:
+        require_session(conn, parent)
+        if any(row["id"] == session_id for row in session_ancestors(conn, parent)):
+            del fill["parent_session_id"]  # it would close a cycle
+    if not fill:
+        return
+    assignments = ", ".join(
+        f"{quote_identifier(name)} = COALESCE({quote_identifier(name)}, ?)" for name in fill
+    )
+    conn.execute(f"UPDATE sessions SET {assignments} WHERE id = ?", (*fill.values(), session_id))
 
 
 def get_session(conn: sqlite3.Connection, /, session_id: Key) -> dict[str, Any] | None:
@@ -319,6 +347,15 @@ def _check_cost(name: str, value: Any) -> float | None:
     return float(value)
 
 
+# The session's model and billing route, and whether any usage was accounted to it yet.
+SESSION_ROUTE_SQL = """
+SELECT model, billing_provider, billing_base_url, billing_mode,
+       input_tokens + output_tokens + cache_read_tokens + cache_write_tokens
+       + reasoning_tokens + api_call_count > 0
+FROM sessions WHERE id = ?
+"""
+
+
 def update_token_counts(
     conn: sqlite3.Connection,
     /,
@@ -343,7 +380,14 @@ def update_token_counts(
 ) -> None:
     """Add to (or, with ``absolute=True``, set) the session totals and the matching
     ``session_model_usage`` row (session × model × billing route × task), in the caller's
-    transaction. ``model`` fills the session's model only while it is NULL."""
+    transaction. ``model`` fills the session's model only while it is NULL.
+
+    The session's billing route is the one requested (``create_session``,
+    ``update_session_billing_route``) until usage is first accounted: the route of the first
+    update that counts tokens or calls replaces it, its three fields at once. After that a
+    fallback route (a later update's) is kept on its usage row only, and an update that
+    counts nothing never changes the session's route. A usage row without a route of its own
+    takes the session's, and without a model the session's model."""
     given_tokens = {
         "input_tokens": input_tokens, "output_tokens": output_tokens,
         "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
@@ -360,12 +404,13 @@ def update_token_counts(
     labels = {
         f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
     }
-    row = conn.execute(
-        "SELECT model, billing_provider, billing_base_url, billing_mode FROM sessions WHERE id = ?",
-        (session_id,),
-    ).fetchone()
+    row = conn.execute(SESSION_ROUTE_SQL, (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(session_id)
+    given_route: dict[str, Any] = {f: labels.pop(f) for f in ROUTE_FIELDS if f in labels}
+    if given_route and any(tokens.values()) and not row[4]:
+        given_route = {f: given_route.get(f) for f in ROUTE_FIELDS}  # the first accounted
+        labels.update(given_route)
     sets = [f"{f} = ?" if absolute else f"{f} = {f} + ?" for f in TOKEN_FIELDS]
     params: list[Any] = list(tokens.values())
     for f, value in costs.items():
@@ -380,7 +425,7 @@ def update_token_counts(
         params.append(clean_optional(model))
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
 
-    route = [labels.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
+    route = [given_route.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
     usage_model = model if model is not None else row[0]
     stamp = now()
     conn.execute(

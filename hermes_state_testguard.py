@@ -5,6 +5,11 @@ under pytest that would open the real default root's ``state.db`` or a real name
 gets ``RuntimeError`` before any file is created or touched, so test data and SQLite's side
 effects never reach the environment a person actually uses.
 
+"The real default root" is the account's: ``.hermes`` under the home directory the password
+database gives the user (``HOME`` only where there is none), never whatever ``HOME`` says during
+a test — tests point ``HOME`` at a temporary folder and open ``<tmp>/.hermes/state.db``. A path
+under the system's temporary directory is never production.
+
 Two escape hatches exist, for tests only: ``HERMES_STATE_DB_GUARD_BYPASS=1`` in the
 environment of a child process that must touch a production store, and the
 ``live_system_guard_bypass`` marker of the pytest plugin shipped beside this module
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +30,7 @@ from hermes_state_common import platform_default_home
 
 __all__ = [
     "GUARD_BYPASS_ENV",
+    "real_default_root",
     "is_production_db_path",
     "check_test_isolation",
     "bypassed_in_process",
@@ -39,18 +46,38 @@ def _running_under_pytest() -> bool:
     return "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules
 
 
-def is_production_db_path(db_path: Path) -> bool:
-    """True when ``db_path`` is the real default root's database or a real profile's.
+def real_default_root() -> Path:
+    """The platform default home of the account itself: on POSIX ``.hermes`` under the home
+    directory of the password database's entry for this user (``HOME`` is what a test
+    changes), elsewhere the platform default."""
+    if sys.platform == "win32":
+        return platform_default_home()
+    try:
+        import pwd
+
+        return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".hermes"
+    except (ImportError, KeyError):  # no entry for this user: the environment is all there is
+        return platform_default_home()
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the normalised spelling
+        return Path(os.path.abspath(path.expanduser()))
+
+
+def is_production_db_path(db_path: Path, root: Path | None = None) -> bool:
+    """True when ``db_path`` is the database of ``root`` (default: the real default root) or
+    of one of its profiles; never for a path under the system's temporary directory.
 
     Both sides are resolved first, so neither ``..`` components nor a symlinked directory can
     spell a production path in a way the comparison misses.
     """
-    try:
-        target = db_path.expanduser().resolve()
-        root = platform_default_home().resolve()
-    except (OSError, RuntimeError):  # a symlink loop: compare the normalised spelling
-        target = Path(os.path.abspath(db_path.expanduser()))
-        root = Path(os.path.abspath(platform_default_home()))
+    target = _resolved(db_path)
+    root = _resolved(real_default_root() if root is None else root)
+    if target.is_relative_to(_resolved(Path(tempfile.gettempdir()))):
+        return False
     try:
         rel = target.parent.relative_to(root)
     except ValueError:

@@ -52,6 +52,7 @@ from hermes_state_common import (
     OnStore,
     clean_optional,
     connect,
+    now,
     quote_identifier,
     remove_abandoned_temps,
     set_meta,
@@ -394,6 +395,14 @@ def _stored_value_problem(values: Iterable[Any]) -> str | None:
 _CHECK_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, HermesStateError)
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planned | None:
     """Check one record completely (row, every message, usage, counters); the planned row
     with its counters, or None when it has problems (each added to ``errors``)."""
@@ -404,9 +413,13 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
     found = len(errors.items) + errors.more
     columns = session_columns()
     row = {k: rec.session[k] for k in columns if k in rec.session}
-    missing = [k for k in ("source", "started_at") if row.get(k) is None]
+    if row.get("started_at") is None:
+        row["started_at"] = now()  # a record written by hand: the session starts now
+    missing = [k for k in ("source",) if row.get(k) is None]
     for name in missing:
         errors.add(rec.where, f"the session has no {name}", sid)
+    if isinstance(row.get("model_config"), str) and not _is_json(row["model_config"]):
+        errors.add(rec.where, "model_config must be valid JSON", sid)
     problem = _row_problem("sessions", {k: v for k, v in row.items() if k not in missing})
     if problem:
         errors.add(rec.where, problem, sid)

@@ -10,7 +10,8 @@ them to work. ``SessionDB`` itself never falls back: it refuses a file that will
   switch with ``SQLITE_PROTOCOL`` ("locking protocol", as network mounts report it); a mount
   or authorizer that forbids the pragma with ``SQLITE_AUTH`` ("not authorized", which Python
   raises as a plain ``DatabaseError``, not an ``OperationalError``). Those two result codes,
-  and only those, switch the connection to DELETE mode, with one WARNING per ``db_label`` per
+  and only those (an error raised without a result code, by a connection wrapper, is read by
+  SQLite's own text for them), switch the connection to DELETE mode, with one WARNING per ``db_label`` per
   process — unless the file turns out to be in WAL mode after all (another connection switched
   it meanwhile, or it cannot be read to tell): a WAL file is never downgraded, so the error is
   raised. Any other error propagates.
@@ -60,9 +61,16 @@ def _mode(conn: sqlite3.Connection, sql: str) -> str:
     return str(row[0]).lower() if row and row[0] is not None else ""
 
 
+# SQLite's own text for those two result codes, for an error raised without its code (a
+# connection wrapper's, a test double's): such an error carries nothing else to read.
+_REFUSAL_TEXTS = ("locking protocol", "not authorized", "authorization denied")
+
+
 def _refuses_wal(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(code, int) and (code & 0xFF) in _WAL_REFUSALS
+    if isinstance(code, int):
+        return (code & 0xFF) in _WAL_REFUSALS
+    return str(exc).strip().lower().startswith(_REFUSAL_TEXTS)
 
 
 def _file_is_wal(conn: sqlite3.Connection) -> bool | None:

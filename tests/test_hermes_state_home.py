@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import hermes_state_testguard as testguard
 from hermes_state import (
     SessionDB,
     UnsafePathError,
@@ -247,6 +249,10 @@ def test_child_env_replaces_an_inherited_hermes_home(hermes_home: Path, tmp_path
 
 
 # --- the test-isolation guard ----------------------------------------------------------------
+#
+# The production root is the account's own home (from the password database), whatever HOME
+# says. The tests name paths under it, but only the guard ever sees them: it refuses before any
+# file is created, and a test that would lift the guard there checks the guard alone.
 
 OPEN_DEFAULT = """
 import json
@@ -268,6 +274,18 @@ except RuntimeError as exc:
     print(json.dumps({"refused": str(exc)}))
 """
 
+# The guard alone, on the default store's path: nothing is opened either way.
+CHECK_DEFAULT = """
+import json
+from hermes_state_common import default_db_path
+from hermes_state_testguard import check_test_isolation
+try:
+    check_test_isolation(default_db_path())
+    print(json.dumps({"allowed": str(default_db_path())}))
+except RuntimeError as exc:
+    print(json.dumps({"refused": str(exc)}))
+"""
+
 
 def _guarded_env(user_home: Path, **extra: str | None) -> dict[str, str | None]:
     return {
@@ -283,106 +301,138 @@ def _files_under(path: Path) -> list[Path]:
     return sorted(path.rglob("*"))
 
 
+def _existing(paths: list[Path]) -> list[bool]:
+    return [p.exists() for p in paths]
+
+
+@pytest.fixture
+def real_root() -> Path:
+    """The account's own default root (its home from the password database)."""
+    import pwd  # POSIX only, like the tests that use it
+
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".hermes"
+
+
 @posix_only
-def test_guard_refuses_the_default_database_in_a_test_subprocess(
+def test_guard_refuses_the_real_default_database_in_a_test_subprocess(
+    run_python, real_root: Path
+) -> None:
+    before = _existing([real_root, real_root / "state.db"])
+    result = run_python(OPEN_DEFAULT, env=_guarded_env(real_root.parent))
+    assert result.returncode == 0, result.stderr
+    assert "refused" in json.loads(result.stdout)
+    assert _existing([real_root, real_root / "state.db"]) == before
+
+
+@posix_only
+def test_guard_allows_a_temporary_home_even_without_hermes_home(
     run_python, tmp_path: Path
 ) -> None:
+    """Tests point HOME at a temporary folder and open <tmp>/.hermes/state.db."""
     user_home = tmp_path / "user-home"
     user_home.mkdir()
     result = run_python(OPEN_DEFAULT, env=_guarded_env(user_home))
     assert result.returncode == 0, result.stderr
-    assert "refused" in json.loads(result.stdout)
-    assert _files_under(user_home) == []
+    assert json.loads(result.stdout) == {"opened": str(user_home / ".hermes" / "state.db")}
+
+
+@posix_only
+def test_a_path_under_the_temporary_directory_is_never_production(
+    tmp_path: Path, real_root: Path
+) -> None:
+    scratch = tmp_path / ".hermes"
+    assert not testguard.is_production_db_path(scratch / "state.db", root=scratch)
+    assert testguard.is_production_db_path(real_root / "state.db")
 
 
 @posix_only
 @pytest.mark.parametrize(
     "relative",
-    [
-        ".hermes/profiles/coder/state.db",
-        ".hermes/x/../state.db",
-        ".hermes/profiles/coder/../writer/state.db",
-    ],
+    ["profiles/coder/state.db", "x/../state.db", "profiles/coder/../writer/state.db"],
 )
 def test_guard_refuses_production_paths_however_spelled(
-    run_python, tmp_path: Path, relative: str
+    run_python, tmp_path: Path, real_root: Path, relative: str
 ) -> None:
+    target = real_root / relative
+    before = _existing([real_root, target])
     user_home = tmp_path / "user-home"
     user_home.mkdir()
-    result = run_python(OPEN_PATH, str(user_home / relative), env=_guarded_env(user_home))
+    result = run_python(OPEN_PATH, str(target), env=_guarded_env(user_home))
     assert result.returncode == 0, result.stderr
     assert "refused" in json.loads(result.stdout)
-    assert _files_under(user_home) == []
+    assert _existing([real_root, target]) == before
 
 
 @posix_only
 def test_guard_refuses_a_path_reaching_production_through_a_symlinked_directory(
-    run_python, tmp_path: Path
+    run_python, tmp_path: Path, real_root: Path
 ) -> None:
-    user_home = tmp_path / "user-home"
-    (user_home / ".hermes").mkdir(parents=True)
     link = tmp_path / "innocent-looking"
-    link.symlink_to(user_home / ".hermes")
-    result = run_python(OPEN_PATH, str(link / "state.db"), env=_guarded_env(user_home))
+    link.symlink_to(real_root)
+    before = _existing([real_root, real_root / "state.db"])
+    result = run_python(OPEN_PATH, str(link / "state.db"), env=_guarded_env(tmp_path))
     assert "refused" in json.loads(result.stdout)
-    assert _files_under(user_home) == [user_home / ".hermes"]
+    assert _existing([real_root, real_root / "state.db"]) == before
 
 
 @posix_only
-def test_guard_env_bypass_lets_a_child_open_the_default(run_python, tmp_path: Path) -> None:
-    user_home = tmp_path / "user-home"
-    user_home.mkdir()
-    env = _guarded_env(user_home, HERMES_STATE_DB_GUARD_BYPASS="1")
-    result = run_python(OPEN_DEFAULT, env=env)
+def test_guard_env_bypass_lets_a_child_through(run_python, real_root: Path) -> None:
+    env = _guarded_env(real_root.parent, HERMES_STATE_DB_GUARD_BYPASS="1")
+    result = run_python(CHECK_DEFAULT, env=env)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"opened": str(user_home / ".hermes" / "state.db")}
-    assert (user_home / ".hermes" / "state.db").is_file()
+    assert json.loads(result.stdout) == {"allowed": str(real_root / "state.db")}
+    assert "refused" in json.loads(run_python(CHECK_DEFAULT, env=_guarded_env(
+        real_root.parent)).stdout)
 
 
 @posix_only
-def test_guard_allows_a_temporary_home_in_a_test_subprocess(run_python, tmp_path: Path) -> None:
-    user_home = tmp_path / "user-home"
-    user_home.mkdir()
-    env = _guarded_env(user_home, HERMES_HOME=str(tmp_path / "scratch"))
+def test_guard_allows_a_temporary_hermes_home_in_a_test_subprocess(
+    run_python, tmp_path: Path, real_root: Path
+) -> None:
+    env = _guarded_env(real_root.parent, HERMES_HOME=str(tmp_path / "scratch"))
     result = run_python(OPEN_DEFAULT, env=env)
     assert json.loads(result.stdout) == {"opened": str(tmp_path / "scratch" / "state.db")}
 
 
 @posix_only
-def test_guard_is_off_outside_pytest(run_python, tmp_path: Path) -> None:
-    user_home = tmp_path / "user-home"
-    user_home.mkdir()
-    result = run_python(OPEN_DEFAULT, env=_guarded_env(user_home, PYTEST_CURRENT_TEST=None))
-    assert json.loads(result.stdout) == {"opened": str(user_home / ".hermes" / "state.db")}
+def test_guard_is_off_outside_pytest(run_python, real_root: Path) -> None:
+    env = _guarded_env(real_root.parent, PYTEST_CURRENT_TEST=None)
+    result = run_python(CHECK_DEFAULT, env=env)
+    assert json.loads(result.stdout) == {"allowed": str(real_root / "state.db")}
 
 
 @posix_only
 @pytest.mark.live_system_guard_bypass
-def test_marker_lets_a_test_open_the_default_database(fake_user_home: Path) -> None:
-    with SessionDB() as db:
-        db.create_session("live", "cli")
-        assert db.path == fake_user_home / ".hermes" / "state.db"
-    assert (fake_user_home / ".hermes" / "state.db").is_file()
+def test_marker_lifts_the_guard(real_root: Path) -> None:
+    testguard.check_test_isolation(real_root / "state.db")
+    testguard.check_test_isolation(real_root / "profiles" / "coder" / "state.db")
 
 
 @pytest.fixture
-def default_db_at_setup(fake_user_home: Path) -> Iterator[SessionDB]:
-    with SessionDB() as db:
-        yield db
+def guard_checked_at_setup(real_root: Path) -> Iterator[Path]:
+    testguard.check_test_isolation(real_root / "state.db")
+    yield real_root
+    testguard.check_test_isolation(real_root / "state.db")
 
 
 @posix_only
 @pytest.mark.live_system_guard_bypass
-def test_marker_covers_fixture_setup_and_teardown(default_db_at_setup: SessionDB) -> None:
-    assert default_db_at_setup.session_count() == 0
+def test_marker_covers_fixture_setup_and_teardown(guard_checked_at_setup: Path) -> None:
+    testguard.check_test_isolation(guard_checked_at_setup / "state.db")
 
 
 @posix_only
-def test_without_the_marker_the_default_database_is_refused(fake_user_home: Path) -> None:
+def test_without_the_marker_the_real_default_database_is_refused(
+    real_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(real_root.parent))
+    monkeypatch.delenv("HERMES_HOME", raising=False)
+    before = _existing([real_root, real_root / "state.db"])
     with pytest.raises(RuntimeError, match="production"):
         SessionDB()
     with pytest.raises(RuntimeError):
-        SessionDB(fake_user_home / ".hermes" / "profiles" / "coder" / "state.db")
+        SessionDB(real_root / "profiles" / "coder" / "state.db")
     with pytest.raises(RuntimeError):
         SessionDB("~/.hermes/state.db", read_only=True)
-    assert _files_under(fake_user_home) == []
+    assert _existing([real_root, real_root / "state.db"]) == before
+

@@ -570,8 +570,12 @@ def test_any_json_value_round_trips(db: SessionDB, value: Any) -> None:
 # --- bad input -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", [123, b"bytes", ["part"], {"type": "text"}, 1.5])
-def test_non_string_content_is_a_type_error(db: SessionDB, s: str, content: Any) -> None:
+@pytest.mark.parametrize(
+    "content", [123, b"bytes", 1.5, [b"bytes"], {"type": "text", "text": object()}]
+)
+def test_content_that_is_neither_text_nor_json_is_a_type_error(
+    db: SessionDB, s: str, content: Any
+) -> None:
     with pytest.raises(TypeError):
         db.append_message(s, "user", content)
     assert db.get_session(s)["message_count"] == 0

@@ -82,7 +82,9 @@ def test_mypy_shows_append_message_with_its_own_parameters(tmp_path: Path) -> No
         "    reveal_type(db.append_message)\n"
     )})
     revealed = result.stdout.split("Revealed type is", 1)[-1].splitlines()[0]
-    assert revealed.startswith(' "def (session_id: str, role: str, content: str | None ='), (
+    assert revealed.startswith(
+        ' "def (session_id: str, role: str, content: str | list[Any] | dict[str, Any] | None ='
+    ), (
         result.stdout
     )
     assert revealed.endswith(', tool_call_uid: str | None =) -> int"'), result.stdout

@@ -1,0 +1,94 @@
+"""The handle's connection as the application's own SQL sees it (``SessionDB._conn``).
+
+The previous store's connection returned ``sqlite3.Row`` rows, and application code that runs
+its own statements through the handle reads them by name (``dict(row)``, ``row["id"]``):
+analytics over ``sessions`` and ``messages``, the dashboard's queries, writes passed to
+``SessionDB._execute_write``. The library's own code reads plain tuples from the same
+connection. :class:`RowConnection` is the one view on it that gives ``sqlite3.Row`` rows:
+each statement it runs gets a cursor of its own whose ``row_factory`` is the view's, so the
+connection itself, and every statement the library runs on it, is unchanged. Anything else
+(``set_trace_callback``, ``in_transaction``, ``total_changes``, …) is the connection's own.
+
+Inside ``_execute_write`` the function gets a :class:`WriteConnection`: the same view, inside
+the store's ``BEGIN IMMEDIATE`` transaction. Its ``commit()`` does nothing (the transaction
+commits when the function returns, as the previous store's did), and ``rollback()`` is
+refused: a function that wants nothing written raises, and the transaction is rolled back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from hermes_state_errors import HermesStateError
+
+__all__ = ["RowConnection", "WriteConnection"]
+
+RowFactory = Callable[[sqlite3.Cursor, tuple[Any, ...]], Any]
+
+
+class RowConnection:
+    """A view on ``conn`` whose statements return ``sqlite3.Row`` rows (see the module
+    docstring). ``row_factory`` may be set on the view; it never reaches the connection.
+
+    Each statement starts under ``lock``, the handle's: one the library is in the middle of a
+    transaction on the connection waits for it to end."""
+
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._connection = conn
+        self._lock = lock
+        self.row_factory: RowFactory | type[sqlite3.Row] | None = sqlite3.Row
+
+    def cursor(self) -> sqlite3.Cursor:
+        cursor = self._connection.cursor()
+        cursor.row_factory = self.row_factory
+        return cursor
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        with self._lock:
+            return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
+        with self._lock:
+            return self.cursor().executemany(sql, parameters)
+
+    def executescript(self, script: str, /) -> sqlite3.Cursor:
+        with self._lock:
+            return self.cursor().executescript(script)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_connection", "_lock"):  # not set yet (a copy being built)
+            raise AttributeError(name)
+        return getattr(self._connection, name)
+
+    def __enter__(self) -> RowConnection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """As ``with conn:`` on a connection: commit what the block left open, or roll it
+        back when the block raised."""
+        self._connection.__exit__(exc_type, exc, traceback)
+
+    def __repr__(self) -> str:
+        return f"RowConnection({self._connection!r})"
+
+
+class WriteConnection(RowConnection):
+    """The view ``_execute_write`` hands its function, inside the store's transaction."""
+
+    def commit(self) -> None:
+        """Nothing: the store's transaction commits when the function returns."""
+
+    def rollback(self) -> None:
+        raise HermesStateError(
+            "a function run by _execute_write cannot roll back the store's transaction: "
+            "raise instead, and nothing it wrote is kept"
+        )
