@@ -762,7 +762,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _warn("recover --source is now --input (--source is the platform in the other "
               "commands)")
     given = args.input or args.input_deprecated
-    source = Path(given).expanduser() if given else _resolve_db(args)
+    source = Path(given).expanduser().absolute() if given else _resolve_db(args)
     holders = describe_lock_holders(source)
     if holders:
         _warn(f"{source} is in use ({'; '.join(holders)}); stop them for a consistent copy")
@@ -796,13 +796,26 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _health_text(report: dict[str, Any]) -> None:
-    print(f"integrity: {'; '.join(report.get('integrity', []))}")
+    integrity = report.get("integrity", [])
+    print("integrity: " + ("ok" if integrity == ["ok"]
+                           else _check_problem("integrity_check", integrity)))
+    if report.get("damaged_tables"):
+        print(f"damaged tables: {', '.join(report['damaged_tables'])}")
     for table, error in (report.get("fts_integrity") or {}).items():
         print(f"fts {table}: {error or 'ok'}")
     print(f"fts_stale: {report.get('fts_stale') or 'no'}")
     missing = (report.get("triggers") or {}).get("missing")
     print(f"triggers missing: {', '.join(missing) if missing else 'none'}")
     print(f"row counts: {fmt.counts(report.get('row_counts'))}")
+
+
+def _unrepairable(health: dict[str, Any]) -> bool:
+    """True when a health report shows damage a repair cannot mend: the file cannot be read,
+    a canonical table's b-tree is damaged, or its rows cannot be counted."""
+    counts = health.get("row_counts") or {}
+    return bool(health.get("damaged_tables")) or any(
+        isinstance(c, str) for c in counts.values()) or (
+        not health.get("healthy") and "row_counts" not in health)
 
 
 def _record_damaged(report: dict[str, Any]) -> bool:
@@ -817,15 +830,22 @@ def cmd_repair(args: argparse.Namespace) -> int:
     report = repair_state_db(
         db, check_only=args.check_only, backup=not args.no_backup, progress=_Progress()
     )
+    if report.get("backup"):
+        report["deleted_snapshots"] = _prune_snapshots(args, db, [report["backup"]])
     if args.json:
         _print_json(report)
     if args.check_only:
         if not args.json:
             _health_text(report)
             for problem in report.get("problems", []):
+                if problem.startswith("integrity_check"):  # said above, a line per finding
+                    problem = _check_problem("integrity_check", report["integrity"])
                 print(f"! {problem}")
-            if not report.get("healthy"):
-                print(f"next: {STOP_USERS}; then `{PROG} sessions repair`")
+            if _unrepairable(report):
+                print("repair cannot mend this: it rebuilds indexes, not damaged rows")
+                print(f"next: {_recover_hint(db)}")
+            elif not report.get("healthy"):
+                print(f"next: {STOP_USERS}; then `{PROG} --db {db} sessions repair`")
             if report.get("in_use_by"):
                 print(f"in use by: {'; '.join(report['in_use_by'])}")
         return 0 if report.get("healthy") else 1
@@ -841,9 +861,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
             print(f"repaired and promoted; backup: {report.get('backup')}")
             _health_text(report["after"])
         elif _record_damaged(report):
-            print("repair failed: the record is damaged (integrity check: "
-                  f"{'; '.join(report['before']['integrity'][:3])}); repair rebuilds indexes, "
-                  "not damaged rows: run recover")
+            print("repair failed: the record is damaged ("
+                  f"{_check_problem('integrity_check', report['before']['integrity'])}); "
+                  "repair rebuilds indexes, not damaged rows: run recover")
             print(f"kept unchanged: {', '.join(report.get('kept', []))}")
             print(f"next: {_recover_hint(db)}")
         else:
@@ -892,6 +912,8 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
         nxt.append(_recover_hint(path))
+    else:
+        _doctor_fts_check(path, report, problems, nxt)
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
         problems.append(
@@ -903,8 +925,31 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
         report["notes"].append(
-            f"an FTS rebuild is under way (indexed up to message id {fts['rebuild_progress']} "
-            f"of {fts['rebuild_high_water']}); the next writable open continues it")
+            "an FTS rebuild is under way (" + (
+                "not started" if fts["rebuild_progress"] is None
+                else f"indexed up to message id {fts['rebuild_progress']}")
+            + f" of {fts['rebuild_high_water']}); the next writable open continues it")
+
+
+def _doctor_fts_check(
+    path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> None:
+    """FTS5's check of the full-text indexes' own structures (``--full`` also checks them
+    against the rows, on a copy)."""
+    try:
+        found = maintenance.fts_structure_check(path)
+    except StateDbCorruptError:
+        raise
+    except HermesStateError as exc:  # the write lock held throughout, no write access
+        report["notes"].append(f"the full-text indexes were not checked: {exc}")
+        return
+    report["fts_integrity"] = found
+    damaged = {table: error for table, error in found.items() if error is not None}
+    for table, error in damaged.items():
+        problems.append(f"search index {table} damaged: {error}")
+    if damaged:
+        nxt.append(f"{STOP_USERS}; `{PROG} --db {path} sessions repair` (rebuilds the "
+                   "full-text indexes from the messages)")
 
 
 def _doctor_quarantine(
@@ -1009,7 +1054,10 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
     health = repair_state_db(path, check_only=True, progress=_Progress())
     report["health"] = health
     checked = any(problem.startswith("quick_check") for problem in problems)
+    seen = {table for table, error in (report.get("fts_integrity") or {}).items() if error}
     for problem in health.get("problems", []):
+        if problem.startswith("fts ") and problem.split()[1].rstrip(":") in seen:
+            continue  # the structure check above already said so
         # integrity_check repeats what quick_check already listed: the damage is said once.
         if problem not in problems and not (checked and problem.startswith("integrity_check")):
             problems.append(problem)
@@ -1070,19 +1118,69 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+# The retention rule of snapshots when --keep is not given: keep the newest N of them.
+KEEP_ENV = "HERMES_STATE_KEEP_SNAPSHOTS"
+
+
+def _keep(args: argparse.Namespace) -> int | None:
+    """How many snapshots to keep: ``--keep``, else ``HERMES_STATE_KEEP_SNAPSHOTS``, else
+    None (every one)."""
+    if args.keep is not None:
+        return int(args.keep)
+    text = os.environ.get(KEEP_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return count_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        raise HermesStateError(f"{KEEP_ENV}: {exc}") from None
+
+
+def _prune_snapshots(args: argparse.Namespace, db: Path, spare: Sequence[str] = ()
+                     ) -> list[str]:
+    """Apply the retention rule after a snapshot was taken (the ``spare`` ones, just taken,
+    are always kept); the paths deleted."""
+    keep = _keep(args)
+    return [] if keep is None else maintenance.prune_snapshots(db, keep, spare=spare)
+
+
+def _snapshot_lines(db: Path, snapshots: Sequence[dict[str, Any]]) -> list[str]:
+    if not snapshots:
+        return [f"no snapshots of {db} in {maintenance.snapshot_dir(db)}"]
+    lines = fmt.table(
+        (fmt.Column("TAKEN (UTC)", keep=True), fmt.Column("SIZE", align=">", keep=True),
+         fmt.Column("STATE", keep=True), fmt.Column("PATH", keep=True)),
+        [(s["taken_at"][:19].replace("T", " "), fmt.size(s["size"]),
+          "damaged" if s["damaged"] else "-", s["path"]) for s in snapshots])
+    total = sum(s["size"] for s in snapshots)
+    damaged = sum(1 for s in snapshots if s["damaged"])
+    return [*lines, f"{fmt.plural(len(snapshots), 'snapshot')}, {fmt.size(total)} in all"
+            + (f"; {damaged} damaged (a damaged store saved by a restore: kept for inspection, "
+               "it cannot be restored)" if damaged else "")]
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     db = _resolve_db(args)
     if args.list:
         snapshots = maintenance.list_snapshots(db)
         if args.json:
-            _print_json({"snapshots": snapshots})
-        elif not snapshots:
-            print(f"no snapshots of {db} in {maintenance.snapshot_dir(db)}")
-        for s in [] if args.json else snapshots:
-            print(f"{s['taken_at']}  {s['size']:>12,} bytes  {s['path']}")
+            _print_json({"snapshots": snapshots, "total_size": sum(s["size"] for s in snapshots)})
+        else:
+            _print_lines(_snapshot_lines(db, snapshots))
+        return 0
+    if args.prune:
+        if _keep(args) is None:
+            raise HermesStateError(f"--prune needs --keep N (or {KEEP_ENV})")
+        deleted = _prune_snapshots(args, db)
+        if args.json:
+            _print_json({"deleted": deleted})
+        else:
+            for old in deleted:
+                print(f"deleted older snapshot {old}")
+            print(f"deleted {fmt.plural(len(deleted), 'snapshot')}")
         return 0
     path = backup_state_db(db, args.output)
-    deleted = maintenance.prune_snapshots(db, args.keep) if args.keep is not None else []
+    deleted = _prune_snapshots(args, db, [str(path)])
     if args.json:
         _print_json({"snapshot": str(path), "deleted": deleted})
     else:
@@ -1098,15 +1196,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
     snapshot = Path(args.snapshot).expanduser()
     if not snapshot.exists():
         raise HermesStateError(f"snapshot not found: {snapshot}")
-    report = restore_state_db(snapshot, _resolve_db(args), progress=_Progress())
+    db = _resolve_db(args)
+    report = restore_state_db(snapshot, db, progress=_Progress())
+    previous = report["previous_snapshot"]
+    report["deleted_snapshots"] = _prune_snapshots(args, db, [previous] if previous else [])
     if args.json:
         _print_json(report)
     else:
         if report["rolled_back_journal"]:
             print("rolled back an interrupted write (hot journal) before the restore")
         print(f"restored {report['db_path']} from {report['restored_from']}")
-        if report["previous_snapshot"]:
-            print(f"the previous database was saved as {report['previous_snapshot']}")
+        if previous:
+            damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot "
+                       "be restored)" if report.get("previous_damaged") else "")
+            print(f"the previous database was saved as {previous}{damaged}")
+        for old in report["deleted_snapshots"]:
+            print(f"deleted older snapshot {old}")
         print(f"row counts: {fmt.counts(report['row_counts'])}")
     return 0
 
@@ -1114,16 +1219,24 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore_from_replica(args: argparse.Namespace) -> int:
     output = Path(args.output).expanduser() if args.output else None
     when = replication.parse_timestamp(args.timestamp) if args.timestamp else None
+    db = _resolve_db(args)
     report = replication.restore_from_replica(
-        args.from_replica, _resolve_db(args), output=output, timestamp=when, progress=_Progress()
+        args.from_replica, db, output=output, timestamp=when, progress=_Progress()
     )
+    previous = report.get("previous_snapshot")
+    report["deleted_snapshots"] = [] if output else _prune_snapshots(
+        args, db, [previous] if previous else [])
     if args.json:
         _print_json(report)
         return 0
     as_of = f" as of {report['timestamp']}" if report["timestamp"] else ""
     print(f"restored {report['restored_to']} from {report['replica']}{as_of}")
-    if report.get("previous_snapshot"):
-        print(f"the previous database was saved as {report['previous_snapshot']}")
+    if previous:
+        damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot be "
+                   "restored)" if report.get("previous_damaged") else "")
+        print(f"the previous database was saved as {previous}{damaged}")
+    for old in report["deleted_snapshots"]:
+        print(f"deleted older snapshot {old}")
     print("integrity: ok; fts: " + ", ".join(
         f"{table} {error or 'ok'}" for table, error in report["fts_integrity"].items()))
     print(f"row counts: {fmt.counts(report['row_counts'])}")
@@ -1138,8 +1251,19 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
 def cmd_replicate(args: argparse.Namespace) -> int:
     path = _resolve_db(args)
     if args.forget:
+        state = replication.litestream_dir(path)
+        freed = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) \
+            if state.is_dir() and not state.is_symlink() else 0
         forgotten = replication.forget_replica(path)
-        print(f"{path}: replica forgotten" if forgotten else f"{path}: no replica configured")
+        if args.json:
+            _print_json({"database": str(path), "forgotten": forgotten,
+                         "removed": str(state) if freed or forgotten else None,
+                         "freed_bytes": freed})
+        elif forgotten:
+            print(f"{path}: replica forgotten; Litestream's state beside it removed "
+                  f"({fmt.size(freed)} freed)")
+        else:
+            print(f"{path}: no replica configured")
         return 0
     url = replication.replica_url(args.url)
     interval = replication.parse_interval(args.sync_interval)
@@ -1417,6 +1541,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "rebuild the FTS indexes on a checked snapshot and promote it")
     p.add_argument("--check-only", action="store_true", help="report health; change nothing")
     p.add_argument("--no-backup", action="store_true", help="skip the safety snapshot")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
 
     p = command(sub, "doctor", cmd_doctor,
                 "health, quarantine, WAL-reset exposure and what to run next")
@@ -1433,9 +1558,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "store's home, the folder of its database file)")
     p.add_argument("--list", action="store_true",
                    help="list the store's snapshots, newest first, instead of taking one")
-    p.add_argument("--keep", type=count_arg, metavar="N",
-                   help="after the snapshot, delete all but the store's newest N (default: "
-                        "keep every one; another store's are never touched)")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
+    p.add_argument("--prune", action="store_true",
+                   help="take no snapshot: only delete all but the newest --keep N")
 
     p = command(sub, "restore", cmd_restore,
                 "replace the store with a snapshot, or bring it back from its replica")
@@ -1448,6 +1573,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "time with its zone (default: the latest)")
     p.add_argument("--output", "-o", help="with --from-replica: write this new file instead "
                                           "of replacing the store (default: replace it)")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
     p.set_defaults(check=_check_restore)
 
     p = command(sub, "replicate", cmd_replicate,
@@ -1470,6 +1596,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 LIMIT_HELP = "at most this many; 0 for all of them"
+KEEP_HELP = (f"after the snapshot, delete all but the store's newest N snapshots; the one "
+             f"just taken is always kept (default: ${KEEP_ENV}, else keep every one; another "
+             f"store's are never touched)")
 
 
 def _format_option(parser: argparse.ArgumentParser) -> None:

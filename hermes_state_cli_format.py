@@ -42,6 +42,7 @@ __all__ = [
     "when",
     "money",
     "plural",
+    "size",
     "check_findings",
     "counts",
     "session_table",
@@ -260,6 +261,17 @@ def money(value: Any, unknown: str = "-") -> str:
     return f"${value:,.2f}"
 
 
+def size(count: int) -> str:
+    """A size in bytes in the largest unit that keeps a whole number in front (``178.2 MB``,
+    decimal units as ``ls -h --si`` and disk tools' labels)."""
+    value = float(count)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{count:,} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 def plural(count: int, noun: str) -> str:
     """``1 session``, ``3 sessions``, with thousands separators."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
@@ -422,7 +434,11 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append("quick check: " + (
             "ok" if check == ["ok"] else f"{plural(len(check_findings(check)), 'problem')} found"))
     if "fts" in report:
-        lines.append(f"search index: {_fts_line(report['fts'])}")
+        state = _fts_line(report["fts"])
+        damaged = [t for t, error in (report.get("fts_integrity") or {}).items() if error]
+        if damaged:
+            state = f"damaged ({', '.join(damaged)})" + ("" if state == "ok" else f"; {state}")
+        lines.append(f"search index: {state}")
     holders = report["in_use_by"]
     lines.append(f"in use by: {'; '.join(holders) if holders else 'none seen'}")
     return lines
