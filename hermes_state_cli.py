@@ -4,11 +4,13 @@ replica.
 
 Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
 under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
-(``sessions list|show|export|stats``, ``doctor``) open the store read-only and never create,
-migrate or repair it. Long work reports progress on stderr; ``--json`` prints one JSON
-document on stdout for scripts. Exit status: 0 success, 1 failure (or, for checks, a
-problem found), 2 bad usage. Advice on what to do next lives here, not in the library's
-exception messages.
+(``sessions list|show|search|export|stats``, ``doctor``) open the store read-only and never
+create, migrate or repair it (``doctor``'s check of the full-text indexes takes the write lock
+for a moment, as SQLite runs that check as a write, and writes nothing). Long work reports
+progress on stderr; ``--json`` prints one JSON document on stdout for scripts, a failure too
+(``{"error": {"type", "message", "next", "exit_status"}}``). Exit status: 0 success, 1
+failure (or, for checks, a problem found), 2 bad usage; a bare command prints its help. Advice
+on what to do next lives here, not in the library's exception messages.
 
 Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
 stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
