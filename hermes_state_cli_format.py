@@ -167,7 +167,7 @@ def cut_around(value: Any, width: int, start: str = MATCH_START, end: str = MATC
     before, match, after = text[:at], text[at:stop], text[stop:]
     room = width - 2 * len(MARKER)
     if room <= display_width(match):  # the match alone fills the line: it starts the line
-        lead = MARKER if before else ""
+        lead = MARKER if before and width > 2 * len(MARKER) else ""
         return lead + cut(match + after, width - len(lead))
     spare = room - display_width(match)
     right = min(display_width(after), spare - min(display_width(before), spare // 2))
