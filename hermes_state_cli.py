@@ -174,15 +174,22 @@ def _error_path(exc: BaseException) -> Path | None:
     return Path(path).absolute() if isinstance(path, (str, os.PathLike)) else None
 
 
-def _advice(exc: BaseException, db: Path) -> str | None:
-    """What to do next after ``exc``: the library states conditions, the CLI advises."""
+def _other_file_advice(command: str | None, exc: BaseException, db: Path) -> str | None:
+    """Advice after ``exc`` about a file given on the command line that is not the store (a
+    snapshot to restore, a file to recover): the store is not what needs mending. None when
+    ``exc`` is about the store."""
     other = _error_path(exc)
-    if (isinstance(exc, (StateDbCorruptError, StateDbUnavailableError)) and other is not None
-            and other != db):
-        # A file given on the command line (a snapshot to restore), not the store: the store
-        # is not what needs mending.
+    if (not isinstance(exc, (StateDbCorruptError, StateDbUnavailableError)) or other is None
+            or other == db):
+        return None
+    if command == "restore":
         return (f"{other} is not a snapshot that can be restored; the store {db} was left as "
                 f"it was; list its snapshots with `{PROG} --db {db} backup --list`")
+    return f"check the path {other}; the store {db} was not touched"
+
+
+def _advice(exc: BaseException, db: Path) -> str | None:
+    """What to do next after ``exc``: the library states conditions, the CLI advises."""
     if isinstance(exc, StateDbUnavailableError):
         if exc.reason == "busy":
             return "another process held a lock for the whole read budget; retry, or run " \
@@ -1676,7 +1683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except HermesStateError:
             db = None
         message = _condition(exc, db or Path.cwd())
-        return _fail(args, exc, 1, message, None if db is None else _advice(exc, db))
+        advice = None if db is None else (
+            _other_file_advice(args.command, exc, db) or _advice(exc, db))
+        return _fail(args, exc, 1, message, advice)
 
 
 if __name__ == "__main__":

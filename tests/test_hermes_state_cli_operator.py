@@ -219,6 +219,10 @@ def test_recover_reads_input_and_keeps_the_old_source_spelling(
     assert old.returncode == 0, old.stderr
     assert "--source is now --input" in old.stderr
     assert f"--input {db_path}" in old.stdout
+    gone = tmp_path / "gone.db"
+    missing = cli("sessions", "recover", "--input", str(gone), "--inspect-only")
+    assert missing.returncode == 1 and f"check the path {gone}" in missing.stderr
+    assert "snapshot" not in missing.stderr and "Errno" not in missing.stderr
 
 
 # --- disk ------------------------------------------------------------------------------------
