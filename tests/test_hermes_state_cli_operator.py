@@ -6,21 +6,23 @@ errors, files named in errors, ``-n 0``, help without markup)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import sqlite3
 import subprocess
 import sys
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import file_state, subprocess_env
-from hermes_state import SessionDB
+
 import hermes_state_cli
+from hermes_state import SessionDB
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "hermes_state_cli"]
@@ -41,7 +43,6 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
 
 
 def columns(text: str) -> int:
-    import unicodedata
     return sum(0 if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf")
                else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
 
@@ -311,7 +312,6 @@ def test_bare_commands_print_their_full_help() -> None:
 
 
 def _parsers(parser: Any) -> list[Any]:
-    import argparse
     found = [parser]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
