@@ -4,11 +4,13 @@ replica.
 
 Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
 under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
-(``sessions list|show|export|stats``, ``doctor``) open the store read-only and never create,
-migrate or repair it. Long work reports progress on stderr; ``--json`` prints one JSON
-document on stdout for scripts. Exit status: 0 success, 1 failure (or, for checks, a
-problem found), 2 bad usage. Advice on what to do next lives here, not in the library's
-exception messages.
+(``sessions list|show|search|export|stats``, ``doctor``) open the store read-only and never
+create, migrate or repair it (``doctor``'s check of the full-text indexes takes the write lock
+for a moment, as SQLite runs that check as a write, and writes nothing). Long work reports
+progress on stderr; ``--json`` prints one JSON document on stdout for scripts, a failure too
+(``{"error": {"type", "message", "next", "exit_status"}}``). Exit status: 0 success, 1
+failure (or, for checks, a problem found), 2 bad usage; a bare command prints its help. Advice
+on what to do next lives here, not in the library's exception messages.
 
 Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
 stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
@@ -37,8 +39,9 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import hermes_state_cli_format as fmt
 import hermes_state_common as common
@@ -72,6 +75,15 @@ from hermes_state_transfer import ON_CONFLICT_CHOICES
 __all__ = ["main", "build_parser"]
 
 PROG = "hermes-state"
+# The first lines of ``--help``: plain text (the module's docstring is reStructuredText).
+DESCRIPTION = (
+    "Browse, export and import sessions; check, repair, recover, back up and restore the "
+    "store; replicate it with Litestream and restore it from its replica. Every command works "
+    "on one database: --db PATH, else state.db of --profile NAME under --home (default: "
+    "HERMES_HOME, then ~/.hermes). --json prints one JSON document on stdout (an error too, as "
+    "{\"error\": {...}}). Exit status: 0 success, 1 failure (or, for checks, a problem found), "
+    "2 bad usage."
+)
 # Which processes have a store open is what doctor reports; nothing here assumes who they are.
 STOP_USERS = f"stop every process that has it open (`{PROG} doctor` lists them under 'in use by')"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -138,8 +150,13 @@ def _not_sqlite(path: Path) -> bool:
 
 def _condition(exc: BaseException, db: Path) -> str:
     """The condition to report for ``exc``, in the words that fit the file on disk."""
-    if isinstance(exc, StateDbCorruptError) and _not_sqlite(db):
-        return f"{db} is not an SQLite file (it does not start with the SQLite header)"
+    where = _error_path(exc) or db
+    if isinstance(exc, StateDbCorruptError) and _not_sqlite(where):
+        return f"{where} is not an SQLite file (it does not start with the SQLite header)"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"no such file: {exc.filename}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     return str(exc)
 
 
@@ -150,6 +167,25 @@ def _recover_hint(db: Path) -> str:
         f"`{PROG} --db {db} sessions recover --output <new file>`, or restore a snapshot "
         f"with `{PROG} restore <snapshot>`"
     )
+
+
+def _error_path(exc: BaseException) -> Path | None:
+    path = getattr(exc, "path", None)
+    return Path(path).absolute() if isinstance(path, (str, os.PathLike)) else None
+
+
+def _other_file_advice(command: str | None, exc: BaseException, db: Path) -> str | None:
+    """Advice after ``exc`` about a file given on the command line that is not the store (a
+    snapshot to restore, a file to recover): the store is not what needs mending. None when
+    ``exc`` is about the store."""
+    other = _error_path(exc)
+    if (not isinstance(exc, (StateDbCorruptError, StateDbUnavailableError)) or other is None
+            or other == db):
+        return None
+    if command == "restore":
+        return (f"{other} is not a snapshot that can be restored; the store {db} was left as "
+                f"it was; list its snapshots with `{PROG} --db {db} backup --list`")
+    return f"check the path {other}; the store {db} was not touched"
 
 
 def _advice(exc: BaseException, db: Path) -> str | None:
@@ -257,30 +293,52 @@ LIST_CSV_FIELDS = (
 )
 
 
+def _format(args: argparse.Namespace) -> str:
+    return str(args.format or ("json" if args.json else "table"))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     with _read_only(args) as db:
         rows = db.list_sessions_rich(
             source=args.source,
-            limit=args.limit,
+            limit=_limit(args, -1),  # SQLite's LIMIT -1: no limit
             offset=args.offset,
             include_archived=args.include_archived,
         )
-    form = args.format or ("json" if args.json else "table")
+    _print_rows(rows, _format(args), LIST_CSV_FIELDS, fmt.session_table, "no sessions")
+    return 0
+
+
+def _print_rows(rows: Sequence[dict[str, Any]], form: str, csv_fields: Sequence[str],
+                table: Callable[[Sequence[dict[str, Any]]], list[str]], none: str) -> None:
+    """``rows`` in the output format ``form``: a table for people (``none`` on stderr when
+    there are no rows), or json, jsonl or csv (the ``csv_fields`` columns) for scripts."""
     if form == "json":
         _print_json(rows)
     elif form == "jsonl":
         for row in rows:
             print(json.dumps(row, ensure_ascii=False, default=str))
     elif form == "csv":
-        writer = csv.DictWriter(sys.stdout, LIST_CSV_FIELDS, extrasaction="ignore",
+        writer = csv.DictWriter(sys.stdout, csv_fields, extrasaction="ignore",
                                 lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     elif rows:
-        _print_lines(fmt.session_table(rows))
-    if not rows and form == "table":
-        print("no sessions", file=sys.stderr)
-    return 0
+        _print_lines(table(rows))
+    else:
+        print(none, file=sys.stderr)
+
+
+def _limit(args: argparse.Namespace, everything: int) -> int:
+    """``--limit``, where 0 means no limit (``everything``)."""
+    return everything if args.limit == 0 else int(args.limit)
+
+
+# The columns of ``sessions search --format csv`` (JSON and JSON Lines carry whole hits,
+# with the messages around each).
+SEARCH_CSV_FIELDS = (
+    "id", "session_id", "role", "timestamp", "source", "model", "tool_name", "snippet",
+)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -289,18 +347,12 @@ def cmd_search(args: argparse.Namespace) -> int:
             args.query,
             source_filter=args.source or None,
             role_filter=args.role or None,
-            limit=args.limit,
+            limit=_limit(args, search.MAX_ROWS),
             offset=args.offset,
             sort=args.sort,
             include_inactive=args.include_inactive,
         )
-    if args.json:
-        _print_json(hits)
-        return 0
-    if hits:
-        _print_lines(fmt.hit_table(hits))
-    else:
-        print("no matches", file=sys.stderr)
+    _print_rows(hits, _format(args), SEARCH_CSV_FIELDS, fmt.hit_table, "no matches")
     return 0
 
 
@@ -322,7 +374,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         session_id = _resolve_session(db, args.session)
         session = db.get_session(session_id)
         messages = db.get_messages(session_id, include_inactive=args.include_inactive)
-    shown = messages if args.tail is None else messages[max(len(messages) - args.tail, 0):]
+    first = 0 if args.tail is None else max(len(messages) - args.tail, 0)
+    shown = messages[first:]
     if args.json:
         _print_json({**(session or {}), "messages": shown})
         return 0
@@ -331,17 +384,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"{key}: {fmt.flatten(session.get(key)) or '-'}")
     print(f"started: {fmt.when(session.get('started_at'))}  ended: "
           f"{fmt.when(session.get('ended_at'))} ({session.get('end_reason') or '-'})")
-    actual = session.get("actual_cost_usd")
-    cost = fmt.money(session.get("estimated_cost_usd"), "unknown") + " estimated" + (
-        "" if actual is None else f", {fmt.money(actual)} actual")
+    costs = [f"{fmt.money(session.get(key))} {kind}"
+             for key, kind in (("estimated_cost_usd", "estimated"), ("actual_cost_usd", "actual"))
+             if fmt.money(session.get(key)) != "-"]
+    cost = ", ".join(costs) or "unknown"
     print(f"tokens: {session.get('input_tokens') or 0:,} in, "
           f"{session.get('output_tokens') or 0:,} out  cost: {cost}")
     showing = "" if len(shown) == len(messages) else f" (the last {len(shown):,})"
     print(f"messages: {len(messages):,}{showing}")
     print()
-    for m in shown:
+    # Numbered 1..n within the session (as shown: --include-inactive counts archived rows);
+    # --json carries each message's store-wide id.
+    for n, m in enumerate(shown, start=first + 1):
         mark = "" if m["active"] else " (archived)"
-        print(f"[{m['id']}] {m['role']}{mark} {fmt.when(m['timestamp'])}: "
+        print(f"[{n}] {m['role']}{mark} {fmt.when(m['timestamp'])}: "
               f"{fmt.cut(_message_text(m), SHOW_TEXT_WIDTH)}")
     return 0
 
@@ -462,13 +518,29 @@ def _detect_format(fh: IO[bytes], hint: str | None, name: str) -> str:
     return "jsonl" if b'"kind"' in line else "json"
 
 
-def _import_errors(errors: Sequence[dict[str, Any]]) -> None:
+def _import_errors(name: str, errors: Sequence[dict[str, Any]]) -> None:
     for e in errors:
         where = f"line {e['line']}" if "line" in e else (
             f"record {e['index']}" if "index" in e else "import")
         session = f" (session {e['session_id']})" if "session_id" in e else ""
-        _warn(f"{where}{session}: {e['error']}")
+        _warn(f"{name}: {where}{session}: {e['error']}")
     _warn("nothing was imported")
+
+
+def _load_json(source: IO[bytes], name: str) -> Any:
+    """The JSON document of an export; a file that is not JSON is an error naming the file
+    and where its text stops being JSON."""
+    try:
+        return json.load(source)
+    except json.JSONDecodeError as exc:
+        raise HermesStateError(
+            f"{name}: not JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); nothing "
+            "was imported (an export is JSON Lines or JSON: `sessions export` writes one)"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise HermesStateError(
+            f"{name}: not JSON (not UTF-8 text: {exc.reason} at byte {exc.start}); nothing "
+            "was imported") from None
 
 
 def _import_into_store(
@@ -508,6 +580,7 @@ def _import_into_store(
 
 def cmd_import(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    name = "stdin" if args.file == "-" else args.file
     try:
         fmt = _detect_format(source, args.format, args.file)
 
@@ -519,7 +592,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                     )
                 except ImportRejectedError as exc:
                     return {"ok": False, "errors": exc.errors}
-            data = json.load(source)
+            data = _load_json(source, name)
             return db.import_sessions(
                 data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
                 limited=False, progress=_Progress(),
@@ -532,7 +605,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     elif not report["ok"]:
-        _import_errors(report["errors"])
+        _import_errors(name, report["errors"])
     elif fmt == "json":
         print(f"imported {report['imported']} session(s); skipped {report['skipped']}; "
               f"{report['detached']} imported as a root (parent missing)")
@@ -593,17 +666,23 @@ def _dry_run(args: argparse.Namespace, rows: Sequence[dict[str, Any]], what: str
     return 0
 
 
-def _prune_description(args: argparse.Namespace, filters: dict[str, Any]) -> str:
-    age = ("" if "started_before" in filters
+def _prune_description(args: argparse.Namespace) -> str:
+    """What a prune deletes, in the words and values the command line was given."""
+    given = _prune_given(args)
+    age = ("" if "started_before" in given
            else f" started more than {args.older_than_days:g} days ago")
     narrowed = [f"from {args.source}"] if args.source else []
-    narrowed += [f"{name.replace('_', ' ')} {value!r}" for name, value in filters.items()]
+    narrowed += [
+        f"{name.replace('_', ' ')} "
+        + (repr(g.text) if PRUNE_FILTER_OPTIONS[name][0] is str else g.text)
+        for name, g in given.items()
+    ]
     return f"ended sessions{age}" + (f" ({', '.join(narrowed)})" if narrowed else "")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     filters = _prune_filters(args)
-    what = _prune_description(args, filters)
+    what = _prune_description(args)
     with _read_only(args) as db:
         doomed = db.list_prune_candidates(args.older_than_days, source=args.source, **filters)
     if args.dry_run:
@@ -678,14 +757,21 @@ def _recover_text(report: dict[str, Any]) -> None:
     for problem in report.get("unverified", []):
         print(f"! not verified: {problem}")
     if report["output"]:
-        print(f"written: {report['output']} (FTS indexes and schema_version rebuilt)")
+        deferred = report.get("checks", {}).get("fts_rebuild") == "deferred"
+        print(f"written: {report['output']} (" + (
+            "FTS indexes left to rebuild on its first writable open (--defer-index)"
+            if deferred else "FTS indexes rebuilt") + ")")
     elif report["readable"]:
         print(f"nothing written (--inspect-only); recover with `{PROG} sessions recover "
-              f"--source {report['source']} --output <new file>`")
+              f"--input {report['source']} --output <new file>`")
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    source = Path(args.source).expanduser() if args.source else _resolve_db(args)
+    if args.input_deprecated is not None:
+        _warn("recover --source is now --input (--source is the platform in the other "
+              "commands)")
+    given = args.input or args.input_deprecated
+    source = Path(given).expanduser().absolute() if given else _resolve_db(args)
     holders = describe_lock_holders(source)
     if holders:
         _warn(f"{source} is in use ({'; '.join(holders)}); stop them for a consistent copy")
@@ -693,10 +779,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
         source, args.output, inspect_only=args.inspect_only, defer_index=args.defer_index,
         progress=_Progress(),
     )
+    if report["output"] and report.get("output_verified", True):
+        report["next"] = (
+            f"{STOP_USERS}, then put the recovered file in place of the damaged one with "
+            f"`{PROG} --db {source} restore {report['output']}` (the damaged file is kept "
+            "among the store's snapshots, marked damaged)")
     if args.json:
         _print_json(report)
     else:
         _recover_text(report)
+        if report.get("next"):
+            print(f"next: {report['next']}")
     if not report["readable"]:
         _warn("nothing could be read from the source; restore a snapshot "
               f"(`{PROG} restore <snapshot>`) if there is one")
@@ -712,13 +805,26 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _health_text(report: dict[str, Any]) -> None:
-    print(f"integrity: {'; '.join(report.get('integrity', []))}")
+    integrity = report.get("integrity", [])
+    print("integrity: " + ("ok" if integrity == ["ok"]
+                           else _check_problem("integrity_check", integrity)))
+    if report.get("damaged_tables"):
+        print(f"damaged tables: {', '.join(report['damaged_tables'])}")
     for table, error in (report.get("fts_integrity") or {}).items():
         print(f"fts {table}: {error or 'ok'}")
     print(f"fts_stale: {report.get('fts_stale') or 'no'}")
     missing = (report.get("triggers") or {}).get("missing")
     print(f"triggers missing: {', '.join(missing) if missing else 'none'}")
     print(f"row counts: {fmt.counts(report.get('row_counts'))}")
+
+
+def _unrepairable(health: dict[str, Any]) -> bool:
+    """True when a health report shows damage a repair cannot mend: the file cannot be read,
+    a canonical table's b-tree is damaged, or its rows cannot be counted."""
+    counts = health.get("row_counts") or {}
+    return bool(health.get("damaged_tables")) or any(
+        isinstance(c, str) for c in counts.values()) or (
+        not health.get("healthy") and "row_counts" not in health)
 
 
 def _record_damaged(report: dict[str, Any]) -> bool:
@@ -733,15 +839,22 @@ def cmd_repair(args: argparse.Namespace) -> int:
     report = repair_state_db(
         db, check_only=args.check_only, backup=not args.no_backup, progress=_Progress()
     )
+    if report.get("backup"):
+        report["deleted_snapshots"] = _prune_snapshots(args, db, [report["backup"]])
     if args.json:
         _print_json(report)
     if args.check_only:
         if not args.json:
             _health_text(report)
             for problem in report.get("problems", []):
+                if problem.startswith("integrity_check"):  # said above, a line per finding
+                    problem = _check_problem("integrity_check", report["integrity"])
                 print(f"! {problem}")
-            if not report.get("healthy"):
-                print(f"next: {STOP_USERS}; then `{PROG} sessions repair`")
+            if _unrepairable(report):
+                print("repair cannot mend this: it rebuilds indexes, not damaged rows")
+                print(f"next: {_recover_hint(db)}")
+            elif not report.get("healthy"):
+                print(f"next: {STOP_USERS}; then `{PROG} --db {db} sessions repair`")
             if report.get("in_use_by"):
                 print(f"in use by: {'; '.join(report['in_use_by'])}")
         return 0 if report.get("healthy") else 1
@@ -757,9 +870,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
             print(f"repaired and promoted; backup: {report.get('backup')}")
             _health_text(report["after"])
         elif _record_damaged(report):
-            print("repair failed: the record is damaged (integrity check: "
-                  f"{'; '.join(report['before']['integrity'][:3])}); repair rebuilds indexes, "
-                  "not damaged rows: run recover")
+            print("repair failed: the record is damaged ("
+                  f"{_check_problem('integrity_check', report['before']['integrity'])}); "
+                  "repair rebuilds indexes, not damaged rows: run recover")
             print(f"kept unchanged: {', '.join(report.get('kept', []))}")
             print(f"next: {_recover_hint(db)}")
         else:
@@ -808,6 +921,8 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
         nxt.append(_recover_hint(path))
+    else:
+        _doctor_fts_check(path, report, problems, nxt)
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
         problems.append(
@@ -819,8 +934,31 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
         report["notes"].append(
-            f"an FTS rebuild is under way (indexed up to message id {fts['rebuild_progress']} "
-            f"of {fts['rebuild_high_water']}); the next writable open continues it")
+            "an FTS rebuild is under way (" + (
+                "not started" if fts["rebuild_progress"] is None
+                else f"indexed up to message id {fts['rebuild_progress']}")
+            + f" of {fts['rebuild_high_water']}); the next writable open continues it")
+
+
+def _doctor_fts_check(
+    path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> None:
+    """FTS5's check of the full-text indexes' own structures (``--full`` also checks them
+    against the rows, on a copy)."""
+    try:
+        found = maintenance.fts_structure_check(path)
+    except StateDbCorruptError:
+        raise
+    except HermesStateError as exc:  # the write lock held throughout, no write access
+        report["notes"].append(f"the full-text indexes were not checked: {exc}")
+        return
+    report["fts_integrity"] = found
+    damaged = {table: error for table, error in found.items() if error is not None}
+    for table, error in damaged.items():
+        problems.append(f"search index {table} damaged: {error}")
+    if damaged:
+        nxt.append(f"{STOP_USERS}; `{PROG} --db {path} sessions repair` (rebuilds the "
+                   "full-text indexes from the messages)")
 
 
 def _doctor_quarantine(
@@ -925,7 +1063,10 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
     health = repair_state_db(path, check_only=True, progress=_Progress())
     report["health"] = health
     checked = any(problem.startswith("quick_check") for problem in problems)
+    seen = {table for table, error in (report.get("fts_integrity") or {}).items() if error}
     for problem in health.get("problems", []):
+        if problem.startswith("fts ") and problem.split()[1].rstrip(":") in seen:
+            continue  # the structure check above already said so
         # integrity_check repeats what quick_check already listed: the damage is said once.
         if problem not in problems and not (checked and problem.startswith("integrity_check")):
             problems.append(problem)
@@ -986,19 +1127,69 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+# The retention rule of snapshots when --keep is not given: keep the newest N of them.
+KEEP_ENV = "HERMES_STATE_KEEP_SNAPSHOTS"
+
+
+def _keep(args: argparse.Namespace) -> int | None:
+    """How many snapshots to keep: ``--keep``, else ``HERMES_STATE_KEEP_SNAPSHOTS``, else
+    None (every one)."""
+    if args.keep is not None:
+        return int(args.keep)
+    text = os.environ.get(KEEP_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return count_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        raise HermesStateError(f"{KEEP_ENV}: {exc}") from None
+
+
+def _prune_snapshots(args: argparse.Namespace, db: Path, spare: Sequence[str] = ()
+                     ) -> list[str]:
+    """Apply the retention rule after a snapshot was taken (the ``spare`` ones, just taken,
+    are always kept); the paths deleted."""
+    keep = _keep(args)
+    return [] if keep is None else maintenance.prune_snapshots(db, keep, spare=spare)
+
+
+def _snapshot_lines(db: Path, snapshots: Sequence[dict[str, Any]]) -> list[str]:
+    if not snapshots:
+        return [f"no snapshots of {db} in {maintenance.snapshot_dir(db)}"]
+    lines = fmt.table(
+        (fmt.Column("TAKEN (UTC)", keep=True), fmt.Column("SIZE", align=">", keep=True),
+         fmt.Column("STATE", keep=True), fmt.Column("PATH", keep=True)),
+        [(s["taken_at"][:19].replace("T", " "), fmt.size(s["size"]),
+          "damaged" if s["damaged"] else "-", s["path"]) for s in snapshots])
+    total = sum(s["size"] for s in snapshots)
+    damaged = sum(1 for s in snapshots if s["damaged"])
+    return [*lines, f"{fmt.plural(len(snapshots), 'snapshot')}, {fmt.size(total)} in all"
+            + (f"; {damaged} damaged (a damaged store saved by a restore: kept for inspection, "
+               "it cannot be restored)" if damaged else "")]
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     db = _resolve_db(args)
     if args.list:
         snapshots = maintenance.list_snapshots(db)
         if args.json:
-            _print_json({"snapshots": snapshots})
-        elif not snapshots:
-            print(f"no snapshots of {db} in {maintenance.snapshot_dir(db)}")
-        for s in [] if args.json else snapshots:
-            print(f"{s['taken_at']}  {s['size']:>12,} bytes  {s['path']}")
+            _print_json({"snapshots": snapshots, "total_size": sum(s["size"] for s in snapshots)})
+        else:
+            _print_lines(_snapshot_lines(db, snapshots))
+        return 0
+    if args.prune:
+        if _keep(args) is None:
+            raise HermesStateError(f"--prune needs --keep N (or {KEEP_ENV})")
+        deleted = _prune_snapshots(args, db)
+        if args.json:
+            _print_json({"deleted": deleted})
+        else:
+            for old in deleted:
+                print(f"deleted older snapshot {old}")
+            print(f"deleted {fmt.plural(len(deleted), 'snapshot')}")
         return 0
     path = backup_state_db(db, args.output)
-    deleted = maintenance.prune_snapshots(db, args.keep) if args.keep is not None else []
+    deleted = _prune_snapshots(args, db, [str(path)])
     if args.json:
         _print_json({"snapshot": str(path), "deleted": deleted})
     else:
@@ -1014,15 +1205,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
     snapshot = Path(args.snapshot).expanduser()
     if not snapshot.exists():
         raise HermesStateError(f"snapshot not found: {snapshot}")
-    report = restore_state_db(snapshot, _resolve_db(args), progress=_Progress())
+    db = _resolve_db(args)
+    report = restore_state_db(snapshot, db, progress=_Progress())
+    previous = report["previous_snapshot"]
+    report["deleted_snapshots"] = _prune_snapshots(args, db, [previous] if previous else [])
     if args.json:
         _print_json(report)
     else:
         if report["rolled_back_journal"]:
             print("rolled back an interrupted write (hot journal) before the restore")
         print(f"restored {report['db_path']} from {report['restored_from']}")
-        if report["previous_snapshot"]:
-            print(f"the previous database was saved as {report['previous_snapshot']}")
+        if previous:
+            damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot "
+                       "be restored)" if report.get("previous_damaged") else "")
+            print(f"the previous database was saved as {previous}{damaged}")
+        for old in report["deleted_snapshots"]:
+            print(f"deleted older snapshot {old}")
         print(f"row counts: {fmt.counts(report['row_counts'])}")
     return 0
 
@@ -1030,16 +1228,24 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore_from_replica(args: argparse.Namespace) -> int:
     output = Path(args.output).expanduser() if args.output else None
     when = replication.parse_timestamp(args.timestamp) if args.timestamp else None
+    db = _resolve_db(args)
     report = replication.restore_from_replica(
-        args.from_replica, _resolve_db(args), output=output, timestamp=when, progress=_Progress()
+        args.from_replica, db, output=output, timestamp=when, progress=_Progress()
     )
+    previous = report.get("previous_snapshot")
+    report["deleted_snapshots"] = [] if output else _prune_snapshots(
+        args, db, [previous] if previous else [])
     if args.json:
         _print_json(report)
         return 0
     as_of = f" as of {report['timestamp']}" if report["timestamp"] else ""
     print(f"restored {report['restored_to']} from {report['replica']}{as_of}")
-    if report.get("previous_snapshot"):
-        print(f"the previous database was saved as {report['previous_snapshot']}")
+    if previous:
+        damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot be "
+                   "restored)" if report.get("previous_damaged") else "")
+        print(f"the previous database was saved as {previous}{damaged}")
+    for old in report["deleted_snapshots"]:
+        print(f"deleted older snapshot {old}")
     print("integrity: ok; fts: " + ", ".join(
         f"{table} {error or 'ok'}" for table, error in report["fts_integrity"].items()))
     print(f"row counts: {fmt.counts(report['row_counts'])}")
@@ -1054,8 +1260,19 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
 def cmd_replicate(args: argparse.Namespace) -> int:
     path = _resolve_db(args)
     if args.forget:
+        state = replication.litestream_dir(path)
+        freed = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) \
+            if state.is_dir() and not state.is_symlink() else 0
         forgotten = replication.forget_replica(path)
-        print(f"{path}: replica forgotten" if forgotten else f"{path}: no replica configured")
+        if args.json:
+            _print_json({"database": str(path), "forgotten": forgotten,
+                         "removed": str(state) if freed or forgotten else None,
+                         "freed_bytes": freed})
+        elif forgotten:
+            print(f"{path}: replica forgotten; Litestream's state beside it removed "
+                  f"({fmt.size(freed)} freed)")
+        else:
+            print(f"{path}: no replica configured")
         return 0
     url = replication.replica_url(args.url)
     interval = replication.parse_interval(args.sync_interval)
@@ -1080,7 +1297,7 @@ _MAX_COUNT = 2**63 - 1
 # The roles messages are stored with.
 ROLES = ("user", "assistant", "system", "tool")
 SEARCH_SORTS = ("relevance", *search.SORTS)
-LIST_FORMATS = ("table", "json", "jsonl", "csv")
+OUTPUT_FORMATS = ("table", "json", "jsonl", "csv")
 
 
 def count_arg(text: str) -> int:
@@ -1189,18 +1406,37 @@ PRUNE_FILTER_OPTIONS: dict[str, tuple[Any, str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Given:
+    """An option's value with the text it was given as (what a summary echoes)."""
+
+    value: Any
+    text: str
+
+
+def _given(kind: Callable[[str], Any]) -> Callable[[str], _Given]:
+    """argparse type: ``kind``'s value of the text, kept with the text."""
+    def parse(text: str) -> _Given:
+        return _Given(kind(text), text)
+    return parse
+
+
 def _prune_filter_options(parser: argparse.ArgumentParser) -> None:
     for name, (kind, metavar, help_text) in PRUNE_FILTER_OPTIONS.items():
         if "(default:" not in help_text:
             help_text += " (default: any)"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=f"filter_{name}", type=kind,
-                            metavar=metavar, help=help_text)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=f"filter_{name}",
+                            type=_given(kind), metavar=metavar, help=help_text)
 
 
-def _prune_filters(args: argparse.Namespace) -> dict[str, Any]:
+def _prune_given(args: argparse.Namespace) -> dict[str, _Given]:
     """The filters given on the command line, by their names in the prune vocabulary."""
     given = {name: getattr(args, f"filter_{name}") for name in PRUNE_FILTER_OPTIONS}
     return {name: value for name, value in given.items() if value is not None}
+
+
+def _prune_filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: given.value for name, given in _prune_given(args).items()}
 
 
 def _deletion_options(parser: argparse.ArgumentParser) -> None:
@@ -1211,12 +1447,12 @@ def _deletion_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=_HelpFormatter)
+    parser = _Parser(prog=PROG, description=DESCRIPTION, formatter_class=_HelpFormatter)
+    parser.set_defaults(func=None, help_of=parser)
     parser.add_argument("--version", action="version",
                         version=f"{PROG} {__version__} (SQLite {sqlite3.sqlite_version})")
     _common_options(parser, suppress=False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = group.add_parser(
@@ -1228,18 +1464,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = sub.add_parser("sessions", help="browse, export, import and maintain sessions",
                               formatter_class=_HelpFormatter)
-    ssub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sessions.set_defaults(func=None, help_of=sessions)
+    ssub = sessions.add_subparsers(dest="action", metavar="ACTION")
 
     p = command(ssub, "list", cmd_list, "list conversations, newest first (read-only)")
     p.add_argument("--source", help="only this source, e.g. cli or telegram (default: all)")
-    p.add_argument("--limit", "-n", type=count_arg, default=20, help="at most this many")
+    p.add_argument("--limit", "-n", type=count_arg, default=20, help=LIMIT_HELP)
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
     p.add_argument("--include-archived", action="store_true",
                    help="also list archived conversations")
-    p.add_argument("--format", choices=LIST_FORMATS,
-                   help="table for people (cut to the terminal's width, COLUMNS), or json, "
-                        "jsonl, csv for scripts (default: table; --json is --format json)")
-    p.set_defaults(check=_check_list)
+    _format_option(p)
 
     p = command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
     p.add_argument("session", help="id, unique id prefix or title")
@@ -1259,8 +1493,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also rows rewound away (every row of the record)")
     p.add_argument("--sort", choices=SEARCH_SORTS, default="relevance",
                    help="relevance (FTS5's bm25), or by the message's time")
-    p.add_argument("--limit", "-n", type=count_arg, default=20, help="at most this many")
+    p.add_argument("--limit", "-n", type=count_arg, default=20, help=LIMIT_HELP)
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
+    _format_option(p)
 
     p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
     p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")
@@ -1301,9 +1536,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(ssub, "recover", cmd_recover,
                 "copy what a damaged store still holds into a fresh file")
-    p.add_argument("--source", help="damaged database (default: the selected store)")
-    p.add_argument("--output", help="new database to write (default: none, with "
-                                    "--inspect-only)")
+    p.add_argument("--input", "-i", dest="input",
+                   help="the damaged database to read (default: the selected store)")
+    # The option's former name, which meant the platform everywhere else: kept working.
+    p.add_argument("--source", dest="input_deprecated", help=argparse.SUPPRESS)
+    p.add_argument("--output", "-o", help="new database to write (default: none, with "
+                                          "--inspect-only)")
     p.add_argument("--inspect-only", action="store_true", help="report only; write nothing")
     p.add_argument("--defer-index", action="store_true",
                    help="leave the FTS rebuild to the first writable open (faster for big stores)")
@@ -1312,6 +1550,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "rebuild the FTS indexes on a checked snapshot and promote it")
     p.add_argument("--check-only", action="store_true", help="report health; change nothing")
     p.add_argument("--no-backup", action="store_true", help="skip the safety snapshot")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
 
     p = command(sub, "doctor", cmd_doctor,
                 "health, quarantine, WAL-reset exposure and what to run next")
@@ -1328,9 +1567,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "store's home, the folder of its database file)")
     p.add_argument("--list", action="store_true",
                    help="list the store's snapshots, newest first, instead of taking one")
-    p.add_argument("--keep", type=count_arg, metavar="N",
-                   help="after the snapshot, delete all but the store's newest N (default: "
-                        "keep every one; another store's are never touched)")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
+    p.add_argument("--prune", action="store_true",
+                   help="take no snapshot: only delete all but the newest --keep N")
 
     p = command(sub, "restore", cmd_restore,
                 "replace the store with a snapshot, or bring it back from its replica")
@@ -1343,6 +1582,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "time with its zone (default: the latest)")
     p.add_argument("--output", "-o", help="with --from-replica: write this new file instead "
                                           "of replacing the store (default: replace it)")
+    p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
     p.set_defaults(check=_check_restore)
 
     p = command(sub, "replicate", cmd_replicate,
@@ -1364,7 +1604,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+LIMIT_HELP = "at most this many; 0 for all of them"
+KEEP_HELP = (f"after the snapshot, delete all but the store's newest N snapshots; the one "
+             f"just taken is always kept (default: ${KEEP_ENV}, else keep every one; another "
+             f"store's are never touched)")
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=OUTPUT_FORMATS,
+                        help="table for people (cut to the terminal's width, COLUMNS), or "
+                             "json, jsonl, csv for scripts (default: table; --json is "
+                             "--format json)")
+    parser.set_defaults(check=_check_format)
+
+
+def _check_format(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.json and args.format not in (None, "json"):
         parser.error(f"--json and --format {args.format} ask for different outputs")
 
@@ -1374,9 +1628,40 @@ def _check_restore(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--timestamp and --output go with --from-replica")
 
 
+def _fail(args: argparse.Namespace | None, exc: BaseException, status: int,
+          message: str, advice: str | None = None) -> int:
+    """Report a failure: on stderr, and with ``--json`` also as one JSON object on stdout
+    (``{"error": {"type", "message", "next", "exit_status"}}``); returns ``status``."""
+    _warn(message)
+    if advice:
+        _warn(f"next: {advice}")
+    if args is not None and getattr(args, "json", False):
+        _print_json({"error": {"type": type(exc).__name__, "message": message,
+                               "next": advice, "exit_status": status}})
+    return status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are also a JSON error object on stdout when
+    ``--json`` is among the arguments."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            _print_json({"error": {"type": "UsageError", "message": message, "next":
+                                   f"`{self.prog} --help`", "exit_status": 2}})
+        super().error(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in arguments
+    args = parser.parse_args(arguments)
+    if args.func is None:  # a bare `hermes-state` or `hermes-state sessions`
+        args.help_of.print_help()
+        return 0
     if getattr(args, "check", None) is not None:
         args.check(parser, args)
     try:
@@ -1391,18 +1676,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn("interrupted")
         return 130
     except _NotConfirmed as exc:
-        _warn(str(exc))
-        return 2
+        return _fail(args, exc, 2, str(exc))
     except (HermesStateError, OSError, ValueError) as exc:
         try:
             db: Path | None = _resolve_db(args)
         except HermesStateError:
             db = None
-        _warn(str(exc) if db is None else _condition(exc, db))
-        advice = None if db is None else _advice(exc, db)
-        if advice:
-            _warn(f"next: {advice}")
-        return 1
+        message = _condition(exc, db or Path.cwd())
+        advice = None if db is None else (
+            _other_file_advice(args.command, exc, db) or _advice(exc, db))
+        return _fail(args, exc, 1, message, advice)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ __all__ = [
     "display_width",
     "flatten",
     "cut",
+    "cut_around",
     "pad",
     "table",
     "terminal_width",
     "when",
     "money",
     "plural",
+    "size",
     "check_findings",
     "counts",
     "session_table",
@@ -52,6 +54,10 @@ __all__ = [
 ]
 
 MARKER = "..."
+# How search snippets mark a match (hermes_state_search's markers).
+MATCH_START, MATCH_END = ">>>", "<<<"
+# Below this many columns for its snippet, a search hit's snippet goes on a line of its own.
+MIN_MATCH_WIDTH = 40
 ZERO_WIDTH_JOINER = "\u200d"
 # A flexible column is never cut narrower than this (or than its header).
 MIN_FLEX_WIDTH = 10
@@ -122,6 +128,53 @@ def cut(value: Any, width: int) -> str:
         kept.append(cluster)
         used += w
     return "".join(kept).rstrip() + marker
+
+
+def _head(text: str, width: int) -> str:
+    """The longest start of ``text`` at most ``width`` columns wide, cut between clusters."""
+    kept, used = [], 0
+    for cluster, w in _clusters(text):
+        if used + w > width:
+            break
+        kept.append(cluster)
+        used += w
+    return "".join(kept)
+
+
+def _tail(text: str, width: int) -> str:
+    """The longest end of ``text`` at most ``width`` columns wide, cut between clusters."""
+    clusters = list(_clusters(text))
+    kept, used = [], 0
+    for cluster, w in reversed(clusters):
+        if used + w > width:
+            break
+        kept.append(cluster)
+        used += w
+    return "".join(reversed(kept))
+
+
+def cut_around(value: Any, width: int, start: str = MATCH_START, end: str = MATCH_END) -> str:
+    """:func:`flatten` of ``value`` cut to at most ``width`` columns around its first marked
+    match (``start``...``end``), which stays in the middle of what is shown: a snippet whose
+    match lies far into it still shows the match. ``...`` marks each side that was cut. Text
+    without a mark is cut like :func:`cut`."""
+    text = flatten(value)
+    at = text.find(start)
+    if display_width(text) <= width or at < 0:
+        return cut(text, width)
+    stop = text.find(end, at + len(start))
+    stop = len(text) if stop < 0 else stop + len(end)
+    before, match, after = text[:at], text[at:stop], text[stop:]
+    room = width - 2 * len(MARKER)
+    if room <= display_width(match):  # the match alone fills the line: it starts the line
+        lead = MARKER if before and width > 2 * len(MARKER) else ""
+        return lead + cut(match + after, width - len(lead))
+    spare = room - display_width(match)
+    right = min(display_width(after), spare - min(display_width(before), spare // 2))
+    head = _tail(before, spare - right)
+    tail = _head(after, right)
+    return ((MARKER + head.lstrip() if head != before else head) + match
+            + (tail.rstrip() + MARKER if tail != after else tail))
 
 
 def pad(text: str, width: int, align: str = "<") -> str:
@@ -208,6 +261,17 @@ def money(value: Any, unknown: str = "-") -> str:
     return f"${value:,.2f}"
 
 
+def size(count: int) -> str:
+    """A size in bytes in the largest unit that keeps a whole number in front (``178.2 MB``,
+    decimal units as ``ls -h --si`` and disk tools' labels)."""
+    value = float(count)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{count:,} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 def plural(count: int, noun: str) -> str:
     """``1 session``, ``3 sessions``, with thousands separators."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
@@ -234,11 +298,15 @@ SESSION_COLUMNS = (
 )
 
 
+# What the TITLE column shows for a session without a title.
+UNTITLED = "(untitled)"
+
+
 def session_table(rows: Sequence[Mapping[str, Any]], width: int | None = None) -> list[str]:
     """``sessions list``: a conversation a line, shown as its compression tip."""
     return table(SESSION_COLUMNS, [
         (r["id"], when(r.get("last_active")), r.get("source"), r.get("message_count") or 0,
-         r.get("title") or r.get("preview"))
+         r.get("title") or UNTITLED)
         for r in rows
     ], width)
 
@@ -253,11 +321,26 @@ HIT_COLUMNS = (
 
 
 def hit_table(hits: Sequence[Mapping[str, Any]], width: int | None = None) -> list[str]:
-    """``sessions search``: a hit a line, its snippet in the room left."""
-    return table(HIT_COLUMNS, [
-        (h["session_id"], when(h.get("timestamp")), h.get("source"), h["role"], h["snippet"])
-        for h in hits
-    ], width)
+    """``sessions search``: a hit a line, its snippet in the room left, cut around the match
+    so the match stays in view. When that room is narrower than :data:`MIN_MATCH_WIDTH` (an
+    80-column terminal, a pipe), each hit's snippet goes on its own indented line below it,
+    as wide as the line."""
+    width = terminal_width() if width is None else width
+    heads = [(h["session_id"], when(h.get("timestamp")), h.get("source"), h["role"])
+             for h in hits]
+    snippets = [h["snippet"] for h in hits]
+    fixed = max(display_width(line) for line in table(HIT_COLUMNS[:4], heads, 10**6))
+    room = width - fixed - len(GAP)
+    if room >= MIN_MATCH_WIDTH:
+        return table(HIT_COLUMNS, [(*head, cut_around(snippet, room))
+                                   for head, snippet in zip(heads, snippets, strict=True)],
+                     width)
+    indent = "  "
+    lines = table(HIT_COLUMNS[:4], heads, width)
+    out = lines[:1]
+    for line, snippet in zip(lines[1:], snippets, strict=True):
+        out += [line, indent + cut_around(snippet, max(width - len(indent), 1))]
+    return out
 
 
 DOOMED_COLUMNS = (
@@ -351,7 +434,11 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append("quick check: " + (
             "ok" if check == ["ok"] else f"{plural(len(check_findings(check)), 'problem')} found"))
     if "fts" in report:
-        lines.append(f"search index: {_fts_line(report['fts'])}")
+        state = _fts_line(report["fts"])
+        damaged = [t for t, error in (report.get("fts_integrity") or {}).items() if error]
+        if damaged:
+            state = f"damaged ({', '.join(damaged)})" + ("" if state == "ok" else f"; {state}")
+        lines.append(f"search index: {state}")
     holders = report["in_use_by"]
     lines.append(f"in use by: {'; '.join(holders) if holders else 'none seen'}")
     return lines

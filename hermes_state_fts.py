@@ -73,6 +73,8 @@ __all__ = [
     "PROGRESS_KEY",
     "STALE_KEY",
     "admission_lock",
+    "admission_lock_path",
+    "remove_admission_lock",
     "damage_is_fts_only",
     "damaged_canonical_tables",
     "detach_index",
@@ -630,30 +632,64 @@ def integrity_report(
 # --- admission -------------------------------------------------------------------------------
 
 
+def admission_lock_path(db_path: Path) -> Path:
+    """The admission lock's file: ``<db>.lock`` beside the database."""
+    return db_path.with_name(db_path.name + ".lock")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a lock file removed meanwhile by
+    :func:`remove_admission_lock` does not)."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
 @contextlib.contextmanager
 def admission_lock(db_path: Path) -> Iterator[bool]:
     """The cross-process lock for index rebuilds (``<db>.lock``, flock, never waited for).
 
     Yields True when this process holds it. The lock file is not a database file, so opening
-    and closing it cannot drop SQLite's POSIX locks.
+    and closing it cannot drop SQLite's POSIX locks. The lock counts only on the file the path
+    names once it is taken: a file :func:`remove_admission_lock` unlinked meanwhile is let go
+    and the path opened again.
     """
-    lock_path = db_path.with_name(db_path.name + ".lock")
-    try:
-        fd = os.open(
-            lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
-        )
-    except OSError:
-        yield False
-        return
-    try:
+    lock_path = admission_lock_path(db_path)
+    for _ in range(3):
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(
+                lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
+            )
         except OSError:
             yield False
             return
-        yield True
-    finally:
-        os.close(fd)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            if not _same_file(fd, lock_path):
+                continue  # removed while this process opened it: open it again
+            yield True
+            return
+        finally:
+            os.close(fd)
+    yield False
+
+
+def remove_admission_lock(db_path: Path) -> bool:
+    """Remove the admission lock's file unless a process holds the lock; whether it is gone.
+    Safe against a process that opened the file just before: once it has the lock it finds
+    the path no longer names its file (see :func:`admission_lock`)."""
+    with admission_lock(db_path) as admitted:
+        if admitted:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(admission_lock_path(db_path))
+    return admitted
 
 
 def rebuild_when_admitted(

@@ -24,7 +24,7 @@ import os
 import re
 import sqlite3
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -89,6 +89,8 @@ __all__ = [
     "health_report",
     "QuickHealth",
     "quick_health",
+    "fts_structure_check",
+    "DAMAGED_SUFFIX",
 ]
 
 # A repair's work copy: ``.repair-<pid>...`` in the snapshot folder; a later repair removes
@@ -122,15 +124,20 @@ def snapshot_dir(db_path: str | os.PathLike[str] | None = None) -> Path:
     return home / SNAPSHOT_DIRNAME
 
 
+# How the name of a snapshot that failed its check ends (``state-<stamp>-damaged.db``).
+DAMAGED_SUFFIX = "-damaged"
+
+
 def _snapshot_name_re(db_path: str | os.PathLike[str]) -> re.Pattern[str]:
     stem = re.escape(Path(db_path).stem)
-    return re.compile(rf"{stem}-(\d{{8}}T\d{{6}}Z)(?:-(\d+))?\.db")
+    return re.compile(rf"{stem}-(\d{{8}}T\d{{6}}Z)(?:-(\d+))?({DAMAGED_SUFFIX})?\.db")
 
 
 def list_snapshots(db_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The snapshots of the store at ``db_path`` (named after its file, in its snapshot
     folder; another store's are never listed), newest first: ``path``, ``taken_at`` (the UTC
-    stamp of the name) and ``size``."""
+    stamp of the name), ``size`` and ``damaged`` (the copy of a damaged store a restore saved:
+    it failed quick_check, and cannot be restored)."""
     folder = snapshot_dir(db_path)
     pattern = _snapshot_name_re(db_path)
     found: list[tuple[tuple[str, int], dict[str, Any]]] = []
@@ -143,17 +150,25 @@ def list_snapshots(db_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             taken = stamp.replace(tzinfo=datetime.UTC).isoformat()
             order = (match.group(1), int(match.group(2) or 1))
             found.append((order, {"path": entry.path, "taken_at": taken,
-                                  "size": entry.stat(follow_symlinks=False).st_size}))
+                                  "size": entry.stat(follow_symlinks=False).st_size,
+                                  "damaged": match.group(3) is not None}))
     return [info for _, info in sorted(found, key=lambda f: f[0], reverse=True)]
 
 
-def prune_snapshots(db_path: str | os.PathLike[str], keep: int) -> list[str]:
+def prune_snapshots(
+    db_path: str | os.PathLike[str], keep: int, *, spare: Iterable[str] = ()
+) -> list[str]:
     """Delete all but the newest ``keep`` snapshots of the store at ``db_path`` (never
-    another store's); returns the paths deleted."""
+    another store's, never one of ``spare``, which count among the kept); returns the paths
+    deleted."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise InvalidInputError(f"keep must be a non-negative integer, got {keep!r}")
+    spared = {os.path.abspath(p) for p in spare}
+    snapshots = list_snapshots(db_path)
+    kept = [i for i in snapshots if os.path.abspath(i["path"]) in spared]
+    others = [i for i in snapshots if os.path.abspath(i["path"]) not in spared]
     deleted = []
-    for info in list_snapshots(db_path)[keep:]:
+    for info in others[max(keep - len(kept), 0):]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(info["path"])
             deleted.append(info["path"])
@@ -517,13 +532,29 @@ def restore_state_db(
             report["rolled_back_journal"] = held.rolled_back_journal
             if held.pages > 0:
                 say("saving the current store", 0, None)
-                report["previous_snapshot"] = str(_snapshot(held.conn, None, target)[0])
+                saved, check = _snapshot(held.conn, None, target)
+                report["previous_damaged"] = check != ["ok"]
+                if report["previous_damaged"]:
+                    saved = _mark_damaged(saved)
+                report["previous_snapshot"] = str(saved)
             report["quick_check"] = _promote(src, held.conn, say)
             clear_marker(target)
             report["row_counts"] = row_counts(held.conn)
         return report
     finally:
         src.close()
+
+
+def _mark_damaged(snapshot: Path) -> Path:
+    """Rename a snapshot that failed its check to its ``-damaged`` name (never over a file);
+    its new path."""
+    marked = snapshot.with_name(snapshot.stem + DAMAGED_SUFFIX + snapshot.suffix)
+    try:
+        os.link(snapshot, marked)
+    except OSError:
+        return snapshot  # kept under its plain name: list_snapshots cannot tell, restore can
+    os.unlink(snapshot)
+    return marked
 
 
 def _checked_snapshot(src: sqlite3.Connection, snap: Path) -> int:
@@ -553,7 +584,9 @@ def _checked_snapshot(src: sqlite3.Connection, snap: Path) -> int:
 
 def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
-    write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``fts_integrity`` (per
+    write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``damaged_tables`` (the
+    canonical tables whose b-trees fail the check: rows no repair can mend, the file needs
+    recovery), ``fts_integrity`` (per
     index, None when clean), ``search_index`` (its damage, None when none), ``fts_stale`` (the
     marker), ``fts_rebuilding``, ``triggers`` (expected and missing), ``row_counts``,
     ``schema_version``, ``problems``, ``healthy``."""
@@ -562,8 +595,13 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
         integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
     except sqlite3.Error as exc:
         integrity = [f"{type(exc).__name__}: {exc}"]
+    damaged_tables: list[str] = []
     if integrity != ["ok"]:
         problems.append("integrity_check: " + "; ".join(integrity[:3]))
+        try:
+            damaged_tables = fts.damaged_canonical_tables(conn)
+        except sqlite3.Error:
+            damaged_tables = ["sqlite_master"]
     try:
         with transaction(conn, rollback_only=True):
             fts_integrity = fts.integrity_report(conn)
@@ -595,6 +633,7 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     problems += [f"{t} cannot be counted: {c}" for t, c in counts.items() if isinstance(c, str)]
     return {
         "integrity": integrity,
+        "damaged_tables": damaged_tables,
         "fts_integrity": fts_integrity,
         "search_index": search_index,
         "fts_stale": stale,
@@ -627,6 +666,33 @@ def quick_health(conn: sqlite3.Connection) -> QuickHealth:
         "journal_mode": str(conn.execute(JOURNAL_MODE_SQL).fetchone()[0]),
         "quick_check": [r[0] for r in conn.execute(QUICK_CHECK_SQL).fetchall()],
     }
+
+
+# How long the FTS structure check waits for the write lock (SQLite runs the check as a write).
+_FTS_CHECK_BUSY_TIMEOUT_S = 2.0
+
+
+def fts_structure_check(db_path: str | os.PathLike[str]) -> dict[str, str | None]:
+    """FTS5's 'integrity-check' of each full-text index's own structures (not against the
+    rows, a third of the time of the full check) on the live store: None per clean index,
+    else the error. What ``doctor`` runs without ``--full``.
+
+    SQLite runs the check as a write, so it takes the write lock for a moment (waiting up to
+    two seconds: :class:`StateDbLockedError` after that) and writes nothing. A read-only
+    connection stays open until the writable one is closed, so closing it never checkpoints
+    or removes the -wal."""
+    path = _existing_db(db_path)
+    with translated_errors(path):
+        guard = connect(path, "ro")
+        try:
+            guard.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            conn = connect(path, "rw", timeout=_FTS_CHECK_BUSY_TIMEOUT_S)
+            try:
+                return fts.integrity_report(conn, against_content=False)
+            finally:
+                conn.close()
+        finally:
+            guard.close()
 
 
 def _drop_fts(work: Path, conn: sqlite3.Connection) -> sqlite3.Connection:
@@ -758,7 +824,26 @@ def _check(path: Path, report: dict[str, Any], say: Progress) -> dict[str, Any]:
 
 def _repair(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
             ) -> dict[str, Any]:
-    """The repair run: take the store, then repair it while it is held."""
+    """The repair run: take the store, then repair it while it is held. A run that promotes
+    nothing leaves nothing behind: the snapshot folder and the admission lock's file are
+    removed again when this run created them."""
+    folder, lock = snapshot_dir(path), fts.admission_lock_path(path)
+    made = (not folder.exists(), not lock.exists())
+    result: dict[str, Any] = {}
+    try:
+        result = _repair_taken(path, report, backup=backup, say=say)
+        return result
+    finally:
+        if not result.get("promoted"):
+            if made[0]:
+                with contextlib.suppress(OSError):  # only an empty folder
+                    folder.rmdir()
+            if made[1]:
+                fts.remove_admission_lock(path)
+
+
+def _repair_taken(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
+                  ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         try:
             held = stack.enter_context(_exclusive(path))

@@ -306,16 +306,27 @@ def _write_record(db_path: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def litestream_dir(db_path: Path) -> Path:
+    """Where Litestream keeps its own state of a store it replicates (``.<db>-litestream``
+    beside it: the changes it has shipped or has yet to ship, its position in the -wal)."""
+    return db_path.with_name(f".{db_path.name}-litestream")
+
+
 def forget_replica(db_path: Path) -> bool:
-    """Remove the record (the store then has no replica configured); True when there was one.
-    :class:`ReplicationError` (``already_running``) while a replicator holds the store."""
-    if not record_path(db_path).exists():
+    """Remove the record (the store then has no replica configured) and Litestream's state
+    beside the store; True when there was either. :class:`ReplicationError`
+    (``already_running``) while a replicator holds the store."""
+    state = litestream_dir(db_path)
+    if not record_path(db_path).exists() and not state.exists():
         return False
     with _replicator_lock(db_path):
+        found = state.is_dir() and not state.is_symlink()
+        if found:
+            shutil.rmtree(state)
         try:
             record_path(db_path).unlink()
         except FileNotFoundError:
-            return False
+            return found
     return True
 
 
@@ -671,13 +682,26 @@ def restore_from_replica(
             say("replacing the store", 0, None)
             promoted = restore_state_db(restored, target)
             result["previous_snapshot"] = promoted["previous_snapshot"]
+            result["previous_damaged"] = promoted.get("previous_damaged", False)
             result["row_counts"] = promoted["row_counts"]
+            _note_restored(target, url)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 # --- status ------------------------------------------------------------------------------------
+
+
+def _note_restored(db_path: Path, url: str) -> None:
+    """Write into the store's record (when it names this replica) that the store was just
+    brought back from it: until its next commit the store holds nothing the replica lacks."""
+    with contextlib.suppress(ReplicationError), _replicator_lock(db_path):
+        record = read_record(db_path)
+        if record is None or record.get("url") != url:
+            return
+        record["restored_changed_at"] = _store_changed_at(db_path)
+        _write_record(db_path, record)
 
 
 def _store_changed_at(db_path: Path) -> float | None:
@@ -728,7 +752,10 @@ def replica_status(db_path: Path, *, timeout: float = 20.0) -> dict[str, Any] | 
         newest = max(datetime.datetime.fromisoformat(f["timestamp"]).timestamp() for f in files)
         status["replica_txid"] = max(int(f["max_txid"], 16) for f in files)
         status["replica_time"] = newest
-        if changed is not None:
+        restored = record.get("restored_changed_at")
+        if changed is not None and isinstance(restored, (int, float)) and changed <= restored:
+            status["behind_s"] = 0.0  # brought back from the replica, not written since
+        elif changed is not None:
             # The listing gives whole seconds: the newest state lies within the second after.
             status["behind_s"] = max(0.0, changed - newest - 1.0)
     else:

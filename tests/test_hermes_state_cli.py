@@ -235,7 +235,7 @@ def test_recover_inspects_and_salvages_a_damaged_store(hermes_home: Path, db_pat
     assert file_hashes(hermes_home) == before
 
     out = tmp_path / "recovered.db"
-    result = cli(hermes_home, "sessions", "recover", "--source", str(db_path),
+    result = cli(hermes_home, "sessions", "recover", "--input", str(db_path),
                  "--output", str(out))
     assert result.returncode == 0, result.stderr
     assert "messages" in result.stdout and "excluded" in result.stdout
@@ -248,7 +248,7 @@ def test_recover_exits_non_zero_only_when_nothing_can_be_read(hermes_home: Path,
                                                                tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(random.Random(9).randbytes(32 * 1024))
-    result = cli(hermes_home, "sessions", "recover", "--source", str(junk), "--inspect-only")
+    result = cli(hermes_home, "sessions", "recover", "--input", str(junk), "--inspect-only")
     assert result.returncode == 1
     assert "nothing could be read" in result.stderr
 

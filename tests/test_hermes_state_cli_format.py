@@ -60,6 +60,26 @@ def test_a_cut_is_never_wider_than_its_column_and_never_splits_a_character(
 
 
 @settings(max_examples=200, deadline=None)
+@given(before=texts, match=st.sampled_from(["needle", "東京", "ERESOLVE", "e\u0301t\u00e9"]),
+       after=texts, width=st.integers(min_value=0, max_value=80))
+def test_a_cut_around_a_match_keeps_it_in_view_and_fits(
+    before: str, match: str, after: str, width: int
+) -> None:
+    text = f"{before}>>>{match}<<<{after}"
+    out = fmt.cut_around(text, width)
+    assert columns(out) <= width
+    marked = f">>>{fmt.flatten(match)}<<<"
+    if width >= columns(marked) + 2 * len(fmt.MARKER):  # room for the match and two cuts
+        assert marked in out
+    flat = fmt.flatten(text)
+    if columns(flat) <= width:
+        assert out == flat
+    else:  # what is shown is a run of the text, with a marker on each side that was cut
+        core = out.removeprefix(fmt.MARKER).removesuffix(fmt.MARKER).strip()
+        assert core in flat
+
+
+@settings(max_examples=200, deadline=None)
 @given(text=texts)
 def test_flattened_text_is_one_line_that_cannot_drive_the_terminal(text: str) -> None:
     flat = fmt.flatten(text)

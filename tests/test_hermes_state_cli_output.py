@@ -82,7 +82,8 @@ def _options(parser: argparse.ArgumentParser, path: str = "") -> list[tuple[str,
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 found += _options(sub, f"{path} {name}")
-        elif action.option_strings and action.dest not in ("help", "version"):
+        elif (action.option_strings and action.dest not in ("help", "version")
+              and action.help != argparse.SUPPRESS):  # a deprecated spelling, kept hidden
             formatter = parser._get_formatter()
             found.append((f"{path} {action.option_strings[0]}", action,
                           formatter._expand_help(action) if action.help else ""))
@@ -139,12 +140,26 @@ def _column_start(line: str, header_columns: int) -> int:
 
 
 def test_search_has_a_header_row_and_cuts_snippets_to_the_width(titled: list[str]) -> None:
-    shown = cli("sessions", "search", "needle", "-n", "3", env={"COLUMNS": "90"})
+    shown = cli("sessions", "search", "needle", "-n", "3", env={"COLUMNS": "120"})
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["SESSION", "TIME", "SOURCE", "ROLE", "MATCH"]
-    assert len(lines) == 4 and all(columns(line) <= 90 for line in lines)
-    assert all(line.endswith("...") for line in lines[1:])
+    assert len(lines) == 4 and all(columns(line) <= 120 for line in lines)
+    assert all(line.endswith("...") and ">>>needle<<<" in line for line in lines[1:])
+
+
+@pytest.mark.parametrize("width", [60, 80, 90])
+def test_a_narrow_search_puts_each_snippet_on_its_own_line(
+    titled: list[str], width: int
+) -> None:
+    shown = cli("sessions", "search", "needle", "-n", "3", env={"COLUMNS": str(width)})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["SESSION", "TIME", "SOURCE", "ROLE"]
+    assert len(lines) == 7 and all(columns(line) <= width for line in lines)
+    for head, snippet in zip(lines[1::2], lines[2::2], strict=True):
+        assert head.startswith("conv-") and snippet.startswith("  ")
+        assert ">>>needle<<<" in snippet and snippet.endswith("...")
 
 
 def test_times_are_local_with_their_offset(titled: list[str]) -> None:
@@ -201,11 +216,11 @@ def test_show_tail_shows_the_last_messages(titled: list[str]) -> None:
                 if line.startswith("[")]
 
     every = ids()
-    assert len(every) == 4
-    assert ids("--tail", "2") == every[-2:] and ids("--tail", "0") == []
+    assert every == [1, 2, 3, 4]  # numbered within the session, not by store-wide row id
+    assert ids("--tail", "2") == [3, 4] and ids("--tail", "0") == []
     assert ids("--tail", "99") == every
     shown = as_json(cli("sessions", "show", "conv-2", "--tail", "1", "--json"))
-    assert [m["id"] for m in shown["messages"]] == every[-1:]
+    assert [m["content"].split()[1] for m in shown["messages"]] == ["2.3"]
     assert "messages: 4 (the last 2)" in cli("sessions", "show", "conv-2", "--tail", "2").stdout
 
 

@@ -181,7 +181,7 @@ def test_recover_of_a_sparse_store_finishes_in_seconds(
     sparse: Path, hermes_home: Path, defer: bool
 ) -> None:
     output = hermes_home / "recovered.db"
-    args = ["--json", "sessions", "recover", "--source", str(sparse), "--output", str(output)]
+    args = ["--json", "sessions", "recover", "--input", str(sparse), "--output", str(output)]
     done = cli(hermes_home, *args, *(["--defer-index"] if defer else []))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

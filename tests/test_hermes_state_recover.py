@@ -429,7 +429,7 @@ def test_recover_keeps_every_row_the_main_file_holds_when_the_wal_reused_live_pa
     # What was lost is shown as unknown, not as an exact 0, and a count of the source that
     # disagrees with its rows is said plainly, on the command line too.
     shown = subprocess.run(
-        [sys.executable, "-m", "hermes_state_cli", "sessions", "recover", "--source",
+        [sys.executable, "-m", "hermes_state_cli", "sessions", "recover", "--input",
          str(db_path), "--inspect-only"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     line = next(x for x in shown.stdout.splitlines() if x.startswith("messages"))

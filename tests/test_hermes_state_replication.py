@@ -682,3 +682,31 @@ def test_doctor_says_whether_a_replica_is_configured_and_how_far_behind_it_is(
 
     assert run_cli("replicate", "--forget").returncode == 0
     assert "replica: none configured" in run_cli("doctor").stdout
+
+
+@pytest.mark.slow
+def test_doctor_after_a_restore_from_the_replica_and_forget_leave_nothing_behind(
+    hermes_home: Path, litestream: Path, replica: str, replicators: Callable[..., Replicator],
+    tmp_path: Path,
+) -> None:
+    db_path = hermes_home / "state.db"
+    store(db_path)
+    rep = replicators(db_path, replica)
+    assert wait_for(lambda: len(replica_messages(litestream, replica, tmp_path)) == 5)
+    assert rep.stop() == 0
+    time.sleep(1.5)  # the replica's listing counts whole seconds
+
+    restored = run_cli("restore", "--from-replica", replica)
+    assert restored.returncode == 0, restored.stderr
+    doctor = run_cli("doctor")
+    assert doctor.returncode == 0, doctor.stdout  # it holds exactly what the replica holds
+    assert "misses the store's latest commits" not in doctor.stdout
+    with SessionDB(db_path) as db:
+        db.append_message("s", "user", "not replicated")
+    assert "misses the store's latest commits" in run_cli("doctor").stdout
+
+    state = replication.litestream_dir(db_path)
+    assert state.is_dir() and any(state.rglob("*"))
+    forget = run_cli("replicate", "--forget")
+    assert forget.returncode == 0 and "freed" in forget.stdout
+    assert not state.exists() and replication.read_record(db_path) is None
