@@ -680,11 +680,17 @@ class SessionDB:
 
     @arguments.checked
     def import_jsonl(
-        self, fp: IO[Any], *, on_conflict: str = "fail", progress: transfer.Progress | None = None
+        self,
+        fp: IO[Any],
+        *,
+        on_conflict: str = "fail",
+        progress: transfer.Progress | None = None,
+        max_record_bytes: int = transfer.MAX_RECORD_BYTES,
     ) -> dict[str, Any]:
         """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
         return transfer.import_jsonl(self._read, self._transcript_write, fp,
-                                     on_conflict=on_conflict, progress=progress)
+                                     on_conflict=on_conflict, progress=progress,
+                                     max_record_bytes=max_record_bytes)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 

@@ -67,7 +67,7 @@ from hermes_state_errors import (
     StateDbUnavailableError,
 )
 from hermes_state_lockowners import describe_lock_holders
-from hermes_state_transfer import ON_CONFLICT_CHOICES
+from hermes_state_transfer import ON_CONFLICT_CHOICES, read_json_export
 
 __all__ = ["main", "build_parser"]
 
@@ -519,7 +519,10 @@ def cmd_import(args: argparse.Namespace) -> int:
                     )
                 except ImportRejectedError as exc:
                     return {"ok": False, "errors": exc.errors}
-            data = json.load(source)
+            try:
+                data = read_json_export(source)
+            except ImportRejectedError as exc:
+                return {"ok": False, "errors": exc.errors}
             return db.import_sessions(
                 data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
                 limited=False, progress=_Progress(),

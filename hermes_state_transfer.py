@@ -23,7 +23,11 @@ killed are deleted by the next import (once the holder is provably gone; until t
 can see some of its sessions, each of them whole). Replacements go in
 the last chunk, so that a failed import never loses a session it was to replace. The JSONL
 importer spools the stream into a private SQLite file first, so memory stays bounded whatever
-the stream's size and the check and the publish can read each session again.
+the stream's size and the check and the publish can read each session again. It reads the
+stream in pieces of at most one record: a line longer than :data:`MAX_RECORD_BYTES` (an endless
+line, ``/dev/zero``, a zero-filled file a crash left) refuses the import, naming the stream and
+the line, without reading further. A whole JSON export is one record of at most
+:data:`MAX_JSON_EXPORT_BYTES` (:func:`read_json_export`).
 
 The functions take the caller's connection (exports: run them inside one read transaction for
 a consistent snapshot) or its read and write functions (imports: ``read(fn)`` runs ``fn(conn)``
@@ -38,7 +42,9 @@ import datetime
 import functools
 import json
 import math
+import os
 import sqlite3
+import sys
 import tempfile
 import time
 import uuid
@@ -47,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from hermes_state_arguments import integer
 from hermes_state_common import (
     SCHEMA_VERSION,
     OnStore,
@@ -91,6 +98,9 @@ __all__ = [
     "iter_export_jsonl",
     "import_sessions",
     "import_jsonl",
+    "read_json_export",
+    "MAX_RECORD_BYTES",
+    "MAX_JSON_EXPORT_BYTES",
     "remove_abandoned_imports",
     "ON_CONFLICT_CHOICES",
     "OnConflict",
@@ -244,6 +254,12 @@ JOURNAL_PREFIX = "import_in_progress:"
 # the import's next BEGIN IMMEDIATE.
 PUBLISH_PAUSE_S = 0.12
 PROGRESS_EVERY = 5000  # messages between two progress reports
+#: The longest line (one record: a session, a message, a usage row) a JSON Lines import reads,
+#: in bytes (characters for a text stream); a longer one refuses the import.
+MAX_RECORD_BYTES = 64 * 2**20
+#: The largest whole JSON export :func:`read_json_export` reads (larger: export as JSON Lines).
+MAX_JSON_EXPORT_BYTES = 256 * 2**20
+_JSON_PIECE = 2**20  # how much of a JSON export one read takes
 
 # import_sessions(list): the limits its callers (a dashboard upload) expect.
 LIST_MAX_SESSIONS = 500
@@ -916,20 +932,98 @@ def _header_problem(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def stream_name(fp: object) -> str:
+    """How an error names the stream an import reads: its file's name, else its type."""
+    name = getattr(fp, "name", None)
+    if isinstance(name, (str, bytes)):
+        return os.fsdecode(name)
+    if isinstance(name, int):
+        return f"file descriptor {name}"
+    return f"the {type(fp).__name__} stream"
+
+
+def _too_long(fp: object, n: int, limit: int, what: str) -> ImportRejectedError:
+    return ImportRejectedError([{"line": n, "error": (
+        f"{stream_name(fp)}: {what} is longer than {limit} bytes, the most one record may take "
+        f"(an endless line, or a file of zeros?); read no further, nothing was imported")}])
+
+
+def _bounded_lines(fp: IO[Any], limit: int) -> Iterator[tuple[int, Any]]:
+    """(line number, line) of a stream, each read in one piece of at most ``limit`` bytes
+    (characters for a text stream) and its newline: a longer line raises
+    :class:`ImportRejectedError` naming the stream and the line, without reading it whole."""
+    readline = getattr(fp, "readline", None)
+    if not callable(readline):  # an iterable of lines, each already in memory
+        for n, raw in enumerate(fp, start=1):
+            if isinstance(raw, (str, bytes, bytearray)) and len(raw) > limit + 1:  # + newline
+                raise _too_long(fp, n, limit, f"line {n}")
+            yield n, raw
+        return
+    n = 0
+    while True:
+        raw = readline(limit + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > limit and raw[-1:] not in (b"\n", "\n"):
+            raise _too_long(fp, n, limit, f"line {n}")
+        yield n, raw
+
+
+def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
+    """A whole JSON export (what ``export_session`` / ``export_all`` give, as JSON text) read
+    from ``fp`` in at most ``limit`` bytes (characters for a text stream). A stream that does
+    not begin with ``[`` or ``{`` (after white space), is larger, or is not JSON raises
+    :class:`ImportRejectedError` naming it, having read no more than ``limit`` and a byte."""
+    limit = min(integer("limit", limit, minimum=1), sys.maxsize - 1)
+    pieces: list[Any] = []
+    size, begun = 0, False
+    while size <= limit:
+        piece = fp.read(min(_JSON_PIECE, limit + 1 - size))
+        if not isinstance(piece, (str, bytes, bytearray)):
+            raise InvalidInputError(f"{stream_name(fp)} gave {type(piece).__name__}, not text")
+        if not piece:
+            break
+        if not begun and piece.strip():
+            first = piece.lstrip()[:1]
+            if first not in ("[", "{", b"[", b"{"):
+                raise ImportRejectedError([{"line": 1, "error": (
+                    f"{stream_name(fp)}: not a JSON export (it must begin with '[' or '{{'); "
+                    f"nothing was imported")}])
+            begun = True
+        pieces.append(piece)
+        size += len(piece)
+    if size > limit:
+        raise _too_long(fp, 1, limit, "the JSON export (a single record)")
+    data = pieces[0][:0].join(pieces) if pieces else ""
+    del pieces
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        line = exc.lineno if isinstance(exc, json.JSONDecodeError) else 1
+        raise ImportRejectedError([{"line": line, "error": (
+            f"{stream_name(fp)}: not JSON: {exc}; nothing was imported")}]) from None
+
+
 def _spool_jsonl(
-    fp: IO[Any], spool: sqlite3.Connection, errors: _Errors, progress: Progress | None
+    fp: IO[Any],
+    spool: sqlite3.Connection,
+    errors: _Errors,
+    progress: Progress | None,
+    limit: int = MAX_RECORD_BYTES,
 ) -> list[tuple[int, dict[str, Any]]]:
     """Load JSONL lines into ``spool`` and check the stream's frame: the header first, an
     ``end`` line last whose counts match. Returns (line, session row) per session line; a
-    message or usage line belongs to the latest session line of its session id."""
+    message or usage line belongs to the latest session line of its session id. A line over
+    ``limit`` refuses the import at once (see :func:`_bounded_lines`)."""
     spool.executescript(SPOOL_SCHEMA_SQL)
     sessions: list[tuple[int, dict[str, Any]]] = []
     blocks: dict[Any, int] = {}
     batch: list[tuple[Any, ...]] = []
     header = end = None
-    messages = 0
+    messages = n = 0
     with transaction(spool):
-        for n, raw in enumerate(fp, start=1):
+        for n, raw in _bounded_lines(fp, limit):
             if isinstance(raw, (bytes, bytearray)):
                 try:
                     text = bytes(raw).decode("utf-8")
@@ -1032,9 +1126,12 @@ def import_jsonl(
     *,
     on_conflict: str = "fail",
     progress: Progress | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> dict[str, Any]:
     """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
+    A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
+    naming the stream and the line.
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1045,6 +1142,9 @@ def import_jsonl(
     ``title_conflicts`` (imported without the title another session holds),
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
+    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
+    if limit >= sys.maxsize:
+        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
     remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
     with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
@@ -1054,7 +1154,7 @@ def import_jsonl(
                 spool.execute("PRAGMA journal_mode = OFF")
                 spool.execute("PRAGMA synchronous = OFF")
                 errors = _Errors()
-                sessions = _spool_jsonl(fp, spool, errors, progress)
+                sessions = _spool_jsonl(fp, spool, errors, progress, limit)
                 errors.raise_any()
 
                 def spooled(block: int, kind: str) -> Iterator[tuple[Where, Any]]:
