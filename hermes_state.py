@@ -686,11 +686,13 @@ class SessionDB:
         on_conflict: str = "fail",
         progress: transfer.Progress | None = None,
         max_record_bytes: int = transfer.MAX_RECORD_BYTES,
+        chunk_messages: int | None = None,
     ) -> dict[str, Any]:
         """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
         return transfer.import_jsonl(self._read, self._transcript_write, fp,
                                      on_conflict=on_conflict, progress=progress,
-                                     max_record_bytes=max_record_bytes)
+                                     max_record_bytes=max_record_bytes,
+                                     chunk_messages=chunk_messages)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 

@@ -1390,7 +1390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout.close()
         return 0
-    except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
+    except KeyboardInterrupt as exc:  # a second Ctrl-C while a replicator shuts down
+        for note in getattr(exc, "__notes__", ()):  # what an interrupted import kept
+            _warn(note)
         _warn("interrupted")
         return 130
     except _NotConfirmed as exc:

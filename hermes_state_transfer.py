@@ -17,10 +17,13 @@ problem named by its index or line. The publish then writes whole sessions, pare
 transactions of about :data:`PUBLISH_CHUNK_MESSAGES` messages with a short pause between them,
 so that other writers never wait long for the lock however large the import. An import that
 fits in one chunk is one transaction. A longer one keeps a journal in ``state_meta`` (its
-holder and the sessions written so far, in each chunk's transaction): an exception or Ctrl-C
-deletes what it wrote before it propagates, and the sessions of an import whose process was
-killed are deleted by the next import (once the holder is provably gone; until then a reader
-can see some of its sessions, each of them whole). Replacements go in
+holder, the sessions written so far and a fingerprint of each as written, in each chunk's
+transaction): an exception or Ctrl-C deletes what it wrote before it propagates, and the
+sessions of an import whose process was killed are deleted by the next import (once the holder
+is provably gone; until then a reader can see some of its sessions, each of them whole). Only
+what the import itself wrote is deleted: a session another writer has written to since, or
+created a session under, is kept and reported (``abandoned_import_kept``, or a note on the
+interrupting exception). Replacements go in
 the last chunk, so that a failed import never loses a session it was to replace. The JSONL
 importer spools the stream into a private SQLite file first, so memory stays bounded whatever
 the stream's size and the check and the publish can read each session again. It reads the
@@ -37,10 +40,11 @@ its own, which translate SQLite's errors.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
+import hashlib
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -66,7 +70,7 @@ from hermes_state_common import (
     transaction,
 )
 from hermes_state_compression import holder_is_gone, lock_holder_name
-from hermes_state_deletion import delete_session
+from hermes_state_deletion import delete_session, deletion_closure
 from hermes_state_errors import (
     HermesStateError,
     ImportRejectedError,
@@ -75,7 +79,7 @@ from hermes_state_errors import (
     SessionNotFoundError,
     translated_errors,
 )
-from hermes_state_lineage import compression_chain, lineage_tree
+from hermes_state_lineage import DELEGATE_MARKER, compression_chain, lineage_tree
 from hermes_state_listing import search_sessions
 from hermes_state_messages import (
     MESSAGE_FIELDS,
@@ -109,6 +113,8 @@ __all__ = [
     "SPOOL_PREFIX",
     "Progress",
 ]
+
+logger = logging.getLogger("hermes_state")
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_FORMAT_VERSION = 1
@@ -322,6 +328,7 @@ class _Outcome:
     ignored_message_fields: dict[str, list[str]] = field(default_factory=dict)
     messages: int = 0
     abandoned_removed: list[str] = field(default_factory=list)
+    abandoned_kept: list[dict[str, str]] = field(default_factory=list)
 
 
 class _Errors:
@@ -672,40 +679,139 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
         outcome.ignored_message_fields[sid] = item.ignored_message_fields
 
 
-def _journal_sessions(value: Any) -> tuple[str, list[str]] | None:
-    """A journal's holder and the sessions it names, or None when it is not one of ours."""
+@dataclass
+class _Journal:
+    """What an import published in several transactions has written so far: its holder, the
+    sessions in the order written, and the fingerprint of each as the import left it (absent
+    from journals of older versions)."""
+
+    holder: str
+    sessions: list[str]
+    written: dict[str, str] = field(default_factory=dict)
+
+    def value(self) -> dict[str, Any]:
+        return {"holder": self.holder, "sessions": self.sessions, "written": self.written}
+
+
+def _journal(value: Any) -> _Journal | None:
+    """A journal stored in ``state_meta``, or None when it is not one of ours."""
     try:
-        journal = json.loads(value)
-        return str(journal["holder"]), [str(sid) for sid in journal["sessions"]]
-    except (ValueError, TypeError, KeyError):
+        stored = json.loads(value)
+        written = stored.get("written", {})
+        return _Journal(str(stored["holder"]), [str(sid) for sid in stored["sessions"]],
+                        {str(k): str(v) for k, v in written.items()})
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
-def _undo_journal(conn: sqlite3.Connection, key: str, sessions: list[str]) -> list[str]:
-    """Delete the sessions a journal names (children before parents) and the journal itself;
-    returns the ids deleted. A session taken into use by a worker since is kept."""
+SESSION_ROW_SQL = "SELECT * FROM sessions WHERE id = ?"
+MESSAGES_PRINT_SQL = """
+SELECT COUNT(*), MAX(id), SUM(active), SUM(compacted), MAX(timestamp) FROM messages
+WHERE session_id = ?
+"""
+USAGE_ROWS_SQL = "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY rowid"
+# The sessions under a set of sessions by their parent link.
+CHILDREN_SQL = """
+SELECT id, parent_session_id FROM sessions
+WHERE parent_session_id IN (SELECT value FROM json_each(?))
+"""
+
+
+def _fingerprint(conn: sqlite3.Connection, session_id: str) -> str:
+    """A digest of a session as it stands: its row, its messages (how many, the newest id,
+    how many live and archived) and its usage rows. Any write to it since changes it."""
+    state = [conn.execute(query, (session_id,)).fetchall()
+             for query in (SESSION_ROW_SQL, MESSAGES_PRINT_SQL, USAGE_ROWS_SQL)]
+    text = json.dumps(state, default=repr, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _undo_journal(
+    conn: sqlite3.Connection, key: str, journal: _Journal
+) -> tuple[list[str], list[dict[str, str]]]:
+    """Delete what an import wrote, as its journal names it, and the journal itself (the
+    caller's transaction): (ids deleted, ``{"session_id", "reason"}`` of each session kept).
+
+    Only what the import itself wrote goes. A session someone else has written to since (its
+    fingerprint moved), one with a session created under it since (a child or a delegate
+    that is not the import's, which the delete would take along or detach), and one a worker
+    has taken into use are kept, and so is every session of the import above a kept one."""
+    kept: dict[str, str] = {}
+    doomed: set[str] = set()
+    for sid in journal.sessions:
+        printed = journal.written.get(sid)
+        if conn.execute(SESSION_ROW_SQL, (sid,)).fetchone() is None:
+            continue
+        if printed is not None and _fingerprint(conn, sid) != printed:
+            kept[sid] = "written to by another writer since the import wrote it"
+        else:
+            doomed.add(sid)
+    while doomed:
+        ids = json.dumps(sorted(doomed))
+        outsiders = {child: parent for child, parent in conn.execute(CHILDREN_SQL, (ids,))
+                     if child not in doomed}
+        closure = set(deletion_closure(conn, doomed)) - doomed
+        for child in closure:
+            outsiders.setdefault(child, _anchor(conn, child, doomed))
+        anchors = {parent: child for child, parent in outsiders.items() if parent in doomed}
+        if not anchors:
+            break
+        for parent, child in anchors.items():
+            doomed.discard(parent)
+            kept[parent] = f"session {child} was created under it since the import wrote it"
     removed: list[str] = []
-    for sid in reversed(sessions):
-        with contextlib.suppress(LedgerBusyError):
+    for sid in reversed(journal.sessions):
+        if sid not in doomed:
+            continue
+        try:
             if delete_session(conn, sid):
                 removed.append(sid)
+        except LedgerBusyError:
+            kept[sid] = "a worker has taken it into use"
     conn.execute(DELETE_META_SQL, (key,))
-    return removed
+    return removed, [{"session_id": sid, "reason": why} for sid, why in kept.items()]
+
+
+def _anchor(conn: sqlite3.Connection, child: str, doomed: set[str]) -> str | None:
+    """The session among ``doomed`` a delegate child hangs under (parent link or marker)."""
+    row = conn.execute(DELEGATE_ANCHORS_SQL, (child,)).fetchone()
+    if row is None:
+        return None
+    for anchor in row:
+        if anchor in doomed:
+            return str(anchor)
+    return None
+
+
+DELEGATE_ANCHORS_SQL = f"""
+SELECT parent_session_id,
+       CASE WHEN json_valid(model_config)
+            THEN json_extract(model_config, '$.{DELEGATE_MARKER}') END
+FROM sessions WHERE id = ?
+"""
+
+
+def _remove_abandoned(conn: sqlite3.Connection) -> tuple[list[str], list[dict[str, str]]]:
+    removed: list[str] = []
+    kept: list[dict[str, str]] = []
+    for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
+        journal = _journal(value)
+        if journal is not None and holder_is_gone(journal.holder):
+            gone, stay = _undo_journal(conn, key, journal)
+            removed.extend(gone)
+            kept.extend(stay)
+    return removed, kept
 
 
 def remove_abandoned_imports(conn: sqlite3.Connection, /) -> list[str]:
-    """Delete the sessions of imports whose process provably died mid-way (their journal's
-    holder is gone); returns the ids removed. The caller's write transaction."""
-    removed: list[str] = []
-    for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
-        journal = _journal_sessions(value)
-        if journal is not None and holder_is_gone(journal[0]):
-            removed.extend(_undo_journal(conn, key, journal[1]))
-    return removed
+    """Delete what imports whose process provably died mid-way wrote (their journal's holder
+    is gone); returns the ids removed. Sessions others have written to since are kept (see
+    :func:`_undo_journal`). The caller's write transaction."""
+    return _remove_abandoned(conn)[0]
 
 
-def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
-    """Whole sessions per chunk, about :data:`PUBLISH_CHUNK_MESSAGES` messages each; the
+def _chunks(plan: list[_Planned], chunk_messages: int) -> list[list[_Planned]]:
+    """Whole sessions per chunk, about ``chunk_messages`` messages each; the
     replacements all go in the last chunk, so that a failed import never loses a session
     it was to replace."""
     chunks: list[list[_Planned]] = [[]]
@@ -713,7 +819,7 @@ def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
     for item in plan:
         if item.action != "import":
             continue
-        if chunks[-1] and size + item.messages > PUBLISH_CHUNK_MESSAGES:
+        if chunks[-1] and size + item.messages > chunk_messages:
             chunks.append([])
             size = 0
         chunks[-1].append(item)
@@ -723,12 +829,16 @@ def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
 
 
 def _publish(
-    write: WriteFn, plan: list[_Planned], outcome: _Outcome, progress: Progress | None
+    write: WriteFn,
+    plan: list[_Planned],
+    outcome: _Outcome,
+    progress: Progress | None,
+    chunk_messages: int | None = None,
 ) -> None:
     """Write the plan: one transaction when it fits in a chunk; otherwise one per chunk with
     a journal naming what is written so far, so that a failure (an exception, Ctrl-C) deletes
     it again and a killed process's sessions are deleted by the next import."""
-    chunks = _chunks(plan)
+    chunks = _chunks(plan, PUBLISH_CHUNK_MESSAGES if chunk_messages is None else chunk_messages)
     key = JOURNAL_PREFIX + uuid.uuid4().hex
     holder = lock_holder_name("import")
     total = sum(item.messages for item in plan)
@@ -742,19 +852,22 @@ def _publish(
             if number == len(chunks) - 1:
                 conn.execute(DELETE_META_SQL, (key,))
             else:
-                ids = [*stored(conn), *(item.rec.id for item in chunks[number])]
-                set_meta(conn, key, {"holder": holder, "sessions": ids})
+                journal = stored(conn)
+                for item in chunks[number]:
+                    journal.sessions.append(item.rec.id)
+                    journal.written[item.rec.id] = _fingerprint(conn, item.rec.id)
+                set_meta(conn, key, journal.value())
         return part
 
-    def stored(conn: sqlite3.Connection) -> list[str]:
+    def stored(conn: sqlite3.Connection) -> _Journal:
         # What the committed chunks wrote: the journal, never this process's own tally, which an
         # interrupt landing just after a commit would leave one chunk short.
         row = conn.execute(META_SQL, (key,)).fetchone()
-        journal = None if row is None else _journal_sessions(row[0])
-        return [] if journal is None else journal[1]
+        journal = None if row is None else _journal(row[0])
+        return _Journal(holder, []) if journal is None else journal
 
-    def forget(conn: sqlite3.Connection) -> None:
-        _undo_journal(conn, key, stored(conn))
+    def forget(conn: sqlite3.Connection) -> list[dict[str, str]]:
+        return _undo_journal(conn, key, stored(conn))[1]
 
     try:
         for number, items in enumerate(chunks):
@@ -767,9 +880,14 @@ def _publish(
                 done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
             ):
                 progress("importing messages", done, total)
-    except BaseException:
+    except BaseException as exc:
         if len(chunks) > 1:
-            write(forget)
+            kept = write(forget)
+            if kept:
+                note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
+                exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
+                             f"written, as others wrote to them since: {note}")
+                logger.warning("interrupted import kept sessions others wrote to: %s", note)
         raise
 
 
@@ -788,6 +906,7 @@ def _import(
     on_conflict: str,
     errors: _Errors,
     progress: Progress | None,
+    chunk_messages: int | None = None,
 ) -> _Outcome:
     """Check everything first (reads only: no lock held), then publish; any problem found
     refuses the whole import before anything is written."""
@@ -798,12 +917,12 @@ def _import(
     outcome = _Outcome()
     # Before the check, so that what a killed import left is not taken for stored sessions.
     if read(lambda conn: conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchone()):
-        outcome.abandoned_removed = write(remove_abandoned_imports)
+        outcome.abandoned_removed, outcome.abandoned_kept = write(_remove_abandoned)
     plan: list[_Planned] = read(
         lambda conn: _plan(conn, records(), on_conflict, errors, outcome, progress)
     )
     errors.raise_any()
-    _publish(write, plan, outcome, progress)
+    _publish(write, plan, outcome, progress, chunk_messages)
     return outcome
 
 
@@ -1113,6 +1232,8 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
     }
     if outcome.abandoned_removed:
         report["abandoned_import_removed"] = outcome.abandoned_removed
+    if outcome.abandoned_kept:
+        report["abandoned_import_kept"] = outcome.abandoned_kept
     for key in ("ignored_fields", "ignored_message_fields"):
         if getattr(outcome, key):
             report[key] = getattr(outcome, key)
@@ -1127,11 +1248,13 @@ def import_jsonl(
     on_conflict: str = "fail",
     progress: Progress | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
+    chunk_messages: int | None = None,
 ) -> dict[str, Any]:
     """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
     A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
-    naming the stream and the line.
+    naming the stream and the line. ``chunk_messages``: about how many messages one publish
+    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`).
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1143,6 +1266,8 @@ def import_jsonl(
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
     limit = integer("max_record_bytes", max_record_bytes, minimum=1)
+    if chunk_messages is not None:
+        integer("chunk_messages", chunk_messages, minimum=1)
     if limit >= sys.maxsize:
         raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
     remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
@@ -1167,7 +1292,8 @@ def import_jsonl(
                                         functools.partial(spooled, block, "message"),
                                         list(spooled(block, "usage")))
 
-                outcome = _import(read, write, records, on_conflict, errors, progress)
+                outcome = _import(read, write, records, on_conflict, errors, progress,
+                                  chunk_messages)
                 return _report(outcome)
             finally:
                 spool.close()

@@ -48,7 +48,7 @@ def import_cli(
         [sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "sessions", "import",
          source, *extra],
         env=subprocess_env(), stdin=stdin, capture_output=True, text=True, timeout=120,
-        cwd=REPO_ROOT, preexec_fn=_limited,
+        cwd=REPO_ROOT, preexec_fn=_limited, check=False,
     )
 
 
@@ -62,7 +62,7 @@ def assert_refused(done: subprocess.CompletedProcess[str], db_path: Path, *said:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", [None, "jsonl", "json"])
+@pytest.mark.parametrize("fmt", [None, "jsonl"])
 def test_dev_zero_is_refused_within_a_memory_limit(tmp_path: Path, fmt: str | None) -> None:
     db_path = tmp_path / "store" / "state.db"
     extra = () if fmt is None else ("--format", fmt)
@@ -88,11 +88,10 @@ def test_an_endless_line_on_stdin_is_refused_within_a_memory_limit(tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["export.jsonl", "export.json"])
 def test_a_file_of_zeros_left_by_a_crash_is_refused_within_a_memory_limit(
-    tmp_path: Path, name: str
+    tmp_path: Path,
 ) -> None:
-    zeros = tmp_path / name
+    zeros = tmp_path / "export.jsonl"
     with zeros.open("wb") as fh:
         fh.truncate(MAX_JSON_EXPORT_BYTES + MAX_RECORD_BYTES)  # sparse: no disk used
     db_path = tmp_path / "state.db"
