@@ -197,6 +197,9 @@ class SessionDB:
     else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
     corruption and the lock log go there, so one profile's failures never land in another's
     home, whichever ``hermes_home_override`` the failing call runs under.
+
+    ``seen_sessions``: for how many sessions the handle remembers what it read and wrote, the
+    bound of rewrites whose caller passes none (default ``hermes_state_seen.SEEN_SESSIONS``).
     """
 
     def __init__(
@@ -205,6 +208,7 @@ class SessionDB:
         *,
         read_only: bool = False,
         rebuild_fts: bool = True,
+        seen_sessions: int | None = None,
     ) -> None:
         path = common.store_path(db_path)
         testguard.check_test_isolation(path)
@@ -229,7 +233,7 @@ class SessionDB:
         self._helper: sqlite3.Connection | None = None
         self._rebuild_thread: threading.Thread | None = None
         self._stop_rebuild = threading.Event()
-        self._seen = seen.SeenThrough()
+        self._seen = seen.SeenThrough(seen_sessions)
         try:
             self._connection = self._open_read_only() if read_only else self._open_writable()
         except BaseException as exc:
@@ -716,11 +720,19 @@ class SessionDB:
 
     @arguments.checked
     def import_jsonl(
-        self, fp: IO[Any], *, on_conflict: str = "fail", progress: transfer.Progress | None = None
+        self,
+        fp: IO[Any],
+        *,
+        on_conflict: str = "fail",
+        progress: transfer.Progress | None = None,
+        max_record_bytes: int = transfer.MAX_RECORD_BYTES,
+        chunk_messages: int | None = None,
     ) -> dict[str, Any]:
         """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
         return transfer.import_jsonl(self._read, self._transcript_write, fp,
-                                     on_conflict=on_conflict, progress=progress)
+                                     on_conflict=on_conflict, progress=progress,
+                                     max_record_bytes=max_record_bytes,
+                                     chunk_messages=chunk_messages)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 
@@ -803,8 +815,8 @@ class SessionDB:
     # --- rewind and context windows -----------------------------------------------------------
 
     list_recent_user_messages = _reads(rewind.list_recent_user_messages)
-    rewind_to_message = _writes(rewind.rewind_to_message, "transcript")
-    restore_rewound = _writes(rewind.restore_rewound, "transcript")
+    rewind_to_message = _writes(seen.REWIND_TO_MESSAGE, "transcript")
+    restore_rewound = _writes(seen.RESTORE_REWOUND, "transcript")
     get_messages_around = _reads(context_window.get_messages_around)
     get_anchored_view = _reads(context_window.get_anchored_view)
 

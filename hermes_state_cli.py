@@ -70,7 +70,7 @@ from hermes_state_errors import (
     StateDbUnavailableError,
 )
 from hermes_state_lockowners import describe_lock_holders
-from hermes_state_transfer import ON_CONFLICT_CHOICES
+from hermes_state_transfer import ON_CONFLICT_CHOICES, read_json_export
 
 __all__ = ["main", "build_parser"]
 
@@ -527,22 +527,6 @@ def _import_errors(name: str, errors: Sequence[dict[str, Any]]) -> None:
     _warn("nothing was imported")
 
 
-def _load_json(source: IO[bytes], name: str) -> Any:
-    """The JSON document of an export; a file that is not JSON is an error naming the file
-    and where its text stops being JSON."""
-    try:
-        return json.load(source)
-    except json.JSONDecodeError as exc:
-        raise HermesStateError(
-            f"{name}: not JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); nothing "
-            "was imported (an export is JSON Lines or JSON: `sessions export` writes one)"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise HermesStateError(
-            f"{name}: not JSON (not UTF-8 text: {exc.reason} at byte {exc.start}); nothing "
-            "was imported") from None
-
-
 def _import_into_store(
     args: argparse.Namespace, work: Callable[[SessionDB], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -592,7 +576,10 @@ def cmd_import(args: argparse.Namespace) -> int:
                     )
                 except ImportRejectedError as exc:
                     return {"ok": False, "errors": exc.errors}
-            data = _load_json(source, name)
+            try:
+                data = read_json_export(source)
+            except ImportRejectedError as exc:
+                return {"ok": False, "errors": exc.errors}
             return db.import_sessions(
                 data if isinstance(data, list) else [data], on_conflict=args.on_conflict,
                 limited=False, progress=_Progress(),
@@ -1672,7 +1659,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout.close()
         return 0
-    except KeyboardInterrupt:  # a second Ctrl-C while a replicator shuts down
+    except KeyboardInterrupt as exc:  # a second Ctrl-C while a replicator shuts down
+        for note in getattr(exc, "__notes__", ()):  # what an interrupted import kept
+            _warn(note)
         _warn("interrupted")
         return 130
     except _NotConfirmed as exc:

@@ -60,6 +60,7 @@ __all__ = [
     "TopicAlreadyLinkedError",
     "OwnerLookupError",
     "CompressionConflictError",
+    "RewriteRefusedError",
     "ProfileNotFoundError",
     "StoreNotHeldError",
     "ReplicationError",
@@ -407,6 +408,19 @@ class OwnerLookupError(HermesStateError):
 class CompressionConflictError(HermesStateError, ValueError):
     """A split compression would fork a conversation: the parent already forwards to a
     published successor, or the child's id is taken."""
+
+
+class RewriteRefusedError(HermesStateError):
+    """A rewrite of a session's transcript (``replace_messages``, ``archive_and_compact``) was
+    refused and nothing was written: it would have undone or dropped what its caller never saw
+    — rows of the session changed since the read the rewrite was built from (a rewind, a
+    restore, another rewrite), or no bound of what the caller read is known and its messages
+    account for none of the rows it would remove. Read the session again and rewrite from that
+    read."""
+
+    def __init__(self, message: str, *, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
 
 
 class ProfileNotFoundError(HermesStateError, LookupError):

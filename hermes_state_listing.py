@@ -336,7 +336,7 @@ def search_sessions_by_id(
     if not needle or arguments.integer("limit", limit) <= 0:
         return []
     candidates = list_sessions_rich(
-        conn, limit=max(4 * limit, limit), offset=0, include_archived=include_archived,
+        conn, limit=min(4 * limit, arguments.INT64_MAX), offset=0, include_archived=include_archived,
         order_by_last_active=True, id_query=needle,
     )
 

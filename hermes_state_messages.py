@@ -955,9 +955,9 @@ _MAX_ROW_ID = 2**63 - 1
 
 
 def check_bound(seen_through_id: object) -> int | None:
-    """``seen_through_id`` as a rewrite uses it: None, or an int within SQLite's range (a
-    bound beyond every row is the same as the largest id, one below every row the same as
-    -1). Anything else — a bool, a float, a numeric string — is refused."""
+    """``seen_through_id`` as a rewrite uses it: None, or an int within SQLite's 64-bit range
+    (one below every row is the same as -1). Anything else — a bool, a float, a numeric
+    string, an int no row id can reach such as ``2**64`` — is refused."""
     if seen_through_id is None:
         return None
     if isinstance(seen_through_id, bool) or not isinstance(seen_through_id, int):
@@ -965,7 +965,12 @@ def check_bound(seen_through_id: object) -> int | None:
             f"seen_through_id must be a message id (int) or None, "
             f"got {type(seen_through_id).__name__}"
         )
-    return min(max(seen_through_id, -1), _MAX_ROW_ID)
+    if not INT64_MIN <= seen_through_id <= INT64_MAX:
+        raise InvalidInputError(
+            f"seen_through_id must be a message id within SQLite's 64-bit range, "
+            f"got {seen_through_id}"
+        )
+    return max(seen_through_id, -1)
 
 
 # The live rows above a bound, oldest first: the id, then every other column.

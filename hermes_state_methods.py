@@ -156,9 +156,10 @@ def read_method(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Me
         args, kwargs = check(args, kwargs)
         if hook is None:
             return self._read(lambda conn: run(conn, *args, **kwargs))
-        session_id, kwargs = hook.prepare(self._seen, args, kwargs)
-        result = self._read(lambda conn: run(conn, *args, **kwargs))
-        return hook.after(self._seen, session_id, result)
+        session_id = hook.prepare(args, kwargs)
+        result, note = self._read(
+            lambda conn: hook.within(self._seen, conn, session_id, args, kwargs))
+        return hook.record(self._seen, session_id, result, note)
 
     return cast("Method[P, T]", _finish(method, like, fallback))
 
@@ -188,14 +189,17 @@ def write_method(
             self._check_writable()
             args, kwargs = check(args, kwargs)
             if hook is not None:
-                session_id, kwargs = hook.prepare(self._seen, args, kwargs)
-            result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
+                session_id = hook.prepare(args, kwargs)
+                result, note = self._write(
+                    lambda conn: hook.within(self._seen, conn, session_id, args, kwargs), kind)
+            else:
+                result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
         except errors.StateDbCorruptError as exc:
             if spool is not None:
                 spool.keep(exc, signature, args, kwargs, self.profile_home)
             raise
         if finish is not None:
             return finish(result)
-        return result if hook is None else hook.after(self._seen, session_id, result)
+        return result if hook is None else hook.record(self._seen, session_id, result, note)
 
     return cast("Method[P, T]", _finish(method, like, fallback))

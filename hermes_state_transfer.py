@@ -17,13 +17,20 @@ problem named by its index or line. The publish then writes whole sessions, pare
 transactions of about :data:`PUBLISH_CHUNK_MESSAGES` messages with a short pause between them,
 so that other writers never wait long for the lock however large the import. An import that
 fits in one chunk is one transaction. A longer one keeps a journal in ``state_meta`` (its
-holder and the sessions written so far, in each chunk's transaction): an exception or Ctrl-C
-deletes what it wrote before it propagates, and the sessions of an import whose process was
-killed are deleted by the next import (once the holder is provably gone; until then a reader
-can see some of its sessions, each of them whole). Replacements go in
+holder, the sessions written so far and a fingerprint of each as written, in each chunk's
+transaction): an exception or Ctrl-C deletes what it wrote before it propagates, and the
+sessions of an import whose process was killed are deleted by the next import (once the holder
+is provably gone; until then a reader can see some of its sessions, each of them whole). Only
+what the import itself wrote is deleted: a session another writer has written to since, or
+created a session under, is kept and reported (``abandoned_import_kept``, or a note on the
+interrupting exception). Replacements go in
 the last chunk, so that a failed import never loses a session it was to replace. The JSONL
 importer spools the stream into a private SQLite file first, so memory stays bounded whatever
-the stream's size and the check and the publish can read each session again.
+the stream's size and the check and the publish can read each session again. It reads the
+stream in pieces of at most one record: a line longer than :data:`MAX_RECORD_BYTES` (an endless
+line, ``/dev/zero``, a zero-filled file a crash left) refuses the import, naming the stream and
+the line, without reading further. A whole JSON export is one record of at most
+:data:`MAX_JSON_EXPORT_BYTES` (:func:`read_json_export`).
 
 The functions take the caller's connection (exports: run them inside one read transaction for
 a consistent snapshot) or its read and write functions (imports: ``read(fn)`` runs ``fn(conn)``
@@ -33,12 +40,15 @@ its own, which translate SQLite's errors.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
+import hashlib
 import json
+import logging
 import math
+import os
 import sqlite3
+import sys
 import tempfile
 import time
 import uuid
@@ -47,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from hermes_state_arguments import integer
 from hermes_state_common import (
     SCHEMA_VERSION,
     OnStore,
@@ -60,7 +71,7 @@ from hermes_state_common import (
     transaction,
 )
 from hermes_state_compression import holder_is_gone, lock_holder_name
-from hermes_state_deletion import delete_session
+from hermes_state_deletion import delete_session, deletion_closure
 from hermes_state_errors import (
     HermesStateError,
     ImportRejectedError,
@@ -69,7 +80,7 @@ from hermes_state_errors import (
     SessionNotFoundError,
     translated_errors,
 )
-from hermes_state_lineage import compression_chain, lineage_tree
+from hermes_state_lineage import DELEGATE_MARKER, compression_chain, lineage_tree
 from hermes_state_listing import search_sessions
 from hermes_state_messages import (
     MESSAGE_FIELDS,
@@ -92,6 +103,9 @@ __all__ = [
     "iter_export_jsonl",
     "import_sessions",
     "import_jsonl",
+    "read_json_export",
+    "MAX_RECORD_BYTES",
+    "MAX_JSON_EXPORT_BYTES",
     "remove_abandoned_imports",
     "ON_CONFLICT_CHOICES",
     "OnConflict",
@@ -100,6 +114,8 @@ __all__ = [
     "SPOOL_PREFIX",
     "Progress",
 ]
+
+logger = logging.getLogger("hermes_state")
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_FORMAT_VERSION = 1
@@ -245,6 +261,12 @@ JOURNAL_PREFIX = "import_in_progress:"
 # the import's next BEGIN IMMEDIATE.
 PUBLISH_PAUSE_S = 0.12
 PROGRESS_EVERY = 5000  # messages between two progress reports
+#: The longest line (one record: a session, a message, a usage row) a JSON Lines import reads,
+#: in bytes (characters for a text stream); a longer one refuses the import.
+MAX_RECORD_BYTES = 64 * 2**20
+#: The largest whole JSON export :func:`read_json_export` reads (larger: export as JSON Lines).
+MAX_JSON_EXPORT_BYTES = 256 * 2**20
+_JSON_PIECE = 2**20  # how much of a JSON export one read takes
 
 # import_sessions(list): the limits its callers (a dashboard upload) expect.
 LIST_MAX_SESSIONS = 500
@@ -307,6 +329,7 @@ class _Outcome:
     ignored_message_fields: dict[str, list[str]] = field(default_factory=dict)
     messages: int = 0
     abandoned_removed: list[str] = field(default_factory=list)
+    abandoned_kept: list[dict[str, str]] = field(default_factory=list)
 
 
 class _Errors:
@@ -669,40 +692,139 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
         outcome.ignored_message_fields[sid] = item.ignored_message_fields
 
 
-def _journal_sessions(value: Any) -> tuple[str, list[str]] | None:
-    """A journal's holder and the sessions it names, or None when it is not one of ours."""
+@dataclass
+class _Journal:
+    """What an import published in several transactions has written so far: its holder, the
+    sessions in the order written, and the fingerprint of each as the import left it (absent
+    from journals of older versions)."""
+
+    holder: str
+    sessions: list[str]
+    written: dict[str, str] = field(default_factory=dict)
+
+    def value(self) -> dict[str, Any]:
+        return {"holder": self.holder, "sessions": self.sessions, "written": self.written}
+
+
+def _journal(value: Any) -> _Journal | None:
+    """A journal stored in ``state_meta``, or None when it is not one of ours."""
     try:
-        journal = json.loads(value)
-        return str(journal["holder"]), [str(sid) for sid in journal["sessions"]]
-    except (ValueError, TypeError, KeyError):
+        stored = json.loads(value)
+        written = stored.get("written", {})
+        return _Journal(str(stored["holder"]), [str(sid) for sid in stored["sessions"]],
+                        {str(k): str(v) for k, v in written.items()})
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
-def _undo_journal(conn: sqlite3.Connection, key: str, sessions: list[str]) -> list[str]:
-    """Delete the sessions a journal names (children before parents) and the journal itself;
-    returns the ids deleted. A session taken into use by a worker since is kept."""
+SESSION_ROW_SQL = "SELECT * FROM sessions WHERE id = ?"
+MESSAGES_PRINT_SQL = """
+SELECT COUNT(*), MAX(id), SUM(active), SUM(compacted), MAX(timestamp) FROM messages
+WHERE session_id = ?
+"""
+USAGE_ROWS_SQL = "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY rowid"
+# The sessions under a set of sessions by their parent link.
+CHILDREN_SQL = """
+SELECT id, parent_session_id FROM sessions
+WHERE parent_session_id IN (SELECT value FROM json_each(?))
+"""
+
+
+def _fingerprint(conn: sqlite3.Connection, session_id: str) -> str:
+    """A digest of a session as it stands: its row, its messages (how many, the newest id,
+    how many live and archived) and its usage rows. Any write to it since changes it."""
+    state = [conn.execute(query, (session_id,)).fetchall()
+             for query in (SESSION_ROW_SQL, MESSAGES_PRINT_SQL, USAGE_ROWS_SQL)]
+    text = json.dumps(state, default=repr, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _undo_journal(
+    conn: sqlite3.Connection, key: str, journal: _Journal
+) -> tuple[list[str], list[dict[str, str]]]:
+    """Delete what an import wrote, as its journal names it, and the journal itself (the
+    caller's transaction): (ids deleted, ``{"session_id", "reason"}`` of each session kept).
+
+    Only what the import itself wrote goes. A session someone else has written to since (its
+    fingerprint moved), one with a session created under it since (a child or a delegate
+    that is not the import's, which the delete would take along or detach), and one a worker
+    has taken into use are kept, and so is every session of the import above a kept one."""
+    kept: dict[str, str] = {}
+    doomed: set[str] = set()
+    for sid in journal.sessions:
+        printed = journal.written.get(sid)
+        if conn.execute(SESSION_ROW_SQL, (sid,)).fetchone() is None:
+            continue
+        if printed is not None and _fingerprint(conn, sid) != printed:
+            kept[sid] = "written to by another writer since the import wrote it"
+        else:
+            doomed.add(sid)
+    while doomed:
+        ids = json.dumps(sorted(doomed))
+        outsiders = {child: parent for child, parent in conn.execute(CHILDREN_SQL, (ids,))
+                     if child not in doomed}
+        closure = set(deletion_closure(conn, doomed)) - doomed
+        for child in closure:
+            outsiders.setdefault(child, _anchor(conn, child, doomed))
+        anchors = {parent: child for child, parent in outsiders.items() if parent in doomed}
+        if not anchors:
+            break
+        for parent, child in anchors.items():
+            doomed.discard(parent)
+            kept[parent] = f"session {child} was created under it since the import wrote it"
     removed: list[str] = []
-    for sid in reversed(sessions):
-        with contextlib.suppress(LedgerBusyError):
+    for sid in reversed(journal.sessions):
+        if sid not in doomed:
+            continue
+        try:
             if delete_session(conn, sid):
                 removed.append(sid)
+        except LedgerBusyError:
+            kept[sid] = "a worker has taken it into use"
     conn.execute(DELETE_META_SQL, (key,))
-    return removed
+    return removed, [{"session_id": sid, "reason": why} for sid, why in kept.items()]
+
+
+def _anchor(conn: sqlite3.Connection, child: str, doomed: set[str]) -> str | None:
+    """The session among ``doomed`` a delegate child hangs under (parent link or marker)."""
+    row = conn.execute(DELEGATE_ANCHORS_SQL, (child,)).fetchone()
+    if row is None:
+        return None
+    for anchor in row:
+        if anchor in doomed:
+            return str(anchor)
+    return None
+
+
+DELEGATE_ANCHORS_SQL = f"""
+SELECT parent_session_id,
+       CASE WHEN json_valid(model_config)
+            THEN json_extract(model_config, '$.{DELEGATE_MARKER}') END
+FROM sessions WHERE id = ?
+"""
+
+
+def _remove_abandoned(conn: sqlite3.Connection) -> tuple[list[str], list[dict[str, str]]]:
+    removed: list[str] = []
+    kept: list[dict[str, str]] = []
+    for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
+        journal = _journal(value)
+        if journal is not None and holder_is_gone(journal.holder):
+            gone, stay = _undo_journal(conn, key, journal)
+            removed.extend(gone)
+            kept.extend(stay)
+    return removed, kept
 
 
 def remove_abandoned_imports(conn: sqlite3.Connection, /) -> list[str]:
-    """Delete the sessions of imports whose process provably died mid-way (their journal's
-    holder is gone); returns the ids removed. The caller's write transaction."""
-    removed: list[str] = []
-    for key, value in conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchall():
-        journal = _journal_sessions(value)
-        if journal is not None and holder_is_gone(journal[0]):
-            removed.extend(_undo_journal(conn, key, journal[1]))
-    return removed
+    """Delete what imports whose process provably died mid-way wrote (their journal's holder
+    is gone); returns the ids removed. Sessions others have written to since are kept (see
+    :func:`_undo_journal`). The caller's write transaction."""
+    return _remove_abandoned(conn)[0]
 
 
-def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
-    """Whole sessions per chunk, about :data:`PUBLISH_CHUNK_MESSAGES` messages each; the
+def _chunks(plan: list[_Planned], chunk_messages: int) -> list[list[_Planned]]:
+    """Whole sessions per chunk, about ``chunk_messages`` messages each; the
     replacements all go in the last chunk, so that a failed import never loses a session
     it was to replace."""
     chunks: list[list[_Planned]] = [[]]
@@ -710,7 +832,7 @@ def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
     for item in plan:
         if item.action != "import":
             continue
-        if chunks[-1] and size + item.messages > PUBLISH_CHUNK_MESSAGES:
+        if chunks[-1] and size + item.messages > chunk_messages:
             chunks.append([])
             size = 0
         chunks[-1].append(item)
@@ -720,12 +842,16 @@ def _chunks(plan: list[_Planned]) -> list[list[_Planned]]:
 
 
 def _publish(
-    write: WriteFn, plan: list[_Planned], outcome: _Outcome, progress: Progress | None
+    write: WriteFn,
+    plan: list[_Planned],
+    outcome: _Outcome,
+    progress: Progress | None,
+    chunk_messages: int | None = None,
 ) -> None:
     """Write the plan: one transaction when it fits in a chunk; otherwise one per chunk with
     a journal naming what is written so far, so that a failure (an exception, Ctrl-C) deletes
     it again and a killed process's sessions are deleted by the next import."""
-    chunks = _chunks(plan)
+    chunks = _chunks(plan, PUBLISH_CHUNK_MESSAGES if chunk_messages is None else chunk_messages)
     key = JOURNAL_PREFIX + uuid.uuid4().hex
     holder = lock_holder_name("import")
     total = sum(item.messages for item in plan)
@@ -739,19 +865,22 @@ def _publish(
             if number == len(chunks) - 1:
                 conn.execute(DELETE_META_SQL, (key,))
             else:
-                ids = [*stored(conn), *(item.rec.id for item in chunks[number])]
-                set_meta(conn, key, {"holder": holder, "sessions": ids})
+                journal = stored(conn)
+                for item in chunks[number]:
+                    journal.sessions.append(item.rec.id)
+                    journal.written[item.rec.id] = _fingerprint(conn, item.rec.id)
+                set_meta(conn, key, journal.value())
         return part
 
-    def stored(conn: sqlite3.Connection) -> list[str]:
+    def stored(conn: sqlite3.Connection) -> _Journal:
         # What the committed chunks wrote: the journal, never this process's own tally, which an
         # interrupt landing just after a commit would leave one chunk short.
         row = conn.execute(META_SQL, (key,)).fetchone()
-        journal = None if row is None else _journal_sessions(row[0])
-        return [] if journal is None else journal[1]
+        journal = None if row is None else _journal(row[0])
+        return _Journal(holder, []) if journal is None else journal
 
-    def forget(conn: sqlite3.Connection) -> None:
-        _undo_journal(conn, key, stored(conn))
+    def forget(conn: sqlite3.Connection) -> list[dict[str, str]]:
+        return _undo_journal(conn, key, stored(conn))[1]
 
     try:
         for number, items in enumerate(chunks):
@@ -764,9 +893,14 @@ def _publish(
                 done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
             ):
                 progress("importing messages", done, total)
-    except BaseException:
+    except BaseException as exc:
         if len(chunks) > 1:
-            write(forget)
+            kept = write(forget)
+            if kept:
+                note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
+                exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
+                             f"written, as others wrote to them since: {note}")
+                logger.warning("interrupted import kept sessions others wrote to: %s", note)
         raise
 
 
@@ -785,6 +919,7 @@ def _import(
     on_conflict: str,
     errors: _Errors,
     progress: Progress | None,
+    chunk_messages: int | None = None,
 ) -> _Outcome:
     """Check everything first (reads only: no lock held), then publish; any problem found
     refuses the whole import before anything is written."""
@@ -795,12 +930,12 @@ def _import(
     outcome = _Outcome()
     # Before the check, so that what a killed import left is not taken for stored sessions.
     if read(lambda conn: conn.execute(JOURNALS_SQL, (JOURNAL_PREFIX + "%",)).fetchone()):
-        outcome.abandoned_removed = write(remove_abandoned_imports)
+        outcome.abandoned_removed, outcome.abandoned_kept = write(_remove_abandoned)
     plan: list[_Planned] = read(
         lambda conn: _plan(conn, records(), on_conflict, errors, outcome, progress)
     )
     errors.raise_any()
-    _publish(write, plan, outcome, progress)
+    _publish(write, plan, outcome, progress, chunk_messages)
     return outcome
 
 
@@ -929,20 +1064,113 @@ def _header_problem(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def stream_name(fp: object) -> str:
+    """How an error names the stream an import reads: its file's name, else its type."""
+    name = getattr(fp, "name", None)
+    if isinstance(name, (str, bytes)):
+        return os.fsdecode(name)
+    if isinstance(name, int):
+        return f"file descriptor {name}"
+    return f"the {type(fp).__name__} stream"
+
+
+def _too_long(fp: object, n: int, limit: int, what: str) -> ImportRejectedError:
+    return ImportRejectedError([{"line": n, "error": (
+        f"{stream_name(fp)}: {what} is longer than {limit} bytes, the most one record may take "
+        f"(an endless line, or a file of zeros?); read no further, nothing was imported")}])
+
+
+def _bounded_lines(fp: IO[Any], limit: int) -> Iterator[tuple[int, Any]]:
+    """(line number, line) of a stream, each read in one piece of at most ``limit`` bytes
+    (characters for a text stream) and its newline: a longer line raises
+    :class:`ImportRejectedError` naming the stream and the line, without reading it whole."""
+    readline = getattr(fp, "readline", None)
+    if not callable(readline):  # an iterable of lines, each already in memory
+        for n, raw in enumerate(fp, start=1):
+            if isinstance(raw, (str, bytes, bytearray)) and len(raw) > limit + 1:  # + newline
+                raise _too_long(fp, n, limit, f"line {n}")
+            yield n, raw
+        return
+    n = 0
+    while True:
+        raw = readline(limit + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > limit and raw[-1:] not in (b"\n", "\n"):
+            raise _too_long(fp, n, limit, f"line {n}")
+        yield n, raw
+
+
+def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
+    """A whole JSON export (what ``export_session`` / ``export_all`` give, as JSON text) read
+    from ``fp`` in at most ``limit`` bytes (characters for a text stream). A stream that does
+    not begin with ``[`` or ``{`` (after white space), is larger, or is not JSON raises
+    :class:`ImportRejectedError` naming it, having read no more than ``limit`` and a byte."""
+    limit = min(integer("limit", limit, minimum=1), sys.maxsize - 1)
+    pieces: list[Any] = []
+    size, begun = 0, False
+    while size <= limit:
+        piece = fp.read(min(_JSON_PIECE, limit + 1 - size))
+        if not isinstance(piece, (str, bytes, bytearray)):
+            raise InvalidInputError(f"{stream_name(fp)} gave {type(piece).__name__}, not text")
+        if not piece:
+            break
+        if not begun and piece.strip():
+            lead = piece[: len(piece) - len(piece.lstrip())]
+            if piece[len(lead):len(lead) + 1] not in ("[", "{", b"[", b"{"):
+                before = piece[:0].join([*pieces, lead])
+                newline = "\n" if isinstance(before, str) else b"\n"
+                line = before.count(newline) + 1
+                column = len(before) - before.rfind(newline)
+                raise _not_json(fp, line, column, "Expecting value")
+            begun = True
+        pieces.append(piece)
+        size += len(piece)
+    if size > limit:
+        raise _too_long(fp, 1, limit, "the JSON export (a single record)")
+    data = pieces[0][:0].join(pieces) if pieces else ""
+    del pieces
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise _not_json(fp, exc.lineno, exc.colno, exc.msg) from None
+    except UnicodeDecodeError as exc:
+        raise ImportRejectedError([{"line": 1, "error": (
+            f"{stream_name(fp)}: not JSON (not UTF-8 text: {exc.reason} at byte {exc.start}); "
+            "nothing was imported")}]) from None
+    except (ValueError, RecursionError) as exc:
+        raise ImportRejectedError([{"line": 1, "error": (
+            f"{stream_name(fp)}: not JSON ({exc or 'nested too deeply'}); nothing was imported"
+        )}]) from None
+
+
+def _not_json(fp: object, line: int, column: int, why: str) -> ImportRejectedError:
+    """The refusal of a JSON export whose text stops being JSON at ``line``, ``column``."""
+    return ImportRejectedError([{"line": line, "error": (
+        f"{stream_name(fp)}: not JSON at line {line}, column {column} ({why}); nothing was "
+        "imported (an export is JSON Lines or JSON: `sessions export` writes one)")}])
+
+
 def _spool_jsonl(
-    fp: IO[Any], spool: sqlite3.Connection, errors: _Errors, progress: Progress | None
+    fp: IO[Any],
+    spool: sqlite3.Connection,
+    errors: _Errors,
+    progress: Progress | None,
+    limit: int = MAX_RECORD_BYTES,
 ) -> list[tuple[int, dict[str, Any]]]:
     """Load JSONL lines into ``spool`` and check the stream's frame: the header first, an
     ``end`` line last whose counts match. Returns (line, session row) per session line; a
-    message or usage line belongs to the latest session line of its session id."""
+    message or usage line belongs to the latest session line of its session id. A line over
+    ``limit`` refuses the import at once (see :func:`_bounded_lines`)."""
     spool.executescript(SPOOL_SCHEMA_SQL)
     sessions: list[tuple[int, dict[str, Any]]] = []
     blocks: dict[Any, int] = {}
     batch: list[tuple[Any, ...]] = []
     header = end = None
-    messages = 0
+    messages = n = 0
     with transaction(spool):
-        for n, raw in enumerate(fp, start=1):
+        for n, raw in _bounded_lines(fp, limit):
             if isinstance(raw, (bytes, bytearray)):
                 try:
                     text = bytes(raw).decode("utf-8")
@@ -1032,6 +1260,8 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
     }
     if outcome.abandoned_removed:
         report["abandoned_import_removed"] = outcome.abandoned_removed
+    if outcome.abandoned_kept:
+        report["abandoned_import_kept"] = outcome.abandoned_kept
     for key in ("ignored_fields", "ignored_message_fields"):
         if getattr(outcome, key):
             report[key] = getattr(outcome, key)
@@ -1045,9 +1275,14 @@ def import_jsonl(
     *,
     on_conflict: str = "fail",
     progress: Progress | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+    chunk_messages: int | None = None,
 ) -> dict[str, Any]:
     """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
+    A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
+    naming the stream and the line. ``chunk_messages``: about how many messages one publish
+    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`).
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1058,6 +1293,11 @@ def import_jsonl(
     ``title_conflicts`` (imported without the title another session holds),
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
+    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
+    if chunk_messages is not None:
+        integer("chunk_messages", chunk_messages, minimum=1)
+    if limit >= sys.maxsize:
+        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
     remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
     with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
@@ -1067,7 +1307,7 @@ def import_jsonl(
                 spool.execute("PRAGMA journal_mode = OFF")
                 spool.execute("PRAGMA synchronous = OFF")
                 errors = _Errors()
-                sessions = _spool_jsonl(fp, spool, errors, progress)
+                sessions = _spool_jsonl(fp, spool, errors, progress, limit)
                 errors.raise_any()
 
                 def spooled(block: int, kind: str) -> Iterator[tuple[Where, Any]]:
@@ -1080,7 +1320,8 @@ def import_jsonl(
                                         functools.partial(spooled, block, "message"),
                                         list(spooled(block, "usage")))
 
-                outcome = _import(read, write, records, on_conflict, errors, progress)
+                outcome = _import(read, write, records, on_conflict, errors, progress,
+                                  chunk_messages)
                 return _report(outcome)
             finally:
                 spool.close()

@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from hermes_state_arguments import shown
 from hermes_state_common import Text, clean_text, stored_text
 from hermes_state_errors import InvalidInputError
 
@@ -80,7 +81,9 @@ def backfill_repo_roots(conn: sqlite3.Connection, /, cwd_to_root: Mapping[str, s
     pairs = []
     for cwd, root in cwd_to_root.items():
         if not isinstance(cwd, str) or not isinstance(root, (str, type(None))):
-            raise InvalidInputError(f"a directory and its root must be strings: {cwd!r}: {root!r}")
+            raise InvalidInputError(
+                f"a directory and its root must be strings: {shown(cwd)}: {shown(root)}"
+            )
         if cwd and root:
             pairs.append((clean_text(root), clean_text(cwd)))
     if pairs:

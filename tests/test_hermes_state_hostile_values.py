@@ -3,10 +3,13 @@
 The methods are enumerated from ``SessionDB`` itself and their argument slots derived from
 ``inspect.signature``, so a method added later is covered without touching this file. Each
 call fills every required slot with a plain value and poisons a drawn subset of slots with
-lone surrogates, NUL, integers past 64 bits, negative and non-finite numbers, wrong types,
-circular and unserialisable structures, very long and empty strings, and bytes. A call may
-return normally or raise a ``HermesStateError`` subclass; anything else fails the test. After
-the examples the file passes ``integrity_check`` and every session's counters match its rows.
+lone surrogates, NUL, integers at and past the 64-bit edges, negative and non-finite numbers,
+wrong types, circular, deeply nested and unserialisable structures, very long and empty
+strings, and bytes — or with values drawn at random (:data:`RANDOM`). A call may return
+normally or raise a ``HermesStateError`` subclass; anything else fails the test. After the
+examples the file passes ``integrity_check`` and every session's counters match its rows. A
+call of the wrong shape (a required argument missing, an unknown keyword) raises
+``TypeError``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ def _deep(depth: int = 5000) -> list[Any]:
     return value
 
 
+def _deep_dict(depth: int = 5000) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 class _Unrepresentable:
     def __str__(self) -> str:
         raise RuntimeError("no text")
@@ -78,6 +88,10 @@ HOSTILE: list[Callable[[], Any]] = [
     lambda: _circular_list(),
     lambda: _circular_dict(),
     lambda: _deep(),
+    lambda: _deep_dict(),
+    lambda: 2**63 - 2,
+    lambda: 2**63,
+    lambda: -(2**63) - 1,
     lambda: [object()],
     lambda: [{"role": "user", "content": "\ud800", "tool_calls": _circular_list()}],
     lambda: [{"role": "assistant", "tool_calls": [{"id": object()}]}],
@@ -156,10 +170,39 @@ def call(fn: Callable[..., Any], params: list[inspect.Parameter], poison: dict[s
     return result
 
 
+# Tried besides the drawn examples in every slot whose annotation names one of the kinds: values
+# that once escaped untyped (an OverflowError at 4 * limit, a RecursionError showing a nested
+# mapping).
+EDGE_BY_ANNOTATION: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
+    (("int",), lambda: 2**63 - 2),
+    (("Mapping", "dict", "Any", "object"), lambda: _deep_dict()),
+]
+
+# Values drawn at random besides the hostile ones above: integers around every 32- and 64-bit
+# edge, any float, text with any code point (lone surrogates and NUL included), bytes, and small
+# nested JSON-like structures.
+_EDGES = [sign * 2**bits + delta for bits in (31, 32, 53, 63, 64) for sign in (1, -1)
+          for delta in (-2, -1, 0, 1)]
+RANDOM: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from(_EDGES),
+    st.integers(min_value=-(2**66), max_value=2**66),
+    st.floats(),
+    st.text(st.characters(codec=None, exclude_categories=()), max_size=40),
+    st.binary(max_size=16),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+        max_leaves=8,
+    ),
+)
+
+
 def poisonings(params: list[inspect.Parameter]) -> st.SearchStrategy[dict[str, Any]]:
     names = [p.name for p in params]
     return st.dictionaries(
-        st.sampled_from(names), st.sampled_from(HOSTILE).map(lambda build: build()),
+        st.sampled_from(names),
+        st.one_of(st.sampled_from(HOSTILE).map(lambda build: build()), RANDOM),
         min_size=1, max_size=min(3, len(names)),
     )
 
@@ -212,9 +255,49 @@ def test_every_method_meets_hostile_values_with_typed_errors(name: str, db_path:
             assert_only_typed(method, params, poison, {"path": db_path})
 
         run()
+        for param in params:  # and, in each slot of its kind, the values that escaped untyped
+            for kinds, build in EDGE_BY_ANNOTATION:
+                if any(kind in str(param.annotation) for kind in kinds):
+                    assert_only_typed(method, params, {param.name: build()}, {"path": db_path})
         assert_consistent(db, counters=name not in COUNTERS_LEFT_ALONE)
     finally:
         db.close()
+
+
+def _required(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    return [p for p in params if p.default is inspect.Parameter.empty]
+
+
+def test_a_call_of_the_wrong_shape_is_pythons_type_error(db_path: Path) -> None:
+    """Every method called without one of its required arguments, or with a keyword it does
+    not take, raises ``TypeError`` (Python's own, or the library's ``InvalidTypeError``) or
+    another typed error — never a ``KeyError`` naming the missing argument — and writes
+    nothing."""
+    escaped = []
+    with SessionDB(db_path) as db:
+        populate(db, sessions=2, messages=2)
+        before = db.export_all()
+        for name in public_methods():
+            method = getattr(db, name)
+            params = slots(method)
+            shapes = [{"missing": p.name} for p in _required(params)] + [{"unknown": True}]
+            for shape in shapes:
+                kwargs = {p.name: plain(p, {"path": db_path}) for p in _required(params)
+                          if p.name != shape.get("missing")}
+                if shape.get("unknown"):
+                    kwargs["no_such_argument"] = 1
+                try:
+                    result = method(**kwargs)
+                    if isinstance(result, Iterator):
+                        list(result)
+                except (TypeError, HermesStateError):
+                    continue
+                except BaseException as exc:  # noqa: BLE001 - the point is to see what escapes
+                    escaped.append(f"{name} {shape}: {type(exc).__name__}: {exc!s:.80}")
+                    continue
+                escaped.append(f"{name} {shape}: returned")
+        assert db.export_all() == before
+    assert escaped == []
 
 
 def test_an_id_past_64_bits_inside_a_collection_is_an_id_that_names_no_row(db_path: Path) -> None:

@@ -121,6 +121,7 @@ import sys, time
 from hermes_state import SessionDB
 best = [{"role": "user", "content": f"deploy now {n}"} for n in range(30)]
 with SessionDB(sys.argv[1]) as db:
+    db.get_messages("s0")  # what it rewrites from: a handle that never read it is refused
     print("ready", flush=True)
     end = time.monotonic() + float(sys.argv[2])
     while time.monotonic() < end:

@@ -17,7 +17,7 @@ import pytest
 
 import hermes_state_seen
 from conftest import rest_of_output
-from hermes_state import InvalidInputError, SessionDB
+from hermes_state import InvalidInputError, RewriteRefusedError, SessionDB
 from hermes_state_gateway import OWNER_MARKER_KEY
 from hermes_state_seen import SeenThrough
 
@@ -118,9 +118,20 @@ def test_a_bound_beyond_the_newest_row_covers_the_whole_session(db: SessionDB, o
     read = seed_session(db)
     rewrite(db, op, "s", [summary()], seen_through_id=read[-1]["id"] + 10**6)
     assert [m["content"] for m in db.get_messages("s")] == ["summary"]
-    rewrite(db, op, "s", [summary("again")], seen_through_id=2**70)
+    rewrite(db, op, "s", [summary("again")], seen_through_id=2**63 - 1)
     assert [m["content"] for m in db.get_messages("s")] == ["again"]
     assert_counters_match_live_rows(db, "s")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("beyond", [2**63, 2**64, -(2**63) - 1, 2**70])
+def test_a_bound_no_row_id_can_reach_is_refused_not_clamped(
+    db: SessionDB, op: str, beyond: int
+) -> None:
+    read = seed_session(db)
+    with pytest.raises(InvalidInputError, match="64-bit range"):
+        rewrite(db, op, "s", [summary()], seen_through_id=beyond)
+    assert db.get_messages("s", include_inactive=True) == read, "nothing was written"
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -264,11 +275,44 @@ def test_a_handle_remembers_what_it_read(
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_a_handle_that_never_read_the_session_vouches_for_all_of_it(
+def test_a_handle_that_never_read_the_session_keeps_what_its_messages_do_not_account_for(
+    db: SessionDB, db_path: Path, op: str
+) -> None:
+    """A restart between the read and the rewrite: the new handle knows no bound. The rows
+    after the newest one its messages carry again (by uid) stay live after them."""
+    read = seed_session(db)  # the read, by the process that restarts
+    later = append_elsewhere(db_path, "s", "late user turn", "late assistant turn")
+    with SessionDB(db_path, rebuild_fts=False) as restarted:
+        rewrite(restarted, op, "s", [read[0], summary(), read[-1]])
+    live = db.get_messages("s")
+    assert [m["content"] for m in live] == [
+        "You are helpful.", "summary", "question 3", "late user turn", "late assistant turn"]
+    assert uids(live)[3:] == uids(later)
+    assert_counters_match_live_rows(db, "s")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_handle_that_never_read_the_session_and_accounts_for_none_of_it_is_refused(
     db: SessionDB, db_path: Path, op: str
 ) -> None:
     seed_session(db)
     append_elsewhere(db_path, "s", "late")
+    before = db.get_messages("s", include_inactive=True)
+    with SessionDB(db_path, rebuild_fts=False) as fresh:
+        with pytest.raises(RewriteRefusedError, match="has not read session 's'") as refused:
+            rewrite(fresh, op, "s", [summary()])
+        assert refused.value.session_id == "s"
+        assert fresh.get_messages("s", include_inactive=True) == before, "nothing was written"
+        fresh.get_messages("s")  # read, then rewrite: it vouches for what it read
+        rewrite(fresh, op, "s", [summary()])
+    assert [m["content"] for m in db.get_messages("s")] == ["summary"]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_handle_that_never_read_an_empty_session_may_write_it(
+    db: SessionDB, db_path: Path, op: str
+) -> None:
+    db.create_session("s", "cli")
     with SessionDB(db_path, rebuild_fts=False) as fresh:
         rewrite(fresh, op, "s", [summary()])
     assert [m["content"] for m in db.get_messages("s")] == ["summary"]
@@ -325,20 +369,27 @@ def test_the_rewrite_itself_moves_the_remembered_bound(
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_an_evicted_session_falls_back_to_the_rows_present(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
-) -> None:
-    monkeypatch.setattr(hermes_state_seen, "SEEN_SESSIONS", 2)
-    with SessionDB(db_path, rebuild_fts=False) as db:
+def test_an_evicted_session_keeps_what_it_never_saw(db_path: Path, op: str) -> None:
+    with SessionDB(db_path, rebuild_fts=False, seen_sessions=2) as db:
+        reads = {}
         for sid in ("a", "b", "c"):
             seed_session(db, sid)
-            db.get_messages(sid)
+            reads[sid] = db.get_messages(sid)
         append_elsewhere(db_path, "a", "late a")
         append_elsewhere(db_path, "c", "late c")
-        rewrite(db, op, "a", [summary()])  # "a" was evicted by "c"
-        rewrite(db, op, "c", [summary()])
-        assert [m["content"] for m in db.get_messages("a")] == ["summary"]
-        assert [m["content"] for m in db.get_messages("c")] == ["summary", "late c"]
+        rewrite(db, op, "a", [summary(), reads["a"][-1]])  # "a" was evicted by "c"
+        rewrite(db, op, "c", [summary(), reads["c"][-1]])
+        assert [m["content"] for m in db.get_messages("a")] == [
+            "summary", "question 3", "late a"], "no bound known: the late row stays"
+        assert [m["content"] for m in db.get_messages("c")] == ["summary", "question 3", "late c"]
+        with pytest.raises(RewriteRefusedError):
+            rewrite(db, op, "b", [summary()])  # evicted, and its messages carry none of it
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "8"])
+def test_the_memory_size_must_be_a_positive_int(db_path: Path, bad: Any) -> None:
+    with pytest.raises(InvalidInputError, match="positive int"):
+        SessionDB(db_path, rebuild_fts=False, seen_sessions=bad)
 
 
 def test_seen_through_is_thread_safe_and_bounded() -> None:
@@ -546,10 +597,7 @@ def test_a_seen_hook_must_run_what_takes_the_parameters_of_what_it_stands_for() 
     import hermes_state_messages as messages
 
     with pytest.raises(TypeError, match="must take the parameters of get_messages"):
-        hermes_state_seen.Seen(
-            like=messages.get_messages, run=compression.archive_generation,
-            after=lambda seen, session_id, rows: rows,
-        )
+        hermes_state_seen.Seen(like=messages.get_messages, run=compression.archive_generation)
 
 
 def test_a_seen_hook_called_without_a_handle_is_the_function_it_stands_for(
