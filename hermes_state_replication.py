@@ -87,6 +87,7 @@ __all__ = [
     "CHECKPOINTS_ENV",
     "MIN_LITESTREAM_VERSION",
     "RECORD_SUFFIX",
+    "litestream_dir",
     "find_litestream",
     "litestream_version",
     "replica_url",

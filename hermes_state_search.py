@@ -133,6 +133,7 @@ __all__ = [
     "MAX_QUERY_TERMS",
     "MAX_QUERY_CHARS",
     "MAX_INPUT_CHARS",
+    "MAX_ROWS",
     "SNIPPET_WIDTH",
     "MATCH_START",
     "MATCH_END",

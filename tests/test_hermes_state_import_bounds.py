@@ -70,7 +70,7 @@ def test_dev_zero_is_refused_within_a_memory_limit(tmp_path: Path, fmt: str | No
     if fmt == "jsonl":
         assert_refused(done, db_path, "line 1", "/dev/zero", f"longer than {MAX_RECORD_BYTES}")
     else:
-        assert_refused(done, db_path, "line 1", "/dev/zero", "not a JSON export")
+        assert_refused(done, db_path, "line 1", "/dev/zero", "not JSON at line 1, column 1")
 
 
 @pytest.mark.slow
