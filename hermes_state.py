@@ -241,7 +241,8 @@ class SessionDB:
                     f"{self.path} is empty but its -wal is not: the file was truncated",
                     path=self.path,
                 )
-            earlier = quarantine.inherited(self.path)
+            # Before any connection: a -wal damaged in the middle must never be checkpointed.
+            earlier = quarantine.inherited(self.path) or quarantine.wal_damage(self.path)
             if earlier is None:
                 common.prepare_db_file(self.path)
             self._file_id = quarantine.file_identity(self.path)

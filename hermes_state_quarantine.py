@@ -37,8 +37,11 @@ The marker is keyed to the file's identity, not its name: a file put in its plac
 recovered copy moved over it is a new inode) is not the damaged one, and the stale marker is
 removed by the next writable open, so that a later file that happens to get the old inode
 number is not taken for the damaged one (in this process the close guard keeps the inode from
-being reused). Writing the marker is best effort: a home that cannot take it still has the
-in-process quarantine, and the failure is logged.
+being reused). Only a marker that names another file, by a device and inode that are
+integers, is removed: one that cannot be parsed, or names no file (``{}``, a device written
+as text), keeps the quarantine, and ``doctor`` says it cannot be read. Writing the marker is
+best effort: a home that cannot take it still has the in-process quarantine, and the failure
+is logged.
 
 Not covered:
 
@@ -73,6 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
+import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 from hermes_state_common import (
     append_error_log,
@@ -80,6 +84,7 @@ from hermes_state_common import (
     configure_connection,
     fsync_directory,
     get_hermes_home,
+    sidecar_paths,
 )
 from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
 from hermes_state_lockowners import describe_lock_holders
@@ -149,13 +154,32 @@ def _load(path: Path) -> dict[str, Any] | None:
             raise ValueError("not a JSON object")
     except ValueError as exc:
         return {"path": str(path), "unreadable": str(exc)}
+    unusable = _unusable_identity(marker)
+    if unusable is not None:
+        marker["unreadable"] = unusable
     marker["path"] = str(path)
     return marker
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _unusable_identity(marker: Mapping[str, Any]) -> str | None:
+    """Why ``marker`` names no file (its device or inode missing, or not a non-negative
+    integer), None when it names one."""
+    bad = [key for key in ("device", "inode") if not _is_number(marker.get(key))]
+    if not bad:
+        return None
+    shown = ", ".join(f"{key} {marker.get(key)!r}" for key in bad)
+    return f"it names no file: {shown}"
+
+
 def _names(marker: dict[str, Any], identity: FileId | None) -> bool:
-    """Does ``marker`` name the file whose identity is ``identity``? One that cannot be read
-    names any file that exists (someone wrote it for a reason); none names a missing file."""
+    """Does ``marker`` name the file whose identity is ``identity``? Only a marker whose
+    device and inode are integers naming another file does not: one that cannot be read, or
+    names no file at all, names any file that exists (someone wrote it for a reason). None
+    names a missing file."""
     if identity is None:
         return False
     if "unreadable" in marker:
@@ -269,6 +293,38 @@ def earlier_quarantine(db_path: Path) -> StateDbCorruptError | None:
     return StateDbCorruptError(
         f"{db_path} is quarantined {describe_marker(marker)} (marker {path})", path=db_path
     )
+
+
+# How long a -wal found damaged is given before it is read again: a commit that rewrote frames
+# of its own transaction in place leaves their old checksums for the moment between writing its
+# commit frame and fixing them, which reads as damage.
+_WAL_SECOND_LOOK_S = 0.05
+
+
+def wal_damage(db_path: Path) -> StateDbCorruptError | None:
+    """The damage of the ``-wal`` of ``db_path`` that SQLite's own reading hides, as the error
+    a writable open starts out quarantined with; None when there is none.
+
+    SQLite reads a ``-wal`` up to the last commit before the first frame that fails its
+    checksum and ignores everything after it: a flipped byte in the middle makes every later
+    commit vanish without an error, and the next checkpoint copies the part before it into
+    the file and deletes the ``-wal`` with the rest. Here every frame is verified
+    (:func:`hermes_state_fileformat.scan_wal`, the file is only read); intact commits with
+    the current salts after a frame that fails are damage. Seen twice, a moment apart."""
+    wal = sidecar_paths(db_path)[0]
+    scan = ff.scan_wal(wal)
+    if not scan.problem:
+        return None
+    time.sleep(_WAL_SECOND_LOOK_S)
+    scan = ff.scan_wal(wal)
+    if not scan.problem:
+        return None
+    try:
+        rows = ff.wal_damage_rows(db_path, wal, scan)
+    except (OSError, ValueError, ff.PageError) as exc:  # a detail: the damage is proven
+        logger.debug("could not count the rows after the damage in %s: %s", wal, exc)
+        rows = {}
+    return StateDbCorruptError(f"{db_path}: {scan.describe(rows)}", path=db_path)
 
 
 # Reads every page of every b-tree; 'ok' alone when the file is sound.
