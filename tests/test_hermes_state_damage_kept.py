@@ -30,7 +30,13 @@ from state_helpers import (
 )
 
 import hermes_state_quarantine as quarantine
-from hermes_state import SessionDB, StateDbCorruptError, recover_state_db
+from hermes_state import (
+    SessionDB,
+    StateDbCorruptError,
+    recover_state_db,
+    repair_state_db_schema,
+)
+from hermes_state_openability import db_opens_cleanly
 
 SEEDS = [1, 2, 3]
 PAGE = 4096
@@ -68,6 +74,13 @@ def recovered_ids(db_path: Path, out: Path) -> set[int]:
 def marker_of(db_path: Path) -> dict[str, Any] | None:
     path = quarantine.marker_path(db_path)
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def make_store(db_path: Path, messages: int = 300) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+        for n in range(messages):
+            db.append_message("s", "user", f"message {n} " + "x" * 200)
 
 
 # The next start of a gateway on argv[1]: argv[3] appends to session argv[2], each refused one
@@ -187,6 +200,21 @@ def test_repair_refuses_a_store_whose_wal_is_damaged_before_taking_it(
     assert file_state(db_path) == damaged
 
 
+def test_the_open_probe_and_the_schema_repair_never_checkpoint_a_damaged_file(
+    db_path: Path,
+) -> None:
+    make_store(db_path)
+    leave_committed_wal(db_path)
+    leaves = table_pages(db_path, "messages", "leaf")
+    overwrite(db_path, (leaves[len(leaves) // 2] - 1) * PAGE, random.Random(4).randbytes(PAGE))
+    damaged = file_state(db_path)
+    assert db_opens_cleanly(db_path)
+    assert file_state(db_path) == damaged
+    result = repair_state_db_schema(db_path, backup=False)
+    assert not result["repaired"] and "damaged tables: messages" in (result["error"] or "")
+    assert file_state(db_path) == damaged
+
+
 # ---------------------------------------------------------------------------------------------
 # Markers that cannot be used
 # ---------------------------------------------------------------------------------------------
@@ -204,13 +232,6 @@ UNUSABLE_MARKERS: list[Callable[[int, int], dict[str, Any]]] = [
 def unusable_marker(index: int, db_path: Path) -> str:
     st = db_path.stat()
     return json.dumps(UNUSABLE_MARKERS[index](st.st_dev, st.st_ino))
-
-
-def make_store(db_path: Path, messages: int = 300) -> None:
-    with SessionDB(db_path) as db:
-        db.create_session("s", "cli")
-        for n in range(messages):
-            db.append_message("s", "user", f"message {n} " + "x" * 200)
 
 
 @pytest.mark.parametrize("index", range(len(UNUSABLE_MARKERS)))
