@@ -795,6 +795,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         return
     except StateDbCorruptError as exc:
         problems.append(_condition(exc, path) if _not_sqlite(path) else f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
         nxt.append(_advice(exc, path) or "")
         return
     try:
@@ -803,10 +804,12 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
             report["fts"] = db.fts_status()
     except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
         problems.append(f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
         nxt.append(_recover_hint(path))
         return
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
+        _record(path, problems, f"quick_check: {'; '.join(report['quick_check'][:3])}")
         nxt.append(_recover_hint(path))
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
@@ -821,6 +824,16 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         report["notes"].append(
             f"an FTS rebuild is under way (indexed up to message id {fts['rebuild_progress']} "
             f"of {fts['rebuild_high_water']}); the next writable open continues it")
+
+
+def _record(path: Path, problems: list[str], reason: str, *, index_damage: bool = True) -> None:
+    """Whoever finds the damage first records it (the quarantine marker beside the store), so
+    that the next writer does not write into the damaged file; the problems say so."""
+    home = path.parent if path.name == common.DB_FILENAME else common.get_hermes_home()
+    said = quarantine.record_found_damage(path, reason, home.absolute(),
+                                          index_damage_possible=index_damage)
+    if said is not None and said not in problems:
+        problems.append(said)
 
 
 def _doctor_quarantine(
@@ -864,6 +877,7 @@ def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: li
                             "later_commits": scan.later_commits,
                             "later_frames": scan.later_frames, "rows_after_damage": rows}
     problems.append(scan.describe(rows))
+    _record(path, problems, scan.describe(rows), index_damage=False)
     nxt.append(_recover_hint(path))
 
 
@@ -924,6 +938,9 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
         return
     health = repair_state_db(path, check_only=True, progress=_Progress())
     report["health"] = health
+    integrity = health.get("integrity") or ["ok"]
+    if integrity != ["ok"]:
+        _record(path, problems, f"integrity_check: {'; '.join(integrity[:3])}")
     checked = any(problem.startswith("quick_check") for problem in problems)
     for problem in health.get("problems", []):
         # integrity_check repeats what quick_check already listed: the damage is said once.
@@ -968,6 +985,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             problems.append(_condition(exc, path))
             nxt.append(_advice(exc, path) or "")
     report.setdefault("replica", None)
+    if report.get("quarantine") is None:  # a check above may have found and recorded damage
+        report["quarantine"] = quarantine.read_marker(path)
     report["problems"] = problems
     report["next"] = [n for n in dict.fromkeys(nxt) if n]
     if args.json:
@@ -1399,6 +1418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except HermesStateError:
             db = None
         _warn(str(exc) if db is None else _condition(exc, db))
+        for note in getattr(exc, "__notes__", []):
+            _warn(str(note))
         advice = None if db is None else _advice(exc, db)
         if advice:
             _warn(f"next: {advice}")

@@ -98,6 +98,9 @@ __all__ = [
     "inherited",
     "in_process",
     "register",
+    "recorded_note",
+    "record_found_damage",
+    "wal_damage",
     "protect",
     "track",
     "untrack",
@@ -433,17 +436,64 @@ def register(
     exc: BaseException,
     home: Path,
     open_guard: Callable[[], sqlite3.Connection],
-) -> None:
+) -> Path | None:
     """Quarantine the file ``file_id`` for the whole process. The first registration of a
     file opens its close guard with ``open_guard()`` (a read-only connection, configured as
-    the handle's are) and declares the quarantine (:func:`declare`: log lines, marker)."""
+    the handle's are) and declares the quarantine (:func:`declare`: log lines, marker).
+    Returns the marker that names the file, None when there is none (it could not be
+    written)."""
     if file_id is None:
-        return
+        return None
     with OPEN_LOCK:
-        if file_id in _FILES:
-            return
-        _FILES[file_id] = _Quarantined(exc, _open_close_guard(open_guard))
-        declare(db_path, exc, home)
+        if file_id not in _FILES:
+            _FILES[file_id] = _Quarantined(exc, _open_close_guard(open_guard))
+            return declare(db_path, exc, home)
+    return marker_path(db_path) if read_marker(db_path) is not None else None
+
+
+def recorded_note(db_path: Path, marker: Path | None) -> str:
+    """What a reader that met damage says about recording it (``marker``: where it is)."""
+    if marker is not None:
+        return (f"the damage is recorded in {marker}: every writable open of {db_path} "
+                "refuses writes until it is mended")
+    return (f"the damage could not be recorded: no quarantine marker can be written beside "
+            f"{db_path}, so a program that opens it writable next will write into the "
+            "damaged file; stop the programs that write it")
+
+
+def record_found_damage(
+    db_path: Path, reason: str, home: Path, *, index_damage_possible: bool = True
+) -> str | None:
+    """Record damage a check found without meeting it in a read (``doctor``: quick_check or
+    integrity_check lines, a damaged ``-wal``): the quarantine marker, log lines, and for
+    this process the quarantine. Returns what to tell the user (see :func:`recorded_note`),
+    None when the damage provably lies in the full-text indexes only (the writers detach
+    those and go on). ``index_damage_possible=False``: the finding cannot be index damage."""
+    if index_damage_possible and _index_damage_only(db_path):
+        return None
+    error = StateDbCorruptError(f"{db_path} is damaged: {reason}", path=db_path)
+    marker = register(
+        db_path, file_identity(db_path), error, home,
+        lambda: configure_connection(sqlite3.connect(
+            f"{db_path.as_uri()}?mode=ro&nofollow=1", uri=True, isolation_level=None)),
+    )
+    return recorded_note(db_path, marker)
+
+
+def _index_damage_only(db_path: Path) -> bool:
+    """True when the canonical tables pass quick_check and an FTS shadow table fails it (read
+    through a read-only connection, which never checkpoints)."""
+    try:
+        conn = configure_connection(sqlite3.connect(
+            f"{db_path.as_uri()}?mode=ro&nofollow=1", uri=True, isolation_level=None))
+    except sqlite3.Error:
+        return False
+    try:
+        return not fts.damaged_canonical_tables(conn) and bool(fts.damaged_shadow_tables(conn))
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
 
 
 # The first read of a close guard, which takes the database's shared lock.

@@ -111,7 +111,7 @@ print(json.dumps(report), flush=True)
 def test_a_writable_open_never_checkpoints_a_wal_damaged_in_the_middle(
     seed: int, db_path: Path, hermes_home: Path, tmp_path: Path
 ) -> None:
-    store_of(db_path, "base", 1, 150, seed)
+    store_of(db_path, "base", 1, 30, seed)
     acknowledged = append_and_die(db_path, "base-0", 40)  # a writer killed after 40 acks
     wal = db_path.with_name("state.db-wal")
     frames = (wal.stat().st_size - 32) // (24 + PAGE)
@@ -160,22 +160,36 @@ def test_a_wal_whose_tail_was_torn_or_reset_is_no_damage(db_path: Path) -> None:
 def test_a_repair_that_cannot_promote_leaves_the_file_and_its_wal_byte_for_byte(
     seed: int, db_path: Path, hermes_home: Path, tmp_path: Path
 ) -> None:
-    store_of(db_path, "live", 4, 150, seed)
+    damaged, before = freelist_damage_met_by_a_writer(db_path, seed, tmp_path)
+    repair = cli(hermes_home, "--db", str(db_path), "sessions", "repair")
+    assert repair.returncode == 1, repair.stdout
+    assert "kept unchanged" in repair.stdout
+    assert file_state(db_path) == damaged
+    assert recovered_ids(db_path, tmp_path / "after.db") == before
+
+
+def freelist_damage_met_by_a_writer(
+    db_path: Path, seed: int, tmp_path: Path
+) -> tuple[dict[str, str | None], set[int]]:
+    """A store whose freelist names live pages, written to by another process until it met
+    the damage (its acknowledged rows are in the -wal); the files' state and the message ids
+    recover gets out of them."""
+    store_of(db_path, "live", 3, 80, seed)
     with SessionDB(db_path) as db:
-        db.delete_session("live-3")  # its pages go to the freelist
+        db.delete_session("live-2")  # its pages go to the freelist
     point_freelist_at_live_pages(db_path, "messages", seed)
     acknowledged = append_until_corrupt(db_path, "live-0")
     damaged = file_state(db_path)
     assert damaged["state.db-wal"] is not None
     before = recovered_ids(db_path, tmp_path / "before.db")
     assert set(acknowledged) <= before
+    return damaged, before
 
-    repair = cli(hermes_home, "--db", str(db_path), "sessions", "repair")
-    assert repair.returncode == 1, repair.stdout
-    assert "kept unchanged" in repair.stdout
-    assert file_state(db_path) == damaged
-    assert recovered_ids(db_path, tmp_path / "after.db") == before
-    # the other maintenance commands leave it as it is too
+
+def test_no_maintenance_command_checkpoints_a_damaged_store(
+    db_path: Path, hermes_home: Path, tmp_path: Path
+) -> None:
+    damaged, before = freelist_damage_met_by_a_writer(db_path, 4, tmp_path)
     for args in (("sessions", "repair", "--check-only"), ("doctor",), ("doctor", "--full"),
                  ("backup",), ("sessions", "prune", "--older-than", "0", "--yes"),
                  ("sessions", "export", "-o", str(tmp_path / "out.jsonl"))):
@@ -203,7 +217,7 @@ def test_repair_refuses_a_store_whose_wal_is_damaged_before_taking_it(
 def test_the_open_probe_and_the_schema_repair_never_checkpoint_a_damaged_file(
     db_path: Path,
 ) -> None:
-    make_store(db_path)
+    make_store(db_path, messages=80)
     leave_committed_wal(db_path)
     leaves = table_pages(db_path, "messages", "leaf")
     overwrite(db_path, (leaves[len(leaves) // 2] - 1) * PAGE, random.Random(4).randbytes(PAGE))
@@ -257,7 +271,7 @@ def test_a_marker_that_names_no_file_keeps_the_quarantine(
 def test_a_restarted_writer_never_writes_past_a_marker_that_names_no_file(
     seed: int, db_path: Path, hermes_home: Path
 ) -> None:
-    make_store(db_path)
+    make_store(db_path, messages=80)
     leave_committed_wal(db_path)
     rng = random.Random(seed)
     leaves = table_pages(db_path, "messages", "leaf")
@@ -281,3 +295,121 @@ def test_a_marker_naming_another_file_by_number_is_still_dropped(db_path: Path) 
         assert not db.quarantined
         db.append_message("s", "user", "into this file")
     assert not quarantine.marker_path(db_path).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Damage found by readers is recorded
+# ---------------------------------------------------------------------------------------------
+
+# A read-only handle on argv[1] reads every message of session argv[2].
+_READ_ONLY_READER = r"""
+import json, sys
+from hermes_state import SessionDB, StateDbCorruptError
+report = {"error": None, "notes": []}
+with SessionDB(sys.argv[1], read_only=True) as db:
+    try:
+        db.get_messages(sys.argv[2])
+    except StateDbCorruptError as exc:
+        report["error"] = str(exc)
+        report["notes"] = getattr(exc, "__notes__", [])
+print(json.dumps(report), flush=True)
+"""
+
+READERS = {
+    "read-only handle": None,
+    "sessions show": ("sessions", "show", "s"),
+    "sessions export": ("sessions", "export", "-o", "{out}"),
+    "doctor": ("doctor",),
+    "doctor --full": ("doctor", "--full"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("reader", "seed"), [
+    ("read-only handle", 1), ("read-only handle", 2), ("read-only handle", 3),
+    ("sessions show", 1), ("sessions export", 2), ("doctor", 3), ("doctor --full", 1),
+])
+def test_damage_a_reader_meets_is_recorded_and_the_next_writer_acks_nothing_into_it(
+    reader: str, seed: int, db_path: Path, hermes_home: Path, tmp_path: Path
+) -> None:
+    make_store(db_path, messages=80)
+    rng = random.Random(seed)
+    leaves = table_pages(db_path, "messages", "leaf")
+    overwrite(db_path, (rng.choice(leaves[1:-1]) - 1) * PAGE, rng.randbytes(PAGE))
+    damaged = file_state(db_path)
+
+    args = READERS[reader]
+    if args is None:
+        report = run_child(_READ_ONLY_READER, str(db_path), "s", home=hermes_home)
+        assert report["error"] and any("recorded" in n for n in report["notes"])
+    else:
+        done = cli(hermes_home, "--db", str(db_path),
+                   *(a.format(out=tmp_path / "out.jsonl") for a in args))
+        assert done.returncode != 0, done.stdout
+        assert "recorded" in done.stdout + done.stderr
+    marker = marker_of(db_path)
+    assert marker is not None and marker["inode"] == db_path.stat().st_ino
+    assert file_state(db_path) == damaged
+
+    writer = run_child(_GATEWAY_RESTART, str(db_path), "s", "60", home=hermes_home)
+    assert writer["born_quarantined"] and writer["acked"] == [] and writer["refused"] == 60
+    assert file_state(db_path) == damaged
+
+
+# A read-only handle on argv[1] whose marker cannot be written (a directory stands where the
+# marker's temporary file goes) reads every message of session "s".
+_READER_WITHOUT_MARKER = r"""
+import json, logging, os, sys
+from hermes_state import SessionDB, StateDbCorruptError
+os.mkdir(f"{sys.argv[1]}-quarantine.{os.getpid()}.tmp")
+warnings = []
+handler = logging.Handler(logging.WARNING)
+handler.emit = lambda record: warnings.append(record.getMessage())
+logging.getLogger("hermes_state").addHandler(handler)
+report = {"notes": [], "warnings": warnings}
+with SessionDB(sys.argv[1], read_only=True) as db:
+    try:
+        db.get_messages("s")
+    except StateDbCorruptError as exc:
+        report["notes"] = getattr(exc, "__notes__", [])
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_a_reader_that_cannot_write_the_marker_says_so(
+    db_path: Path, hermes_home: Path
+) -> None:
+    make_store(db_path, messages=80)
+    leaves = table_pages(db_path, "messages", "leaf")
+    overwrite(db_path, (leaves[1] - 1) * PAGE, random.Random(7).randbytes(PAGE))
+    damaged = file_state(db_path)
+    report = run_child(_READER_WITHOUT_MARKER, str(db_path), home=hermes_home)
+    assert any("could not be recorded" in note for note in report["notes"])
+    assert any("could not write the quarantine marker" in w for w in report["warnings"])
+    assert marker_of(db_path) is None and file_state(db_path) == damaged
+
+
+def test_doctor_records_a_wal_damaged_in_the_middle(db_path: Path, hermes_home: Path) -> None:
+    store_of(db_path, "base", 1, 30, 2)
+    append_and_die(db_path, "base-0", 12)
+    wal = db_path.with_name("state.db-wal")
+    frames = (wal.stat().st_size - 32) // (24 + PAGE)
+    flip_byte(wal, wal_frame_offset(wal, frames // 2) + 24 + 99)
+    damaged = file_state(db_path)
+    doctor = cli(hermes_home, "--db", str(db_path), "--json", "doctor")
+    assert doctor.returncode == 1
+    report = json.loads(doctor.stdout)
+    assert report["quarantine"]["inode"] == db_path.stat().st_ino
+    assert any("the damage is recorded in" in p for p in report["problems"])
+    assert file_state(db_path) == damaged
+
+
+def test_damage_only_in_the_search_index_is_not_recorded_by_doctor(
+    db_path: Path, hermes_home: Path
+) -> None:
+    make_store(db_path, messages=80)
+    pages = table_pages(db_path, "messages_fts_data", "leaf")
+    overwrite(db_path, (pages[0] - 1) * PAGE, random.Random(3).randbytes(PAGE))
+    doctor = cli(hermes_home, "--db", str(db_path), "doctor")
+    assert doctor.returncode == 1 and "damage" in doctor.stdout
+    assert "recorded" not in doctor.stdout and marker_of(db_path) is None
