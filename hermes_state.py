@@ -243,13 +243,15 @@ class SessionDB:
                     f"{self.path} is empty but its -wal is not: the file was truncated",
                     path=self.path,
                 )
-            # Before any connection: a -wal damaged in the middle must never be checkpointed.
-            earlier = quarantine.inherited(self.path) or quarantine.wal_damage(self.path)
+            earlier = quarantine.inherited(self.path)
             if earlier is None:
                 common.prepare_db_file(self.path)
             self._file_id = quarantine.file_identity(self.path)
             self._conn = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
+            if earlier is None:
+                # Before any write: a -wal damaged in the middle must never be checkpointed.
+                earlier = quarantine.wal_damage(self.path, self._conn)
         if earlier is not None:
             # Born quarantined: it reads, spools what it cannot write, and never writes.
             logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)

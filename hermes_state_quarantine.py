@@ -68,6 +68,7 @@ import os
 import re
 import sqlite3
 import stat
+import sys
 import threading
 import time
 import weakref
@@ -304,7 +305,9 @@ def earlier_quarantine(db_path: Path) -> StateDbCorruptError | None:
 _WAL_SECOND_LOOK_S = 0.05
 
 
-def wal_damage(db_path: Path) -> StateDbCorruptError | None:
+def wal_damage(
+    db_path: Path, conn: sqlite3.Connection | None = None
+) -> StateDbCorruptError | None:
     """The damage of the ``-wal`` of ``db_path`` that SQLite's own reading hides, as the error
     a writable open starts out quarantined with; None when there is none.
 
@@ -313,8 +316,15 @@ def wal_damage(db_path: Path) -> StateDbCorruptError | None:
     commit vanish without an error, and the next checkpoint copies the part before it into
     the file and deletes the ``-wal`` with the rest. Here every frame is verified
     (:func:`hermes_state_fileformat.scan_wal`, the file is only read); intact commits with
-    the current salts after a frame that fails are damage. Seen twice, a moment apart."""
+    the current salts after a frame that fails are damage. Seen twice, a moment apart.
+
+    ``conn``, a connection just opened on the store and not used yet, makes it cheap: one
+    read through it makes SQLite index the ``-wal`` (its recovery, which stops where
+    SQLite's reading stops), and only when a commit frame with the current salts lies past
+    what the index holds are the frames verified."""
     wal = sidecar_paths(db_path)[0]
+    if conn is not None and not _commits_past_the_index(db_path, wal, conn):
+        return None
     scan = ff.scan_wal(wal)
     if not scan.problem:
         return None
@@ -330,6 +340,42 @@ def wal_damage(db_path: Path) -> StateDbCorruptError | None:
     return StateDbCorruptError(f"{db_path}: {scan.describe(rows)}", path=db_path)
 
 
+# The WAL-index header at the start of ``-shm`` (SQLite's file format, "WAL-index format"):
+# two copies of 48 bytes in the machine's byte order; in each, the version at 0, isInit at 12
+# and mxFrame (the last frame readers use) at 16.
+_WAL_INDEX_VERSION = 3007000
+_WAL_INDEX_COPY = 48
+_FIRST_READ_SQL = "SELECT COUNT(*) FROM sqlite_master"
+
+
+def _indexed_frames(shm: Path) -> int | None:
+    """mxFrame of the WAL-index in ``shm``; None when it cannot be read or is not one."""
+    try:
+        with open(shm, "rb") as fh:  # not a database file: no locks at stake
+            head = fh.read(2 * _WAL_INDEX_COPY)
+    except OSError:
+        return None
+    if len(head) < 2 * _WAL_INDEX_COPY or head[:_WAL_INDEX_COPY] != head[_WAL_INDEX_COPY:]:
+        return None
+    version = int.from_bytes(head[0:4], sys.byteorder)
+    if version != _WAL_INDEX_VERSION or head[12] != 1:
+        return None
+    return int.from_bytes(head[16:20], sys.byteorder)
+
+
+def _commits_past_the_index(db_path: Path, wal: Path, conn: sqlite3.Connection) -> bool:
+    """Whether a commit frame with the current salts lies past the frames SQLite indexed on
+    its first read through ``conn`` (True too whenever that cannot be told)."""
+    try:
+        conn.execute(_FIRST_READ_SQL).fetchone()
+    except sqlite3.Error:
+        return True  # the open meets that error itself; the frames are verified meanwhile
+    indexed = _indexed_frames(sidecar_paths(db_path)[1])
+    if indexed is None:
+        return wal.exists()
+    return ff.commit_frames_after(wal, indexed)
+
+
 # Reads every page of every b-tree; 'ok' alone when the file is sound.
 INTEGRITY_CHECK_SQL = "PRAGMA integrity_check"
 
@@ -341,13 +387,15 @@ def clear_quarantine(db_path: Path) -> dict[str, Any] | None:
     Refused with :class:`StateDbInUseError` while another process has the database open (a
     process that met the damage keeps its own quarantine until it exits, and the file cannot
     have been mended under it: stop them first), and with :class:`StateDbCorruptError` while
-    ``PRAGMA integrity_check`` of the file (read-only, through its ``-wal``) finds anything:
-    the damage is still there, and recover or restore is the way out."""
+    the ``-wal`` is damaged in the middle (:func:`wal_damage`) or ``PRAGMA integrity_check``
+    of the file (read-only, through its ``-wal``) finds anything: the damage is still there,
+    and recover or restore is the way out."""
     marker = read_marker(db_path)
     if marker is None:
         return None
     _refuse_other_holders(db_path)
-    problems = _integrity_problems(db_path)
+    damage = wal_damage(db_path)  # integrity_check reads only what SQLite reads of the -wal
+    problems = [str(damage)] if damage is not None else _integrity_problems(db_path)
     if problems:
         raise StateDbCorruptError(
             f"{db_path} still fails integrity_check: {'; '.join(problems[:3])}", path=db_path

@@ -19,12 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import file_state, leave_committed_wal, overwrite, subprocess_env, table_pages
+from conftest import (
+    file_state,
+    leave_committed_wal,
+    overwrite,
+    subprocess_env,
+    table_pages,
+)
 from state_helpers import (
     append_and_die,
     append_until_corrupt,
     flip_byte,
     point_freelist_at_live_pages,
+    release_process,
     store_of,
     wal_frame_offset,
 )
@@ -46,7 +53,7 @@ def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hermes_state_cli", *args],
         env=subprocess_env({"HERMES_HOME": str(home)}), capture_output=True, text=True,
-        timeout=120,
+        timeout=120, check=False,
     )
 
 
@@ -54,7 +61,7 @@ def run_child(code: str, *args: str, home: Path) -> dict[str, Any]:
     """Run ``code`` in another process; it prints one JSON report as its last line."""
     done = subprocess.run(
         [sys.executable, "-c", code, *args], env=subprocess_env({"HERMES_HOME": str(home)}),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
@@ -136,6 +143,43 @@ def test_a_writable_open_never_checkpoints_a_wal_damaged_in_the_middle(
     assert file_state(db_path) == damaged
 
 
+# A read-only handle on argv[1] that has read the store and stays open until stdin closes.
+_READER_THAT_STAYS = r"""
+import sys
+from hermes_state import SessionDB
+db = SessionDB(sys.argv[1], read_only=True)
+db.session_count()
+print("ready", flush=True)
+sys.stdin.read()
+db.close()
+"""
+
+
+def test_a_writer_that_opens_after_a_reader_indexed_the_damaged_wal_writes_nothing(
+    db_path: Path, hermes_home: Path, tmp_path: Path
+) -> None:
+    """Another client opened the store first after the crash and keeps it open: SQLite's
+    index of the -wal (shared through -shm) already stops at the damage, and a write would
+    go over the later commits."""
+    store_of(db_path, "base", 1, 30, 5)
+    acknowledged = append_and_die(db_path, "base-0", 30)
+    wal = db_path.with_name("state.db-wal")
+    frames = (wal.stat().st_size - 32) // (24 + PAGE)
+    flip_byte(wal, wal_frame_offset(wal, frames // 2) + 24 + 1234)
+    damaged = file_state(db_path)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER_THAT_STAYS, str(db_path)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=subprocess_env({"HERMES_HOME": str(hermes_home)}))
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
+        restart = run_child(_GATEWAY_RESTART, str(db_path), "base-0", "5", home=hermes_home)
+        assert restart["born_quarantined"] and restart["acked"] == []
+    finally:
+        release_process(reader)
+    assert file_state(db_path) == damaged
+    assert set(acknowledged) <= recovered_ids(db_path, tmp_path / "recovered.db")
+
+
 def test_a_wal_whose_tail_was_torn_or_reset_is_no_damage(db_path: Path) -> None:
     """Frames after the last commit (a transaction killed before it committed) and frames of
     an earlier WAL generation are what a -wal normally holds: no quarantine."""
@@ -186,16 +230,27 @@ def freelist_damage_met_by_a_writer(
     return damaged, before
 
 
-def test_no_maintenance_command_checkpoints_a_damaged_store(
+def test_no_maintenance_command_writes_or_checkpoints_a_damaged_store(
     db_path: Path, hermes_home: Path, tmp_path: Path
 ) -> None:
-    damaged, before = freelist_damage_met_by_a_writer(db_path, 4, tmp_path)
-    for args in (("sessions", "repair", "--check-only"), ("doctor",), ("doctor", "--full"),
-                 ("backup",), ("sessions", "prune", "--older-than", "0", "--yes"),
+    """Damage in the record with committed frames in the -wal, found by ``doctor`` first:
+    from then on no command changes a byte of either file."""
+    make_store(db_path, messages=80)
+    with SessionDB(db_path) as db:
+        db.end_session("s", "done")  # so that prune has something to delete
+    leave_committed_wal(db_path)
+    leaves = table_pages(db_path, "messages", "leaf")
+    overwrite(db_path, (leaves[1] - 1) * PAGE, random.Random(6).randbytes(PAGE))
+    damaged = file_state(db_path)
+    for args in (("doctor",), ("sessions", "repair"), ("sessions", "repair", "--check-only"),
+                 ("doctor", "--full"), ("backup",),
+                 ("sessions", "prune", "--older-than", "0", "--yes"),
+                 ("sessions", "delete", "s", "--yes"),
                  ("sessions", "export", "-o", str(tmp_path / "out.jsonl"))):
-        cli(hermes_home, "--db", str(db_path), *args)
+        done = cli(hermes_home, "--db", str(db_path), *args)
+        assert done.returncode != 0, (args, done.stdout)
         assert file_state(db_path) == damaged, args
-    assert recovered_ids(db_path, tmp_path / "last.db") == before
+    assert marker_of(db_path) is not None
 
 
 def test_repair_refuses_a_store_whose_wal_is_damaged_before_taking_it(
@@ -402,6 +457,10 @@ def test_doctor_records_a_wal_damaged_in_the_middle(db_path: Path, hermes_home: 
     assert report["quarantine"]["inode"] == db_path.stat().st_ino
     assert any("the damage is recorded in" in p for p in report["problems"])
     assert file_state(db_path) == damaged
+    # integrity_check reads only what SQLite reads: the quarantine is not cleared on its word
+    cleared = cli(hermes_home, "--db", str(db_path), "doctor", "--clear-quarantine")
+    assert cleared.returncode == 1 and "-wal is damaged" in cleared.stderr
+    assert marker_of(db_path) is not None and file_state(db_path) == damaged
 
 
 def test_damage_only_in_the_search_index_is_not_recorded_by_doctor(
