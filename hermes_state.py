@@ -289,7 +289,10 @@ class SessionDB:
         except sqlite3.Error as exc:
             conn.close()
             error = self._read_error(exc)
-            if errors.is_corruption_error(exc):
+            # SQLITE_NOTADB: not a database at all, as far as a reader can tell (no marker
+            # beside a file that may not be a store); a writable open still quarantines it.
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
                 self._record_damage(exc, error)
             raise error from exc
         except BaseException:

@@ -809,7 +809,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         return
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
-        _record(path, problems, f"quick_check: {'; '.join(report['quick_check'][:3])}")
+        _record(path, problems, "quick_check fails")
         nxt.append(_recover_hint(path))
     fts = report["fts"]
     if fts["stale"] or fts["missing_triggers"]:
@@ -940,7 +940,7 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
     report["health"] = health
     integrity = health.get("integrity") or ["ok"]
     if integrity != ["ok"]:
-        _record(path, problems, f"integrity_check: {'; '.join(integrity[:3])}")
+        _record(path, problems, "integrity_check fails")
     checked = any(problem.startswith("quick_check") for problem in problems)
     for problem in health.get("problems", []):
         # integrity_check repeats what quick_check already listed: the damage is said once.

@@ -746,31 +746,6 @@ def scan_wal(wal_path: str | os.PathLike[str]) -> WalScan:
     return scan  # reset three times while being read: a busy WAL, judged as last read
 
 
-def commit_frames_after(wal_path: str | os.PathLike[str], frame: int) -> bool:
-    """Whether a commit frame with the header's salts follows frame ``frame`` in
-    ``wal_path`` (frame headers only are read; nothing is verified)."""
-    try:
-        wal = open(wal_path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return False
-    with wal:
-        header = wal.read(32)
-        if len(header) < 32:
-            return False
-        magic, _version, page_size, _seq, salt1, salt2, _c0, _c1 = _WAL_HEADER.unpack(header)
-        if magic not in _WAL_MAGIC or not 512 <= page_size <= 65536:
-            return False
-        size = os.fstat(wal.fileno()).st_size
-        at = 32 + frame * (24 + page_size)
-        while at + 24 + page_size <= size:
-            wal.seek(at)
-            _pgno, db_size, f_salt1, f_salt2, _f0, _f1 = _FRAME_HEADER.unpack(wal.read(24))
-            if db_size and (f_salt1, f_salt2) == (salt1, salt2):
-                return True
-            at += 24 + page_size
-    return False
-
-
 def _header_bytes(wal_path: str | os.PathLike[str]) -> bytes | None:
     try:
         with open(wal_path, "rb") as wal:

@@ -68,11 +68,10 @@ import os
 import re
 import sqlite3
 import stat
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
@@ -305,6 +304,31 @@ def earlier_quarantine(db_path: Path) -> StateDbCorruptError | None:
 _WAL_SECOND_LOOK_S = 0.05
 
 
+def _hides_commits(scan: ff.WalScan) -> bool:
+    """Whether the damage ``scan`` found hides a commit other than the last one. A failing
+    frame with only the last commit after it is what a writer killed while it committed
+    leaves: SQLite writes a transaction's commit frame before it fixes the checksums of the
+    frames it rewrote in place, and that transaction was never acknowledged."""
+    return scan.problem and scan.later_commits >= 2
+
+
+@contextlib.contextmanager
+def _write_lock(conn: sqlite3.Connection) -> Iterator[bool]:
+    """SQLite's write lock taken through ``conn`` (a read transaction first: a first opener
+    indexes the ``-wal`` there, which only reads it) and released without a write; False
+    when it cannot be had within the connection's busy timeout."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
 def wal_damage(
     db_path: Path, conn: sqlite3.Connection | None = None
 ) -> StateDbCorruptError | None:
@@ -315,65 +339,50 @@ def wal_damage(
     checksum and ignores everything after it: a flipped byte in the middle makes every later
     commit vanish without an error, and the next checkpoint copies the part before it into
     the file and deletes the ``-wal`` with the rest. Here every frame is verified
-    (:func:`hermes_state_fileformat.scan_wal`, the file is only read); intact commits with
-    the current salts after a frame that fails are damage. Seen twice, a moment apart.
+    (:func:`hermes_state_fileformat.scan_wal`); intact commits with the current salts after a
+    frame that fails are damage, unless the only one is the last commit (see
+    :func:`_hides_commits`). Seen twice, a moment apart.
 
-    ``conn``, a connection just opened on the store and not used yet, makes it cheap: one
-    read through it makes SQLite index the ``-wal`` (its recovery, which stops where
-    SQLite's reading stops), and only when a commit frame with the current salts lies past
-    what the index holds are the frames verified."""
+    Only the ``-wal`` is opened, and only read: SQLite keeps no lock on it, while closing a
+    descriptor of the database file or of ``-shm`` would drop every lock this process's
+    connections hold on them. (So the rows only the later commits hold are not counted here:
+    that reads the database file; ``doctor`` counts them.)
+
+    ``conn``, a connection on the store not in a transaction, lets the frames be read under
+    SQLite's write lock, while no writer appends to the ``-wal`` or starts it over (a scan
+    beside a writer can take frames of two moments for damage); the lock is released
+    without a write."""
     wal = sidecar_paths(db_path)[0]
-    if conn is not None and not _commits_past_the_index(db_path, wal, conn):
+    try:
+        if wal.stat().st_size <= _WAL_HEADER_BYTES:
+            return None
+    except FileNotFoundError:
         return None
+    if conn is not None:
+        with _write_lock(conn) as held:
+            if held:
+                scan = ff.scan_wal(wal)
+                return _damage_error(db_path, scan) if _hides_commits(scan) else None
     scan = ff.scan_wal(wal)
-    if not scan.problem:
+    if not _hides_commits(scan):
         return None
     time.sleep(_WAL_SECOND_LOOK_S)
     scan = ff.scan_wal(wal)
-    if not scan.problem:
+    if not _hides_commits(scan):
         return None
-    try:
-        rows = ff.wal_damage_rows(db_path, wal, scan)
-    except (OSError, ValueError, ff.PageError) as exc:  # a detail: the damage is proven
-        logger.debug("could not count the rows after the damage in %s: %s", wal, exc)
-        rows = {}
-    return StateDbCorruptError(f"{db_path}: {scan.describe(rows)}", path=db_path)
+    return _damage_error(db_path, scan)
 
 
-# The WAL-index header at the start of ``-shm`` (SQLite's file format, "WAL-index format"):
-# two copies of 48 bytes in the machine's byte order; in each, the version at 0, isInit at 12
-# and mxFrame (the last frame readers use) at 16.
-_WAL_INDEX_VERSION = 3007000
-_WAL_INDEX_COPY = 48
-_FIRST_READ_SQL = "SELECT COUNT(*) FROM sqlite_master"
+_WAL_HEADER_BYTES = 32
 
 
-def _indexed_frames(shm: Path) -> int | None:
-    """mxFrame of the WAL-index in ``shm``; None when it cannot be read or is not one."""
-    try:
-        with open(shm, "rb") as fh:  # not a database file: no locks at stake
-            head = fh.read(2 * _WAL_INDEX_COPY)
-    except OSError:
-        return None
-    if len(head) < 2 * _WAL_INDEX_COPY or head[:_WAL_INDEX_COPY] != head[_WAL_INDEX_COPY:]:
-        return None
-    version = int.from_bytes(head[0:4], sys.byteorder)
-    if version != _WAL_INDEX_VERSION or head[12] != 1:
-        return None
-    return int.from_bytes(head[16:20], sys.byteorder)
-
-
-def _commits_past_the_index(db_path: Path, wal: Path, conn: sqlite3.Connection) -> bool:
-    """Whether a commit frame with the current salts lies past the frames SQLite indexed on
-    its first read through ``conn`` (True too whenever that cannot be told)."""
-    try:
-        conn.execute(_FIRST_READ_SQL).fetchone()
-    except sqlite3.Error:
-        return True  # the open meets that error itself; the frames are verified meanwhile
-    indexed = _indexed_frames(sidecar_paths(db_path)[1])
-    if indexed is None:
-        return wal.exists()
-    return ff.commit_frames_after(wal, indexed)
+def _damage_error(db_path: Path, scan: ff.WalScan) -> StateDbCorruptError:
+    first = scan.damaged[0]
+    where = "its header" if first == 0 else f"frame {first}"
+    return StateDbCorruptError(
+        f"{db_path}: the -wal is damaged at {where}: SQLite reads only its first "
+        f"{scan.readable} frames and drops the {scan.later_commits} commit(s) after it "
+        f"({scan.later_frames} intact frames)", path=db_path)
 
 
 # Reads every page of every b-tree; 'ok' alone when the file is sound.
