@@ -191,7 +191,9 @@ class SessionDB:
 
     Thread-safe; usable as a context manager; ``close()`` is idempotent. With
     ``read_only=True`` the file is opened ``mode=ro`` and nothing is ever created, migrated,
-    checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses).
+    checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses); the
+    one file it may write is the quarantine marker beside the store, when a read meets damage
+    in the record (the error it raises says whether the marker could be written).
 
     ``profile_home`` is fixed at open: the directory of a ``state.db`` (a home's own store),
     else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
@@ -270,6 +272,9 @@ class SessionDB:
             self._file_id = quarantine.file_identity(self.path)
             self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
+            if earlier is None:
+                # Before any write: a -wal damaged in the middle must never be checkpointed.
+                earlier = quarantine.wal_damage(self.path, self._conn)
         if earlier is not None:
             # Born quarantined: it reads, spools what it cannot write, and never writes.
             logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)
@@ -297,6 +302,7 @@ class SessionDB:
                 reason="uninitialized",
                 path=self.path,
             )
+        self._file_id = quarantine.file_identity(self.path)
         try:
             conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
@@ -305,7 +311,13 @@ class SessionDB:
             schema.require_current(conn, self.path)
         except sqlite3.Error as exc:
             conn.close()
-            raise self._read_error(exc) from exc
+            error = self._read_error(exc)
+            # SQLITE_NOTADB: not a database at all, as far as a reader can tell (no marker
+            # beside a file that may not be a store); a writable open still quarantines it.
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
+                self._record_damage(exc, error)
+            raise error from exc
         except BaseException:
             conn.close()
             raise
@@ -359,6 +371,28 @@ class SessionDB:
             earlier = quarantine.in_process(self._file_id)
             if earlier is not None:
                 self._quarantine(earlier)
+
+    def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
+        """A read met ``exc``, raised as ``error``: corruption of the record (not provably of
+        the FTS indexes only) quarantines a writable handle, and is recorded by a read-only
+        one (see :meth:`_record_damage`)."""
+        if not errors.is_corruption_error(exc) or self._fts_only(exc):
+            return
+        if self.read_only:
+            self._record_damage(exc, error)
+        else:
+            self._quarantine(exc)
+
+    def _record_damage(self, exc: BaseException, error: BaseException) -> None:
+        """Whoever meets the damage first records it: a read-only handle quarantines the file
+        for its process and writes the marker beside it where the folder allows, so the next
+        writer starts out quarantined; ``error`` (what the read raises) says which, in a
+        note."""
+        marker = quarantine.register(
+            self.path, self._file_id, exc, self.profile_home,
+            lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S),
+        )
+        error.add_note(quarantine.recorded_note(self.path, marker))
 
     def _quarantine(self, exc: BaseException) -> None:
         """Never write to this file again from this process: refuse writes, skip checkpoints,
@@ -504,17 +538,17 @@ class SessionDB:
         of it sees the same snapshot); SQLite errors become typed errors.
 
         Corruption a read meets in the record itself (not only in an index) quarantines a
-        writable handle as a write would: the file is proven damaged either way."""
+        writable handle as a write would: the file is proven damaged either way. A read-only
+        handle records it (the marker beside the file) for the writers that come next."""
         with self._lock:
             self._check_open()
             try:
                 with common.read_transaction(self._connection):
                     return fn(self._connection)
             except sqlite3.Error as exc:
-                damaged = errors.is_corruption_error(exc) and not self.read_only
-                if damaged and not self._fts_only(exc):
-                    self._quarantine(exc)
-                raise self._read_error(exc) from exc
+                error = self._read_error(exc)
+                self._met_damage(exc, error)
+                raise error from exc
 
     def _read_error(self, exc: sqlite3.Error) -> Exception:
         if self.read_only and errors.is_sqlite_lock_error(exc):
@@ -535,7 +569,9 @@ class SessionDB:
             conn.execute("BEGIN")
             yield conn
         except sqlite3.Error as exc:
-            raise self._read_error(exc) from exc
+            error = self._read_error(exc)
+            self._met_damage(exc, error)
+            raise error from exc
         finally:
             conn.close()
 

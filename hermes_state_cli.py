@@ -895,6 +895,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         return
     except StateDbCorruptError as exc:
         problems.append(_condition(exc, path) if _not_sqlite(path) else f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
         nxt.append(_advice(exc, path) or "")
         return
     try:
@@ -903,10 +904,12 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
             report["fts"] = db.fts_status()
     except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
         problems.append(f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
         nxt.append(_recover_hint(path))
         return
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
+        _record(path, problems, "quick_check fails")
         nxt.append(_recover_hint(path))
     else:
         _doctor_fts_check(path, report, problems, nxt)
@@ -946,6 +949,16 @@ def _doctor_fts_check(
     if damaged:
         nxt.append(f"{STOP_USERS}; `{PROG} --db {path} sessions repair` (rebuilds the "
                    "full-text indexes from the messages)")
+
+
+def _record(path: Path, problems: list[str], reason: str, *, index_damage: bool = True) -> None:
+    """Whoever finds the damage first records it (the quarantine marker beside the store), so
+    that the next writer does not write into the damaged file; the problems say so."""
+    home = path.parent if path.name == common.DB_FILENAME else common.get_hermes_home()
+    said = quarantine.record_found_damage(path, reason, home.absolute(),
+                                          index_damage_possible=index_damage)
+    if said is not None and said not in problems:
+        problems.append(said)
 
 
 def _doctor_quarantine(
@@ -989,6 +1002,7 @@ def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: li
                             "later_commits": scan.later_commits,
                             "later_frames": scan.later_frames, "rows_after_damage": rows}
     problems.append(scan.describe(rows))
+    _record(path, problems, scan.describe(rows), index_damage=False)
     nxt.append(_recover_hint(path))
 
 
@@ -1049,6 +1063,9 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
         return
     health = repair_state_db(path, check_only=True, progress=_Progress())
     report["health"] = health
+    integrity = health.get("integrity") or ["ok"]
+    if integrity != ["ok"]:
+        _record(path, problems, "integrity_check fails")
     checked = any(problem.startswith("quick_check") for problem in problems)
     seen = {table for table, error in (report.get("fts_integrity") or {}).items() if error}
     for problem in health.get("problems", []):
@@ -1096,6 +1113,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             problems.append(_condition(exc, path))
             nxt.append(_advice(exc, path) or "")
     report.setdefault("replica", None)
+    if report.get("quarantine") is None:  # a check above may have found and recorded damage
+        report["quarantine"] = quarantine.read_marker(path)
     report["problems"] = problems
     report["next"] = [n for n in dict.fromkeys(nxt) if n]
     if args.json:
@@ -1671,7 +1690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             db: Path | None = _resolve_db(args)
         except HermesStateError:
             db = None
-        message = _condition(exc, db or Path.cwd())
+        message = "\n".join([_condition(exc, db or Path.cwd()),
+                             *map(str, getattr(exc, "__notes__", []))])
         advice = None if db is None else (
             _other_file_advice(args.command, exc, db) or _advice(exc, db))
         return _fail(args, exc, 1, message, advice)

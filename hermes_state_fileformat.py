@@ -778,10 +778,13 @@ def _scan_once(wal_path: str | os.PathLike[str]) -> tuple[WalScan, bytes | None]
             pgno, db_size, f_salt1, f_salt2, f0, f1 = _FRAME_HEADER.unpack_from(frame)
             if header.damaged and not scan._frames:
                 salts = (f_salt1, f_salt2)  # the header's salt bytes may be what was damaged
+            current = (f_salt1, f_salt2) == salts
+            # A frame with other salts is never intact, and its stored checksum is what the
+            # next one is seeded with (a single damage does not hit both salts and checksum):
+            # the stale tail a WAL reset leaves is not summed.
             computed = {_wal_checksum(frame[24:], *_wal_checksum(frame[:8], *seed,
                                                                  header.big_endian),
-                                      header.big_endian) for seed in seeds}
-            current = (f_salt1, f_salt2) == salts
+                                      header.big_endian) for seed in seeds} if current else set()
             if (f0, f1) in computed and current and pgno:
                 verdict = _FRAME_OK
             else:

@@ -77,6 +77,7 @@ __all__ = [
     "remove_admission_lock",
     "damage_is_fts_only",
     "damaged_canonical_tables",
+    "damaged_shadow_tables",
     "detach_index",
     "empty_index",
     "index_state",

@@ -66,6 +66,7 @@ from hermes_state_errors import (
     translated_errors,
 )
 from hermes_state_lockowners import describe_lock_holders
+import hermes_state_quarantine as quarantine
 from hermes_state_quarantine import clear_marker
 from hermes_state_schema import read_version, refuse_foreign
 from hermes_state_testguard import check_test_isolation
@@ -824,9 +825,13 @@ def _check(path: Path, report: dict[str, Any], say: Progress) -> dict[str, Any]:
 
 def _repair(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
             ) -> dict[str, Any]:
-    """The repair run: take the store, then repair it while it is held. A run that promotes
-    nothing leaves nothing behind: the snapshot folder and the admission lock's file are
-    removed again when this run created them."""
+    """The repair run: take the store, then repair it while it is held — unless the store
+    must be left exactly as it is (see :func:`_left_alone`). A run that promotes nothing
+    leaves nothing behind: the snapshot folder and the admission lock's file are removed
+    again when this run created them."""
+    left = _left_alone(path, report, say)
+    if left is not None:
+        return left
     folder, lock = snapshot_dir(path), fts.admission_lock_path(path)
     made = (not folder.exists(), not lock.exists())
     result: dict[str, Any] = {}
@@ -844,6 +849,7 @@ def _repair(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
 
 def _repair_taken(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
                   ) -> dict[str, Any]:
+    """Repair the store while it is held."""
     with contextlib.ExitStack() as stack:
         try:
             held = stack.enter_context(_exclusive(path))
@@ -852,6 +858,56 @@ def _repair_taken(path: Path, report: dict[str, Any], *, backup: bool, say: Prog
             return {**report, **_unreadable(cause), "promoted": False, "kept": [str(path)]}
         report["rolled_back_journal"] = held.rolled_back_journal
         return _repair_held(held.conn, path, report, backup=backup, say=say)
+
+
+def _left_alone(path: Path, report: dict[str, Any], say: Progress) -> dict[str, Any] | None:
+    """The report of a repair that must not take the store, None when it may.
+
+    Taking the store opens a writable connection, and the last connection to close copies
+    the ``-wal`` into the file and deletes it: into a damaged file, that turns what recover
+    could still read into what it cannot. So nothing takes a store whose ``-wal`` is damaged
+    in the middle (a repair rebuilds from what SQLite reads, which leaves out the commits
+    after the damage), and the repair is first made on a copy read beside the writers: a
+    store that copy cannot mend is never taken, nor one that is healthy but quarantined
+    (there is nothing to promote, and the quarantine is cleared by ``doctor
+    --clear-quarantine`` once it checks clean). A store with a hot journal is taken at once:
+    only a writable open may roll it back."""
+    kept = [str(path)]
+    damage = quarantine.wal_damage(path)
+    if damage is not None:
+        return {**report, "error": f"{damage}; a repair rebuilds from what SQLite reads and "
+                "would leave those commits out: recover the store instead",
+                "repaired": False, "promoted": False, "backup": None,
+                "kept": [*kept, str(sidecar_paths(path)[0])]}
+    if _journal_is_hot(path):
+        return None
+    snapshots = snapshot_dir(path)
+    make_private_dir(snapshots, for_file=snapshots / path.name)
+    remove_abandoned_temps(snapshots, REPAIR_MARK)
+    with tempfile.TemporaryDirectory(prefix=temp_prefix(REPAIR_MARK), dir=snapshots) as tmp:
+        work = _new_private_file(Path(tmp) / "work.db")
+        say("copying", 0, None)
+        try:
+            with _reading(path) as src:
+                refuse_foreign(src)
+                conn = _copy_into(src, work)
+        except sqlite3.Error as exc:
+            return {**report, **_unreadable(exc), "promoted": False, "kept": kept}
+        try:
+            before = health_report(conn)
+            if before["healthy"]:
+                marker = quarantine.read_marker(path)
+                if marker is None:
+                    return None
+                return {**report, "before": before, "repaired": False, "promoted": False,
+                        "backup": None, "quarantine": marker}
+            conn, after, error = _repair_copy(work, conn, before["row_counts"], say)
+        finally:
+            conn.close()
+    if error is None:
+        return None
+    return {**report, "before": before, "after": after, "error": error, "repaired": False,
+            "promoted": False, "backup": None, "kept": kept}
 
 
 def _repair_held(

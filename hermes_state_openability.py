@@ -20,7 +20,10 @@ not change under it), bumps the schema cookie after editing ``sqlite_master`` so
 connection goes on with the old schema, creates and fills again the indexes the last strategy
 deleted before it returns (the previous store left that to the next open), and clears the store's
 quarantine once the probe passes. ``SessionDB()`` itself never runs it: a damaged file is
-quarantined, not repaired on open.
+quarantined, not repaired on open. Neither the probe nor the repair ever opens a file whose
+rows are proven damaged (a ``-wal`` damaged in the middle, canonical tables failing
+``quick_check``) writable: the last writable connection to close checkpoints the ``-wal`` into
+the file, so the probe checks read-only first and the repair reports such a file untouched.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import hermes_state_fts as fts
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 from hermes_state_common import connect, sidecar_paths, transaction
-from hermes_state_errors import HermesStateError
+from hermes_state_errors import HermesStateError, is_hot_journal_error
 
 __all__ = [
     "RepairResult",
@@ -94,9 +97,21 @@ _MISSING_SCHEMA_TEXT = ("no such table", "no such column", "has no column named"
 
 
 def db_opens_cleanly(db_path: str | Path) -> str | None:
-    """None when the store at ``db_path`` opens and takes a write, else the reason."""
+    """None when the store at ``db_path`` opens and takes a write, else the reason.
+
+    The file is checked read-only first (a ``-wal`` damaged in the middle, then
+    ``integrity_check``): the writable connection of the probe checkpoints the ``-wal`` into
+    the file when it closes last, which must never happen to a damaged file. Only a file
+    with a hot journal, which a read-only connection may not read, is checked writable."""
+    path = Path(db_path)
+    damage = quarantine.wal_damage(path) if path.is_file() else None
+    if damage is not None:
+        return str(damage)
+    problem = _read_only_problem(path)
+    if problem is not None:
+        return problem
     try:
-        conn = connect(Path(db_path), "rw")
+        conn = connect(path, "rw")
     except sqlite3.Error as exc:
         return str(exc)
     try:
@@ -110,6 +125,22 @@ def db_opens_cleanly(db_path: str | Path) -> str | None:
         return str(exc)
     finally:
         conn.close()
+
+
+def _read_only_problem(path: Path) -> str | None:
+    """``integrity_check``'s findings through a read-only connection (which never
+    checkpoints), None when it passes or only a writable open could read the file."""
+    try:
+        conn = connect(path, "ro")
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        problems = [row[0] for row in conn.execute(INTEGRITY_CHECK_SQL)]
+    except sqlite3.Error as exc:
+        return None if is_hot_journal_error(exc) else str(exc)
+    finally:
+        conn.close()
+    return None if problems == ["ok"] else "; ".join(problems[:3])
 
 
 def _probe_write(conn: sqlite3.Connection) -> str | None:
@@ -218,6 +249,9 @@ def repair_state_db_schema(db_path: str | Path, *, backup: bool = True) -> Repai
     if fts.other_processes_hold(path):
         return _result(False, None, None, f"{path} is in use by another process: {reason}")
     copy = _raw_backup(path) if backup else None
+    damaged = _damaged_record(path)
+    if damaged is not None:  # no strategy mends rows, and each would checkpoint into the file
+        return _result(False, None, copy, f"{reason} ({damaged}: recover the store)")
     for strategy, run in _STRATEGIES:
         try:
             conn = connect(path, "rw")
@@ -235,6 +269,26 @@ def repair_state_db_schema(db_path: str | Path, *, backup: bool = True) -> Repai
         if reason is None:
             return _result(True, strategy, copy, _cleared_quarantine(path))
     return _result(False, None, copy, reason)
+
+
+def _damaged_record(path: Path) -> str | None:
+    """What proves the rows of the file themselves damaged, read-only: a ``-wal`` damaged in
+    the middle, or canonical tables failing ``quick_check``; None when nothing does (a file
+    whose schema cannot even be read is left to the strategies)."""
+    damage = quarantine.wal_damage(path)
+    if damage is not None:
+        return str(damage)
+    try:
+        conn = connect(path, "ro")
+    except sqlite3.Error:
+        return None
+    try:
+        tables = fts.damaged_canonical_tables(conn)
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return f"damaged tables: {', '.join(tables)}" if tables else None
 
 
 def _cleared_quarantine(path: Path) -> str | None:

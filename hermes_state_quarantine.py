@@ -37,8 +37,11 @@ The marker is keyed to the file's identity, not its name: a file put in its plac
 recovered copy moved over it is a new inode) is not the damaged one, and the stale marker is
 removed by the next writable open, so that a later file that happens to get the old inode
 number is not taken for the damaged one (in this process the close guard keeps the inode from
-being reused). Writing the marker is best effort: a home that cannot take it still has the
-in-process quarantine, and the failure is logged.
+being reused). Only a marker that names another file, by a device and inode that are
+integers, is removed: one that cannot be parsed, or names no file (``{}``, a device written
+as text), keeps the quarantine, and ``doctor`` says it cannot be read. Writing the marker is
+best effort: a home that cannot take it still has the in-process quarantine, and the failure
+is logged.
 
 Not covered:
 
@@ -68,11 +71,12 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
+import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 from hermes_state_common import (
     append_error_log,
@@ -80,6 +84,7 @@ from hermes_state_common import (
     configure_connection,
     fsync_directory,
     get_hermes_home,
+    sidecar_paths,
 )
 from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
 from hermes_state_lockowners import describe_lock_holders
@@ -93,6 +98,9 @@ __all__ = [
     "inherited",
     "in_process",
     "register",
+    "recorded_note",
+    "record_found_damage",
+    "wal_damage",
     "protect",
     "track",
     "untrack",
@@ -149,13 +157,32 @@ def _load(path: Path) -> dict[str, Any] | None:
             raise ValueError("not a JSON object")
     except ValueError as exc:
         return {"path": str(path), "unreadable": str(exc)}
+    unusable = _unusable_identity(marker)
+    if unusable is not None:
+        marker["unreadable"] = unusable
     marker["path"] = str(path)
     return marker
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _unusable_identity(marker: Mapping[str, Any]) -> str | None:
+    """Why ``marker`` names no file (its device or inode missing, or not a non-negative
+    integer), None when it names one."""
+    bad = [key for key in ("device", "inode") if not _is_number(marker.get(key))]
+    if not bad:
+        return None
+    shown = ", ".join(f"{key} {marker.get(key)!r}" for key in bad)
+    return f"it names no file: {shown}"
+
+
 def _names(marker: dict[str, Any], identity: FileId | None) -> bool:
-    """Does ``marker`` name the file whose identity is ``identity``? One that cannot be read
-    names any file that exists (someone wrote it for a reason); none names a missing file."""
+    """Does ``marker`` name the file whose identity is ``identity``? Only a marker whose
+    device and inode are integers naming another file does not: one that cannot be read, or
+    names no file at all, names any file that exists (someone wrote it for a reason). None
+    names a missing file."""
     if identity is None:
         return False
     if "unreadable" in marker:
@@ -271,6 +298,93 @@ def earlier_quarantine(db_path: Path) -> StateDbCorruptError | None:
     )
 
 
+# How long a -wal found damaged is given before it is read again: a commit that rewrote frames
+# of its own transaction in place leaves their old checksums for the moment between writing its
+# commit frame and fixing them, which reads as damage.
+_WAL_SECOND_LOOK_S = 0.05
+
+
+def _hides_commits(scan: ff.WalScan) -> bool:
+    """Whether the damage ``scan`` found hides a commit other than the last one. A failing
+    frame with only the last commit after it is what a writer killed while it committed
+    leaves: SQLite writes a transaction's commit frame before it fixes the checksums of the
+    frames it rewrote in place, and that transaction was never acknowledged."""
+    return scan.problem and scan.later_commits >= 2
+
+
+@contextlib.contextmanager
+def _write_lock(conn: sqlite3.Connection) -> Iterator[bool]:
+    """SQLite's write lock taken through ``conn`` (a read transaction first: a first opener
+    indexes the ``-wal`` there, which only reads it) and released without a write; False
+    when it cannot be had within the connection's busy timeout."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def wal_damage(
+    db_path: Path, conn: sqlite3.Connection | None = None
+) -> StateDbCorruptError | None:
+    """The damage of the ``-wal`` of ``db_path`` that SQLite's own reading hides, as the error
+    a writable open starts out quarantined with; None when there is none.
+
+    SQLite reads a ``-wal`` up to the last commit before the first frame that fails its
+    checksum and ignores everything after it: a flipped byte in the middle makes every later
+    commit vanish without an error, and the next checkpoint copies the part before it into
+    the file and deletes the ``-wal`` with the rest. Here every frame is verified
+    (:func:`hermes_state_fileformat.scan_wal`); intact commits with the current salts after a
+    frame that fails are damage, unless the only one is the last commit (see
+    :func:`_hides_commits`). Seen twice, a moment apart.
+
+    Only the ``-wal`` is opened, and only read: SQLite keeps no lock on it, while closing a
+    descriptor of the database file or of ``-shm`` would drop every lock this process's
+    connections hold on them. (So the rows only the later commits hold are not counted here:
+    that reads the database file; ``doctor`` counts them.)
+
+    ``conn``, a connection on the store not in a transaction, lets the frames be read under
+    SQLite's write lock, while no writer appends to the ``-wal`` or starts it over (a scan
+    beside a writer can take frames of two moments for damage); the lock is released
+    without a write."""
+    wal = sidecar_paths(db_path)[0]
+    try:
+        if wal.stat().st_size <= _WAL_HEADER_BYTES:
+            return None
+    except FileNotFoundError:
+        return None
+    if conn is not None:
+        with _write_lock(conn) as held:
+            if held:
+                scan = ff.scan_wal(wal)
+                return _damage_error(db_path, scan) if _hides_commits(scan) else None
+    scan = ff.scan_wal(wal)
+    if not _hides_commits(scan):
+        return None
+    time.sleep(_WAL_SECOND_LOOK_S)
+    scan = ff.scan_wal(wal)
+    if not _hides_commits(scan):
+        return None
+    return _damage_error(db_path, scan)
+
+
+_WAL_HEADER_BYTES = 32
+
+
+def _damage_error(db_path: Path, scan: ff.WalScan) -> StateDbCorruptError:
+    first = scan.damaged[0]
+    where = "its header" if first == 0 else f"frame {first}"
+    return StateDbCorruptError(
+        f"{db_path}: the -wal is damaged at {where}: SQLite reads only its first "
+        f"{scan.readable} frames and drops the {scan.later_commits} commit(s) after it "
+        f"({scan.later_frames} intact frames)", path=db_path)
+
+
 # Reads every page of every b-tree; 'ok' alone when the file is sound.
 INTEGRITY_CHECK_SQL = "PRAGMA integrity_check"
 
@@ -282,13 +396,15 @@ def clear_quarantine(db_path: Path) -> dict[str, Any] | None:
     Refused with :class:`StateDbInUseError` while another process has the database open (a
     process that met the damage keeps its own quarantine until it exits, and the file cannot
     have been mended under it: stop them first), and with :class:`StateDbCorruptError` while
-    ``PRAGMA integrity_check`` of the file (read-only, through its ``-wal``) finds anything:
-    the damage is still there, and recover or restore is the way out."""
+    the ``-wal`` is damaged in the middle (:func:`wal_damage`) or ``PRAGMA integrity_check``
+    of the file (read-only, through its ``-wal``) finds anything: the damage is still there,
+    and recover or restore is the way out."""
     marker = read_marker(db_path)
     if marker is None:
         return None
     _refuse_other_holders(db_path)
-    problems = _integrity_problems(db_path)
+    damage = wal_damage(db_path)  # integrity_check reads only what SQLite reads of the -wal
+    problems = [str(damage)] if damage is not None else _integrity_problems(db_path)
     if problems:
         raise StateDbCorruptError(
             f"{db_path} still fails integrity_check: {'; '.join(problems[:3])}", path=db_path
@@ -377,17 +493,64 @@ def register(
     exc: BaseException,
     home: Path,
     open_guard: Callable[[], sqlite3.Connection],
-) -> None:
+) -> Path | None:
     """Quarantine the file ``file_id`` for the whole process. The first registration of a
     file opens its close guard with ``open_guard()`` (a read-only connection, configured as
-    the handle's are) and declares the quarantine (:func:`declare`: log lines, marker)."""
+    the handle's are) and declares the quarantine (:func:`declare`: log lines, marker).
+    Returns the marker that names the file, None when there is none (it could not be
+    written)."""
     if file_id is None:
-        return
+        return None
     with OPEN_LOCK:
-        if file_id in _FILES:
-            return
-        _FILES[file_id] = _Quarantined(exc, _open_close_guard(open_guard))
-        declare(db_path, exc, home)
+        if file_id not in _FILES:
+            _FILES[file_id] = _Quarantined(exc, _open_close_guard(open_guard))
+            return declare(db_path, exc, home)
+    return marker_path(db_path) if read_marker(db_path) is not None else None
+
+
+def recorded_note(db_path: Path, marker: Path | None) -> str:
+    """What a reader that met damage says about recording it (``marker``: where it is)."""
+    if marker is not None:
+        return (f"the damage is recorded in {marker}: every writable open of {db_path} "
+                "refuses writes until it is mended")
+    return (f"the damage could not be recorded: no quarantine marker can be written beside "
+            f"{db_path}, so a program that opens it writable next will write into the "
+            "damaged file; stop the programs that write it")
+
+
+def record_found_damage(
+    db_path: Path, reason: str, home: Path, *, index_damage_possible: bool = True
+) -> str | None:
+    """Record damage a check found without meeting it in a read (``doctor``: quick_check or
+    integrity_check lines, a damaged ``-wal``): the quarantine marker, log lines, and for
+    this process the quarantine. Returns what to tell the user (see :func:`recorded_note`),
+    None when the damage provably lies in the full-text indexes only (the writers detach
+    those and go on). ``index_damage_possible=False``: the finding cannot be index damage."""
+    if index_damage_possible and _index_damage_only(db_path):
+        return None
+    error = StateDbCorruptError(f"{db_path} is damaged: {reason}", path=db_path)
+    marker = register(
+        db_path, file_identity(db_path), error, home,
+        lambda: configure_connection(sqlite3.connect(
+            f"{db_path.as_uri()}?mode=ro&nofollow=1", uri=True, isolation_level=None)),
+    )
+    return recorded_note(db_path, marker)
+
+
+def _index_damage_only(db_path: Path) -> bool:
+    """True when the canonical tables pass quick_check and an FTS shadow table fails it (read
+    through a read-only connection, which never checkpoints)."""
+    try:
+        conn = configure_connection(sqlite3.connect(
+            f"{db_path.as_uri()}?mode=ro&nofollow=1", uri=True, isolation_level=None))
+    except sqlite3.Error:
+        return False
+    try:
+        return not fts.damaged_canonical_tables(conn) and bool(fts.damaged_shadow_tables(conn))
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
 
 
 # The first read of a close guard, which takes the database's shared lock.
