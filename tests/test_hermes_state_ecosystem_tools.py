@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, rest_of_output, subprocess_env
+from test_hermes_state_upstream_upgrade import build_upstream
 
 import hermes_state_impact as impact
 from hermes_state import SessionDB
@@ -49,7 +50,7 @@ def holding(path: Path, word: str) -> set[int]:
         rows = conn.execute("SELECT id, content FROM messages").fetchall()
     finally:
         conn.close()
-    return {row_id for row_id, content in rows if word in content.split()}
+    return {row_id for row_id, content in rows if content and word in content.split()}
 
 
 def plain_counts(path: Path) -> dict[str, int]:
@@ -117,6 +118,15 @@ def test_datasette_finds_the_index_of_messages_and_counts_every_table(db_path: P
         app.executor.shutdown(wait=True)
     assert counts == plain_counts(db_path)
     assert found == holding(db_path, "harbor") != set()
+
+
+def test_a_store_of_the_previous_application_is_read_whole_once_upgraded(db_path: Path) -> None:
+    build_upstream(db_path, 1)
+    with SessionDB(db_path) as db:  # upgraded, its indexes rebuilt in the background
+        assert db._rebuild_thread is not None
+        db._rebuild_thread.join(30)
+    fill_store(db_path)
+    assert_tools_read(db_path)
 
 
 # messages_fts and the search index's FTS5 table as the previous release declared them, at the
