@@ -74,7 +74,7 @@ from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, ColumnValue, fts5_text, rea
 from hermes_state_bm25 import row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, OnStore, split_sql
-from hermes_state_common import transaction
+from hermes_state_common import table_exists, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
 from hermes_state_fts import run_chunks
@@ -531,8 +531,11 @@ def _fresh_index_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
 def _rewrite_shadow_tables(conn: sqlite3.Connection) -> None:
     """Put ``search_impact_fts``'s shadow tables back to those of a new, empty table, without
     FTS5 reading the old ones: once its structure record is damaged, nothing that goes
-    through the table works (DROP TABLE included), but the shadow tables are plain ones."""
+    through the table works (DROP TABLE included), but the shadow tables are plain ones. A
+    table an earlier version declared may lack one of them (%_docsize)."""
     for name, rows in _fresh_index_rows().items():
+        if not table_exists(conn, name):
+            continue
         conn.execute(f"DELETE FROM {name}")
         for row in rows:
             conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)

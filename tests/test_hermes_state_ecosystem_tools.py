@@ -197,6 +197,28 @@ def test_a_store_of_the_previous_release_is_brought_forward_and_searches_the_sam
     assert_tools_read(db_path)
 
 
+def test_a_store_of_the_previous_release_whose_search_index_fts5_cannot_open_is_replaced(
+    db_path: Path,
+) -> None:
+    """Its index table, too damaged to be dropped through FTS5, is emptied through its shadow
+    tables first, those it has (no %_docsize)."""
+    fill_store(db_path)
+    as_earlier_release(db_path)
+    conn = sqlite3.connect(db_path)
+    try:  # the structure record
+        conn.execute("UPDATE search_impact_fts_data SET block = randomblob(length(block))"
+                     " WHERE id = 10")
+        conn.commit()
+    finally:
+        conn.close()
+    with SessionDB(db_path) as db:
+        assert db._rebuild_thread is not None
+        db._rebuild_thread.join(30)
+        assert {r["id"] for r in db.search_messages("harbor", limit=200)} == holding(
+            db_path, "harbor")
+    assert_tools_read(db_path)
+
+
 def test_a_connection_that_read_the_earlier_declaration_reads_the_new_one(
     db_path: Path,
 ) -> None:
