@@ -1016,7 +1016,10 @@ CREATE INDEX IF NOT EXISTS idx_async_delegations_parent
 # which every CJK run is spelled as overlapping bigrams (written by Python when the row is
 # inserted, NULL for rows without CJK), so plain unicode61 serves 1–2 character CJK terms and
 # any SQLite, the sqlite3 shell included, can read and maintain it. The views are the exact row
-# sets each index covers, so FTS5 'integrity-check' compares like with like.
+# sets each index covers, so FTS5 'integrity-check' compares like with like. messages_fts names
+# its content table in double quotes: that is how Datasette and sqlite-utils recognise a
+# table's full-text index (`content="messages"` in its declaration), so their searches of
+# `messages` go through it (to FTS5 the quotes mean the same as single ones).
 FTS_SQL = """
 CREATE VIEW IF NOT EXISTS messages_fts_trigram_source AS
     SELECT id, content FROM messages WHERE role <> 'tool';
@@ -1024,7 +1027,7 @@ CREATE VIEW IF NOT EXISTS messages_fts_cjk_source AS
     SELECT id, search_cjk FROM messages WHERE search_cjk IS NOT NULL;
 CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
     content, tool_name, tool_calls,
-    content='messages', content_rowid='id'
+    content="messages", content_rowid='id'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(
     content,
@@ -1108,8 +1111,10 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 # damaged flag. search_impact holds the high-impact postings of each message up to the batch
 # boundary (text the library computes, under the epoch it was written for); search_impact_fts
 # (contentless, no positions) indexes them, each posting's term beside it, and holds the token
-# _epoch_<n> of its own epoch. Only the library writes those, never a trigger, so a damaged
-# index cannot fail a canonical write. Triggers feed two plain queues the library drains:
+# _epoch_<n> of its own epoch; it keeps its %_docsize table (FTS5's default), without which a
+# contentless table refuses to be scanned, so any SQLite client can list and count its rows.
+# Only the library writes those, never a trigger, so a damaged index cannot fail a canonical
+# write. Triggers feed two plain queues the library drains:
 # search_impact_queue (messages written below the batch boundary by another client, or
 # changed) and search_impact_gone (deleted messages whose postings may still be indexed).
 # search_time_blocks bounds the message times of each block of 4,096 ids up to the boundary,
@@ -1132,7 +1137,7 @@ CREATE TABLE IF NOT EXISTS search_impact (
     postings TEXT NOT NULL
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_fts USING fts5(
-    postings, content='', tokenize="unicode61 tokenchars '_'", columnsize=0, detail='none'
+    postings, content='', tokenize="unicode61 tokenchars '_'", detail='none'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS search_impact_vocab
     USING fts5vocab(search_impact_fts, 'instance');

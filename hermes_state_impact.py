@@ -27,9 +27,10 @@ with more, they rank with FTS5 until the batches and :func:`drain_queue` — a c
 check — have indexed them.
 
 **Creation and fill.** The index is derived data, like the FTS indexes: a file that lacks any
-part of it (a fresh one, one written before it existed, a recovered or repaired copy) gets it
-whole and empty at open (:func:`create_index`, the version unchanged), with a fill due for
-every message up to the highest id (``fill_high_water``). The fill runs like an FTS rebuild:
+part of it (a fresh one, one written before it existed, a recovered or repaired copy), or whose
+virtual tables an earlier version declared otherwise, gets it whole and empty at open
+(:func:`create_index`, the version unchanged), with a fill due for every message up to the
+highest id (``fill_high_water``). The fill runs like an FTS rebuild:
 in the background of a writable open, under the cross-process admission lock, in chunks of
 :data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids, from
 the smallest 64-bit id while it is unset), each
@@ -73,7 +74,7 @@ from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, ColumnValue, fts5_text, rea
 from hermes_state_bm25 import row_counts
 from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
 from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, OnStore, split_sql
-from hermes_state_common import transaction
+from hermes_state_common import table_exists, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
 from hermes_state_fts import run_chunks
@@ -108,6 +109,8 @@ __all__ = [
     "drop_index",
     "create_index",
     "ensure_index",
+    "declared_otherwise",
+    "DECLARATIONS_SQL",
     "reset_index",
     "fill_chunk",
     "needs_maintenance",
@@ -195,7 +198,8 @@ INDEX_TABLES = ("search_impact_state", "search_impact", "search_impact_queue",
                 "search_impact_gone", "search_time_blocks", "search_row_changes")
 INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
 INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
-_FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_config")
+_FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_docsize",
+                "search_impact_fts_config")
 
 
 @dataclass(frozen=True)
@@ -527,8 +531,11 @@ def _fresh_index_rows() -> dict[str, tuple[tuple[object, ...], ...]]:
 def _rewrite_shadow_tables(conn: sqlite3.Connection) -> None:
     """Put ``search_impact_fts``'s shadow tables back to those of a new, empty table, without
     FTS5 reading the old ones: once its structure record is damaged, nothing that goes
-    through the table works (DROP TABLE included), but the shadow tables are plain ones."""
+    through the table works (DROP TABLE included), but the shadow tables are plain ones. A
+    table an earlier version declared may lack one of them (%_docsize)."""
     for name, rows in _fresh_index_rows().items():
+        if not table_exists(conn, name):
+            continue
         conn.execute(f"DELETE FROM {name}")
         for row in rows:
             conn.execute(f"INSERT INTO {name} VALUES ({', '.join('?' * len(row))})", row)
@@ -570,9 +577,37 @@ def create_index(conn: sqlite3.Connection) -> None:
     _start(conn, _reference_length(conn))
 
 
+# The schema text (sqlite_master.sql) of the named tables.
+DECLARATIONS_SQL = """
+SELECT name, sql FROM sqlite_master
+WHERE type = 'table' AND name IN (SELECT value FROM json_each(?))
+"""
+
+
+@functools.cache
+def _declared_virtual_tables() -> dict[str, str]:
+    """The schema text of each virtual table of the index as a new one has it."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(SEARCH_INDEX_SQL)
+        return dict(mem.execute(DECLARATIONS_SQL, (json.dumps(INDEX_VIRTUAL_TABLES),)))
+    finally:
+        mem.close()
+
+
+def declared_otherwise(conn: sqlite3.Connection) -> bool:
+    """Whether a virtual table of the index is declared otherwise than ``SEARCH_INDEX_SQL``
+    declares it now (an earlier version made it; one made without the %_docsize table cannot
+    even be counted by another SQLite client). Reads only."""
+    live = dict(conn.execute(DECLARATIONS_SQL, (json.dumps(INDEX_VIRTUAL_TABLES),)))
+    return any(name in live and live[name] != sql
+               for name, sql in _declared_virtual_tables().items())
+
+
 def ensure_index(conn: sqlite3.Connection) -> None:
-    """:func:`create_index` when any part of the index is missing (the caller's transaction)."""
-    if missing_objects(conn):
+    """:func:`create_index` when any part of the index is missing, or declared otherwise than
+    now (the caller's transaction)."""
+    if missing_objects(conn) or declared_otherwise(conn):
         create_index(conn)
 
 

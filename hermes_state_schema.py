@@ -4,10 +4,12 @@ An up-to-date database costs two reads at open: the version, and the live tables
 indexes compared with ``SCHEMA_SQL`` and the search index's objects; only a file that lacks
 something declared (a column added to the declaration since the file was written, the search
 index of a file written before it existed) takes a write, which adds what is missing and leaves
-the version as it is. The search index is derived data: a file lacking any part of it gets it
-whole and empty, and the library fills it in the background (see hermes_state_impact). Anything
-older is brought forward in place, each step in its own write transaction that first re-reads
-the version, so several processes opening an old file at once do every step exactly once:
+the version as it is; so does a file whose FTS tables an earlier version declared otherwise
+(:func:`_redeclare_fts_tables`). The search index is derived data: a file lacking any part of
+it, or holding tables of it declared otherwise, gets it whole and empty, and the library fills
+it in the background (see hermes_state_impact). Anything older is brought forward in place,
+each step in its own write transaction that first re-reads the version, so several processes
+opening an old file at once do every step exactly once:
 
 1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
    compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
@@ -269,8 +271,62 @@ def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     if not declared <= live:
         return True
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
-    return not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
-                and set(fts.FTS_TABLES) <= names)
+    return (not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
+                 and set(fts.FTS_TABLES) <= names)
+            or bool(_requoted_fts_tables(conn)) or impact.declared_otherwise(conn))
+
+
+# --- declarations of the FTS tables ----------------------------------------------------------
+
+
+@functools.cache
+def _declared_fts_tables() -> dict[str, str]:
+    """The schema text (``sqlite_master.sql``) of each FTS table ``SCHEMA_SQL`` declares, as a
+    new store holds it."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(TABLES_SQL + FTS_SQL)
+        return dict(mem.execute(impact.DECLARATIONS_SQL, (json.dumps(fts.FTS_TABLES),)))
+    finally:
+        mem.close()
+
+
+def _quotes_alike(sql: str) -> str:
+    return sql.replace('"', "'")
+
+
+def _requoted_fts_tables(conn: sqlite3.Connection, /) -> dict[str, str]:
+    """The FTS tables whose schema text differs from the declared one only in the quotes
+    around a name (an earlier version wrote ``content='messages'``), with the declared text.
+    FTS5 reads either quotes alike, so each is the same table as the declared one."""
+    live = dict(conn.execute(impact.DECLARATIONS_SQL, (json.dumps(fts.FTS_TABLES),)))
+    return {
+        name: sql
+        for name, sql in _declared_fts_tables().items()
+        if name in live and live[name] != sql and _quotes_alike(live[name]) == _quotes_alike(sql)
+    }
+
+
+WRITABLE_SCHEMA_SQL = "PRAGMA writable_schema = {}"
+REDECLARE_SQL = "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?"
+
+
+def _redeclare_fts_tables(conn: sqlite3.Connection, /) -> None:
+    """Give each FTS table declared with other quotes its declared text (the caller's
+    transaction): only the text in ``sqlite_master`` changes, not what it means, so the
+    index, its shadow tables and its triggers stay as they are and searches find the same
+    rows. The schema cookie goes up in the same transaction, as SQLite's own schema changes
+    do, so every other connection reads the schema again before it next uses the table."""
+    requoted = _requoted_fts_tables(conn)
+    if not requoted:
+        return
+    cookie = int(conn.execute(SCHEMA_COOKIE_SQL).fetchone()[0])
+    conn.execute(WRITABLE_SCHEMA_SQL.format("ON"))
+    try:
+        conn.executemany(REDECLARE_SQL, [(sql, name) for name, sql in requoted.items()])
+        conn.execute(f"{SCHEMA_COOKIE_SQL} = {cookie + 1}")
+    finally:
+        conn.execute(WRITABLE_SCHEMA_SQL.format("OFF"))
 
 
 def _has_rows(conn: sqlite3.Connection, /, table: str) -> bool:
@@ -485,6 +541,7 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
     # The handle runs a rebuild it finds due in the background; searches read the rows meanwhile.
     fts.restore_missing_indexes(conn)
     _finish(conn)
+    _redeclare_fts_tables(conn)
 
 
 def _run_migration(conn: sqlite3.Connection, /, migration: Migration) -> None:
