@@ -277,7 +277,9 @@ def phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) 
 
 # A-Z folded, every other byte kept.
 _ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
-_TOKEN_CHARS = "a-z0-9\x80-\U0010ffff"
+# What separates tokens in folded text: every ASCII character but a lower-case letter or digit
+# (a class of a few ASCII ranges, quick to compile; its complement spans most of Unicode).
+_SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
 
 
 def folded_text(text: str) -> str:
@@ -326,7 +328,7 @@ def _text_phrase_pattern(phrase: tuple[str, ...]) -> re.Pattern[str]:
     each starts at a token's start. A phrase that can overlap itself is found by a lookahead
     (overlapping instances); for any other, a match that starts inside a token cannot hide an
     instance, which would have to start at one of its later tokens."""
-    body = f"[^{_TOKEN_CHARS}]+".join(phrase) + f"(?![{_TOKEN_CHARS}])"
+    body = f"[{_SEPARATOR_CLASS}]+".join(phrase) + f"(?=[{_SEPARATOR_CLASS}]|\\Z)"
     return re.compile("(?=" + body + ")" if _self_overlapping(phrase) else body)
 
 
