@@ -37,16 +37,13 @@ the proof needs would cost more, at the share of postings it has had to settle s
 has cost and what its waiting rows would cost reach it. Two common words whose best rows
 mostly leave one frequency open cost it twice FTS5's time or more before.
 
-**Counts and few rows.** The counts a query needs (each phrase's for its idf, the whole
-query's to choose a route) are kept per file (:class:`_Counter`): a count of the rows at or
-below the batch boundary stays exact while no such row changes, and the triggers count every
-change of one (an insert into a gap, an update, a delete) in ``search_row_changes``; a query
-asked again counts only the rows past the boundary it was counted to. A query of several words
-or a phrase matching at most :data:`FEW_ROWS` rows is then scored here (:func:`_few_rows`):
-its rows' ids come from FTS5's match alone, and each row's frequencies from its text — folded
-as unicode61 folds it, the phrase found by a pattern over the text rather than token by token
-— with its length from FTS5's own column sizes; ``bm25()`` would scan every phrase once more
-for its idf.
+**Counts.** The counts a query needs (each phrase's for its idf, the whole query's to choose
+a route) are kept per file (:class:`_Counter`): a count of the rows at or below the batch
+boundary stays exact while no such row changes, and the triggers count every change of one (an
+insert into a gap, an update, a delete) in ``search_row_changes``; a query asked again counts
+only the rows past the boundary it was counted to. A query of several words or a phrase that
+matches at most :data:`EXACT_RANK_ROWS` rows is ranked by FTS5 at once: its one count is all
+that is asked before.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
+from hermes_state_bm25 import B, K1, bm25_score, column_tokens, count_matches
 from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
 from hermes_state_bm25 import fts5_text, phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
@@ -78,7 +75,6 @@ __all__ = [
     "MAX_WALK_POSTINGS",
     "MAX_UNFLUSHED_SCORED",
     "EXACT_RANK_ROWS",
-    "FEW_ROWS",
     "Conjunction",
     "conjunction",
     "match_count",
@@ -761,50 +757,6 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     return count_matches(conn, "messages_fts", expression)
 
 
-# A query of several words or a phrase matching up to this many rows may be scored here from
-# its rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
-# counts give; it is, when that scan costs more than reading the rows' text by estimate.
-FEW_ROWS = 400
-MATCHING_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
-# A row matching several words or a phrase is longer than most: about twice the mean length
-# (the benchmark's corpus at 20,000 and 200,000 messages).
-MATCH_LENGTH = 2.0
-# FTS5's walk for the idf costs about this share of its walk to match (measured at 200,000).
-FTS_IDF_SHARE = 0.3
-
-
-def _few_rows(
-    conn: sqlite3.Connection,
-    conj: Conjunction,
-    filters: str,
-    params: Sequence[object],
-    wanted: int,
-    index: IndexState,
-    stats: Bm25Stats,
-    count: Callable[[str], int],
-) -> list[int] | None:
-    """The best ``wanted`` rows of a query matching at most :data:`FEW_ROWS` rows, scored
-    exactly from their text (None for more, or when FTS5 would rank them faster). It reads
-    ``messages_fts`` only, so rows past the batch boundary and queued ones need nothing of
-    their own."""
-    rows = count(conj.match)
-    if rows > FEW_ROWS:
-        return None
-    phrases = list(dict.fromkeys(conj.phrases))
-    # Both ways walk the phrases' lists to find the rows; FTS5 then walks them again, more
-    # cheaply, for each phrase's idf, and scores the rows; here their text is read.
-    text_cost = rows * (TEXT_ROW_COST + TEXT_TOKEN_COST * MATCH_LENGTH * stats.avgdl)
-    fts_cost = FTS_IDF_SHARE * _fts_pass_cost(phrases, count) + FTS_SCORED_ROW_COST * rows
-    if fts_cost < text_cost:
-        return None
-    idfs = {p: stats.idf(count(phrase_match(p))) for p in phrases}
-    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idfs[p] for p in conj.phrases])
-    ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
-    walk.resolve_texts(sorted(ids))
-    return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
-
-
 def _fts_pass_cost(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> float:
     """What FTS5 costs (µs) to walk these phrases once and count each for its idf, before the
     rows it scores: the rows of every word's list."""
@@ -831,10 +783,6 @@ def _top_k(
         return []
     count = _Counter(conn, index)
     distinct = list(dict.fromkeys(conj.phrases))
-    if len(distinct) > 1 or len(distinct[0]) > 1:
-        few = _few_rows(conn, conj, filters, params, wanted, index, stats, count)
-        if few is not None:
-            return few
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
@@ -842,8 +790,8 @@ def _top_k(
         # One word again and again: FTS5 adds idf·x once per time, which differs in its last
         # bits from any multiple of x taken before the idf. FTS5 ranks.
         return None
-    # The count of a query of several words decides first (:func:`_few_rows` counted it):
-    # FTS5 ranks a few thousand rows faster than any proof.
+    # The count of a query of several words decides first: FTS5 ranks a few thousand rows
+    # faster than any proof (and it counts each phrase for its idf as a proof would).
     if not single and count(conj.match) <= EXACT_RANK_ROWS:
         return None
     outside = _outside_the_index(conn, conj, index)

@@ -176,7 +176,6 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     for cost in ("TEXT_ROW_COST", "TEXT_TOKEN_COST"):
         monkeypatch.setattr(rank, cost, 0.0 if route == "text" else 1e12)
     terms = query_terms(seed=1)
@@ -269,7 +268,6 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     # the top they make leaves the others out: the same order, from fewer passes. (Pages of
     # five rows: at this size few rows wait, and the likeliest are fewer.)
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     terms = query_terms(seed=1)
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
     passes, likeliest = {}, rank.HEAD_ROWS
@@ -294,7 +292,6 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     # estimated dearer than ranking the whole query, the proof stops at its first estimate,
     # before it settles a second batch or has FTS5 score any row, and the order is FTS5's.
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     for cost in ("TEXT_ROW_COST", "TEXT_TOKEN_COST"):
         monkeypatch.setattr(rank, cost, 1e12)
     terms = query_terms(seed=1)
@@ -348,7 +345,6 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
         for session, messages in rows.items():
             db.replace_messages(session, messages)
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     with SessionDB(tmp_path / "state.db") as db:
         scored = 0
         for query in NESTED_WORD_QUERIES:
@@ -366,7 +362,6 @@ def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
     # Such a row holds the other word below the threshold: its own posting gives its best
     # case, and only the rows indexed under both words have their postings read.
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 0)
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     walked = 0
     with SessionDB(bench_store, read_only=True) as db:
         for query in query_terms(seed=1)["en_2term"]:
@@ -904,7 +899,6 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     """Searches rank as FTS5 does (never as substring hits), the library's writes and other
     clients' go on, and a writable open after the damage was found replaces the index."""
     monkeypatch.setattr(rank, "EXACT_RANK_ROWS", 10)  # the impact index's routes, on 300 rows
-    monkeypatch.setattr(rank, "FEW_ROWS", 0)
     newest = small.search_messages("session", sort="newest", limit=30)
     conn = raw(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
@@ -962,7 +956,7 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
 
 
 # ---------------------------------------------------------------------------------------------
-# Cached match counts, and queries matching few rows scored from their text
+# Cached match counts, and queries matching few rows
 # ---------------------------------------------------------------------------------------------
 
 COUNTED = ['"session"', '"gateway" "config"', '"session gateway"', '"zebra"']
@@ -1028,27 +1022,23 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
 
 
+FEW_PIECES = ["session", "Session", "SESSION", "cafe", "café", "CAFÉ", "a", "b", "w1",
+              "gateway", "config", "zebra", "tokyo", "東京", "—", "-", "_", "ﬁ", "ß", "x²",
+              "\u0301", "😀", " ", " ", " ", ".", "\n"]
 FEW_PHRASES = ['"cafe session"', '"session session"', '"a a"', '"b a b"', '"gateway w1"',
                '"session tokyo"', "zebra session", '"config" "cafe"']
 
 
 @pytest.mark.parametrize("seed", [4, 5, 6])
-def test_queries_matching_few_rows_rank_as_fts5_from_their_text(
-    db: SessionDB, seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Phrases and several words matching few rows are scored from the rows' text, not by
-    FTS5's bm25() (when the estimate finds that cheaper, as it does here at no cost): in any
-    script, any case, overlapping instances, inside tool-call JSON."""
-    for cost in ("TEXT_ROW_COST", "TEXT_TOKEN_COST"):
-        monkeypatch.setattr(rank, cost, 0.0)
+def test_queries_matching_few_rows_are_ranked_by_fts5_at_once(db: SessionDB, seed: int) -> None:
+    """Phrases and several words matching few rows are ranked by FTS5's bm25() without a read
+    of the impact index (FTS5 ranks them faster than a proof): in any script, any case,
+    overlapping instances, inside tool-call JSON."""
     r = random.Random(seed)
-    pieces = ["session", "Session", "SESSION", "cafe", "café", "CAFÉ", "a", "b", "w1",
-              "gateway", "config", "zebra", "tokyo", "東京", "—", "-", "_", "ﬁ", "ß", "x²",
-              "\u0301", "😀", " ", " ", " ", ".", "\n"]
     db.create_session("s1", "cli")
     rows = []
     for n in range(400):
-        text = "".join(r.choice(pieces) + r.choice(["", " ", " ", "-"])
+        text = "".join(r.choice(FEW_PIECES) + r.choice(["", " ", " ", "-"])
                        for _ in range(r.randint(2, 40)))
         if n % 5 == 0:
             rows.append({"role": "assistant", "content": "", "tool_calls": [
@@ -1058,19 +1048,12 @@ def test_queries_matching_few_rows_rank_as_fts5_from_their_text(
             rows.append({"role": r.choice(("user", "tool")), "content": text,
                          "tool_call_id": f"c{n}", "tool_name": r.choice([None, "Session"])})
     db.replace_messages("s1", rows)
-    scored_here = 0
     for query in FEW_PHRASES:
         got, statements = traced_search(db, query, limit=50)
         expected = fts5_order(db, query, 50)
         # Fewer than 50: the CJK index's own rows come after (a word glued to CJK text).
         assert got[: len(expected)] == expected, query
-        plan = search.plan_search(query)
-        assert plan is not None and plan.fts_match is not None
-        matching = db._read(lambda c, m=plan.fts_match: rank.match_count(c, m))
-        if plan.conjunction is not None and matching <= rank.FEW_ROWS:
-            assert not [s for s in statements if "bm25(messages_fts)" in s], query
-            scored_here += 1
-    assert scored_here >= 5
+        assert not [s for s in statements if "FROM search_impact_vocab" in s], query
 
 
 def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
