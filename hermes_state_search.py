@@ -931,11 +931,11 @@ def _match_count(conn: sqlite3.Connection, table: str, match: str) -> int:
 
 def _ranked(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
-    filters: str, params: list[str], wanted: int,
+    filters: str, params: list[str], wanted: int, ranking: rank.Ranking = rank.RANKING,
 ) -> list[int]:
     """The first ``wanted`` rows of ``table`` for ``match`` in relevance order."""
     if conj is not None:
-        ids = rank.top_k(conn, conj, filters, params, wanted)
+        ids = rank.top_k(conn, conj, filters, params, wanted, ranking)
         if ids is not None:
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
@@ -1038,11 +1038,12 @@ def _by_time(
 def _route_ids(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
     filters: str, params: list[str], wanted: int, order: str | None,
+    ranking: rank.Ranking = rank.RANKING,
 ) -> list[tuple[int, Any]]:
     """One route's first ``wanted`` rows, in its order, as (id, sort key)."""
     if order is None:
         return [(row_id, float(n)) for n, row_id in
-                enumerate(_ranked(conn, table, match, conj, filters, params, wanted))]
+                enumerate(_ranked(conn, table, match, conj, filters, params, wanted, ranking))]
     return _by_time(conn, table, match, filters, params, wanted, order == "newest")
 
 
@@ -1068,7 +1069,7 @@ _LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')"
 
 def _word_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
-    order: str | None,
+    order: str | None, ranking: rank.Ranking = rank.RANKING,
 ) -> list[int]:
     """The first ``wanted`` rows of the word routes in the query's one order.
 
@@ -1096,7 +1097,7 @@ def _word_hits(
             return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
         table, match, conj, route_order, (where, where_params) = routes[position]
         return _route_ids(conn, table, match, conj, filters + where, [*params, *where_params],
-                          wanted, route_order)
+                          wanted, route_order, ranking)
 
     count = len(routes) + bool(plan.cjk_groups)
     if order is None:
@@ -1258,6 +1259,7 @@ def search_messages(
     include_inactive: bool = False,
     *,
     use_index: bool = True,
+    ranking: rank.Ranking = rank.RANKING,
 ) -> list[dict[str, Any]]:
     """Search every session's messages (see the module docstring for the routes).
 
@@ -1274,7 +1276,12 @@ def search_messages(
     rewound rows only with ``include_inactive``, which returns every row. Any text is a valid
     query; one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an
     index proves damaged (the caller detaches it and searches again with ``use_index=False``).
+    ``ranking`` sets how the impact index's proofs weigh their way against FTS5's (see
+    :class:`hermes_state_rank.Ranking`); the order is the same whatever it says.
     """
+    if not isinstance(ranking, rank.Ranking):
+        raise InvalidTypeError(f"ranking must be a Ranking, got {type(ranking).__name__}",
+                               argument="ranking")
     plan = plan_search(query)
     limit, offset = max(integer("limit", limit), 0), max(integer("offset", offset), 0)
     if plan is None or limit == 0:
@@ -1293,7 +1300,7 @@ def search_messages(
     wanted = offset + limit
     if use_index and index_state(conn).usable:
         try:
-            ids = _word_hits(conn, plan, filters, params, wanted, order)
+            ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
             if ids:
                 return _hits(conn, ids[offset:wanted], plan, WORD)
             rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
