@@ -55,6 +55,8 @@ __all__ = [
     "varints",
     "read_stats",
     "bm25_score",
+    "bm25_sql",
+    "bm25_sql_params",
     "phrase_match",
     "count_matches",
     "formula_matches_fts5",
@@ -385,11 +387,28 @@ def read_stats(conn: sqlite3.Connection, table: str = "messages_fts") -> Bm25Sta
 def bm25_score(
     idfs: Sequence[float], frequencies: Sequence[float], length: int, avgdl: float
 ) -> float:
-    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative)."""
+    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative).
+
+    The one definition of the score: :func:`bm25_sql` writes the same in SQL, and the impact
+    index's bounds (:mod:`hermes_state_impact`) are the share of one phrase, ``f/(f + K)``.
+    Column weights or a tie-break would be added here, in :func:`bm25_sql` and in the oracle
+    test that holds this to this SQLite's ``bm25()``."""
     score = 0.0
     for idf, f in zip(idfs, frequencies, strict=True):
         score += idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / avgdl)))
     return score
+
+
+def bm25_sql(frequencies: Sequence[str], length: str) -> str:
+    """:func:`bm25_score` as an SQL expression over these columns (one frequency a phrase);
+    its parameters, phrase by phrase, are :func:`bm25_sql_params`."""
+    return " + ".join(f"? * (({f} * ?) / ({f} + ? * (1 - ? + ? * {length} / ?)))"
+                      for f in frequencies)
+
+
+def bm25_sql_params(idfs: Sequence[float], avgdl: float) -> list[float]:
+    """The parameters of :func:`bm25_sql`."""
+    return [x for idf in idfs for x in (idf, K1 + 1.0, K1, B, B, avgdl)]
 
 
 def phrase_match(phrase: tuple[str, ...]) -> str:

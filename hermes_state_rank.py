@@ -1,49 +1,45 @@
 """Exact BM25 ranking of word queries over the whole history, fast for common words.
 
-**The order.** A word query is ranked the way ``messages_fts``'s own ``bm25()`` ranks it, ties
-by message id: the phrases are the query's words and "quoted phrases", in query order, and each
-row's score is the one :func:`hermes_state_bm25.bm25_score` computes bit for bit. Rows are
-proven to be the best from the search impact index (:mod:`hermes_state_impact`): each
-message's postings whose impact reaches :data:`hermes_state_impact.THRESHOLD`, read best
-first.
+**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: the phrases are the
+query's words and "quoted phrases", and a row's score is :func:`hermes_state_bm25.bm25_score`,
+the one place the score is defined (FTS5's ``bm25()`` is its oracle). :func:`top_k` either
+proves the best rows from the search impact index (:mod:`hermes_state_impact`: each row's
+postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
+returns None, and the caller ranks with FTS5: the answer is the same either way.
 
-**The query** (:func:`top_k`): a conjunction of phrases whose tokens are all ASCII, with the
-caller's filters. A single word is read best first, each row scored from its token, until the
-k-th best row passing the filters beats every posting not read yet — whose impact is at most
-the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
-whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
-idf; the rows indexed under every word are scored from their postings (for a query of single
-words SQLite scores them and hands back the best few, scored again here exactly and checked
-against the filters, when the rest provably cannot enter the top); every other row has a
-phrase below the threshold, which bounds it, and the phrases' postings are read best first
-(for a phrase, those of its longest word: a phrase occurs at most as often as each of its
-words) until that bound falls below the k-th best. A row whose postings leave a frequency
-unknown waits with its best case (in a query of two words, a row found under one word alone
-waits on its posting of that word, its postings unread), and only if that best case can still
-enter the top is it scored, from its text (tokenized as FTS5 tokenizes it; ASCII text that
-lacks a word even as a substring is left out by the read) or, with others in one pass, by
-FTS5 itself, whichever the estimate (:class:`Ranking`'s costs) finds cheaper; before such a
-pass the text of the likeliest few is read, and the top they make leaves most of the others
-out. Scores use the current avgdl; A only orders the tokens, and the bounds allow for the
-difference (impact at most x under A is at most x under avgdl when A ≥ avgdl, else
-x/(x + r·(1 − x)), r = A/avgdl).
-Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
-a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
-ranks with FTS5: the answer is the same. A proof of several phrases weighs its own cost, in
-estimated µs, against what FTS5 would take to rank the whole query
-(:attr:`Ranking.fts_ranked_row_cost`): it gives up when reading a phrase's postings down to the depth
-the proof needs would cost more, at the share of postings it has had to settle so far
-(foreseen after a first batch and whenever the postings read have doubled), or once what it
-has cost and what its waiting rows would cost reach it. Two common words whose best rows
-mostly leave one frequency open cost it twice FTS5's time or more before.
+**When FTS5 ranks at once** (:func:`_top_k`): a query of several words or a phrase matching at
+most :attr:`Ranking.exact_rank_rows` rows (one count); a single word whose first
+:attr:`Ranking.single_word_probe_postings` postings leave it that rare; a word repeated; many
+rows changed since the last batch; a damaged or partial index.
 
-**Counts.** The counts a query needs (each phrase's for its idf, the whole query's to choose
-a route) are kept per file (:class:`_Counter`): a count of the rows at or below the batch
-boundary stays exact while no such row changes, and the triggers count every change of one (an
-insert into a gap, an update, a delete) in ``search_row_changes``; a query asked again counts
-only the rows past the boundary it was counted to. A query of several words or a phrase that
-matches at most :attr:`Ranking.exact_rank_rows` rows is ranked by FTS5 at once: its one count is all
-that is asked before.
+**The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
+from their text, and for several phrases the rows indexed under every word (SQLite scores
+those of single words with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when
+the rest provably cannot enter the top). Any other row has a phrase below the threshold, which
+bounds it. :meth:`_Proof.run` then reads postings best first, the phrase with the highest
+bound first (a phrase through its longest word), until the k-th best row passing the filters
+beats the best score a row not found yet can have (:meth:`_Proof.frontier`). A row whose
+postings leave a frequency unknown waits with its best case (in a query of two words, a row
+found under one word alone waits on its posting of that word) and is scored only if that best
+case can still enter the top: from its text, or with others in one FTS5 pass, whichever
+:class:`Ranking`'s cost estimate finds cheaper, the likeliest few from their text first.
+Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
+bounds allow for the difference (impact at most x under A is at most x under avgdl when
+A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+
+**Giving up.** A proof of several phrases weighs what it has cost and what its waiting rows
+would cost against FTS5's own ranking of the query, and (:meth:`_Proof.worth_reading`) what
+reading a phrase down to the depth it needs would cost, foreseen after a first batch and
+whenever the postings read have doubled; past either, or past :class:`Ranking`'s caps, FTS5
+ranks. The estimates are :class:`Ranking`'s costs, per row and per posting.
+
+**Counts.** Each phrase's count (its idf) and the whole query's are kept per file
+(:class:`_Counter`): a count of the rows at or below the batch boundary stays exact while no
+such row changes (the triggers count every change of one in ``search_row_changes``), so a
+query asked again counts only the rows past the boundary it was counted to.
+
+Every knob is a field of :class:`Ranking`, passed by the caller (``search_messages(...,
+ranking=...)``); none changes the order.
 """
 
 from __future__ import annotations
@@ -59,7 +55,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
+from hermes_state_bm25 import K1, Bm25Stats, bm25_score, bm25_sql, bm25_sql_params
+from hermes_state_bm25 import column_tokens, count_matches
 from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
 from hermes_state_bm25 import fts5_text, phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
@@ -241,7 +238,6 @@ r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) 
 SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM r) AS well_formed FROM r
 ORDER BY score DESC, id LIMIT ?
 """
-SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # The text of the rows that pass the filters, and their length in tokens as FTS5 keeps it (the
 # column sizes in %_docsize). Most rows waiting on a word's frequency lack it, and a row of
 # ASCII text that lacks a word even as a substring of its lower-cased text has no token that
@@ -510,9 +506,9 @@ class _Walk:
         False when there were none.
 
         Their text scores them, or FTS5 in one pass, whichever costs less by estimate. Before
-        such a pass the text of the :attr:`Ranking.head_rows` × wanted likeliest (highest best cases)
-        that pass the filters is read instead, while what those reads cost stays below the
-        pass: the top they make leaves most of the others out, and the others wait on."""
+        such a pass the text of the :attr:`Ranking.head_rows` × wanted likeliest (highest best
+        cases) that pass the filters is read instead, while what those reads cost stays below
+        the pass: the top they make leaves most of the others out, and the others wait on."""
         due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
@@ -542,8 +538,8 @@ class _Walk:
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
-        taken off the heap, in id order: the likeliest :attr:`Ranking.head_look` × ``n`` are checked, and
-        those failing the filters dropped (they cannot enter the top)."""
+        taken off the heap, in id order: the likeliest :attr:`Ranking.head_look` × ``n`` are
+        checked, and those failing the filters dropped (they cannot enter the top)."""
         look = min(self.ranking.head_look * n, len(self.pending))
         looked = [heapq.heappop(self.pending) for _ in range(look)]
         passing = self.passing(row_id for _, row_id in looked)
@@ -608,7 +604,7 @@ class _Walk:
         present = " AND ".join(f"t{j} IS NOT NULL" for j in range(len(words)))
         frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
         column = {w: j for j, w in enumerate(words)}
-        score = " + ".join(SHARE_SQL.format(j=column[p[0]]) for p in self.conj.phrases)
+        score = bm25_sql([f"f{column[p[0]]}" for p in self.conj.phrases], "d")
         fs = ", ".join(f"f{j}" for j in range(len(words)))
         sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
                                         score=score, fs=fs)
@@ -616,8 +612,7 @@ class _Walk:
         for word in words:
             params += [" " + word + "_", len(word) + 6]
         params += [json.dumps(list(ids)), self.index.epoch]
-        for idf in self.idfs:
-            params += [idf, K1 + 1.0, K1, B, B, self.avgdl]
+        params += bm25_sql_params(self.idfs, self.avgdl)
         limit = self.ranking.everywhere_first_cut + self.wanted
         for _ in range(self.ranking.everywhere_cuts):
             rows = self.conn.execute(sql, (*params, limit)).fetchall()

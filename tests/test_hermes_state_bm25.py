@@ -40,8 +40,13 @@ def test_the_librarys_bm25_is_this_sqlites_bit_for_bit(
                                         (expression,)).fetchall():
         columns = [bm25.column_tokens(c) for c in docs[rowid - 1]]
         frequencies = [bm25.phrase_frequency(columns, p) for p in phrases]
-        score = bm25.bm25_score(idfs, frequencies, sum(map(len, columns)), stats.avgdl)
+        length = sum(map(len, columns))
+        score = bm25.bm25_score(idfs, frequencies, length, stats.avgdl)
         assert -score == expected
+        # The same score written in SQL, as SQLite computes it.
+        sql = "SELECT " + bm25.bm25_sql([f"{float(f)!r}" for f in frequencies], str(length))
+        (in_sql,) = conn.execute(sql, bm25.bm25_sql_params(idfs, stats.avgdl)).fetchone()
+        assert in_sql == score
     conn.close()
 
 
