@@ -22,16 +22,18 @@ beats the best score a row not found yet can have (:meth:`_Proof.frontier`). A r
 postings leave a frequency unknown waits with its best case (in a query of two words, a row
 found under one word alone waits on its posting of that word) and is scored only if that best
 case can still enter the top: from its text, or with others in one FTS5 pass, whichever
-:class:`Ranking`'s cost estimate finds cheaper, the likeliest few from their text first.
+reads less (the rows' tokens, the rows of the words' lists), the likeliest few from their
+text first.
 Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
 bounds allow for the difference (impact at most x under A is at most x under avgdl when
 A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
 
-**Giving up.** A proof of several phrases weighs what it has cost and what its waiting rows
-would cost against FTS5's own ranking of the query, and (:meth:`_Proof.worth_reading`) what
-reading a phrase down to the depth it needs would cost, foreseen after a first batch and
-whenever the postings read have doubled; past either, or past :class:`Ranking`'s caps, FTS5
-ranks. The estimates are :class:`Ranking`'s costs, per row and per posting.
+**Giving up.** What each way costs is counted, not timed. A proof of several phrases may
+handle (read a posting, settle a row, score one from its text or by FTS5) at most
+:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query: it gives up once
+the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
+reading a phrase down to the depth it needs would, foreseen after a first batch and whenever
+the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
 
 **Counts.** Each phrase's count (its idf) and the whole query's are kept per file
 (:class:`_Counter`): a count of the rows at or below the batch boundary stays exact while no
@@ -60,7 +62,7 @@ from hermes_state_bm25 import column_tokens, count_matches
 from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
 from hermes_state_bm25 import fts5_text, phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
-from hermes_state_errors import is_sqlite_lock_error
+from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
 from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
 from hermes_state_impact import IndexMismatch, IndexState, consistent, index_error
 from hermes_state_impact import least_frequency, notice_damage, read_state
@@ -268,16 +270,14 @@ WHERE messages_fts MATCH ? AND rowid IN (SELECT value FROM json_each(?))
 
 @dataclass(frozen=True)
 class Ranking:
-    """The knobs of the ranking through the impact index (each a count or a share of one):
-    a caller or a test passes its own to :func:`top_k` or to ``search_messages``; none
-    changes the order, only which way it is found.
+    """The knobs of the ranking through the impact index, each a count or a share of one: a
+    caller or a test passes its own to :func:`top_k` or to ``search_messages``; none changes
+    the order, only which way it is found.
 
-    Cost estimates are in µs (measured at 200,000 messages): scoring rows from their text, per
-    row and per token; by FTS5 in one pass, per row of each word's list (it reads them all,
-    for the idf too; a phrase's words about half as much: its rarest word lets FTS5 skip
-    through the others' lists) and per row scored; the proof, per row it settles from its
-    postings and per posting it reads; FTS5's own ranking, per row of the query beyond
-    walking its words' lists."""
+    What a way costs is counted, not timed: the proof handles rows (a posting read, a row's
+    postings settled, a row scored from its text or by FTS5), and FTS5's own ranking of a
+    query of several phrases scores every row that matches it; an FTS5 pass over chosen rows
+    walks every row of its words' lists, a row's text is read token by token."""
 
     # Rows matching a query of several words or a phrase up to which FTS5 ranks them itself:
     # its count is cheap, and ranking that many costs about what a proof does.
@@ -311,16 +311,23 @@ class Ranking:
     # and how many times that cut is widened (four times each) before they are all scored here.
     everywhere_first_cut: int = 48
     everywhere_cuts: int = 3
-    text_row_cost: float = 8.0
-    text_token_cost: float = 0.06
-    fts_list_row_cost: float = 0.08
-    fts_phrase_factor: float = 0.5
-    fts_scored_row_cost: float = 3.0
-    settle_row_cost: float = 10.0
-    posting_cost: float = 2.0
-    fts_ranked_row_cost: float = 0.8
+    # The proof of a query of several phrases handles at most this share of the rows FTS5
+    # would score to rank it (a row is handled in Python, scored by FTS5 in C).
+    proof_share: float = 0.25
+    # How rows left waiting are scored: "estimate" (from their text when that reads fewer
+    # tokens than an FTS5 pass walks rows of its words' lists, else by FTS5), "text", "fts5".
+    score_waiting_by: str = "estimate"
     # False: FTS5 ranks every query (a reference to compare the proofs with).
     proofs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.score_waiting_by not in WAITING_ROWS_BY:
+            raise InvalidInputError(
+                f"score_waiting_by must be one of {WAITING_ROWS_BY}, got "
+                f"{self.score_waiting_by!r}", argument="score_waiting_by")
+
+
+WAITING_ROWS_BY = ("estimate", "text", "fts5")
 
 
 RANKING = Ranking()
@@ -394,14 +401,14 @@ class _Walk:
     pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
     seen: set[int] = field(default_factory=set)
     resolved: int = 0
-    # What FTS5 costs to score pending rows (µs, before the rows it scores): None when scores
+    # The rows of its words' lists an FTS5 pass over pending rows walks: None when scores
     # leave out the idf, so FTS5's own cannot resolve them.
-    fts_cost: float | None = None
+    fts_list_rows: int | None = None
     lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
-    spent: float = 0.0  # what the proof has cost so far (µs, estimated)
+    handled: int = 0  # the rows the proof has handled so far
     # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
     passed_over: set[float] = field(default_factory=set)
-    heads_spent: float = 0.0  # what reading the likeliest pending rows' text has cost (µs)
+    heads_read: int = 0  # the tokens of the likeliest pending rows' text read so far
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -505,32 +512,33 @@ class _Walk:
         """Score the pending rows whose best case reaches ``floor`` (all of them for None);
         False when there were none.
 
-        Their text scores them, or FTS5 in one pass, whichever costs less by estimate. Before
-        such a pass the text of the :attr:`Ranking.head_rows` × wanted likeliest (highest best
-        cases) that pass the filters is read instead, while what those reads cost stays below
-        the pass: the top they make leaves most of the others out, and the others wait on."""
+        Their text scores them, or FTS5 in one pass, whichever reads fewer (tokens of their
+        text, rows of the words' lists). Before such a pass the text of the
+        :attr:`Ranking.head_rows` × wanted likeliest (highest best cases) that pass the filters
+        is read instead, while the tokens those reads take stay fewer than the pass walks: the
+        top they make leaves most of the others out, and the others wait on."""
         due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
-        text_cost = self._text_cost(due)
-        fts_cost = None if self.fts_cost is None else (
-            self.fts_cost + self.ranking.fts_scored_row_cost * len(due))
+        tokens = self._tokens(due)
+        by = self.ranking.score_waiting_by
+        walked = self.fts_list_rows  # by an FTS5 pass
+        by_text = walked is None or by == "text" or (by == "estimate" and tokens <= walked)
         head = self.ranking.head_rows * self.wanted
-        if fts_cost is not None and text_cost > fts_cost and 0 < head < len(due):
-            head_cost = self._text_cost(heapq.nsmallest(head, due))
-            if self.heads_spent + head_cost < fts_cost:
-                self.heads_spent += head_cost
-                self.spent += head_cost
+        if walked is not None and not by_text and by == "estimate" and 0 < head < len(due):
+            head_tokens = self._tokens(heapq.nsmallest(head, due))
+            if self.heads_read + head_tokens < walked:
+                self.heads_read += head_tokens
+                self.handled += head
                 self.resolve_texts(self._likeliest(head))
                 return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
         heapq.heapify(self.pending)
         ids = sorted(row_id for _, row_id in due)
-        if fts_cost is None or text_cost <= fts_cost:
-            self.spent += text_cost
+        self.handled += len(ids)
+        if by_text:
             self.resolve_texts(ids)
         elif ids := sorted(self.passing(ids)):
-            self.spent += fts_cost
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
@@ -553,21 +561,18 @@ class _Walk:
                 heapq.heappush(self.pending, item)
         return sorted(taken)
 
-    def _text_cost(self, due: Sequence[tuple[float, int]]) -> float:
-        """What scoring these pending rows from their text costs (µs, estimated)."""
-        tokens = sum(self.lengths.get(row_id, round(self.avgdl)) for _, row_id in due)
-        return self.ranking.text_row_cost * len(due) + self.ranking.text_token_cost * tokens
+    def _tokens(self, due: Sequence[tuple[float, int]]) -> int:
+        """The tokens of these pending rows' text (a row of unknown length counts avgdl)."""
+        return sum(self.lengths.get(row_id, round(self.avgdl)) for _, row_id in due)
 
-    def pending_cost(self) -> float:
-        """What scoring every pending row by FTS5 would cost (µs, estimated)."""
-        if self.fts_cost is None or not self.pending:
-            return 0.0
-        return self.fts_cost + self.ranking.fts_scored_row_cost * len(self.pending)
+    def pending_rows(self) -> int:
+        """The rows scoring every pending row by FTS5 would handle (none when it cannot)."""
+        return 0 if self.fts_list_rows is None else len(self.pending)
 
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`): rows ``search_impact_fts``
         indexes, so each has its postings in ``search_impact``, or the two disagree."""
-        self.spent += self.ranking.settle_row_cost * len(ids)
+        self.handled += len(ids)
         sql, params = self.postings_sql
         rows = self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall()
         if len(rows) < len(set(ids)):
@@ -772,14 +777,10 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     return count_matches(conn, "messages_fts", expression)
 
 
-def _fts_pass_cost(
-    phrases: Sequence[tuple[str, ...]], count: Callable[[str], int], ranking: Ranking
-) -> float:
-    """What FTS5 costs (µs) to walk these phrases once and count each for its idf, before the
-    rows it scores: the rows of every word's list."""
-    return ranking.fts_list_row_cost * sum(
-        count(phrase_match((word,))) * (1 if len(phrase) == 1 else ranking.fts_phrase_factor)
-        for phrase in phrases for word in phrase)
+def _list_rows(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> int:
+    """The rows of these phrases' words' lists, which FTS5 walks to match and count them."""
+    return sum(count(phrase_match((word,))) for word in dict.fromkeys(
+        w for phrase in phrases for w in phrase))
 
 
 def _top_k(
@@ -837,8 +838,8 @@ def _start(
     # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
     idf_of = {p: 1.0 for p in distinct}
-    fts_cost: float | None = None
-    budget = math.inf  # what FTS5's own ranking of the query would cost (µs, estimated)
+    fts_list_rows: int | None = None
+    budget = math.inf  # the rows the proof may handle
     everywhere: list[int] = []
     if not single:
         # Rows indexed under every word of the query (cheap to list, they need no idf yet):
@@ -850,10 +851,11 @@ def _start(
             return None
         # The phrases' counts give their idf.
         idf_of = {p: stats.idf(count(phrase_match(p))) for p in distinct}
-        fts_cost = _fts_pass_cost(distinct, count, ranking)
-        budget = fts_cost + ranking.fts_ranked_row_cost * count(conj.match)
+        fts_list_rows = _list_rows(distinct, count)
+        budget = ranking.proof_share * count(conj.match)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], ranking, seen=outside[0], fts_cost=fts_cost)
+                 [idf_of[p] for p in conj.phrases], ranking, seen=outside[0],
+                 fts_list_rows=fts_list_rows)
     walk.resolve_texts(sorted(outside[1]))
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the
@@ -879,7 +881,7 @@ class _Proof:
     walk: _Walk
     cursors: dict[tuple[str, ...], _Cursor]
     weight: dict[tuple[str, ...], float]  # each distinct phrase's idf, times its repeats
-    budget: float  # what FTS5's own ranking of the query would cost (µs, estimated)
+    budget: float  # the rows the proof may handle (a share of those FTS5 would score)
     count: _Counter
     ranking: Ranking
     read: int = 0  # postings read
@@ -916,9 +918,9 @@ class _Proof:
             kth = walk.kth()
             live = [p for p in readable if self.cursors[p].next is not None]
             only_pending = (kth is not None and kth > unseen) or not live
-            # FTS5 ranks once what the proof has cost and what its waiting rows would cost
-            # reach FTS5's own ranking; when only those rows are left, once they alone would.
-            if walk.pending_cost() + (0.0 if only_pending else walk.spent) > self.budget:
+            # FTS5 ranks once the rows the proof has handled and its waiting rows reach its
+            # budget; when only those rows are left, once they alone would.
+            if walk.pending_rows() + (0 if only_pending else walk.handled) > self.budget:
                 return None
             if only_pending:
                 if walk.resolve_pending(kth):
@@ -935,9 +937,9 @@ class _Proof:
 
     def worth_reading(self, phrase: tuple[str, ...], kth: float, unseen: float,
                       share: float) -> bool:
-        """Whether reading this phrase's postings as deep as the proof needs costs less than
-        FTS5's own ranking: nearly to the end means reading a common word's whole list, where
-        FTS5 is the faster way."""
+        """Whether reading this phrase's postings as deep as the proof needs stays within its
+        budget: nearly to the end means reading a common word's whole list, where FTS5 is the
+        faster way."""
         if self.single:
             return True
         reach = self.walk.reference_for((kth - unseen + share) / self.weight[phrase])
@@ -945,13 +947,12 @@ class _Proof:
             return False
         if self.read < self.foresee_at:
             return True
-        # After a first batch, and whenever the postings read have doubled: what reading down
-        # to that depth would cost, at the share of postings settled so far.
+        # After a first batch, and whenever the postings read have doubled: the rows reading
+        # down to that depth would handle, each posting and, at the share of postings settled
+        # so far, the row it finds.
         self.foresee_at = 2 * self.read
-        ranking = self.ranking
-        per_posting = ranking.posting_cost + self.settled / self.read * (
-            ranking.settle_row_cost + ranking.fts_scored_row_cost)
-        ahead = self.cursors[phrase].left(reach) * per_posting + self.walk.pending_cost()
+        per_posting = 1.0 + self.settled / self.read
+        ahead = self.cursors[phrase].left(reach) * per_posting + self.walk.pending_rows()
         return ahead <= self.budget
 
     def read_batch(self, phrase: tuple[str, ...], kth: float | None) -> bool:
@@ -964,7 +965,7 @@ class _Proof:
             if self.count(walk.conj.match) <= ranking.exact_rank_rows:
                 return False
         self.read += len(postings)
-        walk.spent += ranking.posting_cost * len(postings)
+        walk.handled += len(postings)
         fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
         walk.seen.update(row_id for _, row_id in fresh)
         if self.single:

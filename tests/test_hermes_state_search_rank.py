@@ -7,6 +7,7 @@ damage."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import sqlite3
@@ -175,8 +176,7 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 ) -> None:
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
-    cost = 0.0 if route == "text" else 1e12
-    ranking = rank.Ranking(exact_rank_rows=0, text_row_cost=cost, text_token_cost=cost)
+    ranking = rank.Ranking(exact_rank_rows=0, score_waiting_by=route)
     terms = query_terms(seed=1)
     by_fts5 = 0
     with SessionDB(bench_store, read_only=True) as db:
@@ -286,15 +286,14 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
 def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     bench_store: Path
 ) -> None:
-    # The rows the postings leave open are scored by FTS5 (text is made dear): with a proof
-    # estimated dearer than ranking the whole query, the proof stops at its first estimate,
-    # before it settles a second batch or has FTS5 score any row, and the order is FTS5's.
+    # The rows the postings leave open are scored by FTS5: with a proof allowed to handle no
+    # row, the proof stops at its first check, before it settles a second batch or has FTS5
+    # score any row, and the order is FTS5's.
     terms = query_terms(seed=1)
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
 
-    def walks(ranked_row_cost: float, posting_cost: float) -> tuple[int, int]:
-        ranking = rank.Ranking(exact_rank_rows=0, text_row_cost=1e12, text_token_cost=1e12,
-                               fts_ranked_row_cost=ranked_row_cost, posting_cost=posting_cost)
+    def walks(share: float) -> tuple[int, int]:
+        ranking = rank.Ranking(exact_rank_rows=0, score_waiting_by="fts5", proof_share=share)
         by_fts5 = settles = 0
         with SessionDB(bench_store, read_only=True) as db:
             for query in queries:
@@ -306,9 +305,8 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
                     "FROM search_impact WHERE id IN" in s for s in statements))
         return by_fts5, settles
 
-    # what a budget that never runs out lets the proofs do
-    assert walks(1e9, rank.RANKING.posting_cost)[0] > 0
-    by_fts5, settles = walks(0.0, 1e9)
+    assert walks(math.inf)[0] > 0  # what a budget that never runs out lets the proofs do
+    by_fts5, settles = walks(0.0)
     assert by_fts5 == 0
     assert settles <= 1
 
