@@ -807,14 +807,25 @@ def _top_k(
         # One word again and again: FTS5 adds idf·x once per time, which differs in its last
         # bits from any multiple of x taken before the idf. FTS5 ranks.
         return None
-    # The count of a query of several words decides first: FTS5 ranks a few thousand rows
-    # faster than any proof (and it counts each phrase for its idf as a proof would).
-    if not single and count(conj.match) <= ranking.exact_rank_rows:
-        return None
+    everywhere: list[int] = []
+    if not single:
+        # Rows indexed under every word of the query (cheap to list, from the impact index
+        # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
+        # such a query (most often a rare one) before anything is counted.
+        words = dict.fromkeys(t for p in distinct for t in p)
+        expression = " AND ".join(f'"{t}"' for t in words)
+        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
+        if len(everywhere) < wanted * (ranking.phrase_probe if len(distinct) == 1 else 1):
+            return None
+        # Then the count: FTS5 ranks a few thousand rows faster than any proof (and it counts
+        # each phrase for its idf as a proof would).
+        if count(conj.match) <= ranking.exact_rank_rows:
+            return None
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
-    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside, ranking)
+    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside,
+                   everywhere, ranking)
     if proof is None:
         return None
     try:
@@ -829,10 +840,10 @@ def _top_k(
 def _start(
     conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
     wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
-    outside: tuple[set[int], list[int]], ranking: Ranking,
+    outside: tuple[set[int], list[int]], everywhere: list[int], ranking: Ranking,
 ) -> _Proof | None:
     """The proof of a query's top, its rows outside the index scored, and for a query of
-    several phrases the rows indexed under every word (None: FTS5 ranks)."""
+    several phrases the rows ``everywhere`` (indexed under every word) (None: FTS5 ranks)."""
     distinct = list(dict.fromkeys(conj.phrases))
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each phrase weighs its own idf.
@@ -840,15 +851,7 @@ def _start(
     idf_of = {p: 1.0 for p in distinct}
     fts_list_rows: int | None = None
     budget = math.inf  # the rows the proof may handle
-    everywhere: list[int] = []
     if not single:
-        # Rows indexed under every word of the query (cheap to list, they need no idf yet):
-        # too few, and the best rows cannot be proven from the index.
-        words = dict.fromkeys(t for p in distinct for t in p)
-        expression = " AND ".join(f'"{t}"' for t in words)
-        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        if len(everywhere) < wanted * (ranking.phrase_probe if len(distinct) == 1 else 1):
-            return None
         # The phrases' counts give their idf.
         idf_of = {p: stats.idf(count(phrase_match(p))) for p in distinct}
         fts_list_rows = _list_rows(distinct, count)
