@@ -17,6 +17,7 @@ import pytest
 import hermes_state
 from hermes_state import (
     HermesStateError,
+    ImportRejectedError,
     InvalidInputError,
     InvalidTypeError,
     SessionDB,
@@ -484,3 +485,64 @@ def test_the_gateway_exception_path_keeps_a_photo_turn(db: SessionDB) -> None:
     assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "appended"
     assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "existing"
     assert [r["content"] for r in db.get_messages("g")] == [PHOTO_TURN]
+
+
+# --- what the web endpoint, old stores and old tool-call shapes rely on ------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "code"),
+    [
+        (7, "invalid-record"),
+        ({"id": "", "source": "cli"}, "missing-id"),
+        ({"id": "r"}, "missing-field"),
+        ({"id": "r", "source": 5}, "invalid-field"),
+        ({"id": "r", "source": "cli", "model_config": "{not json"}, "invalid-model-config"),
+        ({"id": "r", "source": "cli", "model_config": 3}, "invalid-model-config"),
+        ({"id": "r", "source": "cli", "messages": "hello"}, "invalid-messages"),
+        ({"id": "r", "source": "cli", "messages": [3]}, "invalid-message"),
+        ({"id": "r", "source": "cli", "messages": [{"content": "no role"}]}, "missing-role"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "", "content": "x"}]}, "missing-role"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": 5}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": b"raw"}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": "\ud800"}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": [{"type": "text", "text": float("nan")}]}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": "x", "timestamp": "noon"}]},
+         "invalid-message-field"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": "x", "token_count": 2**70}]}, "out-of-range"),
+        ({"id": "r", "source": "cli", "model_usage": [{"model": "m"}, {"model": "m"}]},
+         "invalid-usage"),
+        ({"id": "r", "source": "cli", "message_count": 4}, "truncated-record"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": "x"}] * 10_001},
+         "too-large"),
+    ],
+)
+def test_each_refused_record_carries_a_stable_code_beside_its_message(
+    db: SessionDB, record: Any, code: str
+) -> None:
+    result = db.import_sessions([{"id": "fine", "source": "cli", "messages": []}, record])
+    assert result["ok"] is False and db.get_session("fine") is None
+    [error] = result["errors"]
+    assert error["index"] == 1 and error["code"] == code
+    assert isinstance(error["error"], str) and error["error"]  # the readable message stays
+
+
+def test_codes_name_batch_and_store_conflicts_and_a_broken_stream(db: SessionDB) -> None:
+    twice = db.import_sessions([{"id": "t", "source": "cli"}, {"id": "t", "source": "cli"}])
+    assert [(e["index"], e["code"]) for e in twice["errors"]] == [(1, "duplicate-id")]
+    db.import_sessions([{"id": "held", "source": "cli"}])
+    clash = db.import_sessions([{"id": "held", "source": "other"}], on_conflict="fail")
+    assert [e["code"] for e in clash["errors"]] == ["session-exists"]
+    many = db.import_sessions([{"id": f"m{n}"} for n in range(250)])
+    assert {e["code"] for e in many["errors"]} == {"missing-field", "more-problems"}
+    for text, code in (("", "invalid-stream"), ("garbage\n", "not-json")):
+        with pytest.raises(ImportRejectedError) as caught:
+            db.import_jsonl(io.StringIO(text))
+        assert caught.value.errors[0]["code"] == code
