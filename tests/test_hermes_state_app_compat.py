@@ -546,3 +546,33 @@ def test_codes_name_batch_and_store_conflicts_and_a_broken_stream(db: SessionDB)
         with pytest.raises(ImportRejectedError) as caught:
             db.import_jsonl(io.StringIO(text))
         assert caught.value.errors[0]["code"] == code
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}},
+        '[{"id": "c2", "type": "function"}]',
+        "a provider's own notation",
+        [{"id": "c3", "type": "function", "function": {"name": "memory", "arguments": "{}"}}],
+    ],
+)
+def test_tool_calls_of_any_json_shape_are_kept_and_read_back_the_same(
+    db: SessionDB, calls: Any
+) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "assistant", None, tool_calls=calls)
+    assert db.get_messages("s")[0]["tool_calls"] == calls
+    assert db.get_messages_as_conversation("s")[0]["tool_calls"] == calls
+    exported = db.export_session("s")
+    assert exported is not None and exported["messages"][0]["tool_calls"] == calls
+    assert db.get_session("s")["tool_call_count"] == (1 if isinstance(calls, list) else 0)
+
+
+def test_tool_calls_json_cannot_carry_are_refused_and_nothing_is_written(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    with pytest.raises(InvalidTypeError):
+        db.append_message("s", "assistant", "x", tool_calls={"call": object()})
+    with pytest.raises(InvalidInputError):
+        db.append_message("s", "assistant", "x", tool_calls=[{"arguments": float("inf")}])
+    assert db.get_messages("s") == [] and db.get_session("s")["message_count"] == 0
