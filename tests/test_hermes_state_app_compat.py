@@ -558,7 +558,7 @@ def test_codes_name_batch_and_store_conflicts_and_a_broken_stream(db: SessionDB)
     ],
 )
 def test_tool_calls_of_any_json_shape_are_kept_and_read_back_the_same(
-    db: SessionDB, calls: Any
+    db: SessionDB, tmp_path: Path, calls: Any
 ) -> None:
     db.create_session("s", "cli")
     db.append_message("s", "assistant", None, tool_calls=calls)
@@ -567,6 +567,9 @@ def test_tool_calls_of_any_json_shape_are_kept_and_read_back_the_same(
     exported = db.export_session("s")
     assert exported is not None and exported["messages"][0]["tool_calls"] == calls
     assert db.get_session("s")["tool_call_count"] == (1 if isinstance(calls, list) else 0)
+    with SessionDB(tmp_path / "other.db") as other:
+        assert other.import_sessions([exported])["ok"] is True
+        assert other.get_messages("s")[0]["tool_calls"] == calls
 
 
 def test_tool_calls_json_cannot_carry_are_refused_and_nothing_is_written(db: SessionDB) -> None:
