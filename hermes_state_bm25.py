@@ -55,6 +55,8 @@ __all__ = [
     "varints",
     "read_stats",
     "bm25_score",
+    "bm25_sql",
+    "bm25_sql_params",
     "phrase_match",
     "count_matches",
     "formula_matches_fts5",
@@ -277,7 +279,9 @@ def phrase_frequency(columns: Sequence[Sequence[str]], phrase: tuple[str, ...]) 
 
 # A-Z folded, every other byte kept.
 _ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
-_TOKEN_CHARS = "a-z0-9\x80-\U0010ffff"
+# What separates tokens in folded text: every ASCII character but a lower-case letter or digit
+# (a class of a few ASCII ranges, quick to compile; its complement spans most of Unicode).
+_SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
 
 
 def folded_text(text: str) -> str:
@@ -326,7 +330,7 @@ def _text_phrase_pattern(phrase: tuple[str, ...]) -> re.Pattern[str]:
     each starts at a token's start. A phrase that can overlap itself is found by a lookahead
     (overlapping instances); for any other, a match that starts inside a token cannot hide an
     instance, which would have to start at one of its later tokens."""
-    body = f"[^{_TOKEN_CHARS}]+".join(phrase) + f"(?![{_TOKEN_CHARS}])"
+    body = f"[{_SEPARATOR_CLASS}]+".join(phrase) + f"(?=[{_SEPARATOR_CLASS}]|\\Z)"
     return re.compile("(?=" + body + ")" if _self_overlapping(phrase) else body)
 
 
@@ -383,11 +387,28 @@ def read_stats(conn: sqlite3.Connection, table: str = "messages_fts") -> Bm25Sta
 def bm25_score(
     idfs: Sequence[float], frequencies: Sequence[float], length: int, avgdl: float
 ) -> float:
-    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative)."""
+    """The score of one row (higher is better: FTS5's ``bm25()`` returns its negative).
+
+    The one definition of the score: :func:`bm25_sql` writes the same in SQL, and the impact
+    index's bounds (:mod:`hermes_state_impact`) are the share of one phrase, ``f/(f + K)``.
+    Column weights or a tie-break would be added here, in :func:`bm25_sql` and in the oracle
+    test that holds this to this SQLite's ``bm25()``."""
     score = 0.0
     for idf, f in zip(idfs, frequencies, strict=True):
         score += idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / avgdl)))
     return score
+
+
+def bm25_sql(frequencies: Sequence[str], length: str) -> str:
+    """:func:`bm25_score` as an SQL expression over these columns (one frequency a phrase);
+    its parameters, phrase by phrase, are :func:`bm25_sql_params`."""
+    return " + ".join(f"? * (({f} * ?) / ({f} + ? * (1 - ? + ? * {length} / ?)))"
+                      for f in frequencies)
+
+
+def bm25_sql_params(idfs: Sequence[float], avgdl: float) -> list[float]:
+    """The parameters of :func:`bm25_sql`."""
+    return [x for idf in idfs for x in (idf, K1 + 1.0, K1, B, B, avgdl)]
 
 
 def phrase_match(phrase: tuple[str, ...]) -> str:

@@ -22,7 +22,7 @@ cost more than one message's postings). Rows past the boundary are the next batc
 wrote them; triggers queue the rows at or below it that are inserted (an id in a gap), changed
 or moved, and the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``).
 Searches score the matching rows past the boundary and a few queued rows from their text
-(:data:`hermes_state_rank.MAX_UNFLUSHED_SCORED`, :data:`hermes_state_rank.QUEUE_SCAN_LIMIT`);
+(:attr:`hermes_state_rank.Ranking.max_unflushed_scored`, ``queue_scan_limit``);
 with more, they rank with FTS5 until the batches and :func:`drain_queue` — a chunk per batch
 check — have indexed them.
 

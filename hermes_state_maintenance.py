@@ -378,18 +378,28 @@ def _release_exclusive(held: _Exclusive, db_path: Path, *, check: bool) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(db_path: Path, *, create: bool = False) -> Iterator[_Exclusive]:
-    """Hold the admission lock (one maintenance run at a time) and the live store itself for
-    the whole block (``create``: an empty private file first, when there is none).
-    :class:`StateDbInUseError` when either is taken; a damaged store is
-    :class:`StateDbCorruptError`."""
-    if create:  # (first: a file that cannot be created is that, not a lock held elsewhere)
-        prepare_db_file(db_path)
+def _admitted(db_path: Path) -> Iterator[None]:
+    """Hold the admission lock: one maintenance run at a time (:class:`StateDbInUseError`
+    when another run holds it)."""
     with fts.admission_lock(db_path) as admitted:
         if not admitted:
             raise StateDbInUseError(
                 f"another maintenance run holds the admission lock of {db_path}", path=db_path
             )
+        yield
+
+
+@contextlib.contextmanager
+def _exclusive(
+    db_path: Path, *, create: bool = False, admitted: bool = False
+) -> Iterator[_Exclusive]:
+    """Hold the admission lock (unless the caller holds it: ``admitted``) and the live store
+    itself for the whole block (``create``: an empty private file first, when there is
+    none). :class:`StateDbInUseError` when either is taken; a damaged store is
+    :class:`StateDbCorruptError`."""
+    if create:  # (first: a file that cannot be created is that, not a lock held elsewhere)
+        prepare_db_file(db_path)
+    with contextlib.nullcontext() if admitted else _admitted(db_path):
         held = _take_exclusive(db_path)
         try:
             yield held
@@ -829,14 +839,13 @@ def _repair(path: Path, report: dict[str, Any], *, backup: bool, say: Progress
     must be left exactly as it is (see :func:`_left_alone`). A run that promotes nothing
     leaves nothing behind: the snapshot folder and the admission lock's file are removed
     again when this run created them."""
-    left = _left_alone(path, report, say)
-    if left is not None:
-        return left
     folder, lock = snapshot_dir(path), fts.admission_lock_path(path)
     made = (not folder.exists(), not lock.exists())
     result: dict[str, Any] = {}
     try:
-        result = _repair_taken(path, report, backup=backup, say=say)
+        with _admitted(path):  # from the trial on a copy to the promotion
+            result = (_left_alone(path, report, say)
+                      or _repair_taken(path, report, backup=backup, say=say))
         return result
     finally:
         if not result.get("promoted"):
@@ -852,7 +861,7 @@ def _repair_taken(path: Path, report: dict[str, Any], *, backup: bool, say: Prog
     """Repair the store while it is held."""
     with contextlib.ExitStack() as stack:
         try:
-            held = stack.enter_context(_exclusive(path))
+            held = stack.enter_context(_exclusive(path, admitted=True))
         except StateDbCorruptError as exc:
             cause = exc.__cause__ if isinstance(exc.__cause__, sqlite3.Error) else exc
             return {**report, **_unreadable(cause), "promoted": False, "kept": [str(path)]}

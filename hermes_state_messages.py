@@ -539,7 +539,7 @@ def append_message(
     role: Text,
     content: Text | list[Any] | dict[str, Any] | None = None,
     tool_name: Text | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: Any = None,
     tool_call_id: Text | None = None,
     token_count: int | None = None,
     finish_reason: Text | None = None,
@@ -562,7 +562,10 @@ def append_message(
 ) -> int:
     """Append one message and move the session's counters (the caller's transaction).
 
-    Returns the row id. JSON-typed fields take any JSON value and are decoded on read. A new
+    Returns the row id. JSON-typed fields take any JSON value and are decoded on read:
+    ``tool_calls`` is normally a list of call objects, but a dict or a string is kept as the
+    previous store kept it and read back the same (only a list counts calls and pairs their
+    results, having ids). A new
     user turn (not an ``observed`` one) resumes the conversation: an archive the idle clean-up
     set is lifted, a deliberate one stays."""
     row = MessageRow.build(
@@ -687,13 +690,26 @@ def decode_content(content: Any) -> Any:
     return content
 
 
+_TOOL_CALLS_READ = _READ_COLUMNS.index("tool_calls")
+
+
 def hydrated_message(row: Sequence[Any]) -> dict[str, Any]:
     """A full row (``SELECT_MESSAGES_SQL``) as :func:`get_messages` returns it, with structured
-    content decoded and ``tool_calls`` that are not JSON read as ``[]``."""
+    content decoded and ``tool_calls`` that are not JSON read as ``[]`` (a JSON string, which
+    ``append_message`` stores for a string it is given, reads back as that string)."""
     message = row_to_message(row)
-    if isinstance(message["tool_calls"], str):  # decode_json keeps text that does not parse
+    # decode_json keeps text that does not parse
+    if isinstance(message["tool_calls"], str) and not _is_json_text(row[_TOOL_CALLS_READ]):
         message["tool_calls"] = []
     return message
+
+
+def _is_json_text(text: Any) -> bool:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 # A session's rows for replay, live ones only unless the second parameter is true.

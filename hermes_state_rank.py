@@ -1,52 +1,47 @@
 """Exact BM25 ranking of word queries over the whole history, fast for common words.
 
-**The order.** A word query is ranked the way ``messages_fts``'s own ``bm25()`` ranks it, ties
-by message id: the phrases are the query's words and "quoted phrases", in query order, and each
-row's score is the one :func:`hermes_state_bm25.bm25_score` computes bit for bit. Rows are
-proven to be the best from the search impact index (:mod:`hermes_state_impact`): each
-message's postings whose impact reaches :data:`hermes_state_impact.THRESHOLD`, read best
-first.
+**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: the phrases are the
+query's words and "quoted phrases", and a row's score is :func:`hermes_state_bm25.bm25_score`,
+the one place the score is defined (FTS5's ``bm25()`` is its oracle). :func:`top_k` either
+proves the best rows from the search impact index (:mod:`hermes_state_impact`: each row's
+postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
+returns None, and the caller ranks with FTS5: the answer is the same either way.
 
-**The query** (:func:`top_k`): a conjunction of phrases whose tokens are all ASCII, with the
-caller's filters. A single word is read best first, each row scored from its token, until the
-k-th best row passing the filters beats every posting not read yet — whose impact is at most
-the next token's, or past the last one below the threshold. Several phrases: FTS5 counts the
-whole query first (a few thousand rows or fewer it ranks faster itself) and each phrase for its
-idf; the rows indexed under every word are scored from their postings (for a query of single
-words SQLite scores them and hands back the best few, scored again here exactly and checked
-against the filters, when the rest provably cannot enter the top); every other row has a
-phrase below the threshold, which bounds it, and the phrases' postings are read best first
-(for a phrase, those of its longest word: a phrase occurs at most as often as each of its
-words) until that bound falls below the k-th best. A row whose postings leave a frequency
-unknown waits with its best case (in a query of two words, a row found under one word alone
-waits on its posting of that word, its postings unread), and only if that best case can still
-enter the top is it scored, from its text (tokenized as FTS5 tokenizes it; ASCII text that
-lacks a word even as a substring is left out by the read) or, with others in one pass, by
-FTS5 itself, whichever the estimate (:data:`TEXT_ROW_COST` …) finds cheaper; before such a
-pass the text of the likeliest few is read, and the top they make leaves most of the others
-out. Scores use the current avgdl; A only orders the tokens, and the bounds allow for the
-difference (impact at most x under A is at most x under avgdl when A ≥ avgdl, else
-x/(x + r·(1 − x)), r = A/avgdl).
-Whenever the proof would cost more than FTS5's own ranking — a rare word, a selective filter,
-a bound that needs a common word's whole list — :func:`top_k` returns None and the caller
-ranks with FTS5: the answer is the same. A proof of several phrases weighs its own cost, in
-estimated µs, against what FTS5 would take to rank the whole query
-(:data:`FTS_RANKED_ROW_COST`): it gives up when reading a phrase's postings down to the depth
-the proof needs would cost more, at the share of postings it has had to settle so far
-(foreseen after a first batch and whenever the postings read have doubled), or once what it
-has cost and what its waiting rows would cost reach it. Two common words whose best rows
-mostly leave one frequency open cost it twice FTS5's time or more before.
+**When FTS5 ranks at once** (:func:`_top_k`): a query of several words or a phrase matching at
+most :attr:`Ranking.exact_rank_rows` rows (one count); a single word whose first
+:attr:`Ranking.single_word_probe_postings` postings leave it that rare; a word repeated; many
+rows changed since the last batch; a damaged or partial index.
 
-**Counts and few rows.** The counts a query needs (each phrase's for its idf, the whole
-query's to choose a route) are kept per file (:class:`_Counter`): a count of the rows at or
-below the batch boundary stays exact while no such row changes, and the triggers count every
-change of one (an insert into a gap, an update, a delete) in ``search_row_changes``; a query
-asked again counts only the rows past the boundary it was counted to. A query of several words
-or a phrase matching at most :data:`FEW_ROWS` rows is then scored here (:func:`_few_rows`):
-its rows' ids come from FTS5's match alone, and each row's frequencies from its text — folded
-as unicode61 folds it, the phrase found by a pattern over the text rather than token by token
-— with its length from FTS5's own column sizes; ``bm25()`` would scan every phrase once more
-for its idf.
+**The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
+from their text, and for several phrases the rows indexed under every word (SQLite scores
+those of single words with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when
+the rest provably cannot enter the top). Any other row has a phrase below the threshold, which
+bounds it. :meth:`_Proof.run` then reads postings best first, the phrase with the highest
+bound first (a phrase through its longest word), until the k-th best row passing the filters
+beats the best score a row not found yet can have (:meth:`_Proof.frontier`). A row whose
+postings leave a frequency unknown waits with its best case (in a query of two words, a row
+found under one word alone waits on its posting of that word) and is scored only if that best
+case can still enter the top: from its text, or with others in one FTS5 pass, whichever
+reads less (the rows' tokens, the rows of the words' lists), the likeliest few from their
+text first.
+Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
+bounds allow for the difference (impact at most x under A is at most x under avgdl when
+A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+
+**Giving up.** What each way costs is counted, not timed. A proof of several phrases may
+handle (read a posting, settle a row, score one from its text or by FTS5) at most
+:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query: it gives up once
+the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
+reading a phrase down to the depth it needs would, foreseen after a first batch and whenever
+the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
+
+**Counts.** Each phrase's count (its idf) and the whole query's are kept per file
+(:class:`_Counter`): a count of the rows at or below the batch boundary stays exact while no
+such row changes (the triggers count every change of one in ``search_row_changes``), so a
+query asked again counts only the rows past the boundary it was counted to.
+
+Every knob is a field of :class:`Ranking`, passed by the caller (``search_messages(...,
+ranking=...)``); none changes the order.
 """
 
 from __future__ import annotations
@@ -62,11 +57,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_state_bm25 import B, K1, Bm25Stats, bm25_score, column_tokens, count_matches
+from hermes_state_bm25 import K1, Bm25Stats, bm25_score, bm25_sql, bm25_sql_params
+from hermes_state_bm25 import column_tokens, count_matches
 from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
 from hermes_state_bm25 import fts5_text, phrase_frequency
 from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
-from hermes_state_errors import is_sqlite_lock_error
+from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
 from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
 from hermes_state_impact import IndexMismatch, IndexState, consistent, index_error
 from hermes_state_impact import least_frequency, notice_damage, read_state
@@ -74,11 +70,8 @@ from hermes_state_impact import least_frequency, notice_damage, read_state
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
-    "QUEUE_SCAN_LIMIT",
-    "MAX_WALK_POSTINGS",
-    "MAX_UNFLUSHED_SCORED",
-    "EXACT_RANK_ROWS",
-    "FEW_ROWS",
+    "Ranking",
+    "RANKING",
     "Conjunction",
     "conjunction",
     "match_count",
@@ -88,9 +81,6 @@ __all__ = [
     "WORD_ABSENT_SQL",
 ]
 
-QUEUE_SCAN_LIMIT = 64
-MAX_WALK_POSTINGS = 40_000
-MAX_RESOLVED_ROWS = 4_000
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
 _BOUND_SLACK = 1e-9
 
@@ -250,7 +240,6 @@ r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) 
 SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM r) AS well_formed FROM r
 ORDER BY score DESC, id LIMIT ?
 """
-SHARE_SQL = "? * ((f{j} * ?) / (f{j} + ? * (1 - ? + ? * d / ?)))"
 # The text of the rows that pass the filters, and their length in tokens as FTS5 keeps it (the
 # column sizes in %_docsize). Most rows waiting on a word's frequency lack it, and a row of
 # ASCII text that lacks a word even as a substring of its lower-cased text has no token that
@@ -279,53 +268,80 @@ SELECT rowid FROM messages_fts
 WHERE messages_fts MATCH ? AND rowid IN (SELECT value FROM json_each(?))
 """
 
-FIRST_BATCH_POSTINGS = 32
-MAX_BATCH_POSTINGS = 1024
-# Rows matching a query of several words or a phrase up to which FTS5 ranks them itself: its
-# count is cheap, and ranking that many costs about what a proof does.
-EXACT_RANK_ROWS = 12_000
-# The proof for a query of several words gives up (FTS5 ranks) when it would have to read a
-# word's postings down to this close to the threshold.
-ABORT_MARGIN = 0.03
-# A phrase whose words are all indexed together in fewer rows than this many times the rows
-# wanted is ranked by FTS5: its best rows are mostly rows the index holds under some words only.
-PHRASE_PROBE = 4
-# What scoring rows costs, in µs (measured at 200,000 messages): from their text, per row and
-# per token; by FTS5 in one pass, per row of each word's list (it reads them all, for the idf
-# too; a phrase's words about half as much: its rarest word lets FTS5 skip through the others'
-# lists) and per row scored.
-TEXT_ROW_COST = 8.0
-TEXT_TOKEN_COST = 0.06
-FTS_LIST_ROW_COST = 0.08
-FTS_PHRASE_FACTOR = 0.5
-FTS_SCORED_ROW_COST = 3.0
-# What the proof costs, in µs, per row it settles from its postings and per posting it reads;
-# what FTS5's own ranking costs per row of the query, beyond walking its words' lists.
-SETTLE_ROW_COST = 10.0
-POSTING_COST = 2.0
-FTS_RANKED_ROW_COST = 0.8
-# Pending rows FTS5 would score: the text of this many times the rows wanted, the likeliest
-# first, is read instead (see :meth:`_Walk.resolve_pending`).
-HEAD_ROWS = 2
-# ...the likeliest of them that pass the filters, among this many times as many.
-HEAD_LOOK = 4
-# The rows indexed under every word that SQLite hands over first, beyond the rows wanted, and
-# how many times that cut is widened (four times each) before they are all scored here.
-EVERYWHERE_FIRST_CUT = 48
-EVERYWHERE_CUTS = 3
-# A single word is read this far before its count is asked for: a rare word is then ranked by
-# FTS5 at once, a common one seldom needs more.
-SINGLE_WORD_PROBE_POSTINGS = 1024
+@dataclass(frozen=True)
+class Ranking:
+    """The knobs of the ranking through the impact index, each a count or a share of one: a
+    caller or a test passes its own to :func:`top_k` or to ``search_messages``; none changes
+    the order, only which way it is found.
+
+    What a way costs is counted, not timed: the proof handles rows (a posting read, a row's
+    postings settled, a row scored from its text or by FTS5), and FTS5's own ranking of a
+    query of several phrases scores every row that matches it; an FTS5 pass over chosen rows
+    walks every row of its words' lists, a row's text is read token by token."""
+
+    # Rows matching a query of several words or a phrase up to which FTS5 ranks them itself:
+    # its count is cheap, and ranking that many costs about what a proof does.
+    exact_rank_rows: int = 12_000
+    # A single word is read this far before its count is asked for: a rare word is then ranked
+    # by FTS5 at once, a common one seldom needs more.
+    single_word_probe_postings: int = 1024
+    # Queued rows (changed, or written below the boundary by another program) and matching
+    # rows past the batch boundary scored from their text; with more, FTS5 ranks.
+    queue_scan_limit: int = 64
+    max_unflushed_scored: int = 256
+    # The most postings a proof reads and rows it scores from their text before FTS5 ranks.
+    max_walk_postings: int = 40_000
+    max_resolved_rows: int = 4_000
+    # A word's postings are read in batches, doubling from the first to the largest.
+    first_batch_postings: int = 32
+    max_batch_postings: int = 1024
+    # The proof for a query of several words gives up (FTS5 ranks) when it would have to read
+    # a word's postings down to this close to the threshold.
+    abort_margin: float = 0.03
+    # A phrase whose words are all indexed together in fewer rows than this many times the
+    # rows wanted is ranked by FTS5: its best rows are mostly rows the index holds under some
+    # words only.
+    phrase_probe: int = 4
+    # Pending rows FTS5 would score: the text of this many times the rows wanted, the
+    # likeliest first, is read instead (see :meth:`_Walk.resolve_pending`)...
+    head_rows: int = 2
+    # ...the likeliest of them that pass the filters, among this many times as many.
+    head_look: int = 4
+    # The rows indexed under every word that SQLite hands over first, beyond the rows wanted,
+    # and how many times that cut is widened (four times each) before they are all scored here.
+    everywhere_first_cut: int = 48
+    everywhere_cuts: int = 3
+    # The proof of a query of several phrases handles at most this share of the rows FTS5
+    # would score to rank it (a row is handled in Python, scored by FTS5 in C).
+    proof_share: float = 0.25
+    # How rows left waiting are scored: "estimate" (from their text when that reads fewer
+    # tokens than an FTS5 pass walks rows of its words' lists, else by FTS5), "text", "fts5".
+    score_waiting_by: str = "estimate"
+    # False: FTS5 ranks every query (a reference to compare the proofs with).
+    proofs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.score_waiting_by not in WAITING_ROWS_BY:
+            raise InvalidInputError(
+                f"score_waiting_by must be one of {WAITING_ROWS_BY}, got "
+                f"{self.score_waiting_by!r}", argument="score_waiting_by")
+
+
+WAITING_ROWS_BY = ("estimate", "text", "fts5")
+
+
+RANKING = Ranking()
 
 
 class _Cursor:
     """A word's postings, best first: (token, row id) pairs."""
 
-    def __init__(self, conn: sqlite3.Connection, term: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, term: str, ranking: Ranking) -> None:
         self.conn, self.term = conn, term
         self._rows = conn.execute(VOCAB_SQL, (term + "_", term + "`"))
         self._buffer: list[tuple[str, int]] = []
-        self.batch = FIRST_BATCH_POSTINGS
+        self.batch = ranking.first_batch_postings
+        self.max_batch = ranking.max_batch_postings
         self.next = self._read()
 
     def close(self) -> None:
@@ -362,7 +378,7 @@ class _Cursor:
         while self.next is not None and len(postings) < self.batch:
             postings.append(self.next)
             self.next = self._read()
-        self.batch = min(self.batch * 2, MAX_BATCH_POSTINGS)
+        self.batch = min(self.batch * 2, self.max_batch)
         return postings
 
 
@@ -378,20 +394,21 @@ class _Walk:
     index: IndexState
     avgdl: float
     idfs: list[float]  # per phrase, in query order
+    ranking: Ranking
     top: list[tuple[float, int]] = field(default_factory=list)  # min-heap of (score, -id)
     # Exactly scored rows whose filters are not checked yet: max-heap of (-score, id).
     unchecked: list[tuple[float, int]] = field(default_factory=list)
     pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
     seen: set[int] = field(default_factory=set)
     resolved: int = 0
-    # What FTS5 costs to score pending rows (µs, before the rows it scores): None when scores
+    # The rows of its words' lists an FTS5 pass over pending rows walks: None when scores
     # leave out the idf, so FTS5's own cannot resolve them.
-    fts_cost: float | None = None
+    fts_list_rows: int | None = None
     lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
-    spent: float = 0.0  # what the proof has cost so far (µs, estimated)
+    handled: int = 0  # the rows the proof has handled so far
     # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
     passed_over: set[float] = field(default_factory=set)
-    heads_spent: float = 0.0  # what reading the likeliest pending rows' text has cost (µs)
+    heads_read: int = 0  # the tokens of the likeliest pending rows' text read so far
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -495,32 +512,33 @@ class _Walk:
         """Score the pending rows whose best case reaches ``floor`` (all of them for None);
         False when there were none.
 
-        Their text scores them, or FTS5 in one pass, whichever costs less by estimate. Before
-        such a pass the text of the :data:`HEAD_ROWS` × wanted likeliest (highest best cases)
-        that pass the filters is read instead, while what those reads cost stays below the
-        pass: the top they make leaves most of the others out, and the others wait on."""
+        Their text scores them, or FTS5 in one pass, whichever reads fewer (tokens of their
+        text, rows of the words' lists). Before such a pass the text of the
+        :attr:`Ranking.head_rows` × wanted likeliest (highest best cases) that pass the filters
+        is read instead, while the tokens those reads take stay fewer than the pass walks: the
+        top they make leaves most of the others out, and the others wait on."""
         due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
-        text_cost = self._text_cost(due)
-        fts_cost = None if self.fts_cost is None else (
-            self.fts_cost + FTS_SCORED_ROW_COST * len(due))
-        head = HEAD_ROWS * self.wanted
-        if fts_cost is not None and text_cost > fts_cost and 0 < head < len(due):
-            head_cost = self._text_cost(heapq.nsmallest(head, due))
-            if self.heads_spent + head_cost < fts_cost:
-                self.heads_spent += head_cost
-                self.spent += head_cost
+        tokens = self._tokens(due)
+        by = self.ranking.score_waiting_by
+        walked = self.fts_list_rows  # by an FTS5 pass
+        by_text = walked is None or by == "text" or (by == "estimate" and tokens <= walked)
+        head = self.ranking.head_rows * self.wanted
+        if walked is not None and not by_text and by == "estimate" and 0 < head < len(due):
+            head_tokens = self._tokens(heapq.nsmallest(head, due))
+            if self.heads_read + head_tokens < walked:
+                self.heads_read += head_tokens
+                self.handled += head
                 self.resolve_texts(self._likeliest(head))
                 return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
         heapq.heapify(self.pending)
         ids = sorted(row_id for _, row_id in due)
-        if fts_cost is None or text_cost <= fts_cost:
-            self.spent += text_cost
+        self.handled += len(ids)
+        if by_text:
             self.resolve_texts(ids)
         elif ids := sorted(self.passing(ids)):
-            self.spent += fts_cost
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
@@ -528,9 +546,10 @@ class _Walk:
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
-        taken off the heap, in id order: the likeliest :data:`HEAD_LOOK` × ``n`` are checked, and
-        those failing the filters dropped (they cannot enter the top)."""
-        looked = [heapq.heappop(self.pending) for _ in range(min(HEAD_LOOK * n, len(self.pending)))]
+        taken off the heap, in id order: the likeliest :attr:`Ranking.head_look` × ``n`` are
+        checked, and those failing the filters dropped (they cannot enter the top)."""
+        look = min(self.ranking.head_look * n, len(self.pending))
+        looked = [heapq.heappop(self.pending) for _ in range(look)]
         passing = self.passing(row_id for _, row_id in looked)
         taken: list[int] = []
         for item in looked:
@@ -542,21 +561,18 @@ class _Walk:
                 heapq.heappush(self.pending, item)
         return sorted(taken)
 
-    def _text_cost(self, due: Sequence[tuple[float, int]]) -> float:
-        """What scoring these pending rows from their text costs (µs, estimated)."""
-        tokens = sum(self.lengths.get(row_id, round(self.avgdl)) for _, row_id in due)
-        return TEXT_ROW_COST * len(due) + TEXT_TOKEN_COST * tokens
+    def _tokens(self, due: Sequence[tuple[float, int]]) -> int:
+        """The tokens of these pending rows' text (a row of unknown length counts avgdl)."""
+        return sum(self.lengths.get(row_id, round(self.avgdl)) for _, row_id in due)
 
-    def pending_cost(self) -> float:
-        """What scoring every pending row by FTS5 would cost (µs, estimated)."""
-        if self.fts_cost is None or not self.pending:
-            return 0.0
-        return self.fts_cost + FTS_SCORED_ROW_COST * len(self.pending)
+    def pending_rows(self) -> int:
+        """The rows scoring every pending row by FTS5 would handle (none when it cannot)."""
+        return 0 if self.fts_list_rows is None else len(self.pending)
 
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`): rows ``search_impact_fts``
         indexes, so each has its postings in ``search_impact``, or the two disagree."""
-        self.spent += SETTLE_ROW_COST * len(ids)
+        self.handled += len(ids)
         sql, params = self.postings_sql
         rows = self.conn.execute(sql, (*params, json.dumps(list(ids)))).fetchall()
         if len(rows) < len(set(ids)):
@@ -593,7 +609,7 @@ class _Walk:
         present = " AND ".join(f"t{j} IS NOT NULL" for j in range(len(words)))
         frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
         column = {w: j for j, w in enumerate(words)}
-        score = " + ".join(SHARE_SQL.format(j=column[p[0]]) for p in self.conj.phrases)
+        score = bm25_sql([f"f{column[p[0]]}" for p in self.conj.phrases], "d")
         fs = ", ".join(f"f{j}" for j in range(len(words)))
         sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
                                         score=score, fs=fs)
@@ -601,10 +617,9 @@ class _Walk:
         for word in words:
             params += [" " + word + "_", len(word) + 6]
         params += [json.dumps(list(ids)), self.index.epoch]
-        for idf in self.idfs:
-            params += [idf, K1 + 1.0, K1, B, B, self.avgdl]
-        limit = EVERYWHERE_FIRST_CUT + self.wanted
-        for _ in range(EVERYWHERE_CUTS):
+        params += bm25_sql_params(self.idfs, self.avgdl)
+        limit = self.ranking.everywhere_first_cut + self.wanted
+        for _ in range(self.ranking.everywhere_cuts):
             rows = self.conn.execute(sql, (*params, limit)).fetchall()
             if not rows or rows[0][-1] != len(ids):
                 break  # a row without the postings it should have: score every one here
@@ -704,19 +719,19 @@ UNFLUSHED_MATCHES_SQL = """
 SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?
 """
 QUEUED_SQL = "SELECT id FROM search_impact_queue LIMIT ?"
-MAX_UNFLUSHED_SCORED = 256
 
 
 def _outside_the_index(
-    conn: sqlite3.Connection, conj: Conjunction, index: IndexState
+    conn: sqlite3.Connection, conj: Conjunction, index: IndexState, ranking: Ranking
 ) -> tuple[set[int], list[int]] | None:
     """(Rows whose postings must be ignored, those of them that match), or None."""
-    queued = [r[0] for r in conn.execute(QUEUED_SQL, (QUEUE_SCAN_LIMIT + 1,))]
-    if len(queued) > QUEUE_SCAN_LIMIT:
+    limit = ranking.queue_scan_limit
+    queued = [r[0] for r in conn.execute(QUEUED_SQL, (limit + 1,))]
+    if len(queued) > limit:
         return None
-    args = (conj.match, index.indexed, MAX_UNFLUSHED_SCORED + 1)
+    args = (conj.match, index.indexed, ranking.max_unflushed_scored + 1)
     unflushed = [r[0] for r in conn.execute(UNFLUSHED_MATCHES_SQL, args)]
-    if len(unflushed) > MAX_UNFLUSHED_SCORED:
+    if len(unflushed) > ranking.max_unflushed_scored:
         return None
     if queued:
         unflushed += [r[0] for r in conn.execute(MATCHING_SQL, (conj.match, json.dumps(queued)))]
@@ -729,16 +744,17 @@ def top_k(
     filters: str,
     params: Sequence[object],
     wanted: int,
+    ranking: Ranking = RANKING,
 ) -> list[int] | None:
     """The ids of the best ``wanted`` rows matching ``conj`` and the ``filters`` (an SQL
     condition on ``m`` = messages and ``s`` = sessions, starting with AND), best first, ties by
     id — or None when the impact index cannot prove them (the caller ranks with FTS5)."""
     if wanted <= 0:
         return []
-    if not formula_matches_fts5():
+    if not ranking.proofs or not formula_matches_fts5():
         return None
     try:
-        return _top_k(conn, conj, filters, params, wanted)
+        return _top_k(conn, conj, filters, params, wanted, ranking)
     except INDEX_FAULTS as exc:
         if not index_error(exc):
             raise
@@ -761,56 +777,10 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     return count_matches(conn, "messages_fts", expression)
 
 
-# A query of several words or a phrase matching up to this many rows may be scored here from
-# its rows' text: FTS5's bm25() would scan each phrase once more for its idf, which the cached
-# counts give; it is, when that scan costs more than reading the rows' text by estimate.
-FEW_ROWS = 400
-MATCHING_ROWS_SQL = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?"
-# A row matching several words or a phrase is longer than most: about twice the mean length
-# (the benchmark's corpus at 20,000 and 200,000 messages).
-MATCH_LENGTH = 2.0
-# FTS5's walk for the idf costs about this share of its walk to match (measured at 200,000).
-FTS_IDF_SHARE = 0.3
-
-
-def _few_rows(
-    conn: sqlite3.Connection,
-    conj: Conjunction,
-    filters: str,
-    params: Sequence[object],
-    wanted: int,
-    index: IndexState,
-    stats: Bm25Stats,
-    count: Callable[[str], int],
-) -> list[int] | None:
-    """The best ``wanted`` rows of a query matching at most :data:`FEW_ROWS` rows, scored
-    exactly from their text (None for more, or when FTS5 would rank them faster). It reads
-    ``messages_fts`` only, so rows past the batch boundary and queued ones need nothing of
-    their own."""
-    rows = count(conj.match)
-    if rows > FEW_ROWS:
-        return None
-    phrases = list(dict.fromkeys(conj.phrases))
-    # Both ways walk the phrases' lists to find the rows; FTS5 then walks them again, more
-    # cheaply, for each phrase's idf, and scores the rows; here their text is read.
-    text_cost = rows * (TEXT_ROW_COST + TEXT_TOKEN_COST * MATCH_LENGTH * stats.avgdl)
-    fts_cost = FTS_IDF_SHARE * _fts_pass_cost(phrases, count) + FTS_SCORED_ROW_COST * rows
-    if fts_cost < text_cost:
-        return None
-    idfs = {p: stats.idf(count(phrase_match(p))) for p in phrases}
-    walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idfs[p] for p in conj.phrases])
-    ids = [r[0] for r in conn.execute(MATCHING_ROWS_SQL, (conj.match,))]
-    walk.resolve_texts(sorted(ids))
-    return [row_id for _, row_id in sorted((-score, -negated) for score, negated in walk.top)]
-
-
-def _fts_pass_cost(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> float:
-    """What FTS5 costs (µs) to walk these phrases once and count each for its idf, before the
-    rows it scores: the rows of every word's list."""
-    return FTS_LIST_ROW_COST * sum(
-        count(phrase_match((word,))) * (1 if len(phrase) == 1 else FTS_PHRASE_FACTOR)
-        for phrase in phrases for word in phrase)
+def _list_rows(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> int:
+    """The rows of these phrases' words' lists, which FTS5 walks to match and count them."""
+    return sum(count(phrase_match((word,))) for word in dict.fromkeys(
+        w for phrase in phrases for w in phrase))
 
 
 def _top_k(
@@ -819,6 +789,7 @@ def _top_k(
     filters: str,
     params: Sequence[object],
     wanted: int,
+    ranking: Ranking,
 ) -> list[int] | None:
     index = read_state(conn)
     if index is None or not index.whole:
@@ -831,44 +802,64 @@ def _top_k(
         return []
     count = _Counter(conn, index)
     distinct = list(dict.fromkeys(conj.phrases))
-    if len(distinct) > 1 or len(distinct[0]) > 1:
-        few = _few_rows(conn, conj, filters, params, wanted, index, stats, count)
-        if few is not None:
-            return few
-    # A single word: idf scales every score alike, so it is left out until a near tie needs
-    # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
     if single and len(conj.phrases) > 1:
         # One word again and again: FTS5 adds idf·x once per time, which differs in its last
         # bits from any multiple of x taken before the idf. FTS5 ranks.
         return None
-    # The count of a query of several words decides first (:func:`_few_rows` counted it):
-    # FTS5 ranks a few thousand rows faster than any proof.
-    if not single and count(conj.match) <= EXACT_RANK_ROWS:
-        return None
-    outside = _outside_the_index(conn, conj, index)
-    if outside is None:
-        return None
-    idf_of = {p: 1.0 for p in distinct}
-    fts_cost: float | None = None
-    budget = math.inf  # what FTS5's own ranking of the query would cost (µs, estimated)
     everywhere: list[int] = []
     if not single:
-        # Rows indexed under every word of the query (cheap to list, they need no idf yet):
-        # too few, and the best rows cannot be proven from the index.
+        # Rows indexed under every word of the query (cheap to list, from the impact index
+        # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
+        # such a query (most often a rare one) before anything is counted.
         words = dict.fromkeys(t for p in distinct for t in p)
         expression = " AND ".join(f'"{t}"' for t in words)
         everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        if len(everywhere) < wanted * (PHRASE_PROBE if len(distinct) == 1 else 1):
+        if len(everywhere) < wanted * (ranking.phrase_probe if len(distinct) == 1 else 1):
             return None
+        # Then the count: FTS5 ranks a few thousand rows faster than any proof (and it counts
+        # each phrase for its idf as a proof would).
+        if count(conj.match) <= ranking.exact_rank_rows:
+            return None
+    outside = _outside_the_index(conn, conj, index, ranking)
+    if outside is None:
+        return None
+    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside,
+                   everywhere, ranking)
+    if proof is None:
+        return None
+    try:
+        unseen = proof.run()
+        if unseen is None:
+            return None
+        return proof.ranked(unseen, stats)
+    finally:
+        proof.close()
+
+
+def _start(
+    conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
+    wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
+    outside: tuple[set[int], list[int]], everywhere: list[int], ranking: Ranking,
+) -> _Proof | None:
+    """The proof of a query's top, its rows outside the index scored, and for a query of
+    several phrases the rows ``everywhere`` (indexed under every word) (None: FTS5 ranks)."""
+    distinct = list(dict.fromkeys(conj.phrases))
+    # A single word: idf scales every score alike, so it is left out until a near tie needs
+    # it. Otherwise each phrase weighs its own idf.
+    single = len(distinct) == 1 and len(distinct[0]) == 1
+    idf_of = {p: 1.0 for p in distinct}
+    fts_list_rows: int | None = None
+    budget = math.inf  # the rows the proof may handle
+    if not single:
         # The phrases' counts give their idf.
         idf_of = {p: stats.idf(count(phrase_match(p))) for p in distinct}
-        fts_cost = _fts_pass_cost(distinct, count)
-        budget = fts_cost + FTS_RANKED_ROW_COST * count(conj.match)
+        fts_list_rows = _list_rows(distinct, count)
+        budget = ranking.proof_share * count(conj.match)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], seen=outside[0], fts_cost=fts_cost)
+                 [idf_of[p] for p in conj.phrases], ranking, seen=outside[0],
+                 fts_list_rows=fts_list_rows)
     walk.resolve_texts(sorted(outside[1]))
-    weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
@@ -880,94 +871,140 @@ def _top_k(
             walk.settle(new)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
+    weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
     # Each phrase is read through its longest word: likely its rarest, with fewest postings.
-    cursors = {p: _Cursor(conn, max(p, key=len)) for p in distinct}
-    # Two words: a row the postings of one of them find later is not indexed under the other.
-    pair = len(distinct) == 2 and all(len(p) == 1 for p in distinct)
-    try:
-        floor = walk.most(THRESHOLD)
-        read = settled = 0
-        foresee_at = 1
+    cursors = {p: _Cursor(conn, max(p, key=len), ranking) for p in distinct}
+    return _Proof(walk, cursors, weight, budget, count, ranking)
+
+
+@dataclass
+class _Proof:
+    """The postings of a query's phrases read best first until the top is proven."""
+
+    walk: _Walk
+    cursors: dict[tuple[str, ...], _Cursor]
+    weight: dict[tuple[str, ...], float]  # each distinct phrase's idf, times its repeats
+    budget: float  # the rows the proof may handle (a share of those FTS5 would score)
+    count: _Counter
+    ranking: Ranking
+    read: int = 0  # postings read
+    settled: int = 0  # rows those postings found, scored or left waiting
+    foresee_at: int = 1
+
+    @property
+    def single(self) -> bool:
+        return len(self.cursors) == 1 and len(next(iter(self.cursors))) == 1
+
+    def close(self) -> None:
+        for cursor in self.cursors.values():
+            cursor.close()
+
+    def frontier(self) -> tuple[float, dict[tuple[str, ...], float], list[tuple[str, ...]]]:
+        """(The best score of a row not found yet, each phrase's best share of it, the phrases
+        whose postings can still find one)."""
+        shares = {p: self.weight[p] * self.walk.most(c.bound()) for p, c in self.cursors.items()}
+        if self.single:
+            return next(iter(shares.values())), shares, list(shares)
+        # The unseen row's phrase below the threshold, whichever it is, weighs least.
+        floor = self.walk.most(THRESHOLD)
+        total = sum(shares.values())
+        below = max(shares, key=lambda p: total - shares[p] + self.weight[p] * floor)
+        unseen = total - shares[below] + self.weight[below] * floor
+        return unseen, shares, [p for p in shares if p != below]
+
+    def run(self) -> float | None:
+        """Read until the k-th best row beats every row not found: the best score such a row
+        can have, or None when FTS5 is the faster way (or the proof cannot be made)."""
+        walk = self.walk
         while True:
-            shares = {p: weight[p] * walk.most(c.bound()) for p, c in cursors.items()}
-            if single:
-                unseen, readable = shares[distinct[0]], distinct
-            else:
-                # The unseen row's phrase below the threshold, whichever it is, weighs least.
-                total = sum(shares.values())
-                below = max(distinct, key=lambda p: total - shares[p] + weight[p] * floor)
-                unseen = total - shares[below] + weight[below] * floor
-                readable = [p for p in distinct if p != below]
+            unseen, shares, readable = self.frontier()
             kth = walk.kth()
-            live = [p for p in readable if cursors[p].next is not None]
+            live = [p for p in readable if self.cursors[p].next is not None]
             only_pending = (kth is not None and kth > unseen) or not live
-            # FTS5 ranks once what the proof has cost and what its waiting rows would cost
-            # reach FTS5's own ranking; when only those rows are left, once they alone would.
-            if walk.pending_cost() + (0.0 if only_pending else walk.spent) > budget:
+            # FTS5 ranks once the rows the proof has handled and its waiting rows reach its
+            # budget; when only those rows are left, once they alone would.
+            if walk.pending_rows() + (0 if only_pending else walk.handled) > self.budget:
                 return None
             if only_pending:
                 if walk.resolve_pending(kth):
                     continue  # the top moved: check the proof again
-                if kth is not None and kth > unseen:
-                    break
-                return None  # the proof cannot be made: FTS5 ranks
-            if walk.resolved > MAX_RESOLVED_ROWS or read > MAX_WALK_POSTINGS:
+                return unseen if kth is not None and kth > unseen else None
+            if (walk.resolved > self.ranking.max_resolved_rows
+                    or self.read > self.ranking.max_walk_postings):
                 return None
             phrase = max(live, key=lambda p: shares[p])
-            if not single and kth is not None:
-                # How far this phrase's postings must be read for the proof: nearly to the end
-                # means reading a common word's whole list, where FTS5 is the faster way.
-                reach = walk.reference_for((kth - unseen + shares[phrase]) / weight[phrase])
-                if reach is None or reach < THRESHOLD + ABORT_MARGIN:
-                    return None
-                if read >= foresee_at:
-                    # After a first batch, and whenever the postings read have doubled: what
-                    # reading down to that depth would cost, at the share of postings settled
-                    # so far, against FTS5's own ranking.
-                    foresee_at = 2 * read
-                    per_posting = POSTING_COST + settled / read * (
-                        SETTLE_ROW_COST + FTS_SCORED_ROW_COST)
-                    ahead = cursors[phrase].left(reach) * per_posting + walk.pending_cost()
-                    if ahead > budget:
-                        return None
-            postings = cursors[phrase].take()
-            if single and read < SINGLE_WORD_PROBE_POSTINGS <= read + len(postings):
-                if count(conj.match) <= EXACT_RANK_ROWS:
-                    return None
-            read += len(postings)
-            walk.spent += POSTING_COST * len(postings)
-            fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
-            walk.seen.update(row_id for _, row_id in fresh)
-            if single:
-                walk.offer_single(fresh, kth)
+            if kth is not None and not self.worth_reading(phrase, kth, unseen, shares[phrase]):
+                return None
+            if not self.read_batch(phrase, kth):
+                return None
+
+    def worth_reading(self, phrase: tuple[str, ...], kth: float, unseen: float,
+                      share: float) -> bool:
+        """Whether reading this phrase's postings as deep as the proof needs stays within its
+        budget: nearly to the end means reading a common word's whole list, where FTS5 is the
+        faster way."""
+        if self.single:
+            return True
+        reach = self.walk.reference_for((kth - unseen + share) / self.weight[phrase])
+        if reach is None or reach < THRESHOLD + self.ranking.abort_margin:
+            return False
+        if self.read < self.foresee_at:
+            return True
+        # After a first batch, and whenever the postings read have doubled: the rows reading
+        # down to that depth would handle, each posting and, at the share of postings settled
+        # so far, the row it finds.
+        self.foresee_at = 2 * self.read
+        per_posting = 1.0 + self.settled / self.read
+        ahead = self.cursors[phrase].left(reach) * per_posting + self.walk.pending_rows()
+        return ahead <= self.budget
+
+    def read_batch(self, phrase: tuple[str, ...], kth: float | None) -> bool:
+        """Read the phrase's next postings and score (or set waiting) the rows they find; False
+        when the word proves rare enough for FTS5 to rank at once."""
+        walk, ranking = self.walk, self.ranking
+        postings = self.cursors[phrase].take()
+        probe = ranking.single_word_probe_postings
+        if self.single and self.read < probe <= self.read + len(postings):
+            if self.count(walk.conj.match) <= ranking.exact_rank_rows:
+                return False
+        self.read += len(postings)
+        walk.handled += len(postings)
+        fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
+        walk.seen.update(row_id for _, row_id in fresh)
+        if self.single:
+            walk.offer_single(fresh, kth)
+            return True
+        if kth is not None and len(phrase) == 1:
+            # The other phrases' best shares do not change within a batch.
+            others = [(self.weight[q], self.weight[q] * walk.most(c.bound()))
+                      for q, c in self.cursors.items() if q != phrase]
+            best: dict[str, float] = {}
+            for token, _ in fresh:
+                if token not in best:
+                    best[token] = _token_best(walk, self.weight[phrase], token, others)
+            fresh = [(t, r) for t, r in fresh if best[t] >= kth]
+        if fresh:
+            self.settled += len(fresh)
+            # Two words: a row the postings of one of them find later is not indexed under
+            # the other.
+            if len(self.cursors) == 2 and all(len(p) == 1 for p in self.cursors):
+                walk.wait_below(phrase[0], fresh)
             else:
-                if kth is not None and len(phrase) == 1:
-                    # The other phrases' best shares do not change within a batch.
-                    others = [(weight[q], weight[q] * walk.most(c.bound()))
-                              for q, c in cursors.items() if q != phrase]
-                    best: dict[str, float] = {}
-                    for token, _ in fresh:
-                        if token not in best:
-                            best[token] = _token_best(walk, weight[phrase], token, others)
-                    fresh = [(t, r) for t, r in fresh if best[t] >= kth]
-                if fresh:
-                    settled += len(fresh)
-                    if pair:
-                        walk.wait_below(phrase[0], fresh)
-                    else:
-                        walk.settle([row_id for _, row_id in fresh])
-        if single and walk.tie_at_the_edge(unseen):
+                walk.settle([row_id for _, row_id in fresh])
+        return True
+
+    def ranked(self, unseen: float, stats: Bm25Stats) -> list[int] | None:
+        """The proven top's ids, best first (None: FTS5 ranks, the idf could tie its edge)."""
+        walk = self.walk
+        if self.single and walk.tie_at_the_edge(unseen):
             return None  # FTS5 ranks: which of the two makes the page depends on the idf
         ranked = sorted((-score, -negated) for score, negated in walk.top)
-        if single and _near_tie([s for s, _ in ranked]):
+        if self.single and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
             # idf, as FTS5 does; recompute them that way.
-            idf = stats.idf(count(phrase_match(distinct[0])))
+            idf = stats.idf(self.count(phrase_match(next(iter(self.cursors)))))
             ranked = sorted((s * idf, i) for s, i in ranked)
         return [row_id for _, row_id in ranked]
-    finally:
-        for cursor in cursors.values():
-            cursor.close()
 
 
 def _token_best(

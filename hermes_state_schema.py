@@ -26,7 +26,10 @@ files with its own numbers (21, say) without ever having run steps 12 and 18 of 
 a version alone cannot tell that those data rules are still owed: when the bootstrap has to add
 ``messages.message_uid``, the file never had them, and they run right there
 (:func:`restore_data_invariants`; both are idempotent, so a file of this library's own early
-versions is unaffected).
+versions is unaffected). The data steps the previous store itself ran on opening a file older
+than them are owed there too, gated by the file's stamp in its numbering: the gateway metadata
+from ``sessions/sessions.json`` beside the file (before 18) and per-model usage rows seeded
+from each session's totals (before 20); see :func:`_previous_store_backfills`.
 
 A database whose version is newer than this library's is never touched: it raises
 :class:`~hermes_state_errors.StateDbUnavailableError` with reason ``"incompatible"``.
@@ -483,6 +486,93 @@ def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
     _migrate_message_uids(conn)
 
 
+_GATEWAY_BACKFILL_SQL = """
+UPDATE sessions SET
+    session_key = COALESCE(session_key, :session_key),
+    chat_id = COALESCE(chat_id, :chat_id),
+    chat_type = COALESCE(chat_type, :chat_type),
+    thread_id = COALESCE(thread_id, :thread_id),
+    display_name = COALESCE(display_name, :display_name),
+    origin_json = COALESCE(origin_json, :origin_json),
+    expiry_finalized = CASE WHEN COALESCE(expiry_finalized, 0) = 0 AND :finalized
+                            THEN 1 ELSE expiry_finalized END
+WHERE id = :id
+"""
+# One usage row per session from its totals (the previous store's files before per-model
+# usage had only those); a row already there for the same key is kept.
+_SEED_USAGE_SQL = """
+INSERT OR IGNORE INTO session_model_usage (
+    session_id, model, billing_provider, billing_base_url, billing_mode, task,
+    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+    estimated_cost_usd, actual_cost_usd, api_call_count, first_used_at, last_used_at)
+SELECT id, COALESCE(model, 'unknown'), COALESCE(billing_provider, ''),
+       COALESCE(billing_base_url, ''), COALESCE(billing_mode, ''), '',
+       COALESCE(input_tokens, 0), COALESCE(output_tokens, 0), COALESCE(cache_read_tokens, 0),
+       COALESCE(cache_write_tokens, 0), COALESCE(reasoning_tokens, 0), estimated_cost_usd,
+       actual_cost_usd, COALESCE(api_call_count, 0), started_at, COALESCE(ended_at, started_at)
+FROM sessions
+WHERE COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) + COALESCE(cache_read_tokens, 0)
+      + COALESCE(cache_write_tokens, 0) + COALESCE(reasoning_tokens, 0) > 0
+"""
+
+
+def _previous_store_backfills(conn: sqlite3.Connection, stamp: int, /) -> None:
+    """The data steps the previous store ran when it opened a file of its own numbering older
+    than the step, owed to a file it wrote at ``stamp`` (one this library never wrote: see
+    the module doc). Before 18 the gateway's ``sessions/sessions.json`` beside the file fills
+    routing and display columns that are still NULL; before 20 each session with token totals
+    gets a per-model usage row from them. Each fills only what is missing, so running it again
+    changes nothing. (Its step 16, tagging children that look like subagent runs
+    ``_delegate_from`` by a guess, is not taken: a tagged child is deleted with its parent, and
+    a guess must not make a deletion take more; a file at 16 or later has its tags already.)"""
+    if stamp < 18:
+        for params in _gateway_index_rows(conn):
+            conn.execute(_GATEWAY_BACKFILL_SQL, params)
+    if stamp < 20:
+        conn.execute(_SEED_USAGE_SQL)
+
+
+def _gateway_index_rows(conn: sqlite3.Connection) -> list[dict[str, object]]:
+    """The gateway's ``sessions.json`` (under ``sessions/`` beside the database file) as
+    parameters of :data:`_GATEWAY_BACKFILL_SQL`; none when it is absent or not an index (it is
+    a best-effort source: a session it does not name keeps its columns as they are)."""
+    row = conn.execute("SELECT file FROM pragma_database_list WHERE name = 'main'").fetchone()
+    if not row or not row[0]:
+        return []
+    index = Path(row[0]).parent / "sessions" / "sessions.json"
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    rows: list[dict[str, object]] = []
+    for key, entry in data.items():
+        if str(key).startswith("_") or not isinstance(entry, dict):
+            continue
+        session_id = entry.get("session_id")
+        if not isinstance(session_id, str) or not session_id:
+            continue
+        origin = entry.get("origin") if isinstance(entry.get("origin"), dict) else None
+        rows.append({
+            "id": session_id,
+            "session_key": _text_or_none(entry.get("session_key")) or str(key),
+            "chat_id": _text_or_none(origin.get("chat_id")) if origin else None,
+            "chat_type": _text_or_none(entry.get("chat_type")),
+            "thread_id": _text_or_none(origin.get("thread_id")) if origin else None,
+            "display_name": _text_or_none(entry.get("display_name")),
+            "origin_json": json.dumps(origin, ensure_ascii=False) if origin else None,
+            "finalized": bool(entry.get("expiry_finalized") or entry.get("memory_flushed")),
+        })
+    return rows
+
+
+def _text_or_none(value: object) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    return value if isinstance(value, str) else str(value) if isinstance(value, int) else None
+
+
 def _finish(conn: sqlite3.Connection, /) -> None:
     """The declared indexes, and the search index when any part of it is missing (created
     empty; the library fills it in the background)."""
@@ -523,11 +613,13 @@ def _bootstrap(conn: sqlite3.Connection, /) -> None:
     such rewrite fail, while the FTS migration rebuilds the indexes from the rows anyway."""
     if (read_version(conn) or 0) >= SCHEMA_VERSION:
         return
+    stamp = read_version(conn)
     _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
     if "messages.message_uid" in _reconcile_columns(conn):
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
+        _previous_store_backfills(conn, stamp or 0)
 
 
 def _complete_current(conn: sqlite3.Connection, /) -> None:

@@ -100,6 +100,7 @@ whole word it begins), CJK and substring hits the text wherever it occurs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -617,8 +618,11 @@ def _literal_where(
 # ---------------------------------------------------------------------------------------------
 
 _SEPARATORS = r"[\W_]+"
-# Between words in folded text, where every character unicode61 separates is ASCII.
-_FOLDED_SEPARATORS = r"[^a-z0-9\x80-\U0010ffff]+"
+# Between words in folded text, where every character unicode61 separates is an ASCII one
+# other than a letter or digit: a class of a few ASCII ranges, quick to compile.
+_FOLDED_SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
+_FOLDED_SEPARATORS = f"[{_FOLDED_SEPARATOR_CLASS}]+"
+_ASCII_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
 def _needle_words(needle: str, folded: bool = False) -> list[str]:
@@ -646,115 +650,138 @@ def _needle_regex(needle: str, folded: bool = False) -> str | None:
     return re.escape(needle) if needle.strip() else None
 
 
-def _needle_start(needle: str, folded: bool = False) -> str:
-    """The literal text every match of the needle's regex starts with."""
-    words = _needle_words(needle, folded)
-    return words[0] if words else needle
+def _token_char(ch: str) -> bool:
+    """What keeps a word going, for word boundaries in snippets of word hits, read in folded
+    text (see :meth:`Marker.spans`, where every character unicode61 separates is an ASCII
+    one): a letter or digit, or any other character left, but not CJK text, which the CJK
+    index reads apart from the letters touching it (``python`` is a word of ``Python入門``)."""
+    return ch in _ASCII_TOKEN_CHARS or (not ch.isascii() and not has_cjk(ch))
 
 
-# What keeps a word going, for word boundaries in snippets of word hits, read in folded text
-# (see :meth:`Marker.spans`, where every character unicode61 separates is a space): a letter
-# or digit, or any other character left, but not CJK text, which the CJK index reads apart
-# from the letters touching it (``python`` is a word of ``Python入門``).
+# :func:`_token_char` as a pattern, for :attr:`Marker.pattern` only: its classes span most of
+# Unicode, and compiling them costs milliseconds.
 _TOKEN_CHAR = rf"(?:(?![{CJK_CHAR_CLASS}])[a-z0-9\x80-\U0010ffff])"
 
 
 @dataclass(frozen=True)
-class Marker:
-    """The pattern a snippet marks, and the literal each of its alternatives starts with.
+class _Needle:
+    """One needle of a marker: its text with any separators between its words (a small
+    pattern), and whether it matches whole tokens only, or as a prefix the whole token it
+    begins."""
 
-    A pattern that starts with a look-behind (whole words) is tried at every position of the
-    text; in ASCII text (read as :meth:`spans` reads it) a match can only start where one of
-    the literals does, so those places are found by ``str.find`` and the pattern is tried there
-    alone. The pattern folds no case, so a literal that is not ASCII never matches ASCII text
-    and is left out."""
-
+    text: str
     pattern: re.Pattern[str]
-    starts: tuple[str, ...]
-    # Whether the pattern's needles are folded as unicode61 folds them (``cafe`` for ``Café``),
-    # so that text is read folded too; else both have their ASCII letters folded, as LIKE
-    # folds case (see :meth:`spans`).
+    words: bool
+    prefix: bool
+    reference: str  # the same as one regular expression, word boundaries included
+
+    def first(self, text: str, pos: int) -> tuple[int, int] | None:
+        """(start, end) of the needle's first match at ``pos`` or after."""
+        while (match := self.pattern.search(text, pos)) is not None:
+            start, end = match.span()
+            pos = start + 1
+            if not self.words:
+                return start, end
+            if start and _token_char(text[start - 1]):
+                continue
+            if self.prefix:
+                while end < len(text) and _token_char(text[end]):
+                    end += 1
+            elif end < len(text) and _token_char(text[end]):
+                continue
+            return start, end
+        return None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What a snippet marks: needles in the order they are tried at a position (the first
+    that matches there is marked, and the scan goes on where it ends).
+
+    Each needle is a small pattern of its own text; whole words are told by the characters
+    around a match (:func:`_token_char`), not by a character class compiled into every
+    pattern, so a new query compiles nothing costly. :attr:`pattern` is the same marker as
+    one regular expression."""
+
+    needles: tuple[_Needle, ...]
+    # Whether the needles are folded as unicode61 folds them (``cafe`` for ``Café``), so that
+    # text is read folded too; else both have their ASCII letters folded, as LIKE folds case
+    # (see :meth:`spans`).
     folded: bool = False
     # Whether some needle holds an ASCII letter (else there is no case to fold).
     cased: bool = True
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern[str]:
+        """The marker as one regular expression: its matches are those of :meth:`finditer`."""
+        return re.compile("|".join(f"(?:{needle.reference})" for needle in self.needles))
 
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
         """(start, end) of each match in ``text``, read as the marker's needles are: folded as
         the index reads it (``café`` and ``CAFE`` are the word cafe, ``sınır`` is not
         ``sinir``), or with ASCII letters folded only (the Kelvin sign is not ``k``)."""
         if not self.folded or text.isascii():
-            read = ascii_lower(text) if self.cased else text
-            yield from (m.span() for m in self.finditer(read))
+            yield from self.finditer(ascii_lower(text) if self.cased else text)
             return
         folded = folded_text(text)
         if len(folded) == len(text):
-            yield from (m.span() for m in self.finditer(folded))
+            yield from self.finditer(folded)
             return
         origins = folded_origins(text)
-        yield from ((origins[m.start()], origins[m.end()]) for m in self.finditer(folded))
+        yield from ((origins[start], origins[end]) for start, end in self.finditer(folded))
 
-    def finditer(self, text: str) -> Iterator[re.Match[str]]:
-        """The matches of :attr:`pattern` in ``text`` (read as :meth:`spans` reads it), as
-        ``pattern.finditer`` finds them."""
-        if not text.isascii():
-            yield from self.pattern.finditer(text)
-            return
+    def finditer(self, text: str) -> Iterator[tuple[int, int]]:
+        """(start, end) of each match in ``text`` (read as :meth:`spans` reads it), left to
+        right without overlaps, as ``pattern.finditer`` finds them."""
+        found: list[tuple[int, int] | None] = [(-1, -1)] * len(self.needles)
         pos = 0
         while True:
-            found = [i for i in (text.find(s, pos) for s in self.starts) if i >= 0]
-            if not found:
+            best: tuple[int, int] | None = None
+            for i, needle in enumerate(self.needles):
+                span = found[i]
+                if span is not None and span[0] < pos:
+                    span = found[i] = needle.first(text, pos)
+                if span is not None and (best is None or span[0] < best[0]):
+                    best = span
+            if best is None:
                 return
-            candidate = min(found)
-            match = self.pattern.match(text, candidate)
-            if match is None:
-                pos = candidate + 1
-                continue
-            yield match
-            pos = max(match.end(), candidate + 1)
+            yield best
+            pos = max(best[1], best[0] + 1)
 
 
-def _ascii_starts(needles: Iterable[str], folded: bool) -> tuple[str, ...]:
-    """The literals the needles' matches in ASCII text start with (a needle that is not ASCII
-    matches none: the pattern folds no case)."""
-    starts = (_needle_start(needle, folded) for needle in needles)
-    return tuple(dict.fromkeys(start for start in starts if start.isascii()))
-
-
-def _needles_re(
+def _needles(
     needles: Iterable[str], *, words: bool = False, prefixes: Iterable[str] = (),
     folded: bool = False,
-) -> str | None:
-    """One pattern for all needles. With ``words`` a needle matches whole tokens only (as a
-    word query matches), a prefix needle any token it begins, marked whole."""
+) -> list[_Needle]:
+    """The needles of a marker, longer ones first (at any position the longest one is
+    marked). With ``words`` a needle matches whole tokens only (as a word query matches), a
+    prefix needle any token it begins, marked whole."""
     prefix_set = set(prefixes)
-    alternatives: dict[str, None] = {}
+    found: dict[str, _Needle] = {}
     for needle in needles:
         rx = _needle_regex(needle, folded)
         if not rx:
             continue
+        prefix = words and needle in prefix_set
+        reference = rx
         if words:
-            tail = _TOKEN_CHAR + "*" if needle in prefix_set else ""
-            rx = f"(?<!{_TOKEN_CHAR}){rx}{tail}(?!{_TOKEN_CHAR})"
-        alternatives[rx] = None
-    if not alternatives:
-        return None
-    # Longer needles first, so that at any position the longest one is marked.
-    ordered = sorted(alternatives, key=lambda rx: (-len(rx), rx))
-    return "|".join(f"(?:{rx})" for rx in ordered)
+            tail = _TOKEN_CHAR + "*" if prefix else ""
+            reference = f"(?<!{_TOKEN_CHAR}){rx}{tail}(?!{_TOKEN_CHAR})"
+        found.setdefault(reference, _Needle(needle, re.compile(rx), words, prefix, reference))
+    return [found[rx] for rx in sorted(found, key=lambda rx: (-len(rx), rx))]
 
 
 def _marker(
-    parts: Sequence[tuple[Sequence[str], str | None]], *, folded: bool = False
+    parts: Sequence[list[_Needle]], *, folded: bool = False
 ) -> Marker | None:
-    """The marker of (needles, their pattern) parts."""
-    rxs = [rx for _, rx in parts if rx is not None]
-    if not rxs:
+    """The marker of these parts' needles, tried part by part."""
+    needles = tuple(needle for part in parts for needle in part)
+    if not needles:
         return None
-    needles = [n for ns, rx in parts if rx is not None for n in ns if _needle_regex(n, folded)]
     # No re.IGNORECASE: Python's case folding makes more letters alike than unicode61's or
     # LIKE's (``ı`` and ``i``, the Kelvin sign and ``k``); the text is read folded instead.
-    cased = any(ch.isascii() and ch.isalpha() for needle in needles for ch in needle)
-    return Marker(re.compile("|".join(rxs)), _ascii_starts(needles, folded), folded, cased)
+    cased = any(ch.isascii() and ch.isalpha() for n in needles for ch in n.text)
+    return Marker(needles, folded, cased)
 
 
 def make_snippet(
@@ -775,7 +802,7 @@ def make_snippet(
         marker = needles
     else:
         listed = [ascii_lower(n) for n in needles]
-        marker = _marker([(listed, _needles_re(listed))])
+        marker = _marker([_needles(listed)])
     spans = marker.spans(text) if marker is not None else iter(())
     return _window(text, next(spans, None), spans, max(width, 1))
 
@@ -817,8 +844,8 @@ def snippet_pattern(plan: SearchPlan, *, words: bool) -> Marker | None:
     needles, prefixes = tuple(map(fold, needles)), tuple(map(fold, prefixes))
     latin = [n for n in needles if not has_cjk(n)]
     cjk = [n for n in needles if has_cjk(n)]
-    return _marker([(latin, _needles_re(latin, words=words, prefixes=prefixes, folded=folded)),
-                    (cjk, _needles_re(cjk, folded=folded))], folded=folded)
+    return _marker([_needles(latin, words=words, prefixes=prefixes, folded=folded),
+                    _needles(cjk, folded=folded)], folded=folded)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -921,11 +948,11 @@ def _match_count(conn: sqlite3.Connection, table: str, match: str) -> int:
 
 def _ranked(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
-    filters: str, params: list[str], wanted: int,
+    filters: str, params: list[str], wanted: int, ranking: rank.Ranking = rank.RANKING,
 ) -> list[int]:
     """The first ``wanted`` rows of ``table`` for ``match`` in relevance order."""
     if conj is not None:
-        ids = rank.top_k(conn, conj, filters, params, wanted)
+        ids = rank.top_k(conn, conj, filters, params, wanted, ranking)
         if ids is not None:
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
@@ -1028,11 +1055,12 @@ def _by_time(
 def _route_ids(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
     filters: str, params: list[str], wanted: int, order: str | None,
+    ranking: rank.Ranking = rank.RANKING,
 ) -> list[tuple[int, Any]]:
     """One route's first ``wanted`` rows, in its order, as (id, sort key)."""
     if order is None:
         return [(row_id, float(n)) for n, row_id in
-                enumerate(_ranked(conn, table, match, conj, filters, params, wanted))]
+                enumerate(_ranked(conn, table, match, conj, filters, params, wanted, ranking))]
     return _by_time(conn, table, match, filters, params, wanted, order == "newest")
 
 
@@ -1058,7 +1086,7 @@ _LIKE_TEXT = "(COALESCE(m.content, '') || char(10) || COALESCE(m.tool_name, '')"
 
 def _word_hits(
     conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], wanted: int,
-    order: str | None,
+    order: str | None, ranking: rank.Ranking = rank.RANKING,
 ) -> list[int]:
     """The first ``wanted`` rows of the word routes in the query's one order.
 
@@ -1086,7 +1114,7 @@ def _word_hits(
             return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
         table, match, conj, route_order, (where, where_params) = routes[position]
         return _route_ids(conn, table, match, conj, filters + where, [*params, *where_params],
-                          wanted, route_order)
+                          wanted, route_order, ranking)
 
     count = len(routes) + bool(plan.cjk_groups)
     if order is None:
@@ -1248,6 +1276,7 @@ def search_messages(
     include_inactive: bool = False,
     *,
     use_index: bool = True,
+    ranking: rank.Ranking = rank.RANKING,
 ) -> list[dict[str, Any]]:
     """Search every session's messages (see the module docstring for the routes).
 
@@ -1264,7 +1293,12 @@ def search_messages(
     rewound rows only with ``include_inactive``, which returns every row. Any text is a valid
     query; one without a usable term finds nothing. Raises :class:`FtsCorruptError` when an
     index proves damaged (the caller detaches it and searches again with ``use_index=False``).
+    ``ranking`` sets how the impact index's proofs weigh their way against FTS5's (see
+    :class:`hermes_state_rank.Ranking`); the order is the same whatever it says.
     """
+    if not isinstance(ranking, rank.Ranking):
+        raise InvalidTypeError(f"ranking must be a Ranking, got {type(ranking).__name__}",
+                               argument="ranking")
     plan = plan_search(query)
     limit, offset = max(integer("limit", limit), 0), max(integer("offset", offset), 0)
     if plan is None or limit == 0:
@@ -1283,7 +1317,7 @@ def search_messages(
     wanted = offset + limit
     if use_index and index_state(conn).usable:
         try:
-            ids = _word_hits(conn, plan, filters, params, wanted, order)
+            ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
             if ids:
                 return _hits(conn, ids[offset:wanted], plan, WORD)
             rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)

@@ -1006,7 +1006,8 @@ def import_sessions(
     record. Result: ``{"ok": True, "imported", "skipped", "detached", "imported_ids",
     "skipped_ids", "errors": []}`` (counts and id lists; replaced sessions count as
     imported), or when any record has a problem ``{"ok": False, "imported": 0, "skipped": 0,
-    "detached": 0, "errors": [{"index", "error"[, "session_id"]}]}`` and nothing is written.
+    "detached": 0, "errors": [{"index", "error", "code"[, "session_id"]}]}`` and nothing is
+    written (``code``: see :class:`ImportRejectedError`).
     ``on_conflict``: an existing session with the same id is skipped (``"skip"``), replaced
     when it differs (``"replace"``), or, when it differs, fails the import (``"fail"``); an
     identical one is always skipped. A parent link is kept when the parent is stored or

@@ -34,6 +34,7 @@ from typing import Any
 
 import hermes_state
 import hermes_state_impact as impact
+from hermes_state_bm25 import column_tokens
 import hermes_state_messages as messages
 import hermes_state_replication as replication
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
@@ -363,18 +364,33 @@ def load_session(conn: sqlite3.Connection, session: CorpusSession) -> None:
 
 
 # --- B3: search latency, against FTS5's own exact ranking ------------------------------------
+#
+# Users seldom ask the same query twice, so each query is timed on its FIRST call in a process
+# that has already served other queries (whatever a process prepares once is ready; nothing of
+# that query is); the same query asked again is timed beside it ("warm"). A query has one first
+# call per process: each time is the median over ``--repeats`` fresh processes. The baselines run
+# the same query in the same run, moments apart: FTS5's exact ranking (``bm25()``), and the
+# previous store's search (FTS5's MATCH ... ORDER BY rank with snippet(), and each hit's
+# neighbours read one hit at a time) for the word classes.
 
 SEARCH_CLASSES = {
+    "random": ("random word", 20.0),
     "en_1term": ("English 1-term", 20.0),
     "en_2term": ("English 2-term", 20.0),
     "en_phrase": ("English phrase", 20.0),
-    "cjk_1char": ("CJK 1-char", 40.0),
-    "cjk_2char": ("CJK 2-char", 40.0),
-    "cjk_4char": ("CJK 4-char", 40.0),
+    "cjk_1char": ("CJK 1-char", 20.0),
+    "cjk_2char": ("CJK 2-char", 20.0),
+    "cjk_4char": ("CJK 4-char", 20.0),
 }
 FILTERED = ("filtered", "English + CJK, source filter", 20.0)
 CJK_SMALL_TARGET_MS = 2.5  # CJK 1-2 characters at 20,000 messages
 SMALL_SIZE = 20_000
+# A query FTS5 ranks this fast (ms) is ranked by FTS5: the search may be at most FAST_SLACK_MS
+# slower on it.
+FAST_FTS5_MS = 5.0
+FAST_SLACK_MS = 2.0
+WORD_CLASSES = ("random", "en_1term", "en_2term", "en_phrase")
+RANDOM_WORDS = 24
 
 # The baselines: FTS5 ranking the same query exactly, with nothing else (relevance for words,
 # time for CJK runs shorter than three characters, which search lists newest first).
@@ -389,6 +405,22 @@ JOIN sessions s ON s.id = m.session_id
 WHERE {table} MATCH ? {filters} ORDER BY m.timestamp DESC, bm25({table}), f.rowid LIMIT 20
 """
 BARE_BM25_SQL = "SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT 20"
+# The previous store's search, as near as plain SQL gets: FTS5's rank with its snippet, then
+# each hit's neighbours.
+PREVIOUS_SQL = """
+SELECT m.id, m.session_id, m.role, snippet(messages_fts, 0, '>>>', '<<<', '...', 40),
+       m.timestamp, m.tool_name, s.source, s.model, s.started_at
+FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
+JOIN sessions s ON s.id = m.session_id
+WHERE messages_fts MATCH ? ORDER BY rank LIMIT 20
+"""
+PREVIOUS_CONTEXT_SQL = """
+SELECT role, substr(content, 1, 200) FROM messages
+WHERE session_id = ? AND id >= ? - 1 AND id <= ? + 1 ORDER BY id
+"""
+RANDOM_MESSAGE_SQL = """
+SELECT content FROM messages WHERE id = ? AND role IN ('user', 'assistant') AND content != ''
+"""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -410,39 +442,112 @@ def _baseline(query: str, source: list[str] | None) -> tuple[str, str, tuple]:
             filters=filters), (match, *params))
 
 
-def search_latencies(path: Path, repeats: int) -> dict[str, dict[str, Any]]:
-    """Per class: our first page (snippets and context included) and FTS5's exact ranking of
-    the same query, timed alternately, and the top-20 overlap with FTS5's exact order."""
+def random_words(raw: sqlite3.Connection, n: int, seed: int = 1) -> list[str]:
+    """Words as a user might pick them: a word of a random user or assistant message."""
+    r = random.Random(f"hermes-bench:{seed}:random-words")
+    top = raw.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
+    words: list[str] = []
+    while len(words) < n and top:
+        row = raw.execute(RANDOM_MESSAGE_SQL, (r.randint(1, top),)).fetchone()
+        tokens = [t for t in column_tokens(row[0] if row else "")
+                  if t.isascii() and t.isalpha() and len(t) >= 3]
+        if tokens and (word := r.choice(tokens)) not in words:
+            words.append(word)
+    return words
+
+
+def _previous_search(raw: sqlite3.Connection, match: str) -> None:
+    for row in raw.execute(PREVIOUS_SQL, (match,)).fetchall():
+        raw.execute(PREVIOUS_CONTEXT_SQL, (row[1], row[0], row[0])).fetchall()
+
+
+def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = call()
+    return (time.perf_counter() - start) * 1e3, result
+
+
+def _search_classes(raw: sqlite3.Connection) -> dict[str, tuple[list[str], list[str] | None]]:
+    """Per class: its queries and source filter. A query appears in one class only, so that
+    each one's first call is its first in the process."""
     queries = query_terms(seed=1)
     classes: dict[str, tuple[list[str], list[str] | None]] = {
-        key: ([f'"{q}"' if key == "en_phrase" else q for q in queries[key]], None)
+        key: ([f'"{q}"' if key == "en_phrase" else q for q in queries.get(key, [])], None)
         for key in SEARCH_CLASSES}
-    classes["filtered"] = (queries["en_1term"] + queries["cjk_2char"], ["telegram"])
-    out: dict[str, dict[str, Any]] = {}
-    raw = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    classes["random"] = (random_words(raw, RANDOM_WORDS), None)
+    others = query_terms(seed=2)
+    classes["filtered"] = (others["en_1term"] + others["cjk_2char"], ["telegram"])
+    asked: set[str] = set()
+    for key, (qs, source) in classes.items():
+        fresh = [q for q in dict.fromkeys(qs) if q not in asked]
+        asked.update(fresh)
+        classes[key] = (fresh, source)
+    return classes
+
+
+def _first_calls(path: str, classes: dict[str, tuple[list[str], list[str] | None]],
+                 warm_repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """In a fresh process that then serves a few other queries: each query's first call and
+    the same query again, FTS5's exact ranking of it and (word classes) the previous store's
+    search, timed alternately; with the ids each found."""
+    raw = sqlite3.connect(f"{Path(path).as_uri()}?mode=ro", uri=True)
+    out: dict[str, list[dict[str, Any]]] = {}
     with SessionDB(path, read_only=True) as db:
+        db.search_messages("warm up")  # the process has served queries before
+        db.search_messages("東京")
         for key, (qs, source) in classes.items():
-            ours, base, overlap, exact = [], [], [], 0
-            for query in qs:
+            out[key] = []
+            for n, query in enumerate(qs):
                 timed, oracle, params = _baseline(query, source)
-                expected = [r[0] for r in raw.execute(oracle, params)]
-                got = [h["id"] for h in db.search_messages(query, source_filter=source)]
-                overlap.append(len(set(got) & set(expected)) / len(expected) if expected
-                               else float(not got))
-                exact += got == expected
-            for _ in range(max(1, repeats // 2)):
-                for query in qs:
-                    timed, _, params = _baseline(query, source)
-                    start = time.perf_counter()
-                    db.search_messages(query, source_filter=source)
-                    ours.append((time.perf_counter() - start) * 1e3)
-                    start = time.perf_counter()
-                    raw.execute(timed, params).fetchall()
-                    base.append((time.perf_counter() - start) * 1e3)
-            out[key] = {"ours": ours, "base": base, "overlap": statistics.mean(overlap),
-                        "exact": exact, "queries": len(qs)}
+                search = lambda q=query: db.search_messages(q, source_filter=source)  # noqa: E731
+                base_first = n % 2 == 1  # who reads the query's pages first alternates
+                if base_first:
+                    base_ms, _ = _timed(lambda: raw.execute(timed, params).fetchall())
+                first_ms, hits = _timed(search)
+                if not base_first:
+                    base_ms, _ = _timed(lambda: raw.execute(timed, params).fetchall())
+                previous_ms = (_timed(lambda: _previous_search(raw, params[0]))[0]
+                               if key in WORD_CLASSES else None)
+                warm_ms = min(_timed(search)[0] for _ in range(warm_repeats))
+                out[key].append({
+                    "first": first_ms, "base": base_ms, "previous": previous_ms,
+                    "warm": warm_ms, "got": [h["id"] for h in hits],
+                    "expected": [r[0] for r in raw.execute(oracle, params)]})
     raw.close()
     return out
+
+
+def search_latencies(path: Path, repeats: int) -> dict[str, dict[str, Any]]:
+    """Per class, each query's times as the median over ``repeats`` fresh processes (a query
+    has one first call per process); and the top-20 overlap with FTS5's exact order."""
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as raw:
+        classes = _search_classes(raw)
+    runs = []
+    spawn = multiprocessing.get_context("spawn")
+    for _ in range(max(1, repeats)):
+        with spawn.Pool(1) as pool:
+            runs.append(pool.apply(_first_calls, (str(path), classes, 2)))
+    out: dict[str, dict[str, Any]] = {}
+    for key, (qs, _) in classes.items():
+        per_query = [[run[key][n] for run in runs] for n in range(len(qs))]
+        lat: dict[str, Any] = {
+            part: [statistics.median(r[part] for r in rows) for rows in per_query]
+            for part in ("first", "warm", "base")}
+        lat["previous"] = [statistics.median(r["previous"] for r in rows)
+                           for rows in per_query if rows[0]["previous"] is not None]
+        lat["fast_excess"] = [first - base for first, base in zip(lat["first"], lat["base"])
+                              if base < FAST_FTS5_MS]
+        found = [(rows[0]["got"], rows[0]["expected"]) for rows in per_query]
+        lat["overlap"] = [len(set(got) & set(want)) / len(want) if want else float(not got)
+                          for got, want in found]
+        lat["exact"] = sum(got == want for got, want in found)
+        lat["queries"] = len(qs)
+        out[key] = lat
+    return out
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(percentile(values, q), 2) if values else float("nan")
 
 
 def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
@@ -452,15 +557,35 @@ def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
         name, target = SEARCH_CLASSES.get(key, FILTERED[1:])
         if key in ("cjk_1char", "cjk_2char") and size <= SMALL_SIZE:
             target = CJK_SMALL_TARGET_MS
-        p95, base95 = percentile(lat["ours"], 0.95), percentile(lat["base"], 0.95)
-        overlap_ok = key.startswith("cjk") or lat["overlap"] >= 0.95
+        p95, base95 = percentile(lat["first"], 0.95), percentile(lat["base"], 0.95)
+        overlap = statistics.mean(lat["overlap"])
+        overlap_ok = key.startswith("cjk") or overlap >= 0.95
+        slower = [x for x in lat["fast_excess"] if x > FAST_SLACK_MS]
+        goal = f"p95 ≤ {target:g} ms"
+        ok = p95 <= target and overlap_ok and not slower
+        if size <= SMALL_SIZE and lat["previous"]:
+            previous95 = percentile(lat["previous"], 0.95)
+            goal = f"p95 ≤ previous store's {previous95:.2f} ms"
+            ok = p95 <= previous95 and overlap_ok and not slower
+        notes: dict[str, Any] = {
+            "class": key, "first_p50_ms": _ms(lat["first"], 0.5),
+            "warm_p50_ms": _ms(lat["warm"], 0.5), "warm_p95_ms": _ms(lat["warm"], 0.95),
+            "fts5_exact_p50_ms": _ms(lat["base"], 0.5),
+        }
+        if lat["previous"]:
+            notes["previous_p50_ms"] = _ms(lat["previous"], 0.5)
+            notes["previous_p95_ms"] = _ms(lat["previous"], 0.95)
+        notes.update({
+            f"fts5_under_{FAST_FTS5_MS:g}ms": len(lat["fast_excess"]),
+            f"of_them_over_{FAST_SLACK_MS:g}ms_slower": len(slower),
+            "worst_excess_ms": round(max(lat["fast_excess"], default=0.0), 2),
+            "overlap": f"{overlap:.1%}", "identical_top20": lat["exact"],
+            "queries": lat["queries"]})
         figures.append(Figure(
-            "B3", f"search {name} @ {size:,} (p95)", p95, base95, "ms", p95 / base95, None,
-            f"p95 ≤ {target:g} ms; top-20 overlap ≥ 95%", p95 <= target and overlap_ok,
-            {"class": key, "p50_ms": round(percentile(lat["ours"], 0.5), 2),
-             "fts5_exact_p50_ms": round(percentile(lat["base"], 0.5), 2),
-             "overlap": f"{lat['overlap']:.1%}", "identical_top20": lat["exact"],
-             "queries": lat["queries"]},
+            "B3", f"search {name} @ {size:,}, first call (p95)", p95, base95, "ms",
+            p95 / base95, None,
+            f"{goal}; ≤ {FAST_SLACK_MS:g} ms over FTS5 where it ranks in < {FAST_FTS5_MS:g} ms;"
+            " top-20 overlap ≥ 95%", ok, notes,
         ))
     return figures
 

@@ -17,6 +17,7 @@ import pytest
 import hermes_state
 from hermes_state import (
     HermesStateError,
+    ImportRejectedError,
     InvalidInputError,
     InvalidTypeError,
     SessionDB,
@@ -484,3 +485,221 @@ def test_the_gateway_exception_path_keeps_a_photo_turn(db: SessionDB) -> None:
     assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "appended"
     assert db.persist_exception_input("g", PHOTO_TURN, marker="in-1")[0] == "existing"
     assert [r["content"] for r in db.get_messages("g")] == [PHOTO_TURN]
+
+
+# --- what the web endpoint, old stores and old tool-call shapes rely on ------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "code"),
+    [
+        (7, "invalid-record"),
+        ({"id": "", "source": "cli"}, "missing-id"),
+        ({"id": "r"}, "missing-field"),
+        ({"id": "r", "source": 5}, "invalid-field"),
+        ({"id": "r", "source": "cli", "model_config": "{not json"}, "invalid-model-config"),
+        ({"id": "r", "source": "cli", "model_config": 3}, "invalid-model-config"),
+        ({"id": "r", "source": "cli", "messages": "hello"}, "invalid-messages"),
+        ({"id": "r", "source": "cli", "messages": [3]}, "invalid-message"),
+        ({"id": "r", "source": "cli", "messages": [{"content": "no role"}]}, "missing-role"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "", "content": "x"}]}, "missing-role"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": 5}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": b"raw"}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": "\ud800"}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": [{"type": "text", "text": float("nan")}]}]},
+         "unsupported-text"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": "x", "timestamp": "noon"}]},
+         "invalid-message-field"),
+        ({"id": "r", "source": "cli",
+          "messages": [{"role": "user", "content": "x", "token_count": 2**70}]}, "out-of-range"),
+        ({"id": "r", "source": "cli", "model_usage": [{"model": "m"}, {"model": "m"}]},
+         "invalid-usage"),
+        ({"id": "r", "source": "cli", "message_count": 4}, "truncated-record"),
+        ({"id": "r", "source": "cli", "messages": [{"role": "user", "content": "x"}] * 10_001},
+         "too-large"),
+    ],
+)
+def test_each_refused_record_carries_a_stable_code_beside_its_message(
+    db: SessionDB, record: Any, code: str
+) -> None:
+    result = db.import_sessions([{"id": "fine", "source": "cli", "messages": []}, record])
+    assert result["ok"] is False and db.get_session("fine") is None
+    [error] = result["errors"]
+    assert error["index"] == 1 and error["code"] == code
+    assert isinstance(error["error"], str) and error["error"]  # the readable message stays
+
+
+def test_codes_name_batch_and_store_conflicts_and_a_broken_stream(db: SessionDB) -> None:
+    twice = db.import_sessions([{"id": "t", "source": "cli"}, {"id": "t", "source": "cli"}])
+    assert [(e["index"], e["code"]) for e in twice["errors"]] == [(1, "duplicate-id")]
+    db.import_sessions([{"id": "held", "source": "cli"}])
+    clash = db.import_sessions([{"id": "held", "source": "other"}], on_conflict="fail")
+    assert [e["code"] for e in clash["errors"]] == ["session-exists"]
+    many = db.import_sessions([{"id": f"m{n}"} for n in range(250)])
+    assert {e["code"] for e in many["errors"]} == {"missing-field", "more-problems"}
+    for text, code in (("", "invalid-stream"), ("garbage\n", "not-json")):
+        with pytest.raises(ImportRejectedError) as caught:
+            db.import_jsonl(io.StringIO(text))
+        assert caught.value.errors[0]["code"] == code
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}},
+        '[{"id": "c2", "type": "function"}]',
+        "a provider's own notation",
+        [{"id": "c3", "type": "function", "function": {"name": "memory", "arguments": "{}"}}],
+    ],
+)
+def test_tool_calls_of_any_json_shape_are_kept_and_read_back_the_same(
+    db: SessionDB, tmp_path: Path, calls: Any
+) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "assistant", None, tool_calls=calls)
+    assert db.get_messages("s")[0]["tool_calls"] == calls
+    assert db.get_messages_as_conversation("s")[0]["tool_calls"] == calls
+    exported = db.export_session("s")
+    assert exported is not None and exported["messages"][0]["tool_calls"] == calls
+    assert db.get_session("s")["tool_call_count"] == (1 if isinstance(calls, list) else 0)
+    with SessionDB(tmp_path / "other.db") as other:
+        assert other.import_sessions([exported])["ok"] is True
+        assert other.get_messages("s")[0]["tool_calls"] == calls
+
+
+def test_tool_calls_json_cannot_carry_are_refused_and_nothing_is_written(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    with pytest.raises(InvalidTypeError):
+        db.append_message("s", "assistant", "x", tool_calls={"call": object()})
+    with pytest.raises(InvalidInputError):
+        db.append_message("s", "assistant", "x", tool_calls=[{"arguments": float("inf")}])
+    assert db.get_messages("s") == [] and db.get_session("s")["message_count"] == 0
+
+
+# A file the previous store wrote at its schema 16–18: sessions with the gateway's routing
+# columns (the display columns came with 18), messages with their reasoning fields, the
+# inline FTS index of the time, no per-model usage table yet (it came with 20).
+def _previous_store_sql(version: int) -> str:
+    display = ("    display_name TEXT,\n    origin_json TEXT,\n"
+               "    expiry_finalized INTEGER DEFAULT 0,\n") if version >= 18 else ""
+    return f"""
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT,
+    session_key TEXT, chat_id TEXT, chat_type TEXT, thread_id TEXT,
+{display}    model TEXT, model_config TEXT, system_prompt TEXT, parent_session_id TEXT,
+    started_at REAL NOT NULL, ended_at REAL, end_reason TEXT,
+    message_count INTEGER DEFAULT 0, tool_call_count INTEGER DEFAULT 0,
+    input_tokens INTEGER DEFAULT 0, output_tokens INTEGER DEFAULT 0,
+    cache_read_tokens INTEGER DEFAULT 0, cache_write_tokens INTEGER DEFAULT 0,
+    reasoning_tokens INTEGER DEFAULT 0, billing_provider TEXT, billing_base_url TEXT,
+    billing_mode TEXT, estimated_cost_usd REAL, actual_cost_usd REAL, cost_status TEXT,
+    cost_source TEXT, pricing_version TEXT, title TEXT, api_call_count INTEGER DEFAULT 0,
+    FOREIGN KEY (parent_session_id) REFERENCES sessions(id)
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+    role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT,
+    timestamp REAL NOT NULL, token_count INTEGER, finish_reason TEXT, reasoning TEXT,
+    reasoning_details TEXT, codex_reasoning_items TEXT, active INTEGER DEFAULT 1
+);
+CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE UNIQUE INDEX idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL;
+CREATE VIRTUAL TABLE messages_fts USING fts5(content);
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, COALESCE(new.content, ''));
+END;
+INSERT INTO schema_version VALUES ({version});
+INSERT INTO sessions (id, source, user_id, session_key, chat_type, model, started_at,
+                      input_tokens, output_tokens, api_call_count, billing_provider,
+                      estimated_cost_usd)
+    VALUES ('tg', 'telegram', '42', NULL, 'dm', 'gpt-x', 100.0, 120, 30, 3, 'openrouter', 0.5);
+INSERT INTO sessions (id, source, session_key, chat_id, started_at)
+    VALUES ('dc', 'discord', 'dc:kept', 'chan-kept', 200.0);
+INSERT INTO sessions (id, source, started_at, title) VALUES ('cli', 'cli', 300.0, 'Local');
+INSERT INTO messages (session_id, role, content, timestamp)
+    VALUES ('tg', 'user', 'こんにちは, weather in Tokyo?', 101.0);
+INSERT INTO messages (session_id, role, content, timestamp, reasoning)
+    VALUES ('tg', 'assistant', 'sunny', 102.0, 'looked it up');
+"""
+
+
+# The gateway's index beside the file, as the gateway wrote it then.
+SESSIONS_INDEX = {
+    "_meta": {"session_id": "tg"},  # a key starting with "_" is not a session
+    "agent:main:telegram:dm:42": {
+        "session_id": "tg", "chat_type": "group", "display_name": "Ana",
+        "origin": {"platform": "telegram", "chat_id": "42", "thread_id": "7"},
+        "memory_flushed": True,
+    },
+    "agent:main:discord:1": {
+        "session_id": "dc", "session_key": "dc:index", "display_name": "Bo",
+        "origin": {"platform": "discord", "chat_id": "chan-index"},
+    },
+    "agent:main:slack:9": {"session_id": "gone", "display_name": "nobody"},
+}
+
+
+def _previous_store_file(tmp_path: Path, version: int, index: Any) -> Path:
+    path = tmp_path / f"v{version}" / "state.db"
+    (path.parent / "sessions").mkdir(parents=True)
+    if index is not None:
+        text = index if isinstance(index, str) else json.dumps(index)
+        (path.parent / "sessions" / "sessions.json").write_text(text, encoding="utf-8")
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_previous_store_sql(version))
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("version", [16, 17, 18])
+def test_a_store_the_previous_store_wrote_at_16_to_18_upgrades_with_its_backfills(
+    tmp_path: Path, version: int
+) -> None:
+    path = _previous_store_file(tmp_path, version, SESSIONS_INDEX)
+    with SessionDB(path) as db:
+        tg, dc = db.get_session("tg"), db.get_session("dc")
+        if version < 18:  # the gateway's index fills what is still NULL, never what is set
+            assert (tg["session_key"], tg["chat_id"], tg["thread_id"]) == (
+                "agent:main:telegram:dm:42", "42", "7")
+            assert (tg["chat_type"], tg["display_name"], tg["expiry_finalized"]) == (
+                "dm", "Ana", 1)
+            assert json.loads(tg["origin_json"])["platform"] == "telegram"
+            assert (dc["session_key"], dc["chat_id"], dc["display_name"]) == (
+                "dc:kept", "chan-kept", "Bo")
+        else:  # a file at 18 had its backfill when the previous store stamped it
+            assert (tg["session_key"], tg["display_name"], tg["origin_json"]) == (
+                None, None, None)
+        assert db.get_session("cli")["display_name"] is None
+        [usage] = db.get_model_usage("tg")  # seeded from the session's totals
+        assert (usage["model"], usage["billing_provider"], usage["task"]) == (
+            "gpt-x", "openrouter", "")
+        assert (usage["input_tokens"], usage["output_tokens"], usage["api_call_count"]) == (
+            120, 30, 3)
+        assert usage["estimated_cost_usd"] == 0.5
+        assert db.get_model_usage("dc") == [] and db.get_model_usage("cli") == []
+        messages = db.get_messages("tg")
+        assert [m["content"] for m in messages] == ["こんにちは, weather in Tokyo?", "sunny"]
+        assert messages[1]["reasoning"] == "looked it up"
+        assert all(len(m["message_uid"]) == 32 for m in messages)
+        db.append_message("tg", "user", "after the upgrade")
+        db.update_token_counts("tg", input_tokens=5, api_call_count=1)
+    with SessionDB(path) as db:  # a second open backfills nothing twice
+        assert [u["input_tokens"] for u in db.get_model_usage("tg")] == [125]
+        assert db.get_session("dc")["display_name"] == ("Bo" if version < 18 else None)
+
+
+@pytest.mark.parametrize("index", [None, "{not json", "[1, 2]"])
+def test_an_absent_or_unreadable_gateway_index_leaves_the_columns_as_they_are(
+    tmp_path: Path, index: Any
+) -> None:
+    path = _previous_store_file(tmp_path, 16, index)
+    with SessionDB(path) as db:
+        assert db.get_session("tg")["display_name"] is None
+        assert db.get_session("dc")["session_key"] == "dc:kept"
+        assert len(db.get_model_usage("tg")) == 1

@@ -40,8 +40,13 @@ def test_the_librarys_bm25_is_this_sqlites_bit_for_bit(
                                         (expression,)).fetchall():
         columns = [bm25.column_tokens(c) for c in docs[rowid - 1]]
         frequencies = [bm25.phrase_frequency(columns, p) for p in phrases]
-        score = bm25.bm25_score(idfs, frequencies, sum(map(len, columns)), stats.avgdl)
+        length = sum(map(len, columns))
+        score = bm25.bm25_score(idfs, frequencies, length, stats.avgdl)
         assert -score == expected
+        # The same score written in SQL, as SQLite computes it.
+        sql = "SELECT " + bm25.bm25_sql([f"{float(f)!r}" for f in frequencies], str(length))
+        (in_sql,) = conn.execute(sql, bm25.bm25_sql_params(idfs, stats.avgdl)).fetchone()
+        assert in_sql == score
     conn.close()
 
 
@@ -170,3 +175,26 @@ def test_a_blob_is_read_as_fts5_reads_it(blob: bytes) -> None:
     assert length == len(theirs)
     posted = {p.rsplit("_", 3)[0].encode() for p in postings.split()}
     assert posted <= {t for t in theirs if t.isascii()}
+
+
+phrase_columns = st.lists(
+    st.lists(st.tuples(st.sampled_from(["session", "Session", "SESSION", "cafe", "café", "CAFÉ",
+                                        "a", "b", "w1", "東京", "—", "-", "_", "ﬁ", "ß",
+                                        "x²", "\u0301", "😀", ".", "\n"]),
+                       st.sampled_from(["", " ", " ", "-"])).map("".join),
+             max_size=30).map("".join),
+    min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(columns=phrase_columns,
+       phrase=st.sampled_from([("cafe", "session"), ("session", "session"), ("a", "a"),
+                               ("b", "a", "b"), ("session",), ("w1", "a"), ("x",)]))
+def test_a_phrase_counted_in_folded_text_is_counted_as_in_fts5s_tokens(
+    columns: list[str], phrase: tuple[str, ...]
+) -> None:
+    """A row's phrase frequency read from its columns' folded text (a pattern over the text)
+    is the one its tokens give: in any script, any case, overlapping instances."""
+    folded = [bm25.folded_text(c) for c in columns if c]
+    tokens = [bm25.column_tokens(c) for c in columns]
+    assert bm25.text_frequency(folded, phrase) == bm25.phrase_frequency(tokens, phrase)

@@ -877,3 +877,67 @@ def test_a_one_character_cjk_query_is_served_by_the_cjk_index(db: SessionDB,
     assert len(found(hits)) == 60
     assert found(hits) == sorted(found(hits), reverse=True)  # newest first, whatever the sort
     assert found(db.search_messages("鯨", limit=100, sort="oldest")) == found(hits)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a new query compiles
+# ---------------------------------------------------------------------------------------------
+
+# Code points a character class of a pattern compiled for one query may cover: a few ASCII
+# ranges. A class over most of Unicode (any non-ASCII character, the CJK blocks) costs
+# milliseconds to compile, which a query asked for the first time would pay.
+SMALL_CLASS = 1_000
+
+
+def _class_sizes(pattern: str) -> list[int]:
+    """How many code points each (not negated) character class of ``pattern`` lists."""
+    sizes: list[int] = []
+
+    def walk(items: Any) -> None:
+        for op, arg in items:
+            name = str(op)
+            if name == "IN":
+                sizes.append(sum(hi - lo + 1 if str(kind) == "RANGE" else 1
+                                 for kind, value in arg if str(kind) in ("RANGE", "LITERAL")
+                                 for lo, hi in [value if str(kind) == "RANGE"
+                                                else (value, value)]))
+            for value in arg if isinstance(arg, (list, tuple)) else ():
+                if isinstance(value, re._parser.SubPattern):  # type: ignore[attr-defined]
+                    walk(value)
+                elif isinstance(value, (list, tuple)):
+                    for inner in value:
+                        if isinstance(inner, re._parser.SubPattern):  # type: ignore[attr-defined]
+                            walk(inner)
+
+    walk(re._parser.parse(pattern))  # type: ignore[attr-defined]
+    return sizes
+
+
+@pytest.mark.parametrize("query", [
+    "mercurial", "mercur*", '"mercurial lantern"', "mercurial lantern", "Café", "Python入門",
+    "東京 lantern", "lantern NOT mercurial",
+])
+def test_a_new_query_compiles_no_large_character_class(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    db.create_session("s1", "cli")
+    for n in range(40):
+        add(db, "s1", f"the mercurial lantern {n} glowed; Café au lait, Python入門 東京 {n}")
+        add(db, "s1", f"a lantern {n} alone, mercurialness aside", role="assistant")
+    assert db.search_messages("warm the process up") == []
+    compiled: list[str] = []
+    real = re._compile  # type: ignore[attr-defined]
+
+    def counting(pattern: Any, flags: Any) -> Any:
+        if isinstance(pattern, str):
+            compiled.append(pattern)
+        return real(pattern, flags)
+
+    monkeypatch.setattr(re, "_compile", counting)
+    re.purge()  # every pattern compiled from here on is compiled for this query
+    hits = db.search_messages(query, limit=50)
+    assert hits and all(">>>" in hit["snippet"] for hit in hits)
+    large = [p for p in compiled if any(size > SMALL_CLASS for size in _class_sizes(p))]
+    assert large == []
+    # At most a pattern per term for the snippet and one for its frequency in a row's text.
+    assert len(compiled) <= 2 * len(query.split()), compiled
