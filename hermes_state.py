@@ -274,7 +274,7 @@ class SessionDB:
             quarantine.track(self)
             if earlier is None:
                 # Before any write: a -wal damaged in the middle must never be checkpointed.
-                earlier = quarantine.wal_damage(self.path, self._conn)
+                earlier = quarantine.wal_damage(self.path, self._connection)
         if earlier is not None:
             # Born quarantined: it reads, spools what it cannot write, and never writes.
             logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)

@@ -1120,10 +1120,9 @@ def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
         if not begun and piece.strip():
             lead = piece[: len(piece) - len(piece.lstrip())]
             if piece[len(lead):len(lead) + 1] not in ("[", "{", b"[", b"{"):
-                before = piece[:0].join([*pieces, lead])
-                newline = "\n" if isinstance(before, str) else b"\n"
-                line = before.count(newline) + 1
-                column = len(before) - before.rfind(newline)
+                before = "".join(p if isinstance(p, str) else bytes(p).decode("utf-8", "replace")
+                                 for p in [*pieces, lead])
+                line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
                 raise _not_json(fp, line, column, "Expecting value")
             begun = True
         pieces.append(piece)
