@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -51,7 +50,6 @@ __all__ = [
     "InvalidTypeError",
     "UnknownFilterError",
     "ImportRejectedError",
-    "import_error_code",
     "UnsafePathError",
     "LedgerBusyError",
     "LedgerConflictError",
@@ -308,46 +306,6 @@ class UnknownFilterError(InvalidTypeError):
         self.names = list(names)
 
 
-# The machine code of each import problem, read from the problem's own wording (the first
-# pattern that matches wins). The codes are stable: a caller such as a web endpoint passes them
-# through beside the readable message, whatever the message says in a later version.
-_IMPORT_ERROR_CODES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), code) for pattern, code in (
-        (r"^a session must be an object", "invalid-record"),
-        (r"^session id must be", "missing-id"),
-        (r"^a session with this id comes earlier", "duplicate-id"),
-        (r"^a (different )?session with this id (exists|was created)", "session-exists"),
-        (r"^the session has no ", "missing-field"),
-        (r"^model_config ", "invalid-model-config"),
-        (r"^messages must be a list", "invalid-messages"),
-        (r"^message \d+ must be an object", "invalid-message"),
-        (r"^message \d+: role ", "missing-role"),
-        (r"outside SQLite's 64-bit|does not fit in 64 bits", "out-of-range"),
-        (r"^message \d+: content |Unicode text|surrogate", "unsupported-text"),
-        (r"^message \d+: ", "invalid-message-field"),
-        (r"^(model_usage must be a list|a usage row|usage row for)", "invalid-usage"),
-        (r"^message_count is \d+ but", "truncated-record"),
-        (r"(messages|bytes): at most \d+ per session", "too-large"),
-        (r"^(the session is not JSON data|not a JSON line|not UTF-8 text|not text but)",
-         "not-json"),
-        (r"^\d+ more problem", "more-problems"),
-        ((r"^(not a |empty: not a |format_version |schema_version |a line after the end"
-          r"|a session line needs|unknown kind|\w+ of a session that has no session line"
-          r"|the stream ends without|the end line counts)"), "invalid-stream"),
-        (r"^\w+ (must be|may not be) ", "invalid-field"),
-    )
-)
-
-
-def import_error_code(error: str) -> str:
-    """The stable machine code of an import problem worded ``error`` (see
-    :class:`ImportRejectedError`); ``invalid-record`` for a wording no pattern knows."""
-    for pattern, code in _IMPORT_ERROR_CODES:
-        if pattern.search(error):
-            return code
-    return "invalid-record"
-
-
 class ImportRejectedError(InvalidInputError):
     """An import was refused whole and nothing of it was written: ``errors`` lists each
     problem (``{"index"|"line", "error", "code"[, "session_id"]}``: the record's position in
@@ -359,13 +317,14 @@ class ImportRejectedError(InvalidInputError):
     ``invalid-messages`` (not a list), ``invalid-message`` (not an object), ``missing-role``,
     ``unsupported-text`` (content or text JSON or SQLite cannot carry),
     ``invalid-message-field``, ``out-of-range`` (an integer past 64 bits), ``invalid-usage``,
-    ``truncated-record`` (fewer messages than its count), ``too-large``, ``not-json``,
+    ``truncated-record`` (fewer messages than its count), ``too-large`` (a session, a line
+    or a JSON export past its limit), ``not-json`` (a line or an export that is not JSON),
     ``invalid-stream`` (a JSON Lines stream's frame) and ``more-problems`` (the entry that
     counts the problems not listed)."""
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
-        for entry in errors:
-            entry.setdefault("code", import_error_code(str(entry.get("error", ""))))
+        # Each problem's code is stated where the problem is found, never read from its words.
+        assert all(isinstance(e.get("code"), str) for e in errors), errors
         shown = "; ".join(_where(e) + e["error"] for e in errors[:3])
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         super().__init__(f"import refused, nothing written: {shown}{more}")

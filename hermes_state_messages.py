@@ -234,7 +234,8 @@ def _pair_tool_result(
 def _text(name: str, value: Any) -> str | None:
     """A text field: a string or None; lone surrogates removed."""
     if value is not None and not isinstance(value, str):
-        raise InvalidTypeError(f"{name} must be a string or None, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a string or None, got {type(value).__name__}",
+                               argument=name)
     return clean_optional(value)
 
 

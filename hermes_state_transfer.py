@@ -55,7 +55,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 from hermes_state_arguments import integer
 from hermes_state_common import (
@@ -291,6 +291,14 @@ _USAGE_KEY = ("model", "billing_provider", "billing_base_url", "billing_mode", "
 Where = dict[str, int]  # {"index": position in a list} or {"line": line of a stream}
 
 
+class _Problem(NamedTuple):
+    """One problem a check found: its stable machine code (see :class:`ImportRejectedError`)
+    and the readable message."""
+
+    code: str
+    message: str
+
+
 @dataclass
 class _Incoming:
     """One session to import: where it came from, its row, a re-iterable source of its
@@ -339,18 +347,19 @@ class _Errors:
         self.items: list[dict[str, Any]] = []
         self.more = 0
 
-    def add(self, where: Where, error: str, session_id: Any = None) -> None:
+    def add(self, where: Where, error: str, session_id: Any = None, *, code: str) -> None:
         if len(self.items) >= _ERRORS_KEPT:
             self.more += 1
             return
-        entry: dict[str, Any] = {**where, "error": error}
+        entry: dict[str, Any] = {**where, "error": error, "code": code}
         if isinstance(session_id, str):
             entry["session_id"] = session_id
         self.items.append(entry)
 
     def raise_any(self) -> None:
         if self.more:
-            self.items.append({"error": f"{self.more} more problem(s) not listed"})
+            self.items.append({"error": f"{self.more} more problem(s) not listed",
+                               "code": "more-problems"})
         if self.items:
             raise ImportRejectedError(self.items)
 
@@ -366,27 +375,37 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _value_problem(name: str, declared: str, notnull: int, value: Any) -> str | None:
+# A column whose every problem has a code of its own (instead of invalid-field, out-of-range
+# or unsupported-text).
+_COLUMN_CODES = {"model_config": "invalid-model-config"}
+
+
+def _value_problem(name: str, declared: str, notnull: int, value: Any) -> _Problem | None:
     """Why ``value`` cannot be stored in column ``name`` of SQL type ``declared``, or None."""
+    own = _COLUMN_CODES.get(name)
+    invalid = own or "invalid-field"
+    too_big = own or "out-of-range"
+    bad_text = own or "unsupported-text"
     if value is None:
-        return f"{name} may not be null" if notnull else None
+        return _Problem(invalid, f"{name} may not be null") if notnull else None
     if declared == "TEXT":
         if not isinstance(value, str):
-            return f"{name} must be text, got {type(value).__name__}"
+            return _Problem(invalid, f"{name} must be text, got {type(value).__name__}")
         if not _encodable(value):
-            return f"{name} is not valid Unicode text (it holds a lone surrogate)"
+            return _Problem(bad_text,
+                            f"{name} is not valid Unicode text (it holds a lone surrogate)")
     elif declared == "INTEGER":
         if not isinstance(value, int):
-            return f"{name} must be an integer, got {type(value).__name__}"
+            return _Problem(invalid, f"{name} must be an integer, got {type(value).__name__}")
         if not _INT64_MIN <= value <= _INT64_MAX:
-            return f"{name} {value} is outside SQLite's 64-bit integer range"
+            return _Problem(too_big, f"{name} {value} is outside SQLite's 64-bit integer range")
     elif declared == "REAL":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{name} must be a number, got {type(value).__name__}"
+            return _Problem(invalid, f"{name} must be a number, got {type(value).__name__}")
         if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
-            return f"{name} {value} is outside SQLite's 64-bit integer range"
+            return _Problem(too_big, f"{name} {value} is outside SQLite's 64-bit integer range")
         if not math.isfinite(value):
-            return f"{name} must be finite, got {value!r}"
+            return _Problem(invalid, f"{name} must be finite, got {value!r}")
     return None
 
 
@@ -395,7 +414,7 @@ def _table_columns(table: str) -> dict[str, tuple[str, int]]:
     return {name: (declared, notnull) for name, declared, notnull, _ in expected_columns()[table]}
 
 
-def _row_problem(table: str, row: Mapping[str, Any]) -> str | None:
+def _row_problem(table: str, row: Mapping[str, Any]) -> _Problem | None:
     columns = _table_columns(table)
     for name, value in row.items():
         if name in columns:
@@ -405,14 +424,34 @@ def _row_problem(table: str, row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _stored_value_problem(values: Iterable[Any]) -> str | None:
+def _stored_value_problem(values: Iterable[Any]) -> _Problem | None:
     """Why a built message row cannot be written (an integer past 64 bits, a surrogate)."""
     for value in values:
         if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
-            return f"the integer {value} is outside SQLite's 64-bit integer range"
+            return _Problem("out-of-range",
+                            f"the integer {value} is outside SQLite's 64-bit integer range")
         if isinstance(value, str) and not _encodable(value):
-            return "a text field is not valid Unicode text (it holds a lone surrogate)"
+            return _Problem("unsupported-text",
+                            "a text field is not valid Unicode text (it holds a lone surrogate)")
     return None
+
+
+# The message fields whose every refusal has a code of its own: a message without its role,
+# content that JSON or SQLite cannot carry.
+_MESSAGE_FIELD_CODES = {"role": "missing-role", "content": "unsupported-text"}
+
+
+def _message_problem(exc: BaseException) -> _Problem:
+    """The problem of a message :meth:`MessageRow.from_fields` refused with ``exc``, coded by
+    the field the refusal names (its ``argument``) and the refusal's type."""
+    argument = getattr(exc, "argument", None)
+    if argument in _MESSAGE_FIELD_CODES:
+        code = _MESSAGE_FIELD_CODES[argument]
+    elif argument == "token_count" and not isinstance(exc, TypeError):
+        code = "out-of-range"  # the one integer field: a wrong type is an invalid field
+    else:
+        code = "invalid-message-field"
+    return _Problem(code, str(exc) or type(exc).__name__)
 
 
 _CHECK_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, HermesStateError)
@@ -431,7 +470,8 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
     with its counters, or None when it has problems (each added to ``errors``)."""
     sid = rec.id
     if not isinstance(sid, str) or not sid.strip() or not _encodable(sid):
-        errors.add(rec.where, f"session id must be a non-empty string, got {sid!r}")
+        errors.add(rec.where, f"session id must be a non-empty string, got {sid!r}",
+                   code="missing-id")
         return None
     found = len(errors.items) + errors.more
     columns = session_columns()
@@ -440,18 +480,19 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
         row["started_at"] = now()  # a record written by hand: the session starts now
     missing = [k for k in ("source",) if row.get(k) is None]
     for name in missing:
-        errors.add(rec.where, f"the session has no {name}", sid)
+        errors.add(rec.where, f"the session has no {name}", sid, code="missing-field")
     if isinstance(row.get("model_config"), str) and not _is_json(row["model_config"]):
-        errors.add(rec.where, "model_config must be valid JSON", sid)
+        errors.add(rec.where, "model_config must be valid JSON", sid,
+                   code="invalid-model-config")
     problem = _row_problem("sessions", {k: v for k, v in row.items() if k not in missing})
     if problem:
-        errors.add(rec.where, problem, sid)
+        errors.add(rec.where, problem.message, sid, code=problem.code)
     rows = live = tool_calls = 0
     dropped: set[str] = set()
     for where, message in rec.messages():
         if not isinstance(message, Mapping):
             errors.add(where, f"message {rows} must be an object, got {type(message).__name__}",
-                       sid)
+                       sid, code="invalid-message")
             rows += 1
             continue
         fields = message_fields(message)
@@ -461,9 +502,9 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
             built = MessageRow.from_fields(conn, sid, kept)
             problem = _stored_value_problem(built.values())
         except _CHECK_ERRORS as exc:
-            problem = str(exc) or type(exc).__name__
+            problem = _message_problem(exc)
         if problem:
-            errors.add(where, f"message {rows}: {problem}", sid)
+            errors.add(where, f"message {rows}: {problem.message}", sid, code=problem.code)
         elif built.active:
             live += 1
             tool_calls += built.tool_call_count
@@ -472,19 +513,21 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
     for where, usage in rec.usage:
         problem = None
         if not isinstance(usage, Mapping):
-            problem = f"a usage row must be an object, got {type(usage).__name__}"
+            problem = _Problem("invalid-usage",
+                               f"a usage row must be an object, got {type(usage).__name__}")
         else:
             problem = _row_problem("session_model_usage", usage)
             key = tuple(usage.get(k) for k in _USAGE_KEY)
             if problem is None and key in keys:
-                problem = f"usage row for {usage.get('model')!r} appears twice"
+                problem = _Problem("invalid-usage",
+                                   f"usage row for {usage.get('model')!r} appears twice")
             keys.add(key)
         if problem:
-            errors.add(where, problem, sid)
+            errors.add(where, problem.message, sid, code=problem.code)
     stated = row.get("message_count")
     if isinstance(stated, int) and stated > rows:
         errors.add(rec.where, f"message_count is {stated} but the record holds {rows} "
-                              "message(s): a truncated record?", sid)
+                              "message(s): a truncated record?", sid, code="truncated-record")
     if len(errors.items) + errors.more > found:
         return None
     row.setdefault("message_count", live)
@@ -604,7 +647,8 @@ def _plan(
             continue
         sid = rec.id
         if sid in seen:
-            errors.add(rec.where, "a session with this id comes earlier in the same import", sid)
+            errors.add(rec.where, "a session with this id comes earlier in the same import", sid,
+                       code="duplicate-id")
             continue
         seen.add(sid)
         existing = get_session(conn, sid)
@@ -617,7 +661,7 @@ def _plan(
             plan.append(planned)
         else:
             errors.add(rec.where, "a different session with this id exists (import with "
-                                  "on_conflict 'replace' or 'skip')", sid)
+                                  "on_conflict 'replace' or 'skip')", sid, code="session-exists")
     if progress is not None:
         progress("checked messages", checked, None)
     _link_parents(conn, plan, outcome)
@@ -640,8 +684,8 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
     row = dict(item.row)
     if item.action == "import" and get_session(conn, sid) is not None:
         raise ImportRejectedError(
-            [{**rec.where, "session_id": sid, "error": "a session with this id was created "
-                                                         "while the import ran"}]
+            [{**rec.where, "session_id": sid, "code": "session-exists",
+              "error": "a session with this id was created while the import ran"}]
         )
     title = row.get("title")
     if title is not None:
@@ -950,32 +994,38 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
     for index, record in enumerate(sessions):
         where = {"index": index}
         if not isinstance(record, Mapping):
-            errors.add(where, f"a session must be an object, got {type(record).__name__}")
+            errors.add(where, f"a session must be an object, got {type(record).__name__}",
+                       code="invalid-record")
             continue
         sid = record.get("id")
         messages, usage = record.get("messages"), record.get("model_usage")
         if messages is not None and not isinstance(messages, list):
-            errors.add(where, f"messages must be a list, got {type(messages).__name__}", sid)
+            errors.add(where, f"messages must be a list, got {type(messages).__name__}", sid,
+                       code="invalid-messages")
             continue
         if usage is not None and not isinstance(usage, list):
-            errors.add(where, f"model_usage must be a list, got {type(usage).__name__}", sid)
+            errors.add(where, f"model_usage must be a list, got {type(usage).__name__}", sid,
+                       code="invalid-usage")
             continue
         messages, usage = messages or [], usage or []
         if limited:
             try:
                 size = len(json.dumps(record, ensure_ascii=False, default=str).encode())
             except (ValueError, TypeError, RecursionError) as exc:
-                errors.add(where, f"the session is not JSON data: {exc}", sid)
+                # a lone surrogate is text UTF-8 cannot carry; anything else is not JSON data
+                code = "unsupported-text" if isinstance(exc, UnicodeError) else "not-json"
+                errors.add(where, f"the session is not JSON data: {exc}", sid, code=code)
                 continue
             total_messages += len(messages)
             total_bytes += size
             if len(messages) > LIST_MAX_SESSION_MESSAGES:
                 errors.add(where, f"{len(messages)} messages: at most "
-                                  f"{LIST_MAX_SESSION_MESSAGES} per session", sid)
+                                  f"{LIST_MAX_SESSION_MESSAGES} per session", sid,
+                           code="too-large")
                 continue
             if size > LIST_MAX_SESSION_BYTES:
                 errors.add(where, f"{size} bytes: at most {LIST_MAX_SESSION_BYTES} per session",
-                           sid)
+                           sid, code="too-large")
                 continue
         session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
         rows = [({"index": index}, m) for m in messages]
@@ -1051,17 +1101,19 @@ SPOOL_BLOCK_SQL = "SELECT n, body FROM lines WHERE block = ? AND kind = ? ORDER 
 SPOOL_PREFIX = "hermes-import-"
 
 
-def _header_problem(obj: Mapping[str, Any]) -> str | None:
+def _header_problem(obj: Mapping[str, Any]) -> _Problem | None:
     if obj.get("kind") != "header" or obj.get("format") != EXPORT_FORMAT:
-        return f"not a {EXPORT_FORMAT} stream (its first line must be the header)"
+        return _Problem("invalid-stream",
+                        f"not a {EXPORT_FORMAT} stream (its first line must be the header)")
     version = obj.get("format_version")
     if version != EXPORT_FORMAT_VERSION:
-        return (f"format_version {version!r} is not one this version reads "
-                f"({EXPORT_FORMAT_VERSION})")
+        return _Problem("invalid-stream", f"format_version {version!r} is not one this "
+                                          f"version reads ({EXPORT_FORMAT_VERSION})")
     schema = obj.get("schema_version")
     if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA_VERSION:
-        return (f"schema_version {schema!r}: written by a newer store than this one "
-                f"(schema {SCHEMA_VERSION}); upgrade hermes-state to import it")
+        return _Problem("invalid-stream",
+                        f"schema_version {schema!r}: written by a newer store than this one "
+                        f"(schema {SCHEMA_VERSION}); upgrade hermes-state to import it")
     return None
 
 
@@ -1076,7 +1128,7 @@ def stream_name(fp: object) -> str:
 
 
 def _too_long(fp: object, n: int, limit: int, what: str) -> ImportRejectedError:
-    return ImportRejectedError([{"line": n, "error": (
+    return ImportRejectedError([{"line": n, "code": "too-large", "error": (
         f"{stream_name(fp)}: {what} is longer than {limit} bytes, the most one record may take "
         f"(an endless line, or a file of zeros?); read no further, nothing was imported")}])
 
@@ -1136,18 +1188,18 @@ def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
     except json.JSONDecodeError as exc:
         raise _not_json(fp, exc.lineno, exc.colno, exc.msg) from None
     except UnicodeDecodeError as exc:
-        raise ImportRejectedError([{"line": 1, "error": (
+        raise ImportRejectedError([{"line": 1, "code": "not-json", "error": (
             f"{stream_name(fp)}: not JSON (not UTF-8 text: {exc.reason} at byte {exc.start}); "
             "nothing was imported")}]) from None
     except (ValueError, RecursionError) as exc:
-        raise ImportRejectedError([{"line": 1, "error": (
+        raise ImportRejectedError([{"line": 1, "code": "not-json", "error": (
             f"{stream_name(fp)}: not JSON ({exc or 'nested too deeply'}); nothing was imported"
         )}]) from None
 
 
 def _not_json(fp: object, line: int, column: int, why: str) -> ImportRejectedError:
     """The refusal of a JSON export whose text stops being JSON at ``line``, ``column``."""
-    return ImportRejectedError([{"line": line, "error": (
+    return ImportRejectedError([{"line": line, "code": "not-json", "error": (
         f"{stream_name(fp)}: not JSON at line {line}, column {column} ({why}); nothing was "
         "imported (an export is JSON Lines or JSON: `sessions export` writes one)")}])
 
@@ -1175,12 +1227,12 @@ def _spool_jsonl(
                 try:
                     text = bytes(raw).decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    errors.add({"line": n}, f"not UTF-8 text: {exc.reason}")
+                    errors.add({"line": n}, f"not UTF-8 text: {exc.reason}", code="not-json")
                     continue
             elif isinstance(raw, str):
                 text = raw
             else:
-                errors.add({"line": n}, f"not text but {type(raw).__name__}")
+                errors.add({"line": n}, f"not text but {type(raw).__name__}", code="not-json")
                 continue
             if not text.strip():
                 continue
@@ -1189,19 +1241,18 @@ def _spool_jsonl(
             try:
                 obj = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                errors.add({"line": n}, f"not a JSON line: {exc}")
+                errors.add({"line": n}, f"not a JSON line: {exc}", code="not-json")
                 continue
             if header is None:
                 header = n
-                problem = _header_problem(obj) if isinstance(obj, dict) else (
-                    f"not a {EXPORT_FORMAT} stream (its first line must be the header)")
+                problem = _header_problem(obj if isinstance(obj, dict) else {})
                 if problem:
-                    errors.add({"line": n}, problem)
+                    errors.add({"line": n}, problem.message, code=problem.code)
                     errors.raise_any()  # nothing after a wrong header can be trusted
                 continue
             kind = obj.get("kind") if isinstance(obj, dict) else None
             if end is not None:
-                errors.add({"line": n}, "a line after the end line")
+                errors.add({"line": n}, "a line after the end line", code="invalid-stream")
                 continue
             if kind == "end":
                 end = (n, obj)
@@ -1209,23 +1260,25 @@ def _spool_jsonl(
             if kind == "session":
                 session = obj.get("session")
                 if not isinstance(session, dict):
-                    errors.add({"line": n}, "a session line needs a 'session' object")
+                    errors.add({"line": n}, "a session line needs a 'session' object",
+                               code="invalid-stream")
                     continue
                 blocks[session.get("id")] = n
                 sessions.append((n, session))
                 continue
             if kind not in ("message", "usage"):
-                errors.add({"line": n}, f"unknown kind {kind!r}")
+                errors.add({"line": n}, f"unknown kind {kind!r}", code="invalid-stream")
                 continue
             messages += kind == "message"
             block = blocks.get(obj.get("session_id"))
             if block is None:
-                errors.add({"line": n}, f"{kind} of a session that has no session line before it")
+                errors.add({"line": n}, f"{kind} of a session that has no session line before it",
+                           code="invalid-stream")
                 continue
             try:
                 body = json.dumps(obj.get(kind), ensure_ascii=False)
             except ValueError as exc:  # a lone surrogate escaped in the line
-                errors.add({"line": n}, str(exc))
+                errors.add({"line": n}, str(exc), code="unsupported-text")
                 continue
             batch.append((n, block, kind, body))
             if len(batch) >= 1000:
@@ -1233,17 +1286,17 @@ def _spool_jsonl(
                 batch.clear()
         spool.executemany(SPOOL_INSERT_SQL, batch)
     if header is None:
-        errors.add({"line": 1}, f"empty: not a {EXPORT_FORMAT} stream")
+        errors.add({"line": 1}, f"empty: not a {EXPORT_FORMAT} stream", code="invalid-stream")
     elif end is None:
         errors.add({"line": n + 1}, "the stream ends without its end line: it was cut short "
-                                    "(a truncated copy?)")
+                                    "(a truncated copy?)", code="invalid-stream")
     else:
         line, obj = end
         if obj.get("sessions") != len(sessions) or obj.get("messages") != messages:
             errors.add({"line": line}, f"the end line counts {obj.get('sessions')!r} sessions "
                                        f"and {obj.get('messages')!r} messages but the stream "
                                        f"holds {len(sessions)} and {messages}: lines are "
-                                       "missing or were altered")
+                                       "missing or were altered", code="invalid-stream")
     return sessions
 
 

@@ -548,6 +548,21 @@ def test_codes_name_batch_and_store_conflicts_and_a_broken_stream(db: SessionDB)
         assert caught.value.errors[0]["code"] == code
 
 
+def test_a_stream_refused_whole_carries_the_code_of_its_fault(db: SessionDB) -> None:
+    from hermes_state_transfer import read_json_export
+
+    long_line = '{"kind": "header", "note": "' + "x" * 5000 + '"}\n'
+    with pytest.raises(ImportRejectedError) as caught:
+        db.import_jsonl(io.StringIO(long_line), max_record_bytes=4096)
+    assert [(e["line"], e["code"]) for e in caught.value.errors] == [(1, "too-large")]
+    for text, limit, code in (("garbage", 100, "not-json"), ("[1, 2", 100, "not-json"),
+                              (b'["\xff"]', 100, "not-json"), ("[" + " " * 200, 100, "too-large")):
+        with pytest.raises(ImportRejectedError) as caught:
+            read_json_export(io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text),
+                             limit)
+        assert [e["code"] for e in caught.value.errors] == [code], text
+
+
 @pytest.mark.parametrize(
     "calls",
     [
