@@ -363,14 +363,27 @@ def wal_damage(
             if held:
                 scan = ff.scan_wal(wal)
                 return _damage_error(db_path, scan) if _hides_commits(scan) else None
+    # Without the write lock a writer may append to the -wal, or start it over, while it is
+    # read, and a frame read half-written with whole frames after it looks like damage: only
+    # a -wal that stood still across two scans a moment apart is judged.
+    stamp = _wal_stamp(wal)
     scan = ff.scan_wal(wal)
     if not _hides_commits(scan):
         return None
     time.sleep(_WAL_SECOND_LOOK_S)
-    scan = ff.scan_wal(wal)
-    if not _hides_commits(scan):
+    again = ff.scan_wal(wal)
+    if again != scan or _wal_stamp(wal) != stamp:
         return None
-    return _damage_error(db_path, scan)
+    return _damage_error(db_path, again)
+
+
+def _wal_stamp(wal: Path) -> tuple[int, int, int] | None:
+    """What changes when anything writes the ``-wal``: its inode, size and modification time."""
+    try:
+        st = wal.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 _WAL_HEADER_BYTES = 32
