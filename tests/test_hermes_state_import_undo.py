@@ -128,7 +128,7 @@ def test_an_interrupted_import_keeps_what_others_wrote_into_it(
             report = db.import_jsonl(fp)
         assert [k["session_id"] for k in report["abandoned_import_kept"]] == [touched]
         assert touched not in report.get("abandoned_import_removed", [])
-        assert len(report["abandoned_import_removed"]) >= seed - 1
+        assert len(report.get("abandoned_import_removed", [])) >= seed - 1
 
     with SessionDB(target, read_only=True) as db:
         acked = [m for m in db.get_messages(touched) if m["id"] == turn]
