@@ -24,8 +24,7 @@ import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 import hermes_state_search as search
-from bench.corpus import query_terms
-from bench.suite import Stores
+from bench.corpus import generate_corpus, query_terms
 from hermes_state import SessionDB
 from state_helpers import TRICKY, assert_search_index_exact
 
@@ -167,7 +166,15 @@ def test_the_top_20_are_fts5s_own_bm25_order(
 def bench_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8,000 messages of the benchmark's corpus: enough long tool output that the best rows of
     its two-word queries and phrases include rows whose postings leave a frequency open."""
-    return Stores(tmp_path_factory.mktemp("bench")).get(8_000)[0]
+    path = tmp_path_factory.mktemp("bench") / "corpus-8000.db"
+    sessions = [
+        {"id": s.session_id, "source": s.source, "model": s.model, "started_at": s.started_at,
+         "messages": [m.as_append_kwargs() for m in s.messages]}
+        for s in generate_corpus(8_000, seed=1)
+    ]
+    with SessionDB(path) as db:
+        assert db.import_sessions(sessions, limited=False)["ok"]
+    return path
 
 
 @pytest.mark.parametrize("route", ["text", "fts5"])
