@@ -12,9 +12,9 @@ import random
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -26,12 +26,13 @@ import hermes_state_rank as rank
 import hermes_state_search as search
 from bench.corpus import generate_corpus, query_terms
 from hermes_state import SessionDB
-from state_helpers import TRICKY, assert_search_index_exact
+from state_helpers import TRICKY, assert_search_index_exact, raw
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
 RARE = ["zebra", "quasar", "mauve"]  # a handful each
 FILLER = [f"w{i}" for i in range(300)]
+T = TypeVar("T")
 SOURCES = ("cli", "telegram", "discord")
 
 
@@ -92,6 +93,12 @@ WHERE messages_fts MATCH ? {filters} ORDER BY bm25(messages_fts), f.rowid LIMIT 
 """
 
 
+def on_file(db: SessionDB, inspect: Callable[[sqlite3.Connection], T]) -> T:
+    """``inspect`` run on the store's file, opened from outside, read-only."""
+    with raw(db.db_path) as conn:
+        return inspect(conn)
+
+
 def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> list[int]:
     """FTS5's own exact order for ``query`` under the same filters: the oracle."""
     plan = search.plan_search(query)
@@ -100,7 +107,7 @@ def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> li
         filters.get("source_filter"), filters.get("exclude_sources"),
         filters.get("role_filter"), filters.get("include_inactive", False))
     sql = EXACT_ORDER_SQL.format(filters=where)
-    return [r[0] for r in db._read(lambda c: c.execute(sql, (plan.fts_match, *params, limit))
+    return [r[0] for r in on_file(db, lambda c: c.execute(sql, (plan.fts_match, *params, limit))
                                    .fetchall())]
 
 
@@ -121,7 +128,7 @@ def traced_search(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], list
         finally:
             conn.set_trace_callback(None)
 
-    return ids(db._read(run)), statements
+    return ids(on_file(db, run)), statements
 
 
 def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
@@ -472,7 +479,7 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
         got, statements = traced_search(db, query, source_filter=sources, ranking=fts5)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
-        assert got == [r[0] for r in db._read(
+        assert got == [r[0] for r in on_file(db, 
             lambda c: c.execute(oracle, (match, *params, 20)).fetchall())], sources
         rankings = [s for s in statements if f"bm25({table})" in s]
         assert len(rankings) == passes, (sources, rankings)
@@ -552,9 +559,9 @@ def test_rows_without_a_time_sort_after_every_timed_row(
     with SessionDB(db_path) as db:
         for n in range(300):  # past several batches, so that the blocks bound the rows
             db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n % 40))
-        assert db._read(impact.index_whole)
+        assert on_file(db, impact.index_whole)
         direction = "DESC" if sort == "newest" else "ASC"
-        expected = [r[0] for r in db._read(lambda c: c.execute(
+        expected = [r[0] for r in on_file(db, lambda c: c.execute(
             TIME_ORDER_SQL.format(direction=direction), ("kiwi",)).fetchall())]
         assert set(expected[-4:]) == {5000, 5001, 9001, 9002}
         assert ids(db.search_messages("kiwi", sort=sort, limit=400)) == expected
@@ -609,7 +616,7 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
         assert newest[:3] == [300, 299, 298] and newest[-1] == 5
         assert ids(db.search_messages("kiwi", sort="oldest", limit=3)) == [1, 2, 3]
         db.append_message("s1", "user", "kiwi after", timestamp=1000.0)
-        assert db._read(impact.index_health)["usable"]
+        assert on_file(db, impact.index_health)["usable"]
 
 
 def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
@@ -640,7 +647,7 @@ def test_every_hit_that_holds_the_word_shows_it_marked(corpus: SessionDB) -> Non
         hits = corpus.search_messages(word, limit=100)
         assert hits
         for hit in hits:
-            row = corpus._read(lambda c, i=hit["id"]: c.execute(
+            row = on_file(corpus, lambda c, i=hit["id"]: c.execute(
                 "SELECT content, tool_name, tool_calls FROM messages WHERE id = ?",
                 (i,)).fetchone())
             text = "\n".join(t for t in row if t).lower()
@@ -688,7 +695,7 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
 ) -> None:
     """Rows past the batch boundary are scored from their text until a batch indexes them;
     a row written below it (an explicit id in a gap) is queued, found, and drained."""
-    gap = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    gap = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
     small._write(lambda c: c.execute("DELETE FROM messages WHERE id = ?", (gap,)))
     conn = raw(db_path)
     conn.executemany(
@@ -696,14 +703,14 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
         " VALUES (?, 's1', 'user', ?, 0)",
         [(gap, "session session"), (None, "session session session"), (None, "session")])
     conn.close()
-    health = small._read(impact.index_health)
-    assert health["queued"] == 1 and health["indexed"] < small._read(
+    health = on_file(small, impact.index_health)
+    assert health["queued"] == 1 and health["indexed"] < on_file(small, 
         lambda c: c.execute("SELECT max(id) FROM messages").fetchone()[0])
     got, reads = impact_reads(small, "session")
     assert reads and got == exact(small, "session")  # these rows are scored from their text
     for _ in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):  # the library's writes index them
         small.append_message("s1", "user", "one more session")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["usable"]
     assert ids(small.search_messages("session")) == exact(small, "session")
     small.close()
@@ -721,7 +728,7 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     assert ids(small.search_messages("gateway")) == exact(small, "gateway")
     for _ in range(impact.CHECK_EVERY):  # some of the library's writes drain the queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "gateway")
     assert reads and got == exact(small, "gateway")
@@ -733,9 +740,9 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
     """Another client deletes more rows than one drain purges and writes the last id again:
     the queued row is indexed first, and the purge of the deleted ids must not take its
     postings with the old row's."""
-    first = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    first = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
     last = first + 3 * impact.DRAIN_PER_WRITE - 1
-    assert last <= small._read(impact.index_health)["indexed"]
+    assert last <= on_file(small, impact.index_health)["indexed"]
     conn = raw(db_path)
     conn.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (first, last))
     conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
@@ -743,7 +750,7 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
     conn.close()
     for _ in range(8 * impact.CHECK_EVERY):  # the library's writes drain both queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "zebra")
     assert reads and got[0] == last and got == exact(small, "zebra")
@@ -762,12 +769,12 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     for n in range(80):  # writes go on; the index is left alone, marked damaged
         small.append_message("s1", "user", f"session after the damage {n}")
     assert not small.quarantined and small.fts_status()["stale"] is None
-    assert small._read(impact.index_health)["damaged"]
+    assert on_file(small, impact.index_health)["damaged"]
     assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
     with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        health = reopened._read(impact.index_health)
+        health = on_file(reopened, impact.index_health)
         assert health["usable"] and not health["damaged"] and health["queued"] == 0
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
@@ -823,7 +830,7 @@ def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
     with SessionDB(db_path) as db:  # created anew at open, then filled
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert on_file(db, impact.index_health)["usable"]
         ranked_as_fts5(db)
         for n in range(600, 900):  # batches go into the new table
             db.append_message("s1", **_message(r, n))
@@ -861,13 +868,13 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
                                   args=("o1", "user", "session from a thread"))
         writer.start()
         writer.join()
-        assert not other._read(impact.index_health)["damaged"]
+        assert not on_file(other, impact.index_health)["damaged"]
         worker = threading.Thread(target=small.append_message,
                                   args=("s1", "user", "session after the damage"))
         worker.start()  # the damaged file's write, from a thread of its own
         worker.join()
-        assert small._read(impact.index_health)["damaged"]
-        assert not other._read(impact.index_health)["damaged"]
+        assert on_file(small, impact.index_health)["damaged"]
+        assert not on_file(other, impact.index_health)["damaged"]
 
 
 # Damage to the impact index under an open handle: parts of it dropped, emptied or holding
@@ -933,7 +940,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     with SessionDB(db_path) as repaired:
         if repaired._rebuild_thread is not None:
             repaired._rebuild_thread.join(30)
-        assert repaired._read(impact.index_health)["usable"], damage
+        assert on_file(repaired, impact.index_health)["usable"], damage
         for query in DAMAGE_QUERIES:
             got, reads = impact_reads(repaired, query, ranking=ranking)
             assert reads and got == exact(repaired, query), (damage, query)
@@ -945,16 +952,16 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     conn = raw(db_path)
     conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
     conn.close()
-    assert not small._read(impact.index_health)["usable"]
+    assert not on_file(small, impact.index_health)["usable"]
     got, reads = impact_reads(small, "session")
     assert not reads and got == exact(small, "session")
     assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
     small.append_message("s1", "user", "the next write marks it")
-    assert small._read(impact.index_health)["damaged"]
+    assert on_file(small, impact.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        assert reopened._read(impact.index_health)["usable"]
+        assert on_file(reopened, impact.index_health)["usable"]
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
@@ -968,7 +975,7 @@ COUNTED = ['"session"', '"gateway" "config"', '"session gateway"', '"zebra"']
 
 
 def counts(db: SessionDB) -> dict[str, int]:
-    return {e: db._read(lambda c, e=e: rank.match_count(c, e)) for e in COUNTED}
+    return {e: on_file(db, lambda c, e=e: rank.match_count(c, e)) for e in COUNTED}
 
 
 def true_counts(db_path: Path) -> dict[str, int]:
@@ -1022,7 +1029,7 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
         corpus.search_messages(query)
         got, statements = traced_search(corpus, query)
         assert got == fts5_order(corpus, query), query
-        boundary = corpus._read(impact.index_health)["indexed"]
+        boundary = on_file(corpus, impact.index_health)["indexed"]
         counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
 
@@ -1123,7 +1130,7 @@ def test_rows_that_tie_once_the_idf_is_applied_page_as_fts5_orders_them(
     tie with the first, belongs before y)."""
     with SessionDB(db_path) as db:
         x, y = _tie_across_the_page(db, rows, holding, lead)
-        fts5 = db._read(lambda c: c.execute(
+        fts5 = on_file(db, lambda c: c.execute(
             "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH 'kiwi'"
             " ORDER BY bm25(messages_fts), rowid").fetchall())
         assert fts5[0] == (x, fts5[1][1]) and y in [r for r, b in fts5 if b == fts5[0][1]]
@@ -1146,7 +1153,7 @@ def test_a_word_repeated_in_the_query_ranks_as_fts5_adds_it_up(db_path: Path) ->
         for n in range(7):
             db.append_message("s1", role="user", content=" ".join("pqrstu"[: 6 if n < 5 else 5]))
         query = "kiwi kiwi kiwi"
-        fts5 = db._read(lambda c: c.execute(
+        fts5 = on_file(db, lambda c: c.execute(
             "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH ?"
             " ORDER BY bm25(messages_fts), rowid", (query,)).fetchall())
         assert [r for r, _ in fts5[:2]] == [first, second] and fts5[0][1] == fts5[1][1]
