@@ -245,7 +245,7 @@ def test_rows_left_out_before_their_text_is_read_hold_no_token_of_the_word(
     # substring is left out.
     path = tmp_path_factory.mktemp("lacking") / "state.db"
     SessionDB(path).close()
-    conn = raw(path)
+    conn = writer(path)
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 0)")
     written = [conn.execute(
         "INSERT INTO messages (session_id, role, content, tool_name, tool_calls, timestamp)"
@@ -529,7 +529,7 @@ ORDER BY typeof(m.timestamp) NOT IN ('integer', 'real'),
 
 def _older_file_without_a_time_column_constraint(db_path: Path) -> None:
     """What a file of an older store may be: a message time that may be NULL."""
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()
     assert "timestamp REAL NOT NULL" in sql
     conn.execute("PRAGMA writable_schema = ON")
@@ -549,7 +549,7 @@ def test_rows_without_a_time_sort_after_every_timed_row(
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
     _older_file_without_a_time_column_constraint(db_path)
-    conn = raw(db_path)
+    conn = writer(db_path)
     insert = ("INSERT INTO messages (id, session_id, role, content, timestamp)"
               " VALUES (?, 's1', 'user', ?, ?)")
     conn.executemany(insert, [(5000, "kiwi kiwi alone", None), (5001, "kiwi later", "soon"),
@@ -575,7 +575,7 @@ def test_substring_pages_with_rows_without_a_time_are_slices_of_one_order(
     db: SessionDB, db_path: Path, sort: str
 ) -> None:
     db.create_session("s1", "cli")
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.executemany("INSERT INTO messages (session_id, role, content, timestamp)"
                      " VALUES ('s1', 'user', ?, ?)",
                      [("unploy one", 2.0), ("unploy two", "z"), ("unploy three", "m"),
@@ -599,7 +599,7 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
         db.create_session("s1", "cli")
         for n in range(300):
             db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n))
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_on_update'"
                           ).fetchone()
     older = sql.replace("typeof(new.timestamp) IN ('integer', 'real')",
@@ -621,7 +621,7 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
 
 def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
     db.create_session("s1", "cli")
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.executemany("INSERT INTO messages (id, session_id, role, content, timestamp)"
                      " VALUES (?, 's1', 'user', 'kiwi', ?)",
                      [(-7, 1.0), (0, 2.0), (2**62 + 10, 3.0), (2**63 - 1, 4.0)])
@@ -674,7 +674,8 @@ def test_a_match_deep_inside_tool_call_json_is_centred(db: SessionDB) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def raw(db_path: Path) -> sqlite3.Connection:
+def writer(db_path: Path) -> sqlite3.Connection:
+    """A writable connection to the file from outside, as another client would hold."""
     return sqlite3.connect(db_path, isolation_level=None)
 
 
@@ -696,8 +697,8 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
     """Rows past the batch boundary are scored from their text until a batch indexes them;
     a row written below it (an explicit id in a gap) is queued, found, and drained."""
     gap = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
-    small._write(lambda c: c.execute("DELETE FROM messages WHERE id = ?", (gap,)))
-    conn = raw(db_path)
+    conn = writer(db_path)
+    conn.execute("DELETE FROM messages WHERE id = ?", (gap,))
     conn.executemany(
         "INSERT INTO messages (id, session_id, role, content, timestamp)"
         " VALUES (?, 's1', 'user', ?, 0)",
@@ -721,7 +722,7 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     small: SessionDB, db_path: Path
 ) -> None:
     top = exact(small, "gateway", 5)
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("UPDATE messages SET content = 'nothing left' WHERE id = ?", (top[0],))
     conn.execute("DELETE FROM messages WHERE id = ?", (top[1],))
     conn.close()
@@ -743,7 +744,7 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
     first = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
     last = first + 3 * impact.DRAIN_PER_WRITE - 1
     assert last <= on_file(small, impact.index_health)["indexed"]
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (first, last))
     conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
                  " VALUES (?, 's1', 'user', 'zebra zebra', 0)", (last,))
@@ -761,7 +762,7 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
 def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_open(
     small: SessionDB, db_path: Path
 ) -> None:
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("UPDATE search_impact_fts_data SET block = randomblob(length(block))"
                  " WHERE id > 10")
     conn.close()
@@ -793,7 +794,7 @@ CREATE VIRTUAL TABLE search_impact_fts USING fts5(
 def as_earlier_index_table(path: Path) -> None:
     """Give a closed store the index table an earlier version made, holding the same
     postings."""
-    conn = raw(path)
+    conn = writer(path)
     conn.execute("BEGIN IMMEDIATE")
     (epoch,) = conn.execute("SELECT epoch FROM search_impact_state").fetchone()
     rows = conn.execute("SELECT id, postings FROM search_impact WHERE postings <> ''").fetchall()
@@ -836,7 +837,7 @@ def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
             db.append_message("s1", **_message(r, n))
         ranked_as_fts5(db)
     assert_search_index_exact(db_path)
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_fts'"
                           ).fetchone()
     counts = conn.execute("SELECT (SELECT count(*) FROM search_impact_fts),"
@@ -856,7 +857,7 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
     with SessionDB(other_path) as other:
         other.create_session("o1", "cli")
         other.replace_messages("o1", [_message(random.Random(8), n) for n in range(300)])
-        conn = raw(db_path)
+        conn = writer(db_path)
         conn.execute("UPDATE search_impact SET epoch = epoch + 1"
                      " WHERE id = (SELECT max(id) FROM search_impact)")
         conn.close()
@@ -864,10 +865,10 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
             assert ids(reader.search_messages("session")) == exact(reader, "session")
         for n in range(3):  # another file, from this thread and from another
             other.append_message("o1", "user", f"session elsewhere {n}")
-        writer = threading.Thread(target=other.append_message,
-                                  args=("o1", "user", "session from a thread"))
-        writer.start()
-        writer.join()
+        appender = threading.Thread(target=other.append_message,
+                                    args=("o1", "user", "session from a thread"))
+        appender.start()
+        appender.join()
         assert not on_file(other, impact.index_health)["damaged"]
         worker = threading.Thread(target=small.append_message,
                                   args=("s1", "user", "session after the damage"))
@@ -910,7 +911,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     clients' go on, and a writable open after the damage was found replaces the index."""
     ranking = rank.Ranking(exact_rank_rows=10)  # the impact index's routes, on 300 rows
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
     conn.close()
     for query in DAMAGE_QUERIES:
@@ -921,7 +922,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     assert ids(again) == ids(newest)
     for n in range(impact.FLUSH_ROWS + 2 * impact.CHECK_EVERY):  # a batch and drains are due
         small.append_message("s1", "user", f"session gateway after the damage {n}")
-    conn = raw(db_path)  # another client's writes: a change, a delete, a row in the gap
+    conn = writer(db_path)  # another client's writes: a change, a delete, a row in the gap
     first = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
     conn.execute("UPDATE messages SET content = 'session edited' WHERE id = ?", (first,))
     conn.execute("DELETE FROM messages WHERE id = ?", (first + 1,))
@@ -949,7 +950,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
 
 def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_path: Path) -> None:
     """A salvage that skips virtual tables keeps the postings rows but not the index."""
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
     conn.close()
     assert not on_file(small, impact.index_health)["usable"]
@@ -979,7 +980,7 @@ def counts(db: SessionDB) -> dict[str, int]:
 
 
 def true_counts(db_path: Path) -> dict[str, int]:
-    conn = raw(db_path)
+    conn = writer(db_path)
     try:
         sql = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?"
         return {e: conn.execute(sql, (e,)).fetchone()[0] for e in COUNTED}
@@ -997,7 +998,7 @@ def test_cached_counts_follow_every_change_another_client_makes(
     db.create_session("s1", "cli")
     db.replace_messages("s1", [_message(r, n) for n in range(300)])
     assert counts(db) == true_counts(db_path)
-    ids_ = [row[0] for row in raw(db_path).execute("SELECT id FROM messages ORDER BY id")]
+    ids_ = [row[0] for row in writer(db_path).execute("SELECT id FROM messages ORDER BY id")]
     low = r.sample(ids_[: len(ids_) // 2], 4)
     changes = [
         ("UPDATE messages SET content = 'session gateway config zebra' WHERE id = ?", low[0]),
@@ -1011,7 +1012,7 @@ def test_cached_counts_follow_every_change_another_client_makes(
          " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0", 1),
     ]
     for sql, arg in changes:
-        conn = raw(db_path)
+        conn = writer(db_path)
         conn.execute(sql, (arg,))
         conn.close()
         assert counts(db) == true_counts(db_path), sql
