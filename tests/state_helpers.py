@@ -27,6 +27,21 @@ from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, SEARCH_TRIGGER_NAMES, 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@contextlib.contextmanager
+def raw(path: Path, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    """The database file opened from outside with a plain stdlib connection, for inspecting what
+    is on disk (read-only unless `write`, which damages or reshapes a file as an old version or a
+    crash would); closed on leaving the block."""
+    if write:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    else:
+        conn = sqlite3.connect(f"{Path(path).as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
 def populate(db: SessionDB, sessions: int = 3, messages: int = 6) -> list[str]:
     """Sessions in one lineage with titles, usage, tool calls, CJK text and an archived
     compression generation; returns the ids, root first."""

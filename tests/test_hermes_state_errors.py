@@ -376,7 +376,7 @@ def test_a_constraint_broken_through_the_facade_is_typed_and_rolled_back(db: Ses
         conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 0)")
 
     with pytest.raises(StateDbConstraintError) as info:
-        db._write(duplicate)
+        db._execute_write(duplicate)  # the documented write path of the application
     assert isinstance(info.value.__cause__, sqlite3.IntegrityError)
     assert db.get_session("t") is None  # the whole transaction was rolled back
 

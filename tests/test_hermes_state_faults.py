@@ -36,6 +36,7 @@ from hermes_state import (
     resolve_profile_home,
 )
 from hermes_state_errors import SQLITE_FULL
+from state_helpers import raw
 
 CLEAN_FTS = {"messages_fts": None, "messages_fts_trigram": None, "messages_fts_cjk": None}
 
@@ -433,8 +434,8 @@ _MESSAGE_TEXT = (
 
 
 def schema_of(db: SessionDB) -> list[tuple[Any, ...]]:
-    return db._read(lambda c: c.execute(
-        "SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall())
+    with raw(db.db_path) as conn:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
 
 
 def test_surrogates_nul_and_sql_in_every_text_field_round_trip_as_data(db: SessionDB) -> None:

@@ -19,7 +19,7 @@ import pytest
 import hermes_state_impact as impact
 from hermes_state import SessionDB, recover_state_db, repair_state_db
 from hermes_state_common import SCHEMA_VERSION
-from state_helpers import assert_search_index_exact, strip_search_index
+from state_helpers import assert_search_index_exact, raw, strip_search_index
 
 SEEDS = [1, 2, 3]
 WORDS = ["session", "gateway", "config", "token", "worker", "retry", "deploy", "zebra"]
@@ -56,8 +56,9 @@ def store(path: Path, seed: int, rows: int = 1200) -> None:
             db.replace_messages(f"s{s}", [
                 {"role": "user", "content": text(r), "timestamp": 1000.0 + n}
                 for n in range(rows // 3)])
-        db._write(lambda c: c.execute("DELETE FROM messages WHERE id % 10 = 0"))
-        db._write(lambda c: c.execute(COUNT_AGAIN_SQL))
+    with raw(path, write=True) as conn:
+        conn.execute("DELETE FROM messages WHERE id % 10 = 0")
+        conn.execute(COUNT_AGAIN_SQL)
 
 
 def fts5_order(db: SessionDB, query: str) -> list[int]:
@@ -65,8 +66,8 @@ def fts5_order(db: SessionDB, query: str) -> list[int]:
 
     plan = search.plan_search(query)
     assert plan is not None
-    return [r[0] for r in db._read(lambda c: c.execute(EXACT_ORDER_SQL, (plan.fts_match,))
-                                   .fetchall())]
+    with raw(db.db_path) as conn:
+        return [r[0] for r in conn.execute(EXACT_ORDER_SQL, (plan.fts_match,)).fetchall()]
 
 
 def assert_searches_exact(db: SessionDB) -> None:
@@ -75,11 +76,13 @@ def assert_searches_exact(db: SessionDB) -> None:
 
 
 def state(path: Path) -> dict[str, Any]:
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
-    try:
+    with raw(path) as conn:
         return impact.index_health(conn)
-    finally:
-        conn.close()
+
+
+def epoch_of(path: Path) -> int:
+    with raw(path) as conn:
+        return int(impact.read_state(conn).epoch)
 
 
 def drain(db: SessionDB) -> None:
@@ -97,13 +100,14 @@ def test_a_file_without_the_index_gains_it_in_place_and_fills_it(db_path: Path) 
     store(db_path, 1)
     strip_search_index(db_path)
     with SessionDB(db_path, rebuild_fts=False) as db:
-        version = db._read(lambda c: c.execute("SELECT version FROM schema_version").fetchall())
+        with raw(db_path) as conn:
+            version = conn.execute("SELECT version FROM schema_version").fetchall()
         assert version == [(SCHEMA_VERSION,)] == [(31,)]
-        health = db._read(impact.index_health)
+        health = state(db.db_path)
         assert health["filling"] and not health["usable"]
         assert_searches_exact(db)  # ranked by FTS5 while it fills
         db.rebuild_fts()  # finishes the fill now
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
     watcher = sqlite3.connect(db_path, isolation_level=None)
@@ -120,7 +124,7 @@ def test_a_writable_open_fills_it_in_the_background(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -164,19 +168,19 @@ def test_bytes_another_client_stored_are_indexed_as_fts5_reads_them(
             db.append_message("s2", "user", text(r), timestamp=3000.0 + n)
         drain(db)
         assert_searches_exact(db)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
     assert_search_index_exact(db_path)
     strip_search_index(db_path)
     with SessionDB(db_path) as db:  # the fill reads every row
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
-        epoch = db._read(impact.read_state).epoch
+        epoch = epoch_of(db.db_path)
         db.rebuild_fts()  # the FTS indexes from every row again, search_cjk recomputed
         assert_searches_exact(db)
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is None and db._read(impact.read_state).epoch == epoch
+        assert db._rebuild_thread is None and epoch_of(db.db_path) == epoch
     assert_search_index_exact(db_path)
 
 
@@ -264,7 +268,7 @@ def test_a_fill_killed_midway_is_finished_by_the_next_open(
     with SessionDB(db_path) as db:
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -303,7 +307,7 @@ def test_processes_opening_a_file_without_it_at_once_create_one_index(
     with SessionDB(db_path) as db:
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
 
@@ -338,7 +342,7 @@ def test_recover_never_copies_the_index_and_builds_it_anew(
     with SessionDB(out) as db:
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(out)
 
@@ -364,7 +368,7 @@ def test_export_carries_no_index_and_import_builds_it_from_the_rows(
         assert len(report["imported"]) == 3 and report["ok"]
         if db._rebuild_thread is not None:
             db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(imported)
 

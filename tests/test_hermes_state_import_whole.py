@@ -403,7 +403,6 @@ def test_ctrl_c_right_after_a_chunk_commits_still_deletes_that_chunk(
 ) -> None:
     """The interrupt lands after a chunk's transaction has committed and before the import has
     gone on: what that chunk wrote is deleted with the rest."""
-    monkeypatch.setattr("hermes_state_transfer.PUBLISH_CHUNK_MESSAGES", KILLED_PER_SESSION)
     monkeypatch.setattr("hermes_state_transfer.PUBLISH_PAUSE_S", 0)
     with SessionDB(resident) as db:
         write = db._transcript_write
@@ -419,7 +418,7 @@ def test_ctrl_c_right_after_a_chunk_commits_still_deletes_that_chunk(
 
         monkeypatch.setattr(db, "_transcript_write", interrupted_after_commit)
         with killed_export.open() as fp, pytest.raises(KeyboardInterrupt):
-            db.import_jsonl(fp)
+            db.import_jsonl(fp, chunk_messages=KILLED_PER_SESSION)
     assert store_rows(resident) == (1, 1) and journal_sessions(resident) == 0
 
 

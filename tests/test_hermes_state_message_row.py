@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sqlite3
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -15,16 +16,18 @@ from hypothesis import strategies as st
 import hermes_state_messages as messages
 from hermes_state import SessionDB
 from hermes_state_messages import MESSAGE_FIELDS, MessageRow
+from state_helpers import raw
 
 UID = re.compile(r"[0-9a-f]{32}")
 
 
 @pytest.fixture
-def conn(db: SessionDB) -> sqlite3.Connection:
-    """The connection of a store with one empty session: building a row queries only to pair
+def conn(db: SessionDB) -> Iterator[sqlite3.Connection]:
+    """A connection to a store with one empty session: building a row queries only to pair
     a live tool result, which finds no call here."""
     db.create_session("s", "cli")
-    return db._conn
+    with raw(db.db_path) as opened:
+        yield opened
 
 
 def test_the_row_has_one_field_per_column_in_column_order(conn: sqlite3.Connection) -> None:
@@ -114,8 +117,9 @@ def test_insert_message_takes_a_mapping_and_moves_the_counters_on_request(
 ) -> None:
     db.create_session("s", "cli")
     fields = {"role": "assistant", "content": "hi", "tool_calls": [{"id": "c"}]}
-    first = db._write(lambda c: messages.insert_message(c, "s", fields))
-    copy = db._write(lambda c: messages.insert_message(c, "s", fields, count=False))
+    with raw(db.db_path, write=True) as c:
+        first = messages.insert_message(c, "s", fields)
+        copy = messages.insert_message(c, "s", fields, count=False)
     assert copy > first
     session = db.get_session("s")
     assert (session["message_count"], session["tool_call_count"]) == (1, 1)

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-import hermes_state_fts as fts
 from hermes_state import (
     HermesStateError,
     SessionDB,
     StateDbUnavailableError,
     collect_profile_stats,
 )
-from state_helpers import file_hashes, populate, process_holding, sha256
+from state_helpers import detach_index_by_hand, file_hashes, populate, process_holding, sha256
 
 
 def unavailable(path: Path) -> StateDbUnavailableError:
@@ -135,7 +134,7 @@ def test_every_read_works_and_nothing_is_written(db_path: Path) -> None:
 def test_read_only_open_never_starts_an_index_rebuild(db_path: Path) -> None:
     with SessionDB(db_path) as db:
         populate(db, sessions=1, messages=1)
-        db._write(lambda c: fts.detach_index(c))
+    detach_index_by_hand(db_path)
     with SessionDB(db_path, read_only=True) as db:
         time.sleep(0.2)
         assert db.fts_status()["stale"] is not None

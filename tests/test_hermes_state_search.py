@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from state_helpers import spell_as_earlier_version
+from state_helpers import raw, spell_as_earlier_version
 
 import hermes_state_search as search
 from hermes_state import SessionDB
@@ -507,7 +507,8 @@ def test_source_filters_given_as_iterators_are_read_once(db: SessionDB) -> None:
     cli = add(db, "s-cli", "kiwi here")
     add(db, "s-tg", "kiwi there")
     for filters in ({"source_filter": iter(["cli"])}, {"exclude_sources": iter(["telegram"])}):
-        hits = db._read(lambda conn, f=filters: search.search_messages(conn, "kiwi", **f))
+        with raw(db.db_path) as conn:
+            hits = search.search_messages(conn, "kiwi", **filters)
         assert found(hits) == [cli], filters
 
 

@@ -12,9 +12,9 @@ import random
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -24,15 +24,15 @@ import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 import hermes_state_search as search
-from bench.corpus import query_terms
-from bench.suite import Stores
+from bench.corpus import generate_corpus, query_terms
 from hermes_state import SessionDB
-from state_helpers import TRICKY, assert_search_index_exact
+from state_helpers import TRICKY, assert_search_index_exact, raw
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
 RARE = ["zebra", "quasar", "mauve"]  # a handful each
 FILLER = [f"w{i}" for i in range(300)]
+T = TypeVar("T")
 SOURCES = ("cli", "telegram", "discord")
 
 
@@ -93,6 +93,12 @@ WHERE messages_fts MATCH ? {filters} ORDER BY bm25(messages_fts), f.rowid LIMIT 
 """
 
 
+def on_file(db: SessionDB, inspect: Callable[[sqlite3.Connection], T]) -> T:
+    """``inspect`` run on the store's file, opened from outside, read-only."""
+    with raw(db.db_path) as conn:
+        return inspect(conn)
+
+
 def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> list[int]:
     """FTS5's own exact order for ``query`` under the same filters: the oracle."""
     plan = search.plan_search(query)
@@ -101,7 +107,7 @@ def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> li
         filters.get("source_filter"), filters.get("exclude_sources"),
         filters.get("role_filter"), filters.get("include_inactive", False))
     sql = EXACT_ORDER_SQL.format(filters=where)
-    return [r[0] for r in db._read(lambda c: c.execute(sql, (plan.fts_match, *params, limit))
+    return [r[0] for r in on_file(db, lambda c: c.execute(sql, (plan.fts_match, *params, limit))
                                    .fetchall())]
 
 
@@ -122,7 +128,7 @@ def traced_search(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], list
         finally:
             conn.set_trace_callback(None)
 
-    return ids(db._read(run)), statements
+    return ids(on_file(db, run)), statements
 
 
 def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
@@ -167,7 +173,15 @@ def test_the_top_20_are_fts5s_own_bm25_order(
 def bench_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8,000 messages of the benchmark's corpus: enough long tool output that the best rows of
     its two-word queries and phrases include rows whose postings leave a frequency open."""
-    return Stores(tmp_path_factory.mktemp("bench")).get(8_000)[0]
+    path = tmp_path_factory.mktemp("bench") / "corpus-8000.db"
+    sessions = [
+        {"id": s.session_id, "source": s.source, "model": s.model, "started_at": s.started_at,
+         "messages": [m.as_append_kwargs() for m in s.messages]}
+        for s in generate_corpus(8_000, seed=1)
+    ]
+    with SessionDB(path) as db:
+        assert db.import_sessions(sessions, limited=False)["ok"]
+    return path
 
 
 @pytest.mark.parametrize("route", ["text", "fts5"])
@@ -231,7 +245,7 @@ def test_rows_left_out_before_their_text_is_read_hold_no_token_of_the_word(
     # substring is left out.
     path = tmp_path_factory.mktemp("lacking") / "state.db"
     SessionDB(path).close()
-    conn = raw(path)
+    conn = writer(path)
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 0)")
     written = [conn.execute(
         "INSERT INTO messages (session_id, role, content, tool_name, tool_calls, timestamp)"
@@ -465,7 +479,7 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
         got, statements = traced_search(db, query, source_filter=sources, ranking=fts5)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
-        assert got == [r[0] for r in db._read(
+        assert got == [r[0] for r in on_file(db, 
             lambda c: c.execute(oracle, (match, *params, 20)).fetchall())], sources
         rankings = [s for s in statements if f"bm25({table})" in s]
         assert len(rankings) == passes, (sources, rankings)
@@ -515,7 +529,7 @@ ORDER BY typeof(m.timestamp) NOT IN ('integer', 'real'),
 
 def _older_file_without_a_time_column_constraint(db_path: Path) -> None:
     """What a file of an older store may be: a message time that may be NULL."""
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()
     assert "timestamp REAL NOT NULL" in sql
     conn.execute("PRAGMA writable_schema = ON")
@@ -535,7 +549,7 @@ def test_rows_without_a_time_sort_after_every_timed_row(
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
     _older_file_without_a_time_column_constraint(db_path)
-    conn = raw(db_path)
+    conn = writer(db_path)
     insert = ("INSERT INTO messages (id, session_id, role, content, timestamp)"
               " VALUES (?, 's1', 'user', ?, ?)")
     conn.executemany(insert, [(5000, "kiwi kiwi alone", None), (5001, "kiwi later", "soon"),
@@ -545,9 +559,9 @@ def test_rows_without_a_time_sort_after_every_timed_row(
     with SessionDB(db_path) as db:
         for n in range(300):  # past several batches, so that the blocks bound the rows
             db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n % 40))
-        assert db._read(impact.index_whole)
+        assert on_file(db, impact.index_whole)
         direction = "DESC" if sort == "newest" else "ASC"
-        expected = [r[0] for r in db._read(lambda c: c.execute(
+        expected = [r[0] for r in on_file(db, lambda c: c.execute(
             TIME_ORDER_SQL.format(direction=direction), ("kiwi",)).fetchall())]
         assert set(expected[-4:]) == {5000, 5001, 9001, 9002}
         assert ids(db.search_messages("kiwi", sort=sort, limit=400)) == expected
@@ -561,7 +575,7 @@ def test_substring_pages_with_rows_without_a_time_are_slices_of_one_order(
     db: SessionDB, db_path: Path, sort: str
 ) -> None:
     db.create_session("s1", "cli")
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.executemany("INSERT INTO messages (session_id, role, content, timestamp)"
                      " VALUES ('s1', 'user', ?, ?)",
                      [("unploy one", 2.0), ("unploy two", "z"), ("unploy three", "m"),
@@ -585,7 +599,7 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
         db.create_session("s1", "cli")
         for n in range(300):
             db.append_message("s1", "user", f"kiwi {n % 9}", timestamp=float(n))
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_on_update'"
                           ).fetchone()
     older = sql.replace("typeof(new.timestamp) IN ('integer', 'real')",
@@ -602,12 +616,12 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
         assert newest[:3] == [300, 299, 298] and newest[-1] == 5
         assert ids(db.search_messages("kiwi", sort="oldest", limit=3)) == [1, 2, 3]
         db.append_message("s1", "user", "kiwi after", timestamp=1000.0)
-        assert db._read(impact.index_health)["usable"]
+        assert on_file(db, impact.index_health)["usable"]
 
 
 def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
     db.create_session("s1", "cli")
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.executemany("INSERT INTO messages (id, session_id, role, content, timestamp)"
                      " VALUES (?, 's1', 'user', 'kiwi', ?)",
                      [(-7, 1.0), (0, 2.0), (2**62 + 10, 3.0), (2**63 - 1, 4.0)])
@@ -633,7 +647,7 @@ def test_every_hit_that_holds_the_word_shows_it_marked(corpus: SessionDB) -> Non
         hits = corpus.search_messages(word, limit=100)
         assert hits
         for hit in hits:
-            row = corpus._read(lambda c, i=hit["id"]: c.execute(
+            row = on_file(corpus, lambda c, i=hit["id"]: c.execute(
                 "SELECT content, tool_name, tool_calls FROM messages WHERE id = ?",
                 (i,)).fetchone())
             text = "\n".join(t for t in row if t).lower()
@@ -660,7 +674,8 @@ def test_a_match_deep_inside_tool_call_json_is_centred(db: SessionDB) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def raw(db_path: Path) -> sqlite3.Connection:
+def writer(db_path: Path) -> sqlite3.Connection:
+    """A writable connection to the file from outside, as another client would hold."""
     return sqlite3.connect(db_path, isolation_level=None)
 
 
@@ -681,22 +696,22 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
 ) -> None:
     """Rows past the batch boundary are scored from their text until a batch indexes them;
     a row written below it (an explicit id in a gap) is queued, found, and drained."""
-    gap = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
-    small._write(lambda c: c.execute("DELETE FROM messages WHERE id = ?", (gap,)))
-    conn = raw(db_path)
+    gap = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    conn = writer(db_path)
+    conn.execute("DELETE FROM messages WHERE id = ?", (gap,))
     conn.executemany(
         "INSERT INTO messages (id, session_id, role, content, timestamp)"
         " VALUES (?, 's1', 'user', ?, 0)",
         [(gap, "session session"), (None, "session session session"), (None, "session")])
     conn.close()
-    health = small._read(impact.index_health)
-    assert health["queued"] == 1 and health["indexed"] < small._read(
+    health = on_file(small, impact.index_health)
+    assert health["queued"] == 1 and health["indexed"] < on_file(small, 
         lambda c: c.execute("SELECT max(id) FROM messages").fetchone()[0])
     got, reads = impact_reads(small, "session")
     assert reads and got == exact(small, "session")  # these rows are scored from their text
     for _ in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):  # the library's writes index them
         small.append_message("s1", "user", "one more session")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["usable"]
     assert ids(small.search_messages("session")) == exact(small, "session")
     small.close()
@@ -707,14 +722,14 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     small: SessionDB, db_path: Path
 ) -> None:
     top = exact(small, "gateway", 5)
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("UPDATE messages SET content = 'nothing left' WHERE id = ?", (top[0],))
     conn.execute("DELETE FROM messages WHERE id = ?", (top[1],))
     conn.close()
     assert ids(small.search_messages("gateway")) == exact(small, "gateway")
     for _ in range(impact.CHECK_EVERY):  # some of the library's writes drain the queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "gateway")
     assert reads and got == exact(small, "gateway")
@@ -726,17 +741,17 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
     """Another client deletes more rows than one drain purges and writes the last id again:
     the queued row is indexed first, and the purge of the deleted ids must not take its
     postings with the old row's."""
-    first = small._read(lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
+    first = on_file(small, lambda c: c.execute("SELECT min(id) FROM messages").fetchone()[0])
     last = first + 3 * impact.DRAIN_PER_WRITE - 1
-    assert last <= small._read(impact.index_health)["indexed"]
-    conn = raw(db_path)
+    assert last <= on_file(small, impact.index_health)["indexed"]
+    conn = writer(db_path)
     conn.execute("DELETE FROM messages WHERE id BETWEEN ? AND ?", (first, last))
     conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
                  " VALUES (?, 's1', 'user', 'zebra zebra', 0)", (last,))
     conn.close()
     for _ in range(8 * impact.CHECK_EVERY):  # the library's writes drain both queues
         small.append_message("s1", "user", "drain the queues")
-    health = small._read(impact.index_health)
+    health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
     got, reads = impact_reads(small, "zebra")
     assert reads and got[0] == last and got == exact(small, "zebra")
@@ -747,7 +762,7 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
 def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_open(
     small: SessionDB, db_path: Path
 ) -> None:
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("UPDATE search_impact_fts_data SET block = randomblob(length(block))"
                  " WHERE id > 10")
     conn.close()
@@ -755,12 +770,12 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     for n in range(80):  # writes go on; the index is left alone, marked damaged
         small.append_message("s1", "user", f"session after the damage {n}")
     assert not small.quarantined and small.fts_status()["stale"] is None
-    assert small._read(impact.index_health)["damaged"]
+    assert on_file(small, impact.index_health)["damaged"]
     assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
     with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        health = reopened._read(impact.index_health)
+        health = on_file(reopened, impact.index_health)
         assert health["usable"] and not health["damaged"] and health["queued"] == 0
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
@@ -779,7 +794,7 @@ CREATE VIRTUAL TABLE search_impact_fts USING fts5(
 def as_earlier_index_table(path: Path) -> None:
     """Give a closed store the index table an earlier version made, holding the same
     postings."""
-    conn = raw(path)
+    conn = writer(path)
     conn.execute("BEGIN IMMEDIATE")
     (epoch,) = conn.execute("SELECT epoch FROM search_impact_state").fetchone()
     rows = conn.execute("SELECT id, postings FROM search_impact WHERE postings <> ''").fetchall()
@@ -816,13 +831,13 @@ def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
     with SessionDB(db_path) as db:  # created anew at open, then filled
         assert db._rebuild_thread is not None
         db._rebuild_thread.join(30)
-        assert db._read(impact.index_health)["usable"]
+        assert on_file(db, impact.index_health)["usable"]
         ranked_as_fts5(db)
         for n in range(600, 900):  # batches go into the new table
             db.append_message("s1", **_message(r, n))
         ranked_as_fts5(db)
     assert_search_index_exact(db_path)
-    conn = raw(db_path)
+    conn = writer(db_path)
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'search_impact_fts'"
                           ).fetchone()
     counts = conn.execute("SELECT (SELECT count(*) FROM search_impact_fts),"
@@ -842,7 +857,7 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
     with SessionDB(other_path) as other:
         other.create_session("o1", "cli")
         other.replace_messages("o1", [_message(random.Random(8), n) for n in range(300)])
-        conn = raw(db_path)
+        conn = writer(db_path)
         conn.execute("UPDATE search_impact SET epoch = epoch + 1"
                      " WHERE id = (SELECT max(id) FROM search_impact)")
         conn.close()
@@ -850,17 +865,17 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
             assert ids(reader.search_messages("session")) == exact(reader, "session")
         for n in range(3):  # another file, from this thread and from another
             other.append_message("o1", "user", f"session elsewhere {n}")
-        writer = threading.Thread(target=other.append_message,
-                                  args=("o1", "user", "session from a thread"))
-        writer.start()
-        writer.join()
-        assert not other._read(impact.index_health)["damaged"]
+        appender = threading.Thread(target=other.append_message,
+                                    args=("o1", "user", "session from a thread"))
+        appender.start()
+        appender.join()
+        assert not on_file(other, impact.index_health)["damaged"]
         worker = threading.Thread(target=small.append_message,
                                   args=("s1", "user", "session after the damage"))
         worker.start()  # the damaged file's write, from a thread of its own
         worker.join()
-        assert small._read(impact.index_health)["damaged"]
-        assert not other._read(impact.index_health)["damaged"]
+        assert on_file(small, impact.index_health)["damaged"]
+        assert not on_file(other, impact.index_health)["damaged"]
 
 
 # Damage to the impact index under an open handle: parts of it dropped, emptied or holding
@@ -896,7 +911,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     clients' go on, and a writable open after the damage was found replaces the index."""
     ranking = rank.Ranking(exact_rank_rows=10)  # the impact index's routes, on 300 rows
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
     conn.close()
     for query in DAMAGE_QUERIES:
@@ -907,7 +922,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     assert ids(again) == ids(newest)
     for n in range(impact.FLUSH_ROWS + 2 * impact.CHECK_EVERY):  # a batch and drains are due
         small.append_message("s1", "user", f"session gateway after the damage {n}")
-    conn = raw(db_path)  # another client's writes: a change, a delete, a row in the gap
+    conn = writer(db_path)  # another client's writes: a change, a delete, a row in the gap
     first = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
     conn.execute("UPDATE messages SET content = 'session edited' WHERE id = ?", (first,))
     conn.execute("DELETE FROM messages WHERE id = ?", (first + 1,))
@@ -926,7 +941,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     with SessionDB(db_path) as repaired:
         if repaired._rebuild_thread is not None:
             repaired._rebuild_thread.join(30)
-        assert repaired._read(impact.index_health)["usable"], damage
+        assert on_file(repaired, impact.index_health)["usable"], damage
         for query in DAMAGE_QUERIES:
             got, reads = impact_reads(repaired, query, ranking=ranking)
             assert reads and got == exact(repaired, query), (damage, query)
@@ -935,19 +950,19 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
 
 def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_path: Path) -> None:
     """A salvage that skips virtual tables keeps the postings rows but not the index."""
-    conn = raw(db_path)
+    conn = writer(db_path)
     conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
     conn.close()
-    assert not small._read(impact.index_health)["usable"]
+    assert not on_file(small, impact.index_health)["usable"]
     got, reads = impact_reads(small, "session")
     assert not reads and got == exact(small, "session")
     assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
     small.append_message("s1", "user", "the next write marks it")
-    assert small._read(impact.index_health)["damaged"]
+    assert on_file(small, impact.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
         assert reopened._rebuild_thread is not None
         reopened._rebuild_thread.join(30)
-        assert reopened._read(impact.index_health)["usable"]
+        assert on_file(reopened, impact.index_health)["usable"]
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
@@ -961,11 +976,11 @@ COUNTED = ['"session"', '"gateway" "config"', '"session gateway"', '"zebra"']
 
 
 def counts(db: SessionDB) -> dict[str, int]:
-    return {e: db._read(lambda c, e=e: rank.match_count(c, e)) for e in COUNTED}
+    return {e: on_file(db, lambda c, e=e: rank.match_count(c, e)) for e in COUNTED}
 
 
 def true_counts(db_path: Path) -> dict[str, int]:
-    conn = raw(db_path)
+    conn = writer(db_path)
     try:
         sql = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?"
         return {e: conn.execute(sql, (e,)).fetchone()[0] for e in COUNTED}
@@ -983,7 +998,7 @@ def test_cached_counts_follow_every_change_another_client_makes(
     db.create_session("s1", "cli")
     db.replace_messages("s1", [_message(r, n) for n in range(300)])
     assert counts(db) == true_counts(db_path)
-    ids_ = [row[0] for row in raw(db_path).execute("SELECT id FROM messages ORDER BY id")]
+    ids_ = [row[0] for row in writer(db_path).execute("SELECT id FROM messages ORDER BY id")]
     low = r.sample(ids_[: len(ids_) // 2], 4)
     changes = [
         ("UPDATE messages SET content = 'session gateway config zebra' WHERE id = ?", low[0]),
@@ -997,7 +1012,7 @@ def test_cached_counts_follow_every_change_another_client_makes(
          " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0", 1),
     ]
     for sql, arg in changes:
-        conn = raw(db_path)
+        conn = writer(db_path)
         conn.execute(sql, (arg,))
         conn.close()
         assert counts(db) == true_counts(db_path), sql
@@ -1015,7 +1030,7 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
         corpus.search_messages(query)
         got, statements = traced_search(corpus, query)
         assert got == fts5_order(corpus, query), query
-        boundary = corpus._read(impact.index_health)["indexed"]
+        boundary = on_file(corpus, impact.index_health)["indexed"]
         counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
 
@@ -1116,7 +1131,7 @@ def test_rows_that_tie_once_the_idf_is_applied_page_as_fts5_orders_them(
     tie with the first, belongs before y)."""
     with SessionDB(db_path) as db:
         x, y = _tie_across_the_page(db, rows, holding, lead)
-        fts5 = db._read(lambda c: c.execute(
+        fts5 = on_file(db, lambda c: c.execute(
             "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH 'kiwi'"
             " ORDER BY bm25(messages_fts), rowid").fetchall())
         assert fts5[0] == (x, fts5[1][1]) and y in [r for r, b in fts5 if b == fts5[0][1]]
@@ -1139,7 +1154,7 @@ def test_a_word_repeated_in_the_query_ranks_as_fts5_adds_it_up(db_path: Path) ->
         for n in range(7):
             db.append_message("s1", role="user", content=" ".join("pqrstu"[: 6 if n < 5 else 5]))
         query = "kiwi kiwi kiwi"
-        fts5 = db._read(lambda c: c.execute(
+        fts5 = on_file(db, lambda c: c.execute(
             "SELECT rowid, bm25(messages_fts) FROM messages_fts WHERE messages_fts MATCH ?"
             " ORDER BY bm25(messages_fts), rowid", (query,)).fetchall())
         assert [r for r, _ in fts5[:2]] == [first, second] and fts5[0][1] == fts5[1][1]

@@ -17,6 +17,7 @@ import pytest
 
 import hermes_state_seen
 from conftest import rest_of_output
+from state_helpers import raw
 from hermes_state import InvalidInputError, RewriteRefusedError, SessionDB
 from hermes_state_gateway import OWNER_MARKER_KEY
 from hermes_state_seen import SeenThrough
@@ -604,7 +605,8 @@ def test_a_seen_hook_called_without_a_handle_is_the_function_it_stands_for(
     db: SessionDB,
 ) -> None:
     seed_session(db, "s", rows=3)
-    rows = db._read(lambda c: hermes_state_seen.GET_MESSAGES(c, "s"))
+    with raw(db.db_path) as conn:
+        rows = hermes_state_seen.GET_MESSAGES(conn, "s")
+        conversation = hermes_state_seen.GET_CONVERSATION(conn, "s")
     assert rows == db.get_messages("s")
-    conversation = db._read(lambda c: hermes_state_seen.GET_CONVERSATION(c, "s"))
     assert conversation == db.get_messages_as_conversation("s")
