@@ -15,10 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from hermes_state_errors import (
-    InvalidInputError,
-    InvalidTypeError,
-)
+from hermes_state_errors import InvalidInputError, InvalidTypeError
 
 __all__ = [
     "Bound",

@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hermes_state_common import Text, clean_text, encode_json
-from hermes_state_errors import (
-    InvalidTypeError,
-)
+from hermes_state_errors import InvalidTypeError
 
 __all__ = [
     "CELL_SIZE_CHECK_SQL",

@@ -25,11 +25,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from hermes_state_common import clean_text
-from hermes_state_errors import (
-    InvalidInputError,
-    InvalidTypeError,
-    UnsafePathError,
-)
+from hermes_state_errors import InvalidInputError, InvalidTypeError, UnsafePathError
 
 __all__ = [
     "DB_FILENAME",

@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 
+# The version of the schema below; hermes_state_schema migrates older files up to it.
 SCHEMA_VERSION = 31
 
 # Canonical tables. Column additions here are picked up by _reconcile_columns() on open.
