@@ -31,7 +31,10 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
-import hermes_state_common as common
+import hermes_state_connect as dbconn
+import hermes_state_files as db_files
+import hermes_state_home as home_paths
+import hermes_state_schema_sql as schema_sql
 import hermes_state_compat as compat
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -63,7 +66,8 @@ import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
-from hermes_state_common import SCHEMA_VERSION, get_hermes_home, hermes_home_override
+from hermes_state_home import get_hermes_home, hermes_home_override
+from hermes_state_schema_sql import SCHEMA_VERSION
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
 from hermes_state_methods import Fallback, lenient
@@ -79,10 +83,10 @@ restore_state_db = arguments.operation(maintenance.restore_state_db)
 repair_state_db = arguments.operation(maintenance.repair_state_db)
 recover_state_db = arguments.operation(recover.recover_state_db)
 resolve_store_home = arguments.operation(profiles.resolve_store_home)
-display_hermes_home = arguments.operation(common.display_hermes_home)
-resolve_profile_home = arguments.operation(common.resolve_profile_home)
-profile_config_path = arguments.operation(common.profile_config_path)
-child_process_env = arguments.operation(common.child_process_env)
+display_hermes_home = arguments.operation(home_paths.display_hermes_home)
+resolve_profile_home = arguments.operation(home_paths.resolve_profile_home)
+profile_config_path = arguments.operation(home_paths.profile_config_path)
+child_process_env = arguments.operation(home_paths.child_process_env)
 workspace_key = arguments.operation(workspace.workspace_key)
 repair_state_db_schema = arguments.operation(openability.repair_state_db_schema)
 
@@ -119,7 +123,7 @@ __all__ = [
 
 #: The schema a new store is created with (tables, indexes, the FTS indexes and their
 #: triggers), as one script of complete statements.
-SCHEMA_SQL = common.SCHEMA_SQL
+SCHEMA_SQL = schema_sql.SCHEMA_SQL
 #: The longest search query read: longer input is cut to this many characters.
 MAX_FTS5_QUERY_CHARS = search.MAX_INPUT_CHARS
 _collect_delegate_child_ids = deletion.delegate_children
@@ -132,7 +136,7 @@ __version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
 #: The default store when this module was imported (``SessionDB()`` resolves it at each call).
-DEFAULT_DB_PATH = common.default_db_path()
+DEFAULT_DB_PATH = home_paths.default_db_path()
 # The previous store's doctor probes a file with this name.
 _db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
@@ -212,15 +216,15 @@ class SessionDB:
         rebuild_fts: bool = True,
         seen_sessions: int | None = None,
     ) -> None:
-        path = common.store_path(db_path)
+        path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
         self.db_path = path
         self.path = path.absolute()
         # A home's own store is its state.db; a scratch file belongs to the context's home.
-        in_home = self.path.name == common.DB_FILENAME
-        self.profile_home = self.path.parent if in_home else common.get_hermes_home().absolute()
+        in_home = self.path.name == home_paths.DB_FILENAME
+        self.profile_home = self.path.parent if in_home else home_paths.get_hermes_home().absolute()
         self.read_only = read_only
-        self.wal_reset_exposed = common.wal_reset_exposed()
+        self.wal_reset_exposed = dbconn.wal_reset_exposed()
         # Read-only handles never checkpoint, whoever does.
         self._leave_checkpoints = (
             not read_only and replication.checkpoints_left_to_litestream(self.path)
@@ -248,27 +252,27 @@ class SessionDB:
 
     def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
         """Every connection of the handle (its own, the checkpoint helper, the close guard,
-        the snapshot reader), configured by ``common.configure_connection``.
+        the snapshot reader), configured by ``dbconn.configure_connection``.
 
         Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
         them ever checkpoints on its own: automatic checkpoints are off from the first
         statement (the setting touches no file)."""
-        conn = common.connect(self.path, mode, timeout=timeout)
+        conn = dbconn.connect(self.path, mode, timeout=timeout)
         if self.wal_reset_exposed or self._leave_checkpoints:
             conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
 
     def _open_writable(self) -> sqlite3.Connection:
         with quarantine.OPEN_LOCK:
-            common.refuse_symlinks(self.path)
-            if common.wal_without_database(self.path):
+            db_files.refuse_symlinks(self.path)
+            if db_files.wal_without_database(self.path):
                 raise errors.StateDbCorruptError(
                     f"{self.path} is empty but its -wal is not: the file was truncated",
                     path=self.path,
                 )
             earlier = quarantine.inherited(self.path)
             if earlier is None:
-                common.prepare_db_file(self.path)
+                db_files.prepare_db_file(self.path)
             self._file_id = quarantine.file_identity(self.path)
             self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
@@ -283,15 +287,15 @@ class SessionDB:
         try:
             self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
             schema.ensure_schema(self._connection, self._write)
-            common.tighten_modes(self.path)
+            db_files.tighten_modes(self.path)
         except BaseException:
             self._close_connections()
             raise
         return self._connection
 
     def _open_read_only(self) -> sqlite3.Connection:
-        common.refuse_symlinks(self.path)
-        if common.wal_without_database(self.path):  # the first read would delete the -wal
+        db_files.refuse_symlinks(self.path)
+        if db_files.wal_without_database(self.path):  # the first read would delete the -wal
             raise errors.StateDbUnavailableError(
                 f"{self.path} is truncated: the main file is empty but its -wal is not (it "
                 "lost its content; it is not a new store)",
@@ -450,7 +454,7 @@ class SessionDB:
         def attempt(detach_index: bool) -> T:
             with self._lock:
                 self._check_writable()
-                with common.transaction(self._connection):
+                with dbconn.transaction(self._connection):
                     if detach_index:
                         fts.detach_index(self._connection)
                     result = fn(self._connection)
@@ -468,7 +472,7 @@ class SessionDB:
             with self._lock:
                 self._check_writable()
                 if detach_index:
-                    with common.transaction(self._connection):
+                    with dbconn.transaction(self._connection):
                         fts.detach_index(self._connection)
                 return fn(self._connection)
 
@@ -543,7 +547,7 @@ class SessionDB:
         with self._lock:
             self._check_open()
             try:
-                with common.read_transaction(self._connection):
+                with dbconn.read_transaction(self._connection):
                     return fn(self._connection)
             except sqlite3.Error as exc:
                 error = self._read_error(exc)
@@ -722,8 +726,8 @@ class SessionDB:
     set_session_archived = _writes(sessions.set_session_archived)
     auto_archive_idle_sessions = _writes(sessions.auto_archive_idle_sessions)
     message_count = _reads(sessions.message_count)
-    get_meta = _reads(common.get_meta)
-    set_meta = _writes(common.set_meta)
+    get_meta = _reads(dbconn.get_meta)
+    set_meta = _writes(dbconn.set_meta)
     stats = _reads(sessions.stats)
     export_all = _reads(transfer.export_all)
 

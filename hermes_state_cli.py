@@ -44,7 +44,10 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import hermes_state_cli_format as fmt
-import hermes_state_common as common
+import hermes_state_connect as dbconn
+import hermes_state_files as db_files
+import hermes_state_home as home_paths
+import hermes_state_schema_sql as schema_sql
 import hermes_state_fileformat as ff
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
@@ -93,16 +96,16 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _home(args: argparse.Namespace) -> Path:
-    home = Path(args.home).expanduser() if args.home else common.get_hermes_home()
+    home = Path(args.home).expanduser() if args.home else home_paths.get_hermes_home()
     if args.profile:
-        home = common.resolve_profile_home(args.profile, common.hermes_root(home))
+        home = home_paths.resolve_profile_home(args.profile, home_paths.hermes_root(home))
     return home
 
 
 def _resolve_db(args: argparse.Namespace) -> Path:
     if args.db:
         return Path(args.db).expanduser().absolute()
-    return (_home(args) / common.DB_FILENAME).absolute()
+    return (_home(args) / home_paths.DB_FILENAME).absolute()
 
 
 # --- output -------------------------------------------------------------------------------
@@ -202,7 +205,7 @@ def _advice(exc: BaseException, db: Path) -> str | None:
                 "point --db, --home or --profile at a session store"
         if exc.reason == "incompatible":
             version = exc.schema_version
-            if version is not None and version > common.SCHEMA_VERSION:
+            if version is not None and version > schema_sql.SCHEMA_VERSION:
                 return "the store was written by a newer hermes; upgrade hermes-state"
             return "the store is older than this library reads: the next writable open (by the " \
                 "program that writes this home) upgrades the store in place; if it cannot, run " \
@@ -404,7 +407,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     if args.all_profiles:
-        result = collect_profile_stats(common.hermes_root(_home(args)))
+        result = collect_profile_stats(home_paths.hermes_root(_home(args)))
         if args.json:
             _print_json(result)
         else:
@@ -443,9 +446,9 @@ def _output_file(path: str | None) -> Iterator[IO[str]]:
     if target.exists() or target.is_symlink():
         raise FileExistsError(errno.EEXIST, "already exists (an export never overwrites a file)",
                               str(target))
-    common.remove_abandoned_temps(target.parent, PARTIAL_MARK)
+    db_files.remove_abandoned_temps(target.parent, PARTIAL_MARK)
     fd, tmp = tempfile.mkstemp(
-        prefix=f".{target.name}{common.temp_prefix(PARTIAL_MARK)}", dir=target.parent
+        prefix=f".{target.name}{db_files.temp_prefix(PARTIAL_MARK)}", dir=target.parent
     )
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -453,7 +456,7 @@ def _output_file(path: str | None) -> Iterator[IO[str]]:
             fh.flush()
             os.fsync(fh.fileno())
         os.link(tmp, target)  # fails on a file created meanwhile: never overwrites
-        common.fsync_directory(target.parent)
+        db_files.fsync_directory(target.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -540,8 +543,9 @@ def _import_into_store(
         with _writable(args) as db:
             return work(db)
     made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
-    common.remove_abandoned_temps(path.parent, PARTIAL_MARK)
-    staged = path.with_name(f".{path.name}{common.temp_prefix(PARTIAL_MARK)}{os.urandom(4).hex()}")
+    db_files.remove_abandoned_temps(path.parent, PARTIAL_MARK)
+    staged = path.with_name(
+        f".{path.name}{db_files.temp_prefix(PARTIAL_MARK)}{os.urandom(4).hex()}")
     try:
         with SessionDB(staged, rebuild_fts=False) as db:
             report = work(db)
@@ -550,7 +554,7 @@ def _import_into_store(
                 raise HermesStateError(f"{staged} kept a write-ahead log after closing; "
                                        "nothing was imported")
             os.link(staged, path)  # fails on a file created meanwhile: never overwrites
-            common.fsync_directory(path.parent)
+            db_files.fsync_directory(path.parent)
     finally:
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
@@ -680,7 +684,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         else:
             print(f"nothing to prune: no {what}")
         return 0
-    common.refuse_write_protected(_resolve_db(args))  # before asking, not after
+    db_files.refuse_write_protected(_resolve_db(args))  # before asking, not after
     if not _confirm(args, doomed, f"to delete: {what}"):
         _warn("nothing deleted")
         return 1
@@ -711,7 +715,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         " (its other child sessions are kept)")
     if args.dry_run:
         return _dry_run(args, doomed, f"would delete {what}")
-    common.refuse_write_protected(_resolve_db(args))
+    db_files.refuse_write_protected(_resolve_db(args))
     if not _confirm(args, doomed, f"to delete: {what}"):
         _warn("nothing deleted")
         return 1
@@ -954,7 +958,7 @@ def _doctor_fts_check(
 def _record(path: Path, problems: list[str], reason: str, *, index_damage: bool = True) -> None:
     """Whoever finds the damage first records it (the quarantine marker beside the store), so
     that the next writer does not write into the damaged file; the problems say so."""
-    home = path.parent if path.name == common.DB_FILENAME else common.get_hermes_home()
+    home = path.parent if path.name == home_paths.DB_FILENAME else home_paths.get_hermes_home()
     said = quarantine.record_found_damage(path, reason, home.absolute(),
                                           index_damage_possible=index_damage)
     if said is not None and said not in problems:
@@ -991,7 +995,7 @@ def cmd_clear_quarantine(args: argparse.Namespace) -> int:
 def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
     """A damaged -wal frame hides every later commit from SQLite, so opening the store shows
     nothing wrong: verify the frames themselves (the -wal is only read)."""
-    wal = common.sidecar_paths(path)[0]
+    wal = db_files.sidecar_paths(path)[0]
     if not path.is_file():
         return
     scan = ff.scan_wal(wal)
@@ -1083,15 +1087,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return cmd_clear_quarantine(args)
     path = _resolve_db(args)
     report: dict[str, Any] = {
-        "home": common.display_hermes_home(maintenance.store_home(path)),
+        "home": home_paths.display_hermes_home(maintenance.store_home(path)),
         "database": str(path),
         "sqlite_version": sqlite3.sqlite_version,
-        "wal_reset_exposed": common.wal_reset_exposed(),
-        "files": {p.name: _mode(p) for p in (path, *common.sidecar_paths(path))},
+        "wal_reset_exposed": dbconn.wal_reset_exposed(),
+        "files": {p.name: _mode(p) for p in (path, *db_files.sidecar_paths(path))},
         "in_use_by": describe_lock_holders(path),
         "notes": [],
     }
-    journal = common.journal_path(path)
+    journal = db_files.journal_path(path)
     if journal.exists():  # only while maintenance runs, or after it was interrupted
         report["files"][journal.name] = _mode(journal)
     problems: list[str] = []
@@ -1672,7 +1676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.check(parser, args)
     try:
         home = _home(args)
-        with common.hermes_home_override(home):
+        with home_paths.hermes_home_override(home):
             return int(args.func(args))
     except BrokenPipeError:  # `hermes-state sessions export | head`
         with contextlib.suppress(OSError):

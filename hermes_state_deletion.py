@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import hermes_state_arguments as arguments
-from hermes_state_common import OnStore, escape_like, get_meta, now, row_to_dict, set_meta
+from hermes_state_common import OnStore, escape_like, now, row_to_dict
+from hermes_state_connect import get_meta, set_meta
 from hermes_state_errors import (
     InvalidInputError,
     LedgerBusyError,

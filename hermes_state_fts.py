@@ -54,8 +54,9 @@ from typing import Any
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
-from hermes_state_common import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
-from hermes_state_common import OnStore, quote_identifier, set_meta, split_sql, table_exists
+from hermes_state_schema_sql import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
+from hermes_state_common import OnStore, quote_identifier
+from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
 from hermes_state_errors import is_sqlite_lock_error
 

@@ -88,19 +88,20 @@ from typing import Any
 
 from hermes_state_arguments import shown
 from hermes_state_common import (
-    DELIVERY_OBLIGATIONS_SQL,
-    LIVE_ADMISSION_STATUSES,
-    LIVE_EXECUTION_STATUSES,
     Text,
     clean_optional,
     clean_text,
     decode_json,
     encode_json,
     now,
-    split_sql,
     row_to_dict,
+)
+from hermes_state_connect import split_sql, table_exists
+from hermes_state_schema_sql import (
+    DELIVERY_OBLIGATIONS_SQL,
+    LIVE_ADMISSION_STATUSES,
+    LIVE_EXECUTION_STATUSES,
     sql_values,
-    table_exists,
 )
 from hermes_state_errors import (
     InvalidInputError,

@@ -72,9 +72,11 @@ from typing import Any
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, ColumnValue, fts5_text, read_stats
 from hermes_state_bm25 import row_counts
-from hermes_state_common import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
-from hermes_state_common import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT, OnStore, split_sql
-from hermes_state_common import table_exists, transaction
+from hermes_state_schema_sql import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
+from hermes_state_common import OnStore
+from hermes_state_connect import split_sql
+from hermes_state_schema_sql import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT
+from hermes_state_connect import table_exists, transaction
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
 from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
 from hermes_state_fts import run_chunks

@@ -31,26 +31,30 @@ from typing import Any, TypedDict
 
 import hermes_state_fts as fts
 import hermes_state_impact as impact
-from hermes_state_common import (
+from hermes_state_common import quote_identifier
+from hermes_state_connect import (
+    connect,
+    split_sql,
+    table_exists,
+    transaction,
+)
+from hermes_state_files import (
+    cannot_create,
+    journal_path,
+    make_private_dir,
+    prepare_db_file,
+    refuse_symlinks,
+    remove_abandoned_temps,
+    sidecar_paths,
+    temp_prefix,
+    tighten_modes,
+)
+from hermes_state_home import get_hermes_home
+from hermes_state_schema_sql import (
     FTS_SQL,
     INDEXES_SQL,
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
-    cannot_create,
-    connect,
-    get_hermes_home,
-    journal_path,
-    make_private_dir,
-    prepare_db_file,
-    quote_identifier,
-    refuse_symlinks,
-    remove_abandoned_temps,
-    sidecar_paths,
-    split_sql,
-    table_exists,
-    temp_prefix,
-    tighten_modes,
-    transaction,
 )
 from hermes_state_errors import (
     HermesStateError,

@@ -38,7 +38,8 @@ from typing import TypedDict
 import hermes_state_fts as fts
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
-from hermes_state_common import connect, sidecar_paths, transaction
+from hermes_state_connect import connect, transaction
+from hermes_state_files import sidecar_paths
 from hermes_state_errors import HermesStateError, is_hot_journal_error
 
 __all__ = [

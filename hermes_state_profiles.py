@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from hermes_state_common import (
+from hermes_state_home import (
     DB_FILENAME,
     get_hermes_home,
     hermes_home_override,

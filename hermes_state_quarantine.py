@@ -78,14 +78,10 @@ from typing import Any, Protocol, TypeGuard
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
-from hermes_state_common import (
-    append_error_log,
-    clean_text,
-    configure_connection,
-    fsync_directory,
-    get_hermes_home,
-    sidecar_paths,
-)
+from hermes_state_common import clean_text
+from hermes_state_connect import configure_connection
+from hermes_state_files import fsync_directory, sidecar_paths
+from hermes_state_home import append_error_log, get_hermes_home
 from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
 from hermes_state_lockowners import describe_lock_holders
 

@@ -49,24 +49,28 @@ from typing import Any
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
 import hermes_state_impact as impact
-from hermes_state_common import (
+from hermes_state_common import quote_identifier
+from hermes_state_connect import (
+    connect,
+    split_sql,
+    table_exists,
+    transaction,
+)
+from hermes_state_files import (
+    journal_path,
+    make_private_dir,
+    prepare_db_file,
+    remove_abandoned_temps,
+    sidecar_paths,
+    temp_prefix,
+    wal_without_database,
+)
+from hermes_state_home import get_hermes_home
+from hermes_state_schema_sql import (
     DELIVERY_OBLIGATIONS_SQL,
     RUNTIME_LEDGER_TABLES,
     SCHEMA_VERSION,
     TABLES_SQL,
-    connect,
-    get_hermes_home,
-    journal_path,
-    make_private_dir,
-    prepare_db_file,
-    quote_identifier,
-    remove_abandoned_temps,
-    sidecar_paths,
-    split_sql,
-    table_exists,
-    temp_prefix,
-    transaction,
-    wal_without_database,
 )
 from hermes_state_errors import (
     HermesStateError,

@@ -60,14 +60,14 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state_quarantine as quarantine
-from hermes_state_common import (
-    SCHEMA_VERSION,
-    connect,
+from hermes_state_connect import connect
+from hermes_state_files import (
     refuse_symlinks,
     remove_abandoned_temps,
     sidecar_paths,
     temp_prefix,
 )
+from hermes_state_schema_sql import SCHEMA_VERSION
 from hermes_state_errors import (
     ReplicationError,
     StateDbCorruptError,

@@ -49,7 +49,9 @@ from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
 import hermes_state_impact as impact
-from hermes_state_common import (
+from hermes_state_common import quote_identifier
+from hermes_state_connect import set_meta, split_sql, table_exists
+from hermes_state_schema_sql import (
     FTS_SQL,
     FTS_TRIGGER_NAMES,
     FTS_TRIGGERS_SQL,
@@ -57,10 +59,6 @@ from hermes_state_common import (
     SCHEMA_SQL,
     SCHEMA_VERSION,
     TABLES_SQL,
-    quote_identifier,
-    set_meta,
-    split_sql,
-    table_exists,
 )
 from hermes_state_errors import (
     HermesStateError,

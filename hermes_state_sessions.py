@@ -31,8 +31,6 @@ from typing import Any
 
 from hermes_state_arguments import filter_texts
 from hermes_state_common import (
-    LIVE_ADMISSION_STATUSES,
-    LIVE_EXECUTION_STATUSES,
     Key,
     Text,
     clean_optional,
@@ -42,9 +40,9 @@ from hermes_state_common import (
     placeholders,
     quote_identifier,
     row_to_dict,
-    sql_values,
     stored_text,
 )
+from hermes_state_schema_sql import LIVE_ADMISSION_STATUSES, LIVE_EXECUTION_STATUSES, sql_values
 from hermes_state_errors import (
     InvalidInputError,
     InvalidTypeError,

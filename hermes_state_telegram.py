@@ -34,12 +34,14 @@ from typing import Any
 
 from hermes_state_common import (
     Key,
-    get_meta,
     now,
     row_to_dict,
+    stored_text,
+)
+from hermes_state_connect import (
+    get_meta,
     set_meta,
     split_sql,
-    stored_text,
     table_exists,
 )
 from hermes_state_errors import (

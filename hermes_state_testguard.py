@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hermes_state_common import platform_default_home
+from hermes_state_home import platform_default_home
 
 __all__ = [
     "GUARD_BYPASS_ENV",

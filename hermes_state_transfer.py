@@ -59,17 +59,14 @@ from typing import IO, Any, Literal, NamedTuple
 
 from hermes_state_arguments import integer
 from hermes_state_common import (
-    SCHEMA_VERSION,
     OnStore,
     clean_optional,
-    connect,
     now,
     quote_identifier,
-    remove_abandoned_temps,
-    set_meta,
-    temp_prefix,
-    transaction,
 )
+from hermes_state_connect import connect, set_meta, transaction
+from hermes_state_files import remove_abandoned_temps, temp_prefix
+from hermes_state_schema_sql import SCHEMA_VERSION
 from hermes_state_compression import holder_is_gone, lock_holder_name
 from hermes_state_deletion import delete_session, deletion_closure
 from hermes_state_errors import (

@@ -1,7 +1,7 @@
 """The write policy: how long a write waits for the lock, how it backs off, and what an error
 it meets does to it.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction (``hermes_state_common.transaction``), so
+Every write is one ``BEGIN IMMEDIATE`` transaction (``hermes_state_connect.transaction``), so
 lock contention surfaces when the transaction starts, never half-way through it. SQLite's own
 busy timeout is short (1 s); on a lock error (recognised by result code) the whole transaction
 is retried after a random pause — 20–150 ms during the first 2 s, then 250 ms–1 s, so that
@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from hermes_state_common import append_error_log, transaction
+from hermes_state_connect import transaction
+from hermes_state_home import append_error_log
 from hermes_state_errors import StateDbLockedError, is_corruption_error, is_sqlite_lock_error
 from hermes_state_lockowners import describe_lock_holders
 

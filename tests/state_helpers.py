@@ -22,7 +22,11 @@ from pathlib import Path
 import hermes_state_fts as fts
 import hermes_state_impact as impact
 from hermes_state import SessionDB
-from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, SEARCH_TRIGGER_NAMES, TIME_BLOCK_SHIFT
+from hermes_state_schema_sql import (
+    DELIVERY_OBLIGATIONS_SQL,
+    SEARCH_TRIGGER_NAMES,
+    TIME_BLOCK_SHIFT,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

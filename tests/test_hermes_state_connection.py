@@ -402,13 +402,13 @@ def test_passive_checkpoint_runs_after_50_writes(db: SessionDB) -> None:
     ],
 )
 def test_wal_reset_bug_range(version: tuple[int, int, int], exposed: bool) -> None:
-    from hermes_state_common import wal_reset_exposed
+    from hermes_state_connect import wal_reset_exposed
 
     assert wal_reset_exposed(version) is exposed
 
 
 def test_the_handle_reports_this_sqlites_exposure(db: SessionDB) -> None:
-    from hermes_state_common import wal_reset_exposed
+    from hermes_state_connect import wal_reset_exposed
 
     assert db.wal_reset_exposed is wal_reset_exposed(sqlite3.sqlite_version_info)
 

@@ -23,6 +23,7 @@ import pytest
 
 import hermes_state
 import hermes_state_common as common
+import hermes_state_connect as dbconn
 import hermes_state_fts as fts
 import hermes_state_lockowners as lockowners
 import hermes_state_writes as writes
@@ -589,10 +590,10 @@ def test_a_dangling_symlink_at_the_default_database_path_is_refused(
 @pytest.fixture(params=[True, False], ids=["exposed", "fixed"])
 def exposure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """This SQLite is inside the bug range; "fixed" makes the handle believe otherwise."""
-    if request.param != common.wal_reset_exposed():
+    if request.param != dbconn.wal_reset_exposed():
         if request.param:
             pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
-        monkeypatch.setattr(common, "wal_reset_exposed", lambda *a: False)
+        monkeypatch.setattr(dbconn, "wal_reset_exposed", lambda *a: False)
     return bool(request.param)
 
 

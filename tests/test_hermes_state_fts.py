@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import hermes_state_common as common
+import hermes_state_connect as dbconn
 import hermes_state_fts as fts
 from hermes_state import FtsCorruptError, SessionDB, StateDbCorruptError, repair_state_db
 
@@ -239,7 +239,7 @@ def test_a_chunked_rebuild_misses_nothing_and_indexes_nothing_twice(
         append()
     rebuilder = raw(db_path)
     other = raw(db_path)
-    with common.transaction(rebuilder):
+    with dbconn.transaction(rebuilder):
         assert fts.start_rebuild(rebuilder) == 60
     high_water = fts.index_state(rebuilder).high_water
     assert high_water == 60
@@ -264,7 +264,7 @@ def test_a_chunked_rebuild_misses_nothing_and_indexes_nothing_twice(
         # Meanwhile searches answer from the canonical rows.
         live = max(r for r in versions if r not in deleted)
         assert ids(db.search_messages(token(live, versions[live]))) == [live]
-        with common.transaction(rebuilder):
+        with dbconn.transaction(rebuilder):
             step = fts.rebuild_chunk(rebuilder, chunk_rows=7)
         assert step is not None
         finished = step.finished
@@ -421,9 +421,9 @@ def test_a_rebuild_cut_short_is_finished_by_the_next_open(db: SessionDB, db_path
     rows = [m["id"] for m in db.get_messages("s1")]
     db.close()
     rebuilder = raw(db_path)
-    with common.transaction(rebuilder):
+    with dbconn.transaction(rebuilder):
         fts.start_rebuild(rebuilder)
-    with common.transaction(rebuilder):
+    with dbconn.transaction(rebuilder):
         assert fts.rebuild_chunk(rebuilder, chunk_rows=10) == fts.RebuildStep(10, False)
     rebuilder.close()  # as if the process rebuilding had died
 

@@ -277,7 +277,7 @@ except RuntimeError as exc:
 # The guard alone, on the default store's path: nothing is opened either way.
 CHECK_DEFAULT = """
 import json
-from hermes_state_common import default_db_path
+from hermes_state_home import default_db_path
 from hermes_state_testguard import check_test_isolation
 try:
     check_test_isolation(default_db_path())

@@ -18,7 +18,7 @@ import pytest
 
 import hermes_state_impact as impact
 from hermes_state import SessionDB, recover_state_db, repair_state_db
-from hermes_state_common import SCHEMA_VERSION
+from hermes_state_schema_sql import SCHEMA_VERSION
 from state_helpers import assert_search_index_exact, raw, strip_search_index
 
 SEEDS = [1, 2, 3]

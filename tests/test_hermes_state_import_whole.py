@@ -541,7 +541,7 @@ def dead_pid() -> int:
 
 def leftovers(folder: Path, mark: str, *, as_dir: bool) -> tuple[Path, Path]:
     """A temporary entry of a process that is gone and one of this (live) process."""
-    from hermes_state_common import temp_prefix
+    from hermes_state_files import temp_prefix
 
     mine = temp_prefix(mark)
     dead = mine.replace(f"{mark}{os.getpid()}.", f"{mark}{dead_pid()}.")

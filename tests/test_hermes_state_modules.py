@@ -73,17 +73,17 @@ def test_the_check_sees_a_private_crossing(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
         "import hermes_state_fts as fts\n"
-        "from hermes_state_common import _savepoint_ids, get_hermes_home\n"
+        "from hermes_state_connect import _savepoint_ids, transaction\n"
         "fts._reset_shadow_tables(None, 't')\n"
         "fts.__name__\n",
         encoding="utf-8",
     )
     uses = {(source, name) for _, source, name in sibling_uses(sample)}
     assert uses == {("hermes_state_fts", "_reset_shadow_tables"),
-                    ("hermes_state_common", "_savepoint_ids"),
-                    ("hermes_state_common", "get_hermes_home")}
-    assert "_savepoint_ids" not in public_names("hermes_state_common")
-    assert "get_hermes_home" in public_names("hermes_state_common")
+                    ("hermes_state_connect", "_savepoint_ids"),
+                    ("hermes_state_connect", "transaction")}
+    assert "_savepoint_ids" not in public_names("hermes_state_connect")
+    assert "transaction" in public_names("hermes_state_connect")
 
 
 def test_the_command_line_uses_no_private_attribute_of_the_store() -> None:

@@ -40,6 +40,7 @@ from conftest import file_state, leave_committed_wal, overwrite, subprocess_env,
 from state_helpers import process_holding
 
 import hermes_state_common as common
+import hermes_state_connect as dbconn
 import hermes_state_fts as fts
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
@@ -271,7 +272,7 @@ def test_a_truncated_file_whose_wal_holds_commits_is_refused_and_the_wal_kept(
 def test_no_index_rebuild_runs_on_a_file_whose_record_is_damaged(db_path: Path) -> None:
     make_store(db_path)
     conn = sqlite3.connect(db_path, isolation_level=None)
-    with common.transaction(conn):
+    with dbconn.transaction(conn):
         fts.detach_index(conn)  # an index detached earlier: the next open would rebuild it
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -810,7 +811,7 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
     on_files = [(name, run) for name, run in opened if name != ":memory:"]
     assert len(on_files) > 15
     for name, statements in on_files:
-        assert statements[:1] == [common.CELL_SIZE_CHECK_SQL], name
+        assert statements[:1] == [dbconn.CELL_SIZE_CHECK_SQL], name
 
 
 def test_reading_quarantined_changes_nothing_and_the_handle_adopts_before_its_next_write(

@@ -26,7 +26,8 @@ import pytest
 from conftest import subprocess_env
 from state_helpers import assert_search_index_exact, strip_search_index
 
-import hermes_state_common as common
+import hermes_state_connect as dbconn
+import hermes_state_home as home_paths
 import hermes_state_fts as fts
 from hermes_state import SessionDB
 
@@ -53,7 +54,7 @@ def sparse_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A closed store: 3,000 rows with odd ids below 6,000, then ``sqlite_sequence`` jumped to
     2^40 and 20 appends above it."""
     path = tmp_path_factory.mktemp("sparse") / "state.db"
-    with common.hermes_home_override(path.parent):
+    with home_paths.hermes_home_override(path.parent):
         with SessionDB(path) as db:
             db.create_session("s1", "cli")
             db.replace_messages("s1", [
@@ -74,7 +75,7 @@ def sparse(sparse_template: Path, db_path: Path) -> Path:
     """A private copy of the sparse store whose indexes were detached (a rebuild is due)."""
     shutil.copyfile(sparse_template, db_path)
     conn = sqlite3.connect(db_path, isolation_level=None)
-    with common.transaction(conn):
+    with dbconn.transaction(conn):
         fts.detach_index(conn)
     conn.close()
     return db_path
@@ -268,7 +269,7 @@ def test_rows_other_processes_write_during_a_sparse_rebuild_are_indexed_once(
             written.update(zip(done, tokens))
 
         write([None, *free_ids_near(rebuilder, BELOW // 2, rng)])  # before the rebuild starts
-        with common.transaction(rebuilder):
+        with dbconn.transaction(rebuilder):
             fts.start_rebuild(rebuilder)
         deadline = time.monotonic() + DEADLINE_S
         chunks = 0
@@ -276,7 +277,7 @@ def test_rows_other_processes_write_during_a_sparse_rebuild_are_indexed_once(
             assert time.monotonic() < deadline, f"{chunks} chunks in {DEADLINE_S:g} s"
             progress = fts.index_state(rebuilder).progress or 0
             write([None, *free_ids_near(rebuilder, min(progress, BELOW), rng)])
-            with common.transaction(rebuilder):
+            with dbconn.transaction(rebuilder):
                 fts.rebuild_chunk(rebuilder, 40)
             chunks += 1
         write([None, *free_ids_near(rebuilder, BELOW // 2, rng)])  # after it

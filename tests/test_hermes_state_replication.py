@@ -27,7 +27,7 @@ import pytest
 from conftest import file_state, subprocess_env
 
 import hermes_state
-import hermes_state_common as common
+import hermes_state_connect as dbconn
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 from hermes_state import ReplicationError, SessionDB
@@ -192,10 +192,10 @@ def fts_clean(path: Path) -> None:
 def exposure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """This SQLite is inside the WAL-reset bug range; "fixed" makes the handle believe
     otherwise (then its connections would checkpoint on their own at 1000 pages)."""
-    if request.param != common.wal_reset_exposed():
+    if request.param != dbconn.wal_reset_exposed():
         if request.param:
             pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
-        monkeypatch.setattr(common, "wal_reset_exposed", lambda *a: False)
+        monkeypatch.setattr(dbconn, "wal_reset_exposed", lambda *a: False)
     return bool(request.param)
 
 

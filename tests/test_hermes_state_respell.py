@@ -20,7 +20,8 @@ import pytest
 from conftest import rest_of_output
 from state_helpers import assert_spelled_current, spell_as_earlier_version
 
-import hermes_state_common as common
+import hermes_state_connect as dbconn
+import hermes_state_home as home_paths
 import hermes_state_fts as fts
 from hermes_state import SessionDB
 from hermes_state_arguments import INT64_MAX, INT64_MIN
@@ -139,14 +140,14 @@ def test_respelling_covers_every_row_in_chunks_of_existing_ids(
         assert fts.respell_due(conn)
         chunks = 0
         while True:
-            with common.transaction(conn):
+            with dbconn.transaction(conn):
                 step = fts.respell_chunk(conn, chunk_rows)
             assert step is not None and step.indexed <= chunk_rows
             chunks += 1
             if step.finished:
                 break
         assert chunks == -(-len(EDGE_IDS) // chunk_rows)
-        with common.transaction(conn):
+        with dbconn.transaction(conn):
             assert fts.respell_chunk(conn, chunk_rows) is None
     finally:
         conn.close()
@@ -161,7 +162,7 @@ def test_a_rebuild_started_midway_ends_the_respelling(db: SessionDB, db_path: Pa
     spell_as_earlier_version(db_path)
     conn = sqlite3.connect(db_path, isolation_level=None)
     try:
-        with common.transaction(conn):
+        with dbconn.transaction(conn):
             assert fts.respell_chunk(conn, 2) is not None
     finally:
         conn.close()
@@ -190,7 +191,7 @@ def test_respelling_waits_for_a_rebuild_of_the_indexes(db: SessionDB, db_path: P
     conn = sqlite3.connect(db_path, isolation_level=None)
     try:
         conn.execute("INSERT INTO state_meta (key, value) VALUES ('fts_stale', 'test')")
-        with common.transaction(conn):
+        with dbconn.transaction(conn):
             assert fts.respell_chunk(conn) is None
         assert fts.respell_due(conn)
     finally:
@@ -233,7 +234,7 @@ OLD_ROWS = 1500  # tool rows holding CJK text, spelled without their tool name
 def earlier_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A closed store an earlier version wrote: tool rows with CJK text, beside user rows."""
     path = tmp_path_factory.mktemp("earlier") / "state.db"
-    with common.hermes_home_override(path.parent):
+    with home_paths.hermes_home_override(path.parent):
         with SessionDB(path) as db:
             db.create_session("s", "cli")
             db.replace_messages("s", [

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_bm25 as bm25
-import hermes_state_common
+import hermes_state_schema_sql
 from hermes_state_fts import cjk_index_text
 from hermes_state_search import (
     MAX_INPUT_CHARS,
@@ -35,7 +35,7 @@ OPERATORS = ("AND", "OR", "NOT")
 
 def new_db() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
-    conn.executescript(hermes_state_common.TABLES_SQL + hermes_state_common.FTS_SQL)
+    conn.executescript(hermes_state_schema_sql.TABLES_SQL + hermes_state_schema_sql.FTS_SQL)
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s1', 'cli', 0)")
     return conn
 
