@@ -61,6 +61,7 @@ import hermes_state_sessions as sessions
 import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
+import hermes_state_upkeep as upkeep
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
 from hermes_state_common import SCHEMA_VERSION, get_hermes_home, hermes_home_override
@@ -233,8 +234,7 @@ class SessionDB:
         self._quarantined: BaseException | None = None
         self._file_id: quarantine.FileId | None = None
         self._helper: sqlite3.Connection | None = None
-        self._rebuild_thread: threading.Thread | None = None
-        self._stop_rebuild = threading.Event()
+        self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:
             self._connection = self._open_read_only() if read_only else self._open_writable()
@@ -242,7 +242,7 @@ class SessionDB:
             openability.record_open_error(exc)
             raise
         if not read_only and rebuild_fts and self._quarantined is None:
-            self._start_fts_maintenance()
+            self._upkeep.start()
 
     # --- opening ------------------------------------------------------------------------------
 
@@ -328,9 +328,7 @@ class SessionDB:
     def close(self) -> None:
         """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal;
         so does one whose checkpoints are left to Litestream."""
-        self._stop_rebuild.set()
-        if self._rebuild_thread is not None:
-            self._rebuild_thread.join()
+        self._upkeep.stop()
         with self._lock:
             if self._closed:
                 return
@@ -621,74 +619,17 @@ class SessionDB:
         helper = self._helper if self.wal_reset_exposed else None
         self.last_checkpoint = writes.passive_checkpoint(self._connection, helper)
 
-    # --- FTS maintenance ----------------------------------------------------------------------
+    # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
-    def _start_fts_maintenance(self) -> None:
-        """Finish or start an index rebuild in the background when that is safe (see
-        hermes_state_fts): only under the cross-process admission lock, and a stale index
-        only when no other process has the database open; then the search index's fill, or
-        its replacement when damaged (see hermes_state_impact), under the same lock, after the
-        respelling of an earlier version's CJK index text, if the file has one."""
-        if self._read(lambda conn: fts.index_state(conn).usable and not fts.respell_due(conn)
-                      and not impact.needs_maintenance(conn)):
-            return
-        self._rebuild_thread = threading.Thread(
-            target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True
-        )
-        self._rebuild_thread.start()
-
-    def _rebuild_in_background(self) -> None:
-        try:
-            if self._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
-                fts.respell_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
-                                          before=self._refuse_rebuild_on_damage)
-                self._fill_search_index()
-        except (errors.HermesStateError, sqlite3.Error) as exc:
-            logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
-
-    def _fill_search_index(self) -> bool:
-        return impact.fill_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
-                                       before=self._refuse_rebuild_on_damage)
-
-    def _rebuild(self, *, require_exclusive: bool) -> bool:
-        return fts.rebuild_when_admitted(
-            self.path,
-            self._read,
-            self._write,
-            self._stop_rebuild,
-            require_exclusive=require_exclusive,
-            before=self._refuse_rebuild_on_damage,
-        )
-
-    def _refuse_rebuild_on_damage(self) -> None:
-        """A rebuild reads every message and rewrites the indexes: on a file whose record is
-        damaged it would write on and on into a corrupt file, so that file is quarantined
-        instead (nothing is written) and the index stays detached."""
-        damaged = self._read(fts.damaged_canonical_tables)
-        if damaged:
-            error = errors.StateDbCorruptError(
-                f"{self.path} is damaged ({', '.join(damaged)} failed quick_check); "
-                f"its full-text index is not rebuilt",
-                path=self.path,
-            )
-            self._quarantine(error)
-            raise error
+    @property
+    def _rebuild_thread(self) -> threading.Thread | None:
+        return self._upkeep.thread
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
         handle's own background rebuild, if one is running, has finished); then finish the
         search index's fill, or replace it when damaged."""
-        if self._rebuild_thread is not None:
-            self._rebuild_thread.join()
-        if not self._rebuild(require_exclusive=False):
-            raise errors.HermesStateError(
-                f"another process is rebuilding the FTS index of {self.path}"
-            )
-        if not self._fill_search_index():
-            raise errors.HermesStateError(
-                f"the search index of {self.path} is being filled by another process, "
-                "or is too damaged to be replaced in place"
-            )
+        self._upkeep.rebuild_now()
 
     fts_status = _reads(fts.status)
     optimize_fts = _writes(fts.optimize_indexes)
