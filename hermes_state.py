@@ -223,8 +223,7 @@ class SessionDB:
         self.write_retries = 0
         self._lock = threading.RLock()
         self._closed = False
-        self._quarantined: BaseException | None = None
-        self._file_id: quarantine.FileId | None = None
+        self._watch = quarantine.Watch(self.path, self.profile_home, read_only=read_only)
         self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:
@@ -232,7 +231,7 @@ class SessionDB:
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
-        if not read_only and rebuild_fts and self._quarantined is None:
+        if not read_only and rebuild_fts and self._watch.reason is None:
             self._upkeep.start()
 
     # --- opening ------------------------------------------------------------------------------
@@ -260,7 +259,7 @@ class SessionDB:
             earlier = quarantine.inherited(self.path)
             if earlier is None:
                 common.prepare_db_file(self.path)
-            self._file_id = quarantine.file_identity(self.path)
+            self._watch.file_id = quarantine.file_identity(self.path)
             self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
             if earlier is None:
@@ -293,7 +292,7 @@ class SessionDB:
                 reason="uninitialized",
                 path=self.path,
             )
-        self._file_id = quarantine.file_identity(self.path)
+        self._watch.file_id = quarantine.file_identity(self.path)
         try:
             conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
@@ -307,7 +306,7 @@ class SessionDB:
             # beside a file that may not be a store); a writable open still quarantines it.
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
-                self._record_damage(exc, error)
+                self._watch.record(exc, error, lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
             raise error from exc
         except BaseException:
             conn.close()
@@ -326,7 +325,7 @@ class SessionDB:
             self._adopt_quarantine()
             self._closed = True
             quarantine.untrack(self)
-            if not self.read_only and self._quarantined is None and (
+            if not self.read_only and self._watch.reason is None and (
                 self._checkpoints.owned(self._connection)
             ):
                 with contextlib.suppress(sqlite3.Error):
@@ -354,49 +353,25 @@ class SessionDB:
         """True once this handle, or another handle of this process on the same file, met
         corruption (or the file was quarantined before it was opened). Reading it changes
         nothing: the handle takes such a quarantine on before its next write and at close."""
-        return self._quarantined is not None or quarantine.in_process(self._file_id) is not None
+        return self._watch.quarantined
+
+    @property
+    def _quarantined(self) -> BaseException | None:
+        return self._watch.reason
 
     def _adopt_quarantine(self) -> None:
-        if self._quarantined is None and not self.read_only:
-            earlier = quarantine.in_process(self._file_id)
-            if earlier is not None:
-                self._quarantine(earlier)
+        earlier = self._watch.earlier()
+        if earlier is not None:
+            self._quarantine(earlier)
 
     def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
-        """A read met ``exc``, raised as ``error``: corruption of the record (not provably of
-        the FTS indexes only) quarantines a writable handle, and is recorded by a read-only
-        one (see :meth:`_record_damage`)."""
-        if not errors.is_corruption_error(exc) or self._fts_only(exc):
-            return
-        if self.read_only:
-            self._record_damage(exc, error)
-        else:
-            self._quarantine(exc)
-
-    def _record_damage(self, exc: BaseException, error: BaseException) -> None:
-        """Whoever meets the damage first records it: a read-only handle quarantines the file
-        for its process and writes the marker beside it where the folder allows, so the next
-        writer starts out quarantined; ``error`` (what the read raises) says which, in a
-        note."""
-        marker = quarantine.register(
-            self.path, self._file_id, exc, self.profile_home,
-            lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S),
-        )
-        error.add_note(quarantine.recorded_note(self.path, marker))
+        self._watch.met_damage(exc, error, fts_only=self._fts_only, enter=self._quarantine,
+                               guard=lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
 
     def _quarantine(self, exc: BaseException) -> None:
-        """Never write to this file again from this process: refuse writes, skip checkpoints,
-        keep every connection of the handle from checkpointing when it closes, and register
-        the file (its close guard; the first registration declares it)."""
         with self._lock:
-            if self._quarantined is not None:
-                return
-            self._quarantined = exc
-            quarantine.protect(self._connection, self._checkpoints.helper)
-            quarantine.register(
-                self.path, self._file_id, exc, self.profile_home,
-                lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S),
-            )
+            self._watch.enter(exc, (self._connection, self._checkpoints.helper),
+                              lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S))
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
@@ -427,11 +402,7 @@ class SessionDB:
         if self.read_only:
             raise errors.HermesStateError(f"SessionDB for {self.path} is read-only")
         self._adopt_quarantine()
-        if self._quarantined is not None:
-            raise errors.StateDbCorruptError(
-                f"{self.path} is quarantined after corruption; no further writes on this handle",
-                path=self.path,
-            ) from self._quarantined
+        self._watch.refuse_writes()
 
     def _write(
         self,
