@@ -21,11 +21,9 @@ import asyncio  # noqa: F401
 import contextlib
 import functools
 import logging
-import random
 import sqlite3
 import sys  # noqa: F401
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -64,6 +62,7 @@ import hermes_state_sessions as sessions
 import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
+import hermes_state_upkeep as upkeep
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
 from hermes_state_home import get_hermes_home, hermes_home_override
@@ -149,10 +148,6 @@ _FAST_RETRY_WINDOW_S = 2.0
 _SQLITE_BUSY_TIMEOUT_S = 1.0
 _READ_BUSY_TIMEOUT_S = 5.0
 
-# The pauses between attempts are random so that contending writers do not retry in lockstep.
-_JITTER = random.Random()
-
-
 def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
     """The policy of a ``kind`` of write, from this module's constants as they are now."""
     patience = {"write": _WRITE_PATIENCE_S, "transcript": _TRANSCRIPT_WRITE_PATIENCE_S,
@@ -184,10 +179,6 @@ _TRANSCRIPT = quarantine.Spool()
 _COMPACTION = quarantine.Spool(messages="compacted_messages")
 # SQLite refuses VACUUM inside a transaction.
 VACUUM_SQL = "VACUUM"
-# Switches off automatic checkpoints for one connection (no file is read or written).
-WAL_AUTOCHECKPOINT_OFF_SQL = "PRAGMA wal_autocheckpoint = 0"
-# Gives one connection back SQLite's default automatic checkpoint (at 1000 WAL pages).
-WAL_AUTOCHECKPOINT_DEFAULT_SQL = "PRAGMA wal_autocheckpoint = 1000"
 
 
 class SessionDB:
@@ -224,29 +215,28 @@ class SessionDB:
         in_home = self.path.name == home_paths.DB_FILENAME
         self.profile_home = self.path.parent if in_home else home_paths.get_hermes_home().absolute()
         self.read_only = read_only
-        self.wal_reset_exposed = dbconn.wal_reset_exposed()
         # Read-only handles never checkpoint, whoever does.
-        self._leave_checkpoints = (
-            not read_only and replication.checkpoints_left_to_litestream(self.path)
+        self._checkpoints = writes.Checkpoints(
+            self.path, lambda: self._connect("rw", 0.0),
+            leave_to_litestream=(
+                not read_only and replication.checkpoints_left_to_litestream(self.path)
+            ),
+            wal_reset_exposed=dbconn.wal_reset_exposed(),
+            every=_CHECKPOINT_EVERY_N_WRITES,
         )
-        self.last_checkpoint: tuple[int, int, int] | None = None
         self.write_retries = 0
         self._lock = threading.RLock()
-        self._writes = 0
         self._closed = False
-        self._quarantined: BaseException | None = None
-        self._file_id: quarantine.FileId | None = None
-        self._helper: sqlite3.Connection | None = None
-        self._rebuild_thread: threading.Thread | None = None
-        self._stop_rebuild = threading.Event()
+        self._watch = quarantine.Watch(self.path, self.profile_home, read_only=read_only)
+        self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:
             self._connection = self._open_read_only() if read_only else self._open_writable()
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
-        if not read_only and rebuild_fts and self._quarantined is None:
-            self._start_fts_maintenance()
+        if not read_only and rebuild_fts and self._watch.reason is None:
+            self._upkeep.start()
 
     # --- opening ------------------------------------------------------------------------------
 
@@ -258,8 +248,8 @@ class SessionDB:
         them ever checkpoints on its own: automatic checkpoints are off from the first
         statement (the setting touches no file)."""
         conn = dbconn.connect(self.path, mode, timeout=timeout)
-        if self.wal_reset_exposed or self._leave_checkpoints:
-            conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL)
+        if self._checkpoints.automatic_off():
+            conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
 
     def _open_writable(self) -> sqlite3.Connection:
@@ -273,7 +263,7 @@ class SessionDB:
             earlier = quarantine.inherited(self.path)
             if earlier is None:
                 db_files.prepare_db_file(self.path)
-            self._file_id = quarantine.file_identity(self.path)
+            self._watch.file_id = quarantine.file_identity(self.path)
             self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
             quarantine.track(self)
             if earlier is None:
@@ -306,7 +296,7 @@ class SessionDB:
                 reason="uninitialized",
                 path=self.path,
             )
-        self._file_id = quarantine.file_identity(self.path)
+        self._watch.file_id = quarantine.file_identity(self.path)
         try:
             conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
@@ -320,7 +310,7 @@ class SessionDB:
             # beside a file that may not be a store); a writable open still quarantines it.
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
-                self._record_damage(exc, error)
+                self._watch.record(exc, error, lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
             raise error from exc
         except BaseException:
             conn.close()
@@ -332,23 +322,22 @@ class SessionDB:
     def close(self) -> None:
         """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal;
         so does one whose checkpoints are left to Litestream."""
-        self._stop_rebuild.set()
-        if self._rebuild_thread is not None:
-            self._rebuild_thread.join()
+        self._upkeep.stop()
         with self._lock:
             if self._closed:
                 return
             self._adopt_quarantine()
             self._closed = True
             quarantine.untrack(self)
-            if not self.read_only and self._quarantined is None and self._own_checkpoints():
+            if not self.read_only and self._watch.reason is None and (
+                self._checkpoints.owned(self._connection)
+            ):
                 with contextlib.suppress(sqlite3.Error):
-                    self._checkpoint()
+                    self._checkpoints.run(self._connection)
             self._close_connections()
 
     def _close_connections(self) -> None:
-        if self._helper is not None:
-            self._helper.close()
+        self._checkpoints.close()
         self._connection.close()
 
     def __enter__(self) -> SessionDB:
@@ -368,49 +357,25 @@ class SessionDB:
         """True once this handle, or another handle of this process on the same file, met
         corruption (or the file was quarantined before it was opened). Reading it changes
         nothing: the handle takes such a quarantine on before its next write and at close."""
-        return self._quarantined is not None or quarantine.in_process(self._file_id) is not None
+        return self._watch.quarantined
+
+    @property
+    def _quarantined(self) -> BaseException | None:
+        return self._watch.reason
 
     def _adopt_quarantine(self) -> None:
-        if self._quarantined is None and not self.read_only:
-            earlier = quarantine.in_process(self._file_id)
-            if earlier is not None:
-                self._quarantine(earlier)
+        earlier = self._watch.earlier()
+        if earlier is not None:
+            self._quarantine(earlier)
 
     def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
-        """A read met ``exc``, raised as ``error``: corruption of the record (not provably of
-        the FTS indexes only) quarantines a writable handle, and is recorded by a read-only
-        one (see :meth:`_record_damage`)."""
-        if not errors.is_corruption_error(exc) or self._fts_only(exc):
-            return
-        if self.read_only:
-            self._record_damage(exc, error)
-        else:
-            self._quarantine(exc)
-
-    def _record_damage(self, exc: BaseException, error: BaseException) -> None:
-        """Whoever meets the damage first records it: a read-only handle quarantines the file
-        for its process and writes the marker beside it where the folder allows, so the next
-        writer starts out quarantined; ``error`` (what the read raises) says which, in a
-        note."""
-        marker = quarantine.register(
-            self.path, self._file_id, exc, self.profile_home,
-            lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S),
-        )
-        error.add_note(quarantine.recorded_note(self.path, marker))
+        self._watch.met_damage(exc, error, fts_only=self._fts_only, enter=self._quarantine,
+                               guard=lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
 
     def _quarantine(self, exc: BaseException) -> None:
-        """Never write to this file again from this process: refuse writes, skip checkpoints,
-        keep every connection of the handle from checkpointing when it closes, and register
-        the file (its close guard; the first registration declares it)."""
         with self._lock:
-            if self._quarantined is not None:
-                return
-            self._quarantined = exc
-            quarantine.protect(self._connection, self._helper)
-            quarantine.register(
-                self.path, self._file_id, exc, self.profile_home,
-                lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S),
-            )
+            self._watch.enter(exc, (self._connection, self._checkpoints.helper),
+                              lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S))
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
@@ -441,15 +406,17 @@ class SessionDB:
         if self.read_only:
             raise errors.HermesStateError(f"SessionDB for {self.path} is read-only")
         self._adopt_quarantine()
-        if self._quarantined is not None:
-            raise errors.StateDbCorruptError(
-                f"{self.path} is quarantined after corruption; no further writes on this handle",
-                path=self.path,
-            ) from self._quarantined
+        self._watch.refuse_writes()
 
-    def _write(self, fn: Callable[[sqlite3.Connection], T], kind: writes.WriteKind = "write") -> T:
+    def _write(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        kind: writes.WriteKind = "write",
+        *,
+        may_drop_index: bool = True,
+    ) -> T:
         """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
-        ``kind``; after the commit, every 50th write is followed by a checkpoint."""
+        ``kind`` (see hermes_state_writes.retrying); after the commit, the checkpoint policy."""
 
         def attempt(detach_index: bool) -> T:
             with self._lock:
@@ -458,10 +425,14 @@ class SessionDB:
                     if detach_index:
                         fts.detach_index(self._connection)
                     result = fn(self._connection)
-                self._after_commit()
+                self._checkpoints.after_commit(self._connection)
             return result
 
-        return self._retrying(attempt, kind)
+        return writes.retrying(self, attempt, kind, drop_search_index=(
+            self._drop_search_index if may_drop_index else None))
+
+    def _drop_search_index(self) -> None:
+        self._write(impact.drop_index, may_drop_index=False)
 
     def _outside_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` for statements SQLite refuses inside a transaction (pragmas,
@@ -476,61 +447,14 @@ class SessionDB:
                         fts.detach_index(self._connection)
                 return fn(self._connection)
 
-        return self._retrying(attempt, "write")
+        return writes.retrying(self, attempt, "write", drop_search_index=self._drop_search_index)
 
-    def _retrying(self, attempt: Callable[[bool], T], kind: writes.WriteKind) -> T:
-        """``attempt(detach_index)`` until it succeeds or the verdict on its error ends it."""
-        policy = _retry_policy(kind)
-        start, attempts, detach_index, search_index_dropped = time.monotonic(), 1, False, False
-        while True:
-            try:
-                return attempt(detach_index)
-            except (sqlite3.Error, MemoryError) as exc:
-                if not search_index_dropped and impact.missing_index_object(exc):
-                    # A table of the search index is gone, and its triggers fail every write
-                    # of messages: the rest of it is dropped too, so that the write goes
-                    # through; the next writable open creates it anew (searches rank with
-                    # FTS5 meanwhile).
-                    logger.warning("search index incomplete (%s); dropping it from %s until "
-                                   "the next open", exc, self.path)
-                    self._write(impact.drop_index)
-                    search_index_dropped = True
-                    continue
-                verdict = writes.classify(
-                    exc, index_detached=detach_index, fts_only=self._fts_only
-                )
-                if verdict is writes.Verdict.RETRY:
-                    waited = time.monotonic() - start
-                    pause = writes.delay(waited, policy, _JITTER)
-                    if pause is None:
-                        home = self.profile_home
-                        raise writes.locked_error(self.path, home, waited, attempts) from exc
-                    self.write_retries += 1
-                    logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
-                                 self.path, attempts, pause)
-                    time.sleep(pause)
-                elif verdict is writes.Verdict.DETACH_INDEX:
-                    logger.warning("FTS index damaged (%s); detaching it from %s", exc, self.path)
-                    detach_index = True
-                else:
-                    if verdict is writes.Verdict.QUARANTINE:
-                        self._quarantine(exc)
-                    if isinstance(exc, sqlite3.Error):
-                        raise self._translate(exc) from exc
-                    raise
-                attempts += 1
+    def _policy(self, kind: writes.WriteKind) -> writes.RetryPolicy:
+        return _retry_policy(kind)
 
     def _fts_only(self, exc: BaseException) -> bool:
         with self._lock:
             return fts.damage_is_fts_only(self._connection, exc)
-
-    def _after_commit(self) -> None:
-        self._writes += 1
-        if self._writes % _CHECKPOINT_EVERY_N_WRITES == 0 and self._own_checkpoints():
-            try:
-                self._checkpoint()
-            except sqlite3.Error as exc:
-                logger.debug("checkpoint of %s skipped: %s", self.path, exc)
 
     def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._write(fn, "transcript")
@@ -584,115 +508,46 @@ class SessionDB:
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def _own_checkpoints(self) -> bool:
-        """False while this file's checkpoints are left to Litestream. Called under the lock
-        at every checkpoint decision; when the answer changes, the connections' automatic
-        checkpoints follow it. A setting that turned invalid after the open keeps the last
-        answer: this runs after a committed write, which must not look failed."""
-        try:
-            leave = replication.checkpoints_left_to_litestream(self.path)
-        except errors.ReplicationError as exc:
-            logger.warning("%s; keeping the previous checkpoint setting", exc)
-            return not self._leave_checkpoints
-        if leave != self._leave_checkpoints:
-            self._leave_checkpoints = leave
-            off = leave or self.wal_reset_exposed
-            for conn in filter(None, (self._connection, self._helper)):
-                conn.execute(WAL_AUTOCHECKPOINT_OFF_SQL if off else WAL_AUTOCHECKPOINT_DEFAULT_SQL)
-        return not leave
+    @property
+    def wal_reset_exposed(self) -> bool:
+        """Whether this process's SQLite lies in the WAL-reset bug range."""
+        return self._checkpoints.wal_reset_exposed
+
+    @property
+    def last_checkpoint(self) -> tuple[int, int, int] | None:
+        """SQLite's result row of the handle's last checkpoint (None: none yet)."""
+        return self._checkpoints.last
+
+    @last_checkpoint.setter
+    def last_checkpoint(self, row: tuple[int, int, int] | None) -> None:
+        self._checkpoints.last = row
+
+    @property
+    def _helper(self) -> sqlite3.Connection | None:
+        return self._checkpoints.helper
 
     def checkpoint(self) -> tuple[int, int, int]:
         """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
         needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
         :class:`ReplicationError` while checkpoints are left to Litestream."""
         with self._lock:
-            if not self.read_only and not self._own_checkpoints():
-                raise errors.ReplicationError(
-                    f"the checkpoints of {self.path} are left to Litestream",
-                    reason="checkpoints_left_to_litestream",
-                    path=self.path,
-                )
-        self._outside_transaction(lambda conn: self._checkpoint())
+            if not self.read_only:
+                self._checkpoints.refuse_if_left(self._connection)
+        self._outside_transaction(self._checkpoints.run)
         assert self.last_checkpoint is not None
         return self.last_checkpoint
 
-    def _checkpoint(self) -> None:
-        """One PASSIVE checkpoint (see hermes_state_writes.passive_checkpoint): every
-        checkpoint of the handle runs here, from a helper connection inside the WAL-reset bug
-        range."""
-        if self.wal_reset_exposed and self._helper is None:
-            self._helper = self._connect("rw", 0.0)
-        helper = self._helper if self.wal_reset_exposed else None
-        self.last_checkpoint = writes.passive_checkpoint(self._connection, helper)
+    # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
-    # --- FTS maintenance ----------------------------------------------------------------------
-
-    def _start_fts_maintenance(self) -> None:
-        """Finish or start an index rebuild in the background when that is safe (see
-        hermes_state_fts): only under the cross-process admission lock, and a stale index
-        only when no other process has the database open; then the search index's fill, or
-        its replacement when damaged (see hermes_state_impact), under the same lock, after the
-        respelling of an earlier version's CJK index text, if the file has one."""
-        if self._read(lambda conn: fts.index_state(conn).usable and not fts.respell_due(conn)
-                      and not impact.needs_maintenance(conn)):
-            return
-        self._rebuild_thread = threading.Thread(
-            target=self._rebuild_in_background, name="hermes-state-fts-rebuild", daemon=True
-        )
-        self._rebuild_thread.start()
-
-    def _rebuild_in_background(self) -> None:
-        try:
-            if self._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
-                fts.respell_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
-                                          before=self._refuse_rebuild_on_damage)
-                self._fill_search_index()
-        except (errors.HermesStateError, sqlite3.Error) as exc:
-            logger.warning("FTS rebuild of %s stopped: %s", self.path, exc)
-
-    def _fill_search_index(self) -> bool:
-        return impact.fill_when_admitted(self.path, self._read, self._write, self._stop_rebuild,
-                                       before=self._refuse_rebuild_on_damage)
-
-    def _rebuild(self, *, require_exclusive: bool) -> bool:
-        return fts.rebuild_when_admitted(
-            self.path,
-            self._read,
-            self._write,
-            self._stop_rebuild,
-            require_exclusive=require_exclusive,
-            before=self._refuse_rebuild_on_damage,
-        )
-
-    def _refuse_rebuild_on_damage(self) -> None:
-        """A rebuild reads every message and rewrites the indexes: on a file whose record is
-        damaged it would write on and on into a corrupt file, so that file is quarantined
-        instead (nothing is written) and the index stays detached."""
-        damaged = self._read(fts.damaged_canonical_tables)
-        if damaged:
-            error = errors.StateDbCorruptError(
-                f"{self.path} is damaged ({', '.join(damaged)} failed quick_check); "
-                f"its full-text index is not rebuilt",
-                path=self.path,
-            )
-            self._quarantine(error)
-            raise error
+    @property
+    def _rebuild_thread(self) -> threading.Thread | None:
+        return self._upkeep.thread
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
         handle's own background rebuild, if one is running, has finished); then finish the
         search index's fill, or replace it when damaged."""
-        if self._rebuild_thread is not None:
-            self._rebuild_thread.join()
-        if not self._rebuild(require_exclusive=False):
-            raise errors.HermesStateError(
-                f"another process is rebuilding the FTS index of {self.path}"
-            )
-        if not self._fill_search_index():
-            raise errors.HermesStateError(
-                f"the search index of {self.path} is being filled by another process, "
-                "or is too damaged to be replaced in place"
-            )
+        self._upkeep.rebuild_now()
 
     fts_status = _reads(fts.status)
     optimize_fts = _writes(fts.optimize_indexes)
@@ -815,17 +670,9 @@ class SessionDB:
         while checkpoints are left to Litestream, the handle's PASSIVE one (from its helper,
         under the write lock) inside the WAL-reset bug range, else TRUNCATE."""
         merged = self._write(fts.optimize_indexes)
-        self._outside_transaction(self._vacuum_checkpoint)
+        self._outside_transaction(self._checkpoints.truncate)
         self._outside_transaction(lambda conn: conn.execute(VACUUM_SQL).close())
         return merged
-
-    def _vacuum_checkpoint(self, conn: sqlite3.Connection) -> None:
-        if not self._own_checkpoints():
-            return
-        if self.wal_reset_exposed:
-            self._checkpoint()
-        else:
-            self.last_checkpoint = writes.truncate_checkpoint(conn)
 
     @arguments.answered(deletion.refused_auto_prune)
     def maybe_auto_prune_and_vacuum(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -78,6 +79,8 @@ __all__ = [
     "foreign_database_error",
     "HOT_JOURNAL_REASON",
     "is_malformed_db_error",
+    "unnamed_cause",
+    "missing_table",
     "FOREIGN_REASON",
     "TRUNCATED_REASON",
     "READ_ONLY_DIRECTORY_REASON",
@@ -94,6 +97,7 @@ __all__ = [
 ]
 
 # Primary result codes; the extended code keeps the primary code in its low byte.
+SQLITE_ERROR = 1
 SQLITE_PERM = 3
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
@@ -532,6 +536,50 @@ def is_disk_full_error(exc: BaseException) -> bool:
     """True for SQLITE_FULL (the disk or ``max_page_count`` is exhausted)."""
     code = _error_code(exc)
     return code is not None and (code & 0xFF) == SQLITE_FULL
+
+
+# The causes SQLite gives no result code of its own, as its messages (or the sqlite3 module's)
+# spell them: (cause, the message's pattern; its group, when it has one, names the object).
+_UNNAMED_CAUSES = (
+    ("missing_table", re.compile(r"no such table: (?:main\.)?(\w+)")),
+    ("missing_column", re.compile(r"no such column: (\S+)|has no column named (\S+)")),
+    ("fts5_format", re.compile(r"invalid fts5 file format")),
+    ("undecodable_text", re.compile(r"Could not decode to UTF-8")),
+)
+
+
+def unnamed_cause(exc: BaseException) -> tuple[str, str | None] | None:
+    """The cause of an error its result code does not name, and the object it names: a
+    missing table or column (``"missing_table"``, ``"missing_column"``), FTS5 refusing its
+    table's format (``"fts5_format"``), text stored in a table that is not UTF-8
+    (``"undecodable_text"``); None for any other error.
+
+    The one place the library reads an error's text, and only where no code tells these
+    apart: SQLite reports the first three as the generic ``SQLITE_ERROR`` and names the
+    object only in its message, and the last is raised by the ``sqlite3`` module while
+    converting a value, with no result code at all. An error carrying any other code is
+    never read."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = _error_code(exc)
+    if code is not None and (code & 0xFF) != SQLITE_ERROR:
+        return None
+    text = str(exc)
+    for cause, pattern in _UNNAMED_CAUSES:
+        found = pattern.search(text)
+        if found is not None:
+            named = [group for group in found.groups() if group is not None]
+            return cause, (named[0] if named else None)
+    return None
+
+
+def missing_table(exc: BaseException) -> str | None:
+    """The table (without its schema's name) that a statement, or a trigger it fired, found
+    missing; None when ``exc`` says no such thing (see :func:`unnamed_cause`)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return None
+    cause = unnamed_cause(exc)
+    return cause[1] if cause is not None and cause[0] == "missing_table" else None
 
 
 # The two texts SQLite gives a damaged file's errors, as callers' own tooling keys on them.

@@ -77,7 +77,8 @@ from hermes_state_common import OnStore
 from hermes_state_connect import split_sql
 from hermes_state_schema_sql import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT
 from hermes_state_connect import table_exists, transaction
-from hermes_state_errors import is_corruption_error, is_sqlite_lock_error
+from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, missing_table
+from hermes_state_errors import unnamed_cause
 from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
 from hermes_state_fts import run_chunks
 
@@ -316,18 +317,12 @@ class IndexMismatch(Exception):
 # mean the index is at fault).
 _PYTHON_FAULTS = (MemoryError, ValueError, TypeError, ArithmeticError, IndexMismatch)
 INDEX_FAULTS = (sqlite3.Error, *_PYTHON_FAULTS)
-# FTS5 refusing its table's format; text another client stored in the index's own tables
-# that is not UTF-8 (its reads of messages take their bytes, which any value gives).
-_INDEX_ERROR_SIGNS = ("invalid fts5 file format", "Could not decode to UTF-8")
-# An object SQLite names missing: a statement's own table, or one a trigger writes.
-_MISSING_TABLE = re.compile(r"no such table: (?:main\.)?(\w+)")
 
 
 def missing_index_object(exc: BaseException) -> bool:
     """Whether ``exc`` says one of the index's own tables is missing (its triggers then fail
     every write of the rows they watch, until the index is dropped)."""
-    found = _MISSING_TABLE.search(str(exc)) if isinstance(exc, sqlite3.OperationalError) else None
-    return found is not None and found.group(1) in (*INDEX_OBJECTS, *_FTS_SHADOWS)
+    return missing_table(exc) in (*INDEX_OBJECTS, *_FTS_SHADOWS)
 
 
 def index_error(exc: BaseException) -> bool:
@@ -339,8 +334,12 @@ def index_error(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, sqlite3.Error) or is_sqlite_lock_error(exc):
         return False
-    return (is_corruption_error(exc) or missing_index_object(exc)
-            or any(sign in str(exc) for sign in _INDEX_ERROR_SIGNS))
+    if is_corruption_error(exc) or missing_index_object(exc):
+        return True
+    # FTS5 refusing its table's format; text another client stored in the index's own tables
+    # that is not UTF-8 (its reads of messages take their bytes, which any value gives).
+    cause = unnamed_cause(exc)
+    return cause is not None and cause[0] in ("fts5_format", "undecodable_text")
 
 
 # The key of a posting (``_kkkk_f_D``), ending where the token does.

@@ -40,7 +40,7 @@ import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 from hermes_state_connect import connect, transaction
 from hermes_state_files import sidecar_paths
-from hermes_state_errors import HermesStateError, is_hot_journal_error
+from hermes_state_errors import HermesStateError, is_hot_journal_error, unnamed_cause
 
 __all__ = [
     "RepairResult",
@@ -92,9 +92,9 @@ PROBE_SESSION_SQL = "INSERT INTO sessions (id, source, started_at) VALUES (?, ?,
 PROBE_MESSAGE_SQL = (
     "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)"
 )
-# A table or column the probe names but an older layout lacks is not damage. SQLite gives both
-# the generic SQLITE_ERROR code, so its text is the only way to tell them from other errors.
-_MISSING_SCHEMA_TEXT = ("no such table", "no such column", "has no column named")
+# A table or column the probe names but an older layout lacks is not damage (SQLite gives
+# both the generic SQLITE_ERROR code: see hermes_state_errors.unnamed_cause).
+_MISSING_SCHEMA = ("missing_table", "missing_column")
 
 
 def db_opens_cleanly(db_path: str | Path) -> str | None:
@@ -152,7 +152,8 @@ def _probe_write(conn: sqlite3.Connection) -> str | None:
             conn.execute(PROBE_SESSION_SQL, (probe, "probe", now))
             conn.execute(PROBE_MESSAGE_SQL, (probe, "user", "probe", now))
     except sqlite3.OperationalError as exc:
-        if any(text in str(exc).lower() for text in _MISSING_SCHEMA_TEXT):
+        cause = unnamed_cause(exc)
+        if cause is not None and cause[0] in _MISSING_SCHEMA:
             return None
         return str(exc)
     return None

@@ -83,11 +83,13 @@ from hermes_state_connect import configure_connection
 from hermes_state_files import fsync_directory, sidecar_paths
 from hermes_state_home import append_error_log, get_hermes_home
 from hermes_state_errors import StateDbCorruptError, StateDbInUseError, UnsafePathError
+from hermes_state_errors import is_corruption_error
 from hermes_state_lockowners import describe_lock_holders
 
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
+    "Watch",
     "OPEN_LOCK",
     "FileId",
     "file_identity",
@@ -770,3 +772,84 @@ def _call_record(signature: inspect.Signature, bound: Mapping[str, Any]) -> dict
         elif name != connection:
             record[name] = value
     return record
+
+
+# --- one handle's quarantine --------------------------------------------------------------------
+
+
+class Watch:
+    """The quarantine of one handle: the identity of its file, the damage that quarantined it
+    (``reason``; None while it writes), and what meeting damage does to it. The handle calls
+    it under its lock."""
+
+    def __init__(self, path: Path, home: Path, *, read_only: bool) -> None:
+        self.path = path
+        self.home = home
+        self.read_only = read_only
+        self.file_id: FileId | None = None
+        self.reason: BaseException | None = None
+
+    @property
+    def quarantined(self) -> bool:
+        """True once this handle, or another handle of this process on the same file, met
+        corruption (or the file was quarantined before it was opened)."""
+        return self.reason is not None or in_process(self.file_id) is not None
+
+    def earlier(self) -> BaseException | None:
+        """Damage another handle of this process met, which a writable handle not yet
+        quarantined takes on (before its next write and at close)."""
+        if self.reason is not None or self.read_only:
+            return None
+        return in_process(self.file_id)
+
+    def enter(
+        self,
+        exc: BaseException,
+        connections: Iterable[sqlite3.Connection | None],
+        guard: Callable[[], sqlite3.Connection],
+    ) -> None:
+        """Never write to this file again from this process: refuse writes, skip checkpoints,
+        keep every one of ``connections`` from checkpointing when it closes, and register the
+        file (``guard`` opens its close guard; the first registration declares it)."""
+        if self.reason is not None:
+            return
+        self.reason = exc
+        protect(*connections)
+        register(self.path, self.file_id, exc, self.home, guard)
+
+    def met_damage(
+        self,
+        exc: sqlite3.Error,
+        error: BaseException,
+        *,
+        fts_only: Callable[[BaseException], bool],
+        enter: Callable[[BaseException], None],
+        guard: Callable[[], sqlite3.Connection],
+    ) -> None:
+        """A read met ``exc``, raised as ``error``: corruption of the record (not provably of
+        the FTS indexes only) quarantines a writable handle (``enter``). A read-only handle
+        records it: it quarantines the file for its process and writes the marker beside it
+        where the folder allows, so the next writer starts out quarantined; ``error`` says
+        which, in a note."""
+        if not is_corruption_error(exc) or fts_only(exc):
+            return
+        if self.read_only:
+            self.record(exc, error, guard)
+        else:
+            enter(exc)
+
+    def record(
+        self, exc: BaseException, error: BaseException, guard: Callable[[], sqlite3.Connection]
+    ) -> None:
+        """Whoever meets the damage first records it: for a read-only handle, the file's
+        quarantine in its process and the marker beside it; ``error`` says which, in a note."""
+        marker = register(self.path, self.file_id, exc, self.home, guard)
+        error.add_note(recorded_note(self.path, marker))
+
+    def refuse_writes(self) -> None:
+        """:class:`StateDbCorruptError` once the handle is quarantined."""
+        if self.reason is not None:
+            raise StateDbCorruptError(
+                f"{self.path} is quarantined after corruption; no further writes on this handle",
+                path=self.path,
+            ) from self.reason

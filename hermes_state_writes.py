@@ -36,14 +36,18 @@ import enum
 import logging
 import random
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
+import hermes_state_replication as replication
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
-from hermes_state_errors import StateDbLockedError, is_corruption_error, is_sqlite_lock_error
+from hermes_state_errors import ReplicationError, StateDbLockedError
+from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
+from hermes_state_impact import missing_index_object
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
@@ -57,6 +61,11 @@ __all__ = [
     "passive_checkpoint",
     "truncate_checkpoint",
     "TRUNCATE_CHECKPOINT_SQL",
+    "Store",
+    "retrying",
+    "Checkpoints",
+    "WAL_AUTOCHECKPOINT_OFF_SQL",
+    "WAL_AUTOCHECKPOINT_DEFAULT_SQL",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -169,3 +178,169 @@ def passive_checkpoint(
         logger.debug("checkpoint: %d of %d WAL frames copied (busy=%d)",
                      checkpointed, log_frames, busy)
     return busy, log_frames, checkpointed
+
+
+# --- the retry loop ---------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+# The pauses between attempts are random so that contending writers do not retry in lockstep.
+_JITTER = random.Random()
+
+
+class Store(Protocol):
+    """What the retry loop needs of a handle."""
+
+    path: Path
+    profile_home: Path
+    write_retries: int
+
+    def _policy(self, kind: WriteKind) -> RetryPolicy: ...
+
+    def _fts_only(self, exc: BaseException) -> bool: ...
+
+    def _quarantine(self, exc: BaseException) -> None: ...
+
+
+def retrying(
+    store: Store,
+    attempt: Callable[[bool], T],
+    kind: WriteKind,
+    *,
+    drop_search_index: Callable[[], None] | None,
+) -> T:
+    """``attempt(detach_index)`` until it succeeds or the verdict on its error ends it.
+
+    ``drop_search_index`` (None: not this time) drops the search index once, when the error
+    says one of its tables is gone: its triggers then fail every write of messages, so the
+    rest of it is dropped too and the write goes through; the next writable open creates it
+    anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
+    not drop again, so a drop that meets the same error ends, typed, instead of recursing."""
+    policy = store._policy(kind)
+    start, attempts, detach_index = time.monotonic(), 1, False
+    while True:
+        try:
+            return attempt(detach_index)
+        except (sqlite3.Error, MemoryError) as exc:
+            if drop_search_index is not None and missing_index_object(exc):
+                logger.warning("search index incomplete (%s); dropping it from %s until "
+                               "the next open", exc, store.path)
+                drop_search_index()
+                drop_search_index = None
+                continue
+            verdict = classify(exc, index_detached=detach_index, fts_only=store._fts_only)
+            if verdict is Verdict.RETRY:
+                waited = time.monotonic() - start
+                pause = delay(waited, policy, _JITTER)
+                if pause is None:
+                    raise locked_error(store.path, store.profile_home, waited, attempts) from exc
+                store.write_retries += 1
+                logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
+                             store.path, attempts, pause)
+                time.sleep(pause)
+            elif verdict is Verdict.DETACH_INDEX:
+                logger.warning("FTS index damaged (%s); detaching it from %s", exc, store.path)
+                detach_index = True
+            else:
+                if verdict is Verdict.QUARANTINE:
+                    store._quarantine(exc)
+                if isinstance(exc, sqlite3.Error):
+                    raise translate(exc, store.path) from exc
+                raise
+            attempts += 1
+
+
+# --- the checkpoint policy ----------------------------------------------------------------------
+
+# Switches off automatic checkpoints for one connection (no file is read or written).
+WAL_AUTOCHECKPOINT_OFF_SQL = "PRAGMA wal_autocheckpoint = 0"
+# Gives one connection back SQLite's default automatic checkpoint (at 1000 WAL pages).
+WAL_AUTOCHECKPOINT_DEFAULT_SQL = "PRAGMA wal_autocheckpoint = 1000"
+
+
+class Checkpoints:
+    """The checkpoint policy of one writable handle: a PASSIVE checkpoint after every
+    ``every``-th commit, none while the file's checkpoints are left to Litestream, and, inside
+    the WAL-reset bug range, every checkpoint from a helper connection (see
+    :func:`passive_checkpoint`). The handle calls it under its lock."""
+
+    def __init__(
+        self,
+        path: Path,
+        connect_helper: Callable[[], sqlite3.Connection],
+        *,
+        leave_to_litestream: bool,
+        wal_reset_exposed: bool,
+        every: int,
+    ) -> None:
+        self.path = path
+        self._connect_helper = connect_helper
+        self.left_to_litestream = leave_to_litestream
+        self.wal_reset_exposed = wal_reset_exposed
+        self.every = every
+        self.helper: sqlite3.Connection | None = None
+        self.last: tuple[int, int, int] | None = None
+        self._writes = 0
+
+    def automatic_off(self) -> bool:
+        """Whether the connections' automatic checkpoints must stay off."""
+        return self.wal_reset_exposed or self.left_to_litestream
+
+    def owned(self, conn: sqlite3.Connection) -> bool:
+        """False while this file's checkpoints are left to Litestream. Asked at every
+        checkpoint decision; when the answer changes, the automatic checkpoints of ``conn``
+        and the helper follow it. A setting that turned invalid after the open keeps the last
+        answer: this runs after a committed write, which must not look failed."""
+        try:
+            leave = replication.checkpoints_left_to_litestream(self.path)
+        except ReplicationError as exc:
+            logger.warning("%s; keeping the previous checkpoint setting", exc)
+            return not self.left_to_litestream
+        if leave != self.left_to_litestream:
+            self.left_to_litestream = leave
+            sql = WAL_AUTOCHECKPOINT_OFF_SQL if self.automatic_off() else (
+                WAL_AUTOCHECKPOINT_DEFAULT_SQL)
+            for each in filter(None, (conn, self.helper)):
+                each.execute(sql)
+        return not leave
+
+    def refuse_if_left(self, conn: sqlite3.Connection) -> None:
+        """:class:`ReplicationError` while the checkpoints are left to Litestream."""
+        if not self.owned(conn):
+            raise ReplicationError(
+                f"the checkpoints of {self.path} are left to Litestream",
+                reason="checkpoints_left_to_litestream",
+                path=self.path,
+            )
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        """One PASSIVE checkpoint: every checkpoint of the handle runs here, from the helper
+        connection inside the WAL-reset bug range."""
+        if self.wal_reset_exposed and self.helper is None:
+            self.helper = self._connect_helper()
+        helper = self.helper if self.wal_reset_exposed else None
+        self.last = passive_checkpoint(conn, helper)
+
+    def truncate(self, conn: sqlite3.Connection) -> None:
+        """A checkpoint that empties the WAL where that is safe (a PASSIVE one inside the
+        WAL-reset bug range); nothing while the checkpoints are left to Litestream."""
+        if not self.owned(conn):
+            return
+        if self.wal_reset_exposed:
+            self.run(conn)
+        else:
+            self.last = truncate_checkpoint(conn)
+
+    def after_commit(self, conn: sqlite3.Connection) -> None:
+        """Count a commit; every ``every``-th is followed by a checkpoint, skipped (logged)
+        when it fails: the commit it follows stands."""
+        self._writes += 1
+        if self._writes % self.every == 0 and self.owned(conn):
+            try:
+                self.run(conn)
+            except sqlite3.Error as exc:
+                logger.debug("checkpoint of %s skipped: %s", self.path, exc)
+
+    def close(self) -> None:
+        if self.helper is not None:
+            self.helper.close()

@@ -439,3 +439,25 @@ def test_text_is_matched_without_regard_to_case(text: str) -> None:
     """An error re-raised from its message keeps no result code: the text is the test."""
     assert is_malformed_db_error(sqlite3.DatabaseError(text)) is True
     assert is_malformed_db_error(sqlite3.OperationalError(text)) is True
+
+
+def test_unnamed_cause_reads_only_errors_whose_code_names_no_cause() -> None:
+    import hermes_state_errors as errors_module
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("CREATE TABLE t (a)")
+        causes = []
+        for sql in ("SELECT * FROM main.gone", "SELECT nocol FROM t", "INSERT INTO t (b) VALUES (1)"):
+            with pytest.raises(sqlite3.OperationalError) as caught:
+                conn.execute(sql)
+            causes.append(errors_module.unnamed_cause(caught.value))
+        assert causes == [("missing_table", "gone"), ("missing_column", "nocol"),
+                          ("missing_column", "b")]
+        assert errors_module.missing_table(caught.value) is None
+    finally:
+        conn.close()
+    # A message carrying another result code is never read, whatever it says.
+    busy = sqlite3.OperationalError("no such table: gone")
+    busy.sqlite_errorcode = errors_module.SQLITE_BUSY  # type: ignore[attr-defined]
+    assert errors_module.unnamed_cause(busy) is None

@@ -1,0 +1,117 @@
+"""The upkeep of a store's derived indexes: the three FTS indexes and the search index.
+
+A writable handle starts one background thread at open when an index needs work: it finishes
+or starts an FTS rebuild (``hermes_state_fts``), respells an earlier version's CJK index text,
+then fills or replaces the search index (``hermes_state_impact``). Every job runs only under
+the cross-process admission lock, and stops when the handle closes. Before a rebuild rewrites
+an index, the canonical tables are checked: a damaged record quarantines the file instead, so
+nothing is written into a corrupt file and the index stays detached.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import hermes_state_fts as fts
+import hermes_state_impact as impact
+from hermes_state_errors import HermesStateError, StateDbCorruptError
+
+__all__ = ["Store", "Upkeep"]
+
+logger = logging.getLogger("hermes_state")
+
+T = TypeVar("T")
+
+
+class Store(Protocol):
+    """What the upkeep needs of a handle: its file, its reads and writes, its quarantine."""
+
+    path: Path
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    def _quarantine(self, exc: BaseException) -> None: ...
+
+
+class Upkeep:
+    """The index jobs of one handle, and the background thread that runs them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Start the background thread when an index needs work (see the module's text)."""
+        if self._store._read(lambda conn: fts.index_state(conn).usable
+                             and not fts.respell_due(conn)
+                             and not impact.needs_maintenance(conn)):
+            return
+        self.thread = threading.Thread(
+            target=self._in_background, name="hermes-state-fts-rebuild", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask the background jobs to stop and wait for them."""
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _in_background(self) -> None:
+        store = self._store
+        try:
+            if store._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
+                fts.respell_when_admitted(store.path, store._read, store._write, self._stop,
+                                          before=self._refuse_on_damage)
+                self._fill_search_index()
+        except (HermesStateError, sqlite3.Error) as exc:
+            logger.warning("FTS rebuild of %s stopped: %s", store.path, exc)
+
+    def rebuild_now(self) -> None:
+        """Rebuild the FTS indexes in the caller's thread (after the background jobs, if
+        running, have finished), then fill or replace the search index."""
+        if self.thread is not None:
+            self.thread.join()
+        path = self._store.path
+        if not self._rebuild(require_exclusive=False):
+            raise HermesStateError(f"another process is rebuilding the FTS index of {path}")
+        if not self._fill_search_index():
+            raise HermesStateError(
+                f"the search index of {path} is being filled by another process, "
+                "or is too damaged to be replaced in place"
+            )
+
+    def _fill_search_index(self) -> bool:
+        store = self._store
+        return impact.fill_when_admitted(store.path, store._read, store._write, self._stop,
+                                         before=self._refuse_on_damage)
+
+    def _rebuild(self, *, require_exclusive: bool) -> bool:
+        store = self._store
+        return fts.rebuild_when_admitted(
+            store.path, store._read, store._write, self._stop,
+            require_exclusive=require_exclusive, before=self._refuse_on_damage,
+        )
+
+    def _refuse_on_damage(self) -> None:
+        """A rebuild reads every message and rewrites the indexes: on a file whose record is
+        damaged it would write on and on into a corrupt file, so that file is quarantined
+        instead (nothing is written) and the index stays detached."""
+        store = self._store
+        damaged = store._read(fts.damaged_canonical_tables)
+        if damaged:
+            error = StateDbCorruptError(
+                f"{store.path} is damaged ({', '.join(damaged)} failed quick_check); "
+                f"its full-text index is not rebuilt",
+                path=store.path,
+            )
+            store._quarantine(error)
+            raise error
