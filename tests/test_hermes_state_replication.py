@@ -370,14 +370,16 @@ def test_the_generated_configuration_is_what_litestream_reads(
 # argv: db, session id, seed. Appends until killed; after each append returns it prints the
 # row id and the monotonic time of the acknowledgement.
 _WRITER = textwrap.dedent("""
-    import random, sys, time
+    import os, random, sys, time
     from hermes_state import SessionDB
-    db_path, session, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    db_path, session, seed, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rng = random.Random(seed)
     words = ["docker", "gateway", "東京タワー", "deploy", "서울", "pin", "base", "image"]
     with SessionDB(db_path) as db:
         db.create_session(session, "cli")
         print("ready", flush=True)
+        while not os.path.exists(go):  # the storm starts once every writer has its session
+            time.sleep(0.01)
         n = 0
         while True:
             text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
@@ -406,10 +408,13 @@ def test_rows_acknowledged_before_the_sync_interval_survive_a_kill_9_of_everythi
     for w in range(2):
         with (acks / f"w{w}").open("w") as out, (acks / f"w{w}.err").open("w") as err:
             writers.append(subprocess.Popen(
-                [sys.executable, "-c", _WRITER, str(db_path), f"w{w}", str(seed * 10 + w)],
+                [sys.executable, "-c", _WRITER, str(db_path), f"w{w}", str(seed * 10 + w),
+                 str(acks / "go")],
                 env=subprocess_env(), stdout=out, stderr=err,
             ))
-    wait_for(lambda: all((acks / f"w{w}").read_text().startswith("ready") for w in range(2)))
+    assert wait_for(lambda: all((acks / f"w{w}").read_text().startswith("ready")
+                                for w in range(2)))
+    (acks / "go").touch()
     time.sleep(3.5 + random.Random(seed).random())  # the storm
     killed_at = time.monotonic()
     rep.kill()
