@@ -120,14 +120,7 @@ def cut(value: Any, width: int) -> str:
     if display_width(text) <= width:
         return text
     marker = MARKER if width > len(MARKER) else ""
-    room = width - len(marker)
-    kept, used = [], 0
-    for cluster, w in _clusters(text):
-        if used + w > room:
-            break
-        kept.append(cluster)
-        used += w
-    return "".join(kept).rstrip() + marker
+    return _head(text, width - len(marker)).rstrip() + marker
 
 
 def _head(text: str, width: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import re
@@ -15,9 +16,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import hermes_state_fts as fts
 import hermes_state_impact as impact
@@ -493,3 +496,15 @@ def assert_spelled_current(path: Path) -> None:
         assert meta == {fts.SPELLING_KEY: fts.CJK_SPELLING}
     finally:
         conn.close()
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON a command printed, once it exited 0."""
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def columns(text: str) -> int:
+    """How many terminal columns ``text`` takes (wide characters two, combining marks none)."""
+    return sum(0 if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)

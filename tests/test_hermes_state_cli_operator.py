@@ -13,13 +13,13 @@ import json
 import sqlite3
 import subprocess
 import sys
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import file_state, subprocess_env
+from state_helpers import as_json, columns
 
 import hermes_state_cli
 from hermes_state import SessionDB
@@ -35,16 +35,6 @@ def cli(*args: str, env: dict[str, str | None] | None = None,
         stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], env=subprocess_env(env or {}), input=stdin,
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-
-
-def as_json(result: subprocess.CompletedProcess[str]) -> Any:
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def columns(text: str) -> int:
-    return sum(0 if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf")
-               else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 import hermes_state
 from conftest import subprocess_env
+from state_helpers import as_json, columns
 from hermes_state import SessionDB
 from hermes_state_cli import LIST_CSV_FIELDS, build_parser
 
@@ -38,16 +38,6 @@ def cli(*args: str, env: dict[str, str] | None = None,
     return subprocess.run([sys.executable, "-m", "hermes_state_cli", *args],
                           env=subprocess_env(env or {}), input=stdin, capture_output=True,
                           text=True, timeout=120, cwd=REPO_ROOT)
-
-
-def as_json(result: subprocess.CompletedProcess[str]) -> Any:
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def columns(text: str) -> int:
-    return sum(0 if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf")
-               else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
 
 
 @pytest.fixture
