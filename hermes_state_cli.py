@@ -1225,14 +1225,20 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if report["rolled_back_journal"]:
             print("rolled back an interrupted write (hot journal) before the restore")
         print(f"restored {report['db_path']} from {report['restored_from']}")
-        if previous:
-            damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot "
-                       "be restored)" if report.get("previous_damaged") else "")
-            print(f"the previous database was saved as {previous}{damaged}")
+        _say_previous(report)
         for old in report["deleted_snapshots"]:
             print(f"deleted older snapshot {old}")
         print(f"row counts: {fmt.counts(report['row_counts'])}")
     return 0
+
+
+def _say_previous(report: dict[str, Any]) -> None:
+    """Where a restore kept the store it replaced."""
+    previous = report.get("previous_snapshot")
+    if previous:
+        damaged = (" (it was damaged: kept as it was for inspection; `sessions recover` gets "
+                   "out what it holds)" if report.get("previous_damaged") else "")
+        print(f"the previous database was saved as {previous}{damaged}")
 
 
 def _restore_from_replica(args: argparse.Namespace) -> int:
@@ -1250,10 +1256,7 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
         return 0
     as_of = f" as of {report['timestamp']}" if report["timestamp"] else ""
     print(f"restored {report['restored_to']} from {report['replica']}{as_of}")
-    if previous:
-        damaged = (" (it was damaged: quick_check failed; kept for inspection, it cannot be "
-                   "restored)" if report.get("previous_damaged") else "")
-        print(f"the previous database was saved as {previous}{damaged}")
+    _say_previous(report)
     for old in report["deleted_snapshots"]:
         print(f"deleted older snapshot {old}")
     print("integrity: ok; fts: " + ", ".join(

@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,6 +41,7 @@ from hermes_state_connect import (
 )
 from hermes_state_files import (
     cannot_create,
+    fsync_directory,
     journal_path,
     make_private_dir,
     prepare_db_file,
@@ -177,6 +179,8 @@ def prune_snapshots(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(info["path"])
             deleted.append(info["path"])
+        with contextlib.suppress(FileNotFoundError):  # a damaged store kept with its -wal
+            sidecar_paths(Path(info["path"]))[0].unlink()
     return deleted
 
 
@@ -201,10 +205,11 @@ def _new_private_file(path: Path) -> Path:
     return path
 
 
-def _unique_snapshot_path(directory: Path, prefix: str) -> Path:
+def _unique_snapshot_path(directory: Path, prefix: str, suffix: str = "") -> Path:
     stamp = utc_stamp()
     for n in range(1, 1000):
-        candidate = directory / (f"{prefix}-{stamp}.db" if n == 1 else f"{prefix}-{stamp}-{n}.db")
+        name = f"{prefix}-{stamp}" if n == 1 else f"{prefix}-{stamp}-{n}"
+        candidate = directory / f"{name}{suffix}.db"
         try:
             return _new_private_file(candidate)
         except FileExistsError:
@@ -547,10 +552,7 @@ def restore_state_db(
             report["rolled_back_journal"] = held.rolled_back_journal
             if held.pages > 0:
                 say("saving the current store", 0, None)
-                saved, check = _snapshot(held.conn, None, target)
-                report["previous_damaged"] = check != ["ok"]
-                if report["previous_damaged"]:
-                    saved = _mark_damaged(saved)
+                saved, report["previous_damaged"] = _save_previous(held.conn, target)
                 report["previous_snapshot"] = str(saved)
             report["quick_check"] = _promote(src, held.conn, say)
             clear_marker(target)
@@ -558,6 +560,37 @@ def restore_state_db(
         return report
     finally:
         src.close()
+
+
+def _save_previous(live: sqlite3.Connection, db_path: Path) -> tuple[Path, bool]:
+    """Keep the store a restore replaces (held exclusively: nothing appends meanwhile): its
+    snapshot, or, when its ``-wal`` is damaged in the middle, the file and its ``-wal`` byte
+    for byte, since SQLite sees none of the commits after the damage and ``recover`` can fold
+    them from the copy. The kept path, and whether it is damaged."""
+    if quarantine.wal_damage(db_path) is not None:
+        return _raw_copy(db_path), True
+    saved, check = _snapshot(live, None, db_path)
+    return (saved, False) if check == ["ok"] else (_mark_damaged(saved), True)
+
+
+def _raw_copy(db_path: Path) -> Path:
+    """The database file and its ``-wal`` copied as they are, under a ``-damaged`` snapshot
+    name, durably (the restore overwrites the originals next)."""
+    target = _unique_snapshot_path(snapshot_dir(db_path), db_path.stem, DAMAGED_SUFFIX)
+    try:
+        for source, copy in ((db_path, target), (sidecar_paths(db_path)[0],
+                                                 sidecar_paths(target)[0])):
+            if copy != target:
+                _new_private_file(copy)
+            with open(source, "rb") as src, open(copy, "r+b") as dest:
+                shutil.copyfileobj(src, dest)
+                dest.flush()
+                os.fsync(dest.fileno())
+        fsync_directory(target.parent)
+    except BaseException:
+        _remove_db_files(target)
+        raise
+    return target
 
 
 def _mark_damaged(snapshot: Path) -> Path:

@@ -40,9 +40,12 @@ import hermes_state_quarantine as quarantine
 from hermes_state import (
     SessionDB,
     StateDbCorruptError,
+    backup_state_db,
     recover_state_db,
     repair_state_db_schema,
+    restore_state_db,
 )
+from hermes_state_maintenance import prune_snapshots
 from hermes_state_openability import db_opens_cleanly
 
 SEEDS = [1, 2, 3]
@@ -477,3 +480,37 @@ def test_damage_only_in_the_search_index_is_not_recorded_by_doctor(
     doctor = cli(hermes_home, "--db", str(db_path), "doctor")
     assert doctor.returncode == 1 and "damage" in doctor.stdout
     assert "recorded" not in doctor.stdout and marker_of(db_path) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A restore onto a store whose -wal is damaged in the middle
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_restore_keeps_the_store_it_replaces_whole_when_its_wal_is_damaged(
+    seed: int, db_path: Path, hermes_home: Path, tmp_path: Path
+) -> None:
+    """The commits after a damaged frame are invisible to SQLite: the copy of the replaced
+    store a restore keeps must still hold them, for ``recover`` to fold."""
+    store_of(db_path, "base", 1, 30, seed)
+    snapshot = backup_state_db(db_path, tmp_path / "older.db")
+    acknowledged = append_and_die(db_path, "base-0", 40)
+    wal = db_path.with_name("state.db-wal")
+    frames = (wal.stat().st_size - 32) // (24 + PAGE)
+    rng = random.Random(seed)
+    frame = rng.randrange(frames // 3, 2 * frames // 3)
+    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(PAGE))
+
+    report = restore_state_db(snapshot, db_path)
+
+    assert report["previous_damaged"] is True
+    previous = Path(report["previous_snapshot"])
+    assert previous.exists() and "damaged" in previous.name
+    kept = recovered_ids(previous, tmp_path / "recovered.db")
+    assert set(acknowledged) <= kept
+    with SessionDB(db_path, read_only=True) as db:
+        assert len(db.get_messages("base-0")) == 30  # the snapshot's rows, as restored
+    assert prune_snapshots(db_path, 0) == [str(previous)]
+    assert not previous.exists() and not previous.with_name(previous.name + "-wal").exists()
