@@ -1,28 +1,13 @@
 """The ``hermes-state`` command line: browse, export and import sessions; check, repair,
-recover, back up and restore the store; replicate it with Litestream and restore it from its
-replica.
+recover, back up, restore and replicate the store.
 
-Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
-under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
-(``sessions list|show|search|export|stats``, ``doctor``) open the store read-only and never
-create, migrate or repair it (``doctor``'s check of the full-text indexes takes the write lock
-for a moment, as SQLite runs that check as a write, and writes nothing). Long work reports
-progress on stderr; ``--json`` prints one JSON document on stdout for scripts, a failure too
-(``{"error": {"type", "message", "next", "exit_status"}}``). Exit status: 0 success, 1
-failure (or, for checks, a problem found), 2 bad usage; a bare command prints its help. Advice
-on what to do next lives here, not in the library's exception messages.
+Each command works on one database (``--db``, else ``--profile`` under ``--home``). Read-only
+commands never create, migrate or repair it. ``--json`` prints one document, failures
+included. Exit status: 0 success, 1 failure or problem found, 2 bad usage. Advice on what to
+do next lives here, never in the library's exception messages.
 
-Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
-stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
-the question; without it, a stdin that is not a terminal refuses (exit 2) rather than delete
-unseen. What is deleted is bounded by what was listed (``prune_sessions(only_ids=...)``), so a
-session that qualifies only after the list was made is never deleted unseen.
-
-Output for people (tables cut to the terminal's width, local times with their UTC offset,
-counts and costs in words) is made by ``hermes_state_cli_format``. Every option's help states
-its default; values are checked by the argparse type functions here before anything is
-opened.
-"""
+Commands that delete list what they will delete, ask, and delete only the listed ids. A stdin
+that is not a terminal refuses without ``--yes``. See docs/operations.md."""
 
 from __future__ import annotations
 

@@ -1,39 +1,17 @@
 """Reading an SQLite database from its bytes: header, b-tree pages, records and the WAL.
 
-Salvage needs this because SQLite reads a table through its b-tree and stops at the first
-damaged page ("database disk image is malformed"): the rows on every intact page after it
-are still on disk, but SQLite will not hand them over, and rows under a destroyed interior
-page cannot even be found by a key search. This module reads the file format directly
-(https://sqlite.org/fileformat2.html) so that a salvage can
+SQLite stops reading a table at its first damaged page, though later pages still hold rows. So
+salvage reads the file format itself (https://sqlite.org/fileformat2.html). It walks b-trees
+taking every cell that parses, noting each bad page's key range to bound the loss. It reads
+orphan pages no tree reaches. It folds a ``-wal`` and rolls back a hot ``-journal`` into a
+private copy.
 
-* walk a table b-tree from its root and take every cell of every page that still parses,
-  reporting each page that does not, with the key range it covered (so losses can be
-  estimated from the rowids that are missing in that range);
-* find the pages no b-tree reaches any more (orphans: leaves under a destroyed interior page)
-  and read their cells too;
-* fold the committed frames of a ``-wal`` into a private copy of the main file, because a
-  database is the main file *plus* its WAL, and ``immutable=1`` would ignore the WAL;
-* roll a hot rollback journal (``-journal``) back into that copy first, because a transaction
-  that never finished (a killed restore or repair promotion) leaves its new pages in the main
-  file and only the journal knows the committed ones;
-* read a database as some of its WAL's frames make it without writing anything (a page
-  overlay), and list a table's rowids without reading payloads, to count what only the
-  commits after a damaged frame hold.
+SQLite drops every commit after a bad WAL frame. :func:`scan_wal` checks later frames against
+their predecessor's checksum, so intact later commits survive. :func:`read_journal` verifies
+each record on its own.
 
-Both sidecars are verified the way SQLite verifies them, and further: SQLite stops at the
-first WAL frame whose running checksum fails, silently dropping every later commit, and stops
-rolling a journal back at the first record whose checksum fails. :func:`scan_wal` keeps
-verifying past a bad frame, each later frame against its predecessor's stored checksum, so
-that intact later commits are found, and tells that damage apart from what is no problem:
-frames of an earlier WAL generation (old salts after a reset) and a torn tail that no commit
-follows. :func:`read_journal` verifies every journal record on its own and keeps those that
-pass, so only the pages of damaged records can still hold uncommitted content.
-
-Nothing here trusts a pointer: every page number is range-checked, every chain is guarded
-against cycles, every record must decode to exactly its stated length and every text value
-must be valid in the database's encoding. It never opens a file with SQLite and never writes
-to any file but the private copy :func:`fold_wal` or :func:`roll_back_journal` is given.
-"""
+Nothing here trusts a pointer: page numbers are range-checked and chains guarded against
+cycles. Nothing opens a file with SQLite or writes outside the private copy."""
 
 from __future__ import annotations
 

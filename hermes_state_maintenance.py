@@ -1,20 +1,9 @@
 """Maintenance of a session store's file: backups, restores, repairs and health checks.
 
-These operations never copy ``state.db``, ``-wal`` and ``-shm`` as separate files: those
-three are one live image. Backups, the working copy of a repair and its promotion back onto
-the live file all go through SQLite's backup API, which reads a consistent snapshot through
-the WAL. Repair and restore hold the live store with SQLite's own EXCLUSIVE lock for their
-whole window (see *Exclusive maintenance* below), so no write of another process can land
-between their snapshot and their promotion: they refuse (:class:`StateDbInUseError`) while any
-other connection has the file open, and other processes' writes wait meanwhile.
-
-Each operation is a public entry point: its SQLite errors are translated
-(:func:`hermes_state_errors.translated_errors`). A file that is not a session store is refused
-before anything is written to it: a missing or empty one, a directory (``uninitialized``),
-another application's SQLite database (``foreign``). A store SQLite cannot read at all is
-damage: backup and restore raise :class:`StateDbCorruptError`, while a repair, whose report
-is how damage is examined, says in its report that the store cannot be read.
-"""
+The database and its ``-wal`` are one image, so every copy goes through SQLite's backup API.
+Repair and restore hold SQLite's EXCLUSIVE lock for their whole window, so no write lands
+between snapshot and promotion. Files that are not session stores are refused before any
+write. See docs/operations.md."""
 
 from __future__ import annotations
 

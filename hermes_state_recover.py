@@ -1,36 +1,12 @@
 """Recover: salvage what a damaged session store still holds into a fresh database.
 
-*Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
-so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads private byte
-copies. (``immutable=1`` on the source would skip the WAL's committed transactions; a
-``mode=ro`` open takes locks and may create the sidecars.) A hot rollback journal (an
-interrupted restore, repair promotion or write) is rolled back on the copy first, so the
-rows read are the committed state, not the torn mix the main file holds (a page whose journal
-record is damaged is read as blank, and as the transaction left it only last). When the ``-wal``
-holds commits, the source is read in views, newest first: the main file with the WAL's
-verified commits folded in (past a damaged frame, where later commits verify), the main file
-alone, and, where a damaged frame's page is not rewritten by a later commit, the damaged
-frames' own unverified content. Rows are merged by rowid: a row comes from the newest view
-that holds it, a row only an older view holds is still kept and counted as such (a WAL
-written over a damaged freelist replaces pages the main file holds intact), and rowids no
-row can have (≤ 0, above a sane ``sqlite_sequence``) are reported, not copied. Where the
-views disagree, or a table's own count does not match its rows, losses are reported as
-unknown, never as an exact zero.
+The source is never opened with SQLite, so nothing is written beside it: recover reads private
+byte copies. A hot journal is rolled back and the ``-wal`` read in views, newest first. Rows
+merge by rowid; where views or counts disagree, losses are reported as unknown, never zero.
 
-In each view a table is read by SQL first; when SQLite stops at a damaged page, the table's
-b-tree is walked page by page from the file format (``hermes_state_fileformat``), taking
-every cell that still parses, and finally the leaf pages no tree reaches any more (those
-under a destroyed interior page) are read and matched to the damaged tables by the shape of
-their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
-page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
-fresh file with the current schema; the FTS indexes, the search index, ``search_cjk`` and
-``schema_version`` are rebuilt, never copied, and the four runtime ledgers are reported but not
-copied (a partial ledger could replay started work or adopt another owner's worker).
-
-A source with nothing to salvage — a missing or empty file, a directory — is refused, and so
-is one whose intact schema shows another application's database; a source that no page of can
-be read at all gives a report that says so (``readable`` False).
-"""
+Tables are read by SQL, then by walking pages (``hermes_state_fileformat``). Walking knows each
+bad page's key range, which bounds the loss. Derived indexes are rebuilt. Runtime ledgers are
+not copied: a partial ledger could replay started work. See docs/operations.md."""
 
 from __future__ import annotations
 

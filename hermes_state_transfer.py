@@ -1,42 +1,11 @@
 """Transfer: sessions out of one store and into another, as JSON or JSON Lines.
 
-*Export* is plain JSON data: the session row with every column, every message row of every
-generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
-rows. Nothing derived travels (no FTS text, no ``search_cjk``), so an import loses nothing.
-:func:`iter_export_jsonl` streams one JSON object per line from database cursors, so a session
-of any size exports in constant memory.
-
-*Import* is whole or nothing, in two phases. The check reads only (no lock held): the stream's
-frame (the header with a known ``format_version`` and a ``schema_version`` no newer than this
-store's, the ``end`` line and its counts), then every record — each session column, message and
-usage row checked as it would be written, counters against the rows (absent counters are
-computed) — and what each session does (new, identical and skipped, different: skipped,
-replaced or failing the import per ``on_conflict``; parent links kept only when the parent is
-there and no cycle results). Any problem refuses the import before anything is written, each
-problem named by its index or line. The publish then writes whole sessions, parents first, in
-transactions of about :data:`PUBLISH_CHUNK_MESSAGES` messages with a short pause between them,
-so that other writers never wait long for the lock however large the import. An import that
-fits in one chunk is one transaction. A longer one keeps a journal in ``state_meta`` (its
-holder, the sessions written so far and a fingerprint of each as written, in each chunk's
-transaction): an exception or Ctrl-C deletes what it wrote before it propagates, and the
-sessions of an import whose process was killed are deleted by the next import (once the holder
-is provably gone; until then a reader can see some of its sessions, each of them whole). Only
-what the import itself wrote is deleted: a session another writer has written to since, or
-created a session under, is kept and reported (``abandoned_import_kept``, or a note on the
-interrupting exception). Replacements go in
-the last chunk, so that a failed import never loses a session it was to replace. The JSONL
-importer spools the stream into a private SQLite file first, so memory stays bounded whatever
-the stream's size and the check and the publish can read each session again. It reads the
-stream in pieces of at most one record: a line longer than :data:`MAX_RECORD_BYTES` (an endless
-line, ``/dev/zero``, a zero-filled file a crash left) refuses the import, naming the stream and
-the line, without reading further. A whole JSON export is one record of at most
-:data:`MAX_JSON_EXPORT_BYTES` (:func:`read_json_export`).
-
-The functions take the caller's connection (exports: run them inside one read transaction for
-a consistent snapshot) or its read and write functions (imports: ``read(fn)`` runs ``fn(conn)``
-on the store's connection, ``write(fn)`` as one retried write transaction); the facade passes
-its own, which translate SQLite's errors.
-"""
+Export carries every row and nothing derived, so an import loses nothing; JSONL streams in
+constant memory. Import is whole or nothing. A read-only check names every problem by index or
+line before anything is written. The publish writes parents first, in chunks of about
+:data:`PUBLISH_CHUNK_MESSAGES` messages, so other writers never wait long. A longer import
+journals its progress in ``state_meta``, so a failed or killed one is undone. Replacements go
+last, so a failure never loses a replaced session. See docs/operations.md."""
 
 from __future__ import annotations
 
