@@ -782,26 +782,45 @@ def _judge(scan: WalScan, header_bad: bool) -> None:
     ok = [n for n, (_, _, v) in enumerate(frames, 1) if v == _FRAME_OK]
     commits = [n for n in ok if frames[n - 1][1]]
     last_commit = commits[-1] if commits else 0
-    last_ok = ok[-1] if ok else 0
-    # Current-salt frames form a prefix of the file: a frame before an intact current frame
-    # cannot be of an earlier generation, whatever its salts say.
+    _no_stale_before(frames, ok[-1] if ok else 0)
+    _judge_readable(scan, frames, commits, header_bad)
+    _judge_damage(scan, frames, ok, commits, header_bad)
+    scan.stale_frames = sum(1 for n in range(last_commit + 1, len(frames) + 1)
+                            if frames[n - 1][2] == _FRAME_STALE)
+    scan.torn_frames = len(frames) - last_commit - scan.stale_frames
+
+
+def _no_stale_before(frames: list[tuple[int, int, str]], last_ok: int) -> None:
+    """Current-salt frames form a prefix of the file: a frame before an intact current frame
+    cannot be of an earlier generation, whatever its salts say, so it is damaged."""
     for n in range(1, last_ok):
         if frames[n - 1][2] == _FRAME_STALE:
             frames[n - 1] = (frames[n - 1][0], frames[n - 1][1], _FRAME_BAD)
+
+
+def _judge_readable(
+    scan: WalScan, frames: list[tuple[int, int, str]], commits: list[int], header_bad: bool
+) -> None:
+    """What SQLite reads: the commits before the first frame that fails."""
     first_bad = 0 if header_bad else next(
         (n for n, (_, _, v) in enumerate(frames, 1) if v != _FRAME_OK), len(frames) + 1)
     visible = [n for n in commits if n < first_bad]
     scan.readable = visible[-1] if visible else 0
     scan.db_pages = frames[scan.readable - 1][1] if scan.readable else None
+
+
+def _judge_damage(
+    scan: WalScan, frames: list[tuple[int, int, str]], ok: list[int], commits: list[int],
+    header_bad: bool,
+) -> None:
+    """The damaged frames before the last commit, and the commits and frames after them."""
+    last_commit = commits[-1] if commits else 0
     scan.damaged = ([0] if header_bad and last_commit else []) + [
         n for n in range(1, last_commit) if frames[n - 1][2] != _FRAME_OK]
     if scan.damaged:
         start = scan.damaged[0]
         scan.later_commits = sum(1 for n in commits if n > start)
         scan.later_frames = sum(1 for n in ok if start < n <= last_commit)
-    scan.stale_frames = sum(1 for n in range(last_commit + 1, len(frames) + 1)
-                            if frames[n - 1][2] == _FRAME_STALE)
-    scan.torn_frames = len(frames) - last_commit - scan.stale_frames
 
 
 @dataclass
@@ -963,44 +982,16 @@ def read_journal(path: str | os.PathLike[str], db_page_size: int | None = None) 
 
 def _read_records(fd: int, size: int, head: bytes, db_page_size: int | None,
                   scan: JournalScan) -> None:
-    if len(head) < 28 or head[:8] != JOURNAL_MAGIC:
-        scan.header_damaged = True
-        scan.notes.append("the -journal header is damaged: it cannot be rolled back")
+    header = _journal_header(head, db_page_size, scan)
+    if header is None:
         return
-    count, nonce, pages, sector, page_size = struct.unpack(">5I", head[8:28])
-    page_size = page_size or db_page_size or 0
-    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0
-            and 32 <= sector <= _MAX_SECTOR and sector & (sector - 1) == 0):
-        scan.header_damaged = True
-        scan.notes.append("the -journal header gives an impossible page or sector size")
-        return
-    scan.page_size, scan.initial_pages = page_size, pages
-    lock_page = _PENDING_BYTE // page_size + 1
-    record = page_size + 8
+    count, nonce, sector = header
     offset, number = sector, 0
     while True:
-        counted = count != _UNCOUNTED
-        if not counted:
-            count = (size - offset) // record
-        for _ in range(count):
-            if offset + record > size:
-                scan.notes.append("the -journal is shorter than its header says")
-                return
-            data = os.pread(fd, record, offset)
-            pgno, stored = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4 + page_size)[0]
-            verified = pgno not in (0, lock_page) and (
-                _journal_checksum(data[4 : 4 + page_size], nonce) == stored)
-            if verified and pgno <= pages:
-                scan.records.append((pgno, offset + 4))
-            elif counted:
-                # Inside the synced count, a record that fails is damage (SQLite stops at the
-                # first), and so is one naming a page past the initial size: such pages are
-                # never journaled, so its page number, which no checksum covers, is damaged.
-                scan.damaged.append((number, pgno))
-            elif pgno in (0, lock_page) or pgno <= pages:
-                return  # a journal written without syncs ends where records stop verifying
-            offset += record
-            number += 1
+        read = _read_segment(fd, size, scan, count, nonce, offset, number)
+        if read is None:
+            return
+        offset, number = read
         offset = -(-offset // sector) * sector  # the next segment starts on a sector boundary
         if offset + sector > size:
             return
@@ -1009,6 +1000,60 @@ def _read_records(fd: int, size: int, head: bytes, db_page_size: int | None,
             return
         count, nonce = _U32.unpack_from(segment, 8)[0], _U32.unpack_from(segment, 12)[0]
         offset += sector
+
+
+def _journal_header(
+    head: bytes, db_page_size: int | None, scan: JournalScan
+) -> tuple[int, int, int] | None:
+    """The first segment's record count, checksum nonce and the sector size; the page size
+    and initial page count go into ``scan``. None when the header is damaged (noted)."""
+    if len(head) < 28 or head[:8] != JOURNAL_MAGIC:
+        scan.header_damaged = True
+        scan.notes.append("the -journal header is damaged: it cannot be rolled back")
+        return None
+    count, nonce, pages, sector, page_size = struct.unpack(">5I", head[8:28])
+    page_size = page_size or db_page_size or 0
+    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0
+            and 32 <= sector <= _MAX_SECTOR and sector & (sector - 1) == 0):
+        scan.header_damaged = True
+        scan.notes.append("the -journal header gives an impossible page or sector size")
+        return None
+    scan.page_size, scan.initial_pages = page_size, pages
+    return count, nonce, sector
+
+
+def _read_segment(
+    fd: int, size: int, scan: JournalScan, count: int, nonce: int, offset: int, number: int
+) -> tuple[int, int] | None:
+    """Read the records of one journal segment from ``offset`` (record ``number`` first) into
+    ``scan``; the offset and number after them, or None where the journal ends."""
+    assert scan.page_size is not None and scan.initial_pages is not None
+    page_size, pages = scan.page_size, scan.initial_pages
+    lock_page = _PENDING_BYTE // page_size + 1
+    record = page_size + 8
+    counted = count != _UNCOUNTED
+    if not counted:
+        count = (size - offset) // record
+    for _ in range(count):
+        if offset + record > size:
+            scan.notes.append("the -journal is shorter than its header says")
+            return None
+        data = os.pread(fd, record, offset)
+        pgno, stored = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4 + page_size)[0]
+        verified = pgno not in (0, lock_page) and (
+            _journal_checksum(data[4 : 4 + page_size], nonce) == stored)
+        if verified and pgno <= pages:
+            scan.records.append((pgno, offset + 4))
+        elif counted:
+            # Inside the synced count, a record that fails is damage (SQLite stops at the
+            # first), and so is one naming a page past the initial size: such pages are
+            # never journaled, so its page number, which no checksum covers, is damaged.
+            scan.damaged.append((number, pgno))
+        elif pgno in (0, lock_page) or pgno <= pages:
+            return None  # a journal written without syncs ends where records stop verifying
+        offset += record
+        number += 1
+    return offset, number
 
 
 def roll_back_journal(journal_path: Path, db_copy: Path) -> JournalScan:
