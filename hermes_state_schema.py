@@ -5,8 +5,9 @@ write. Older files are brought forward step by step, each in a write transaction
 re-reads the version, so concurrent openers run each step once. Missing columns are
 reconciled from ``SCHEMA_SQL``; :data:`MIGRATIONS` is the append-only list for the rest.
 
-The previous store's stamps use other numbers, so owed data steps are detected by shape
-(:func:`restore_data_invariants`). A file newer than this library is never touched."""
+The previous store stamps files in its own numbering, so a stamp alone cannot show owed data
+steps. :func:`restore_data_invariants` and :func:`_previous_store_backfills` run them; both
+are idempotent. A file newer than this library is never touched."""
 
 from __future__ import annotations
 

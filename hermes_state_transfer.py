@@ -4,8 +4,9 @@ Export carries every row and nothing derived, so an import loses nothing; JSONL 
 constant memory. Import is whole or nothing. A read-only check names every problem by index or
 line before anything is written. The publish writes parents first, in chunks of about
 :data:`PUBLISH_CHUNK_MESSAGES` messages, so other writers never wait long. A longer import
-journals its progress in ``state_meta``, so a failed or killed one is undone. Replacements go
-last, so a failure never loses a replaced session. See docs/operations.md."""
+journals its progress in ``state_meta``. A failed import undoes itself; the next import undoes
+a killed one. Replacements go last, so a failure never loses a replaced session. See
+docs/operations.md."""
 
 from __future__ import annotations
 
