@@ -17,8 +17,13 @@ calls pass the runtime epoch; a stale one raises :class:`StaleEpochError`.
     registered / running ──a newer epoch begins──▶ unknown ──resolve──▶ resolved
 
 Work interrupted by a new epoch may have run partly, so it becomes ``unknown`` and is never
-replayed. Live states pin the session against deletion. Receipts are numbered without gaps and
-signed by a SHA-256 of :func:`canonical_json`.
+replayed; inputs queued behind it wait until it is resolved. Live states pin the session
+against deletion. Receipts are numbered without gaps, each with the SHA-256 of
+:func:`canonical_json`.
+
+**Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the
+first obligation; a store without it owes nothing. ``gateway_routing`` maps session keys to
+routes, and ``async_delegations`` tracks delegations until they finish.
 
 **Exception-path ownership.** Each accepted input carries an owner marker
 (:func:`ingress_owner_marker`). :func:`persist_exception_input` appends an input only if no row

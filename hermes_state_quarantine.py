@@ -8,7 +8,8 @@ SQLite checkpoints when the last connection closes, which would copy damage in. 
 connections disable that (:func:`protect`), and a read-only close guard stays open until exit.
 
 A marker ``<db>-quarantine`` carries the quarantine to later processes. It is keyed to the
-inode, so a file moved into place is not the damaged one. Transcripts that could not be
+inode, so a file moved into place is not the damaged one. Maintenance that mends the file in
+place clears it, as does ``doctor --clear-quarantine``. Transcripts that could not be
 written go to spools on disk, never to a memory queue. Processes that opened the file before
 the damage was found are not covered."""
 
