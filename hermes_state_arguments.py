@@ -1,40 +1,14 @@
 """The checks every public method's arguments pass before anything is read or written.
 
-The facade builds each ``SessionDB`` method from a sibling function; :func:`checker` reads that
-function's evaluated hints (``typing.get_type_hints``) once and returns the check the method
-runs on every call. A hint's spelling never matters: ``Optional[str]``, ``Union[str, None]``,
-``str | None`` and the string ``"str | None"`` are one type and make one check. The check holds
-what is true of a parameter whatever the method; what one method needs of its values is checked
-by its sibling, where the value enters (the message row, the session columns, a ledger's states).
+:func:`checker` builds a method's check once, from its function's evaluated hints
+(``typing.get_type_hints``). So ``Optional[str]`` and ``str | None`` make one check, and a hint
+that cannot be evaluated fails at build time instead of switching a check off. The check holds
+what is true of a parameter in every method; a sibling checks what its own values need.
 
-The members of a hint's union (``Annotated``, ``NewType``, type variables and aliases seen
-through) say what the parameter takes; a value no member takes is refused:
-
-* ``str``, ``int``, ``float``, ``bool``: values of that type. A ``str`` takes an int too (callers
-  hand over ids as ints as often as strings), a ``float`` or a ``bool`` an int. ``Literal``:
-  its values. ``None`` is taken unless the hint is only of paths, mappings, streams,
-  callbacks or literals without it (elsewhere its sibling says what None means).
-* A path (``Path``, ``os.PathLike``): a string or an ``os.PathLike``. A mapping (``Mapping``,
-  ``dict``, a ``TypedDict``): any mapping. A ``Callable``: anything callable.
-* A collection of scalars (``Iterable[str]``, ``Sequence[str]``, ``list[str]``...): such a
-  collection, each item checked, or one string (its sibling says what that means); the sibling
-  gets the items as a list, so a one-shot iterator still gives every item, and an int id past
-  64 bits arrives as its text. A collection of anything else, or a stream (``IO``): any
-  iterable or file object that is not a string or a mapping, unread.
-* An int fits SQLite's 64 bits; a float is finite.
-* A string holds no lone surrogate: SQLite cannot bind one, so no stored id, key or name holds
-  one, and writing one cleaned of it could name another row. A path holds no NUL either. The
-  marks of :class:`hermes_state_common.Checked` relax this: :data:`~hermes_state_common.Text`
-  is prose, stored with lone surrogates removed; :data:`~hermes_state_common.Key` a key a read
-  looks up, answered as absent; :data:`~hermes_state_common.Bound` an int of any size, clamped.
-
-A hint of ``Any`` or ``object`` takes anything; a hint that cannot be evaluated is a
-``TypeError`` when the check is built, never a check switched off. Every refusal is an
-:class:`InvalidInputError` (a ``ValueError``; a wrong type an :class:`InvalidTypeError`, also a
-``TypeError``) naming the parameter in ``argument``. :func:`checked` puts the check on a method
-the facade writes out, :func:`answered` on one that never raises; :func:`operation` on a
-module-level operation, whose operating-system failures it also types.
-"""
+Ints fit SQLite's 64 bits, floats are finite, strings hold no lone surrogate (SQLite cannot
+bind one). A ``str`` also takes an int, since callers pass ids as either. A collection of
+scalars reaches the sibling as a list. :class:`hermes_state_common.Checked` marks relax the
+text rules. Every refusal is an :class:`InvalidInputError` naming its ``argument``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """``AsyncSessionDB``: a ``SessionDB`` for code running on an asyncio event loop.
 
-Every store call may wait — on SQLite's busy timeout, on the write patience while another
-process holds the lock (up to a minute for a transcript write), on the disk. On an event loop
-that wait would stall every other task, so the wrapper runs each call in a worker thread
-(``asyncio.to_thread``); ``SessionDB`` is thread-safe, and its handle lock keeps the calls of
-one handle in order.
-
-The wrapper holds nothing but the handle, as ``_db``: code that must call the store off the
-loop unwraps it (``getattr(x, "_db", x)``). Every other attribute is looked up on the handle
-when asked for: a callable comes back as a coroutine function running that call in a thread,
-anything else as it is, and a name the handle lacks raises ``AttributeError`` — so feature
-probes such as ``getattr(x, "update_session_meta", None)`` answer as on the plain handle.
-"""
+Any store call may wait on the lock or the disk, which would stall the loop. So each call runs
+in a worker thread (``asyncio.to_thread``); the handle lock keeps one handle's calls in order.
+The wrapper holds only the handle, as ``_db``. Other attributes come from the handle, callables
+as coroutine functions, so feature probes answer as on the plain handle."""
 
 from __future__ import annotations
 

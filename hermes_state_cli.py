@@ -1,28 +1,13 @@
 """The ``hermes-state`` command line: browse, export and import sessions; check, repair,
-recover, back up and restore the store; replicate it with Litestream and restore it from its
-replica.
+recover, back up, restore and replicate the store.
 
-Every command works on one database: ``--db PATH``, else ``state.db`` of ``--profile NAME``
-under ``--home`` (default: ``HERMES_HOME``, then ``~/.hermes``). Commands that only read
-(``sessions list|show|search|export|stats``, ``doctor``) open the store read-only and never
-create, migrate or repair it (``doctor``'s check of the full-text indexes takes the write lock
-for a moment, as SQLite runs that check as a write, and writes nothing). Long work reports
-progress on stderr; ``--json`` prints one JSON document on stdout for scripts, a failure too
-(``{"error": {"type", "message", "next", "exit_status"}}``). Exit status: 0 success, 1
-failure (or, for checks, a problem found), 2 bad usage; a bare command prints its help. Advice
-on what to do next lives here, not in the library's exception messages.
+Each command works on one database (``--db``, else ``--profile`` under ``--home``). Read-only
+commands never create, migrate or repair it. ``--json`` prints one document, failures
+included. Exit status: 0 success, 1 failure or problem found, 2 bad usage. Advice on what to
+do next lives here, never in the library's exception messages.
 
-Commands that delete say what they will delete before they do: ``--dry-run`` lists it and
-stops; otherwise the list and a question go to stderr and only ``y`` deletes. ``--yes`` skips
-the question; without it, a stdin that is not a terminal refuses (exit 2) rather than delete
-unseen. What is deleted is bounded by what was listed (``prune_sessions(only_ids=...)``), so a
-session that qualifies only after the list was made is never deleted unseen.
-
-Output for people (tables cut to the terminal's width, local times with their UTC offset,
-counts and costs in words) is made by ``hermes_state_cli_format``. Every option's help states
-its default; values are checked by the argparse type functions here before anything is
-opened.
-"""
+Commands that delete list what they will delete, ask, and delete only the listed ids. A stdin
+that is not a terminal refuses without ``--yes``. See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -1466,21 +1451,31 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"{PROG} {__version__} (SQLite {sqlite3.sqlite_version})")
     _common_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    def command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = group.add_parser(
-            name, help=help_text, description=help_text, formatter_class=_HelpFormatter
-        )
-        _common_options(p, suppress=True)
-        p.set_defaults(func=func)
-        return p
-
     sessions = sub.add_parser("sessions", help="browse, export, import and maintain sessions",
                               formatter_class=_HelpFormatter)
     sessions.set_defaults(func=None, help_of=sessions)
     ssub = sessions.add_subparsers(dest="action", metavar="ACTION")
+    _browse_commands(ssub)
+    _transfer_commands(ssub)
+    _session_upkeep_commands(ssub)
+    _store_commands(sub)
+    _replica_commands(sub)
+    return parser
 
-    p = command(ssub, "list", cmd_list, "list conversations, newest first (read-only)")
+
+def _command(group: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand of ``group`` that runs ``func``, with the common options."""
+    p: argparse.ArgumentParser = group.add_parser(
+        name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+    )
+    _common_options(p, suppress=True)
+    p.set_defaults(func=func)
+    return p
+
+
+def _browse_commands(ssub: Any) -> None:
+    """``sessions list``, ``show`` and ``search``."""
+    p = _command(ssub, "list", cmd_list, "list conversations, newest first (read-only)")
     p.add_argument("--source", help="only this source, e.g. cli or telegram (default: all)")
     p.add_argument("--limit", "-n", type=count_arg, default=20, help=LIMIT_HELP)
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
@@ -1488,14 +1483,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also list archived conversations")
     _format_option(p)
 
-    p = command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
+    p = _command(ssub, "show", cmd_show, "show a session and its messages (read-only)")
     p.add_argument("session", help="id, unique id prefix or title")
     p.add_argument("--tail", type=count_arg, metavar="N",
                    help="only the last N messages (default: all)")
     p.add_argument("--include-inactive", action="store_true",
                    help="also show archived compression generations")
 
-    p = command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
+    p = _command(ssub, "search", cmd_search, "full-text search over every session (read-only)")
     p.add_argument("query",
                    help="words, \"quoted phrases\", word*, AND/OR/NOT; any text is safe")
     p.add_argument("--source", action="append",
@@ -1510,7 +1505,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=count_arg, default=0, help="skip this many first")
     _format_option(p)
 
-    p = command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
+
+def _transfer_commands(ssub: Any) -> None:
+    """``sessions export`` and ``import``."""
+    p = _command(ssub, "export", cmd_export, "export sessions as JSON Lines or JSON (read-only)")
     p.add_argument("sessions", nargs="*", help="ids, prefixes or titles (default: all)")
     p.add_argument("--lineage", action="store_true", help="export the whole lineage of each")
     p.add_argument("--source", help="only sessions of this source (default: all)")
@@ -1518,7 +1516,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines streams; json is one array")
     p.add_argument("--output", "-o", help="new file to write (default: stdout)")
 
-    p = command(ssub, "import", cmd_import,
+    p = _command(ssub, "import", cmd_import,
                 "import a whole export, or nothing of it when any record or line is wrong")
     p.add_argument("file", help="export file, or - for stdin")
     p.add_argument("--on-conflict", choices=ON_CONFLICT_CHOICES, default="fail",
@@ -1528,7 +1526,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("jsonl", "json"),
                    help="the file's format (default: from its name or first line)")
 
-    p = command(ssub, "prune", cmd_prune,
+
+def _session_upkeep_commands(ssub: Any) -> None:
+    """``sessions prune``, ``delete``, ``stats``, ``recover`` and ``repair``."""
+    p = _command(ssub, "prune", cmd_prune,
                 "delete ended sessions started some days ago, narrowed by any filters; lists "
                 "them and asks first")
     p.add_argument("--older-than-days", type=days_arg, default=90, metavar="DAYS",
@@ -1537,17 +1538,17 @@ def build_parser() -> argparse.ArgumentParser:
     _prune_filter_options(p)
     _deletion_options(p)
 
-    p = command(ssub, "delete", cmd_delete,
+    p = _command(ssub, "delete", cmd_delete,
                 "delete one session, its messages and its delegate sessions (other children "
                 "are kept); asks first")
     p.add_argument("session", help="id, unique id prefix or title")
     _deletion_options(p)
 
-    p = command(ssub, "stats", cmd_stats, "counts, tokens and cost (read-only)")
+    p = _command(ssub, "stats", cmd_stats, "counts, tokens and cost (read-only)")
     p.add_argument("--all-profiles", action="store_true",
                    help="every profile under the home's root; failing ones are listed")
 
-    p = command(ssub, "recover", cmd_recover,
+    p = _command(ssub, "recover", cmd_recover,
                 "copy what a damaged store still holds into a fresh file")
     p.add_argument("--input", "-i", dest="input",
                    help="the damaged database to read (default: the selected store)")
@@ -1559,13 +1560,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--defer-index", action="store_true",
                    help="leave the FTS rebuild to the first writable open (faster for big stores)")
 
-    p = command(ssub, "repair", cmd_repair,
+    p = _command(ssub, "repair", cmd_repair,
                 "rebuild the FTS indexes on a checked snapshot and promote it")
     p.add_argument("--check-only", action="store_true", help="report health; change nothing")
     p.add_argument("--no-backup", action="store_true", help="skip the safety snapshot")
     p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
 
-    p = command(sub, "doctor", cmd_doctor,
+
+def _store_commands(sub: Any) -> None:
+    """``doctor``, ``backup`` and ``restore``."""
+    p = _command(sub, "doctor", cmd_doctor,
                 "health, quarantine, WAL-reset exposure and what to run next")
     p.add_argument("--full", action="store_true", help="also run the FTS integrity checks")
     p.add_argument(
@@ -1575,7 +1579,7 @@ def build_parser() -> argparse.ArgumentParser:
              "first: each keeps its own quarantine until it exits) and while PRAGMA "
              "integrity_check of the file finds anything (recover or restore instead)")
 
-    p = command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
+    p = _command(sub, "backup", cmd_backup, "snapshot the store with SQLite's backup API")
     p.add_argument("--output", "-o", help="snapshot file (default: state-snapshots/ in the "
                                           "store's home, the folder of its database file)")
     p.add_argument("--list", action="store_true",
@@ -1584,7 +1588,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prune", action="store_true",
                    help="take no snapshot: only delete all but the newest --keep N")
 
-    p = command(sub, "restore", cmd_restore,
+    p = _command(sub, "restore", cmd_restore,
                 "replace the store with a snapshot, or bring it back from its replica")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("snapshot", nargs="?", help="snapshot file")
@@ -1598,7 +1602,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=count_arg, metavar="N", help=KEEP_HELP)
     p.set_defaults(check=_check_restore)
 
-    p = command(sub, "replicate", cmd_replicate,
+
+def _replica_commands(sub: Any) -> None:
+    """``replicate``."""
+    p = _command(sub, "replicate", cmd_replicate,
                 "stream the store to a replica with Litestream, in the foreground")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--to", dest="url", metavar="URL",
@@ -1614,7 +1621,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "store (for heavy write loads; see the README)")
     p.add_argument("--config-only", action="store_true",
                    help="print Litestream's configuration instead of running it")
-    return parser
 
 
 LIMIT_HELP = "at most this many; 0 for all of them"

@@ -1,21 +1,10 @@
-"""How the ``hermes-state`` command line prints: tables cut to the terminal's width, times with
-their zone, counts and costs in plain words; and, built from those, the tables and reports of
-the commands (``sessions list``, ``search``, what a deletion would delete, ``stats``,
-``doctor``), as lines the command prints.
+"""How the command line prints: tables cut to the terminal's width, local times, counts and
+costs in words, and the reports built from them.
 
-Width is counted in terminal columns, not characters: a wide East Asian character (CJK, most
-emoji; ``unicodedata.east_asian_width`` ``W`` or ``F``) takes two, a combining mark or a joiner
-none. Text is cut only between *clusters* — a character with the zero-width marks that follow
-it, and the character after a zero-width joiner — so a cut never splits an accent from its
-letter or an emoji sequence in the middle, and a cut line is never wider than its column.
-Ambiguous-width characters (``A``) count as one column, as Western terminals draw them; that
-is why the cut marker is ``...`` and not the ambiguous ``…``.
-
-Stored text is shown on one line: whitespace runs become one space, control characters (a
-terminal escape sequence in a message) become spaces, other invisible format characters (bidi
-overrides) are dropped and lone surrogates are shown as U+FFFD, so nothing a message holds can
-move the cursor or reorder what the terminal draws.
-"""
+Width is counted in terminal columns: wide East Asian characters take two, combining marks
+none. Cuts fall between clusters, so an accent or emoji sequence is never split. Stored text
+is shown on one line, with control and bidi characters removed, so a message cannot move the
+cursor or reorder the screen."""
 
 from __future__ import annotations
 

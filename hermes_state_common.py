@@ -1,9 +1,8 @@
 """Small helpers every module shares: text SQLite can bind, JSON columns, SQL fragments, and
 the annotations the argument checks read.
 
-SQLite cannot bind a lone surrogate: prose is stored without them (:func:`clean_text`), and a
-key holding one names nothing (:func:`stored_text`).
-"""
+SQLite cannot bind a lone surrogate. Prose is stored without them (:func:`clean_text`); a key
+holding one names nothing (:func:`stored_text`)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The handle's connection as the application's own SQL sees it (``SessionDB._conn``).
 
-The previous store's connection returned ``sqlite3.Row`` rows, and application code that runs
-its own statements through the handle reads them by name (``dict(row)``, ``row["id"]``):
-analytics over ``sessions`` and ``messages``, the dashboard's queries, writes passed to
-``SessionDB._execute_write``. The library's own code reads plain tuples from the same
-connection. :class:`RowConnection` is the one view on it that gives ``sqlite3.Row`` rows:
-each statement it runs gets a cursor of its own whose ``row_factory`` is the view's, so the
-connection itself, and every statement the library runs on it, is unchanged. Anything else
-(``set_trace_callback``, ``in_transaction``, ``total_changes``, …) is the connection's own.
-
-Inside ``_execute_write`` the function gets a :class:`WriteConnection`: the same view, inside
-the store's ``BEGIN IMMEDIATE`` transaction. Its ``commit()`` does nothing (the transaction
-commits when the function returns, as the previous store's did), and ``rollback()`` is
-refused: a function that wants nothing written raises, and the transaction is rolled back.
-"""
+The previous store returned ``sqlite3.Row`` rows; the library reads tuples. :class:`RowConnection`
+gives each statement its own cursor with a ``sqlite3.Row`` factory, leaving the connection
+unchanged. ``_execute_write`` hands its function a :class:`WriteConnection` inside the store's
+transaction: ``commit()`` does nothing and ``rollback()`` is refused (raise instead). See
+docs/compatibility.md."""
 
 from __future__ import annotations
 

@@ -1,60 +1,23 @@
-"""Compression: compression generations, splits, compression locks, and what the compressor
-remembers between turns about compressions that went wrong.
+"""Compression: generations, splits, compression locks, and the compressor's memory of failures.
 
-A compression that splits a conversation ends the parent with ``end_reason='compression'``
-and publishes the child as its successor (``successor_session_id``); how sessions continue one
-another, and where a conversation's tip is, is ``hermes_state_lineage``'s.
+* **In place** (:func:`archive_and_compact`): active rows become the archive
+  (``active=0, compacted=1``) and the kept context is inserted again with its uids. A kept
+  message thus exists twice, archived and live. Nothing may de-duplicate it: live reads see
+  ``active=1`` only. Rows appended after the caller's read stay live.
+* **Split** (:func:`publish_compression_child`): the child is written, the parent ends with
+  ``end_reason='compression'`` and publishes the child as ``successor_session_id``.
 
-There are two ways to compress, each one transaction:
+Both continue the conversation, so both lift the idle clean-up's archive; a deliberate
+archive stays.
 
-* **In place** (:func:`archive_and_compact`): every active row of the session the caller saw
-  becomes the archive (``active=0, compacted=1``; ``active=0, compacted=0`` is left for rows
-  rewound rather than compacted) and the retained context is inserted again as the new active
-  generation, each row keeping the ``message_uid`` it carries. A protected message therefore
-  exists twice, archived and live, with the same content and timestamp. That is correct and
-  nothing may de-duplicate it: live reads and live duplicate checks look at ``active=1`` only,
-  the archive stays for export, audit and the exception-path owner lookup. Rows appended
-  after the caller's read (above ``seen_through_id``, see ``hermes_state_messages``) are not
-  archived: they stay live, after the new generation.
-* **Split** (:func:`publish_compression_child`): the child is created with
-  ``parent_session_id`` set, its messages are written, the parent is ended with
-  ``end_reason='compression'`` and the child is published as the parent's
-  ``successor_session_id``, the forwarding target for anyone still holding the parent's id.
+**Locks** keep two processes from compressing one session. A lock is taken over only once
+expired, or once its holder provably no longer exists (:func:`lock_holder_name` records pid,
+host, PID namespace and start time). Doubt keeps the lock. Locks exclude compressors, not
+appenders: ``seen_through_id`` protects appended turns.
 
-Compression continues a conversation, so both lift an archive that the idle clean-up set
-(``auto_archived=1``) from every session of the conversation; a deliberate archive
-(``archived=1``, ``auto_archived=0``) stays, and a child published from a deliberately
-archived parent is born archived the same way, so the conversation stays archived whole.
-
-**Compression locks** keep two processes from compressing one session at once. A lock is a
-row of ``compression_locks``: a holder string and an expiry (wall-clock time, since holders
-live in different processes). Another holder may take the lock over only when it has expired,
-or when its holder string names a process that provably no longer exists: it contains
-``pid=<n>``, names this host or no host (``host=<name>``), and — when it records its PID
-namespace (``pidns=<inode>``, since a pid names another process in each namespace) — that
-namespace is ours, and either the pid's start time differs from the recorded ``start=<ticks>``
-(the pid was reused) or ``os.kill(n, 0)`` raises ``ProcessLookupError``. A live pid, a pid of
-another host or another PID namespace, a pid we may not signal, or no pid at all proves
-nothing, and the lock is honoured until it expires. :func:`lock_holder_name` builds a holder
-string in that format; an older one without ``pidns`` is judged by its pid alone. The
-functions here do not take the lock themselves: whoever compresses holds it around the work.
-The lock keeps compressors apart, not appenders: ``seen_through_id`` is what keeps a
-compression from archiving a turn appended meanwhile.
-
-**The compressor's memory** is two pieces of state on the session row:
-
-* ``compression_fallback_streak`` — how many compressions in a row fell back to the cheap
-  path; the compressor carries it from a session to its compression child, so it survives a
-  split. Never negative; read as 0 when absent or not an integer.
-* ``compression_failure_cooldown_until`` / ``compression_failure_error`` — after a failed
-  compression, the wall-clock time before which the compressor should not try again, and why.
-  A cooldown at or before now is over and reads as None.
-
-The compressor probes for these methods and treats any failure as "feature off", so the
-facade answers the streak read and the two cooldown writes leniently: a store error there is
-logged and answered with 0 or None instead of raised. An empty session id is a no-op (or 0 /
-None); an unknown id changes nothing.
-"""
+**The compressor's memory** (fallback streak, failure cooldown) lives on the session row. The
+compressor treats any failure there as "feature off", so these calls log errors and answer
+0 or None."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Connections and transactions: the one way a connection is opened, and the one helper for each
-kind of transaction.
+"""Connections and transactions: the one way a connection is opened, and one helper per kind of
+transaction.
 
-:func:`connect` opens every connection in autocommit mode and :func:`configure_connection` gives
-it the store's settings, so a transaction exists only where :func:`transaction` (a write:
-``BEGIN IMMEDIATE``, or a savepoint when one is open) or :func:`read_transaction` (one snapshot
-for a read of several statements) opens it. The ``state_meta`` helpers run on a connection.
-"""
+:func:`connect` opens connections in autocommit mode, so a transaction exists only where a
+helper opens it: :func:`transaction` for a write (``BEGIN IMMEDIATE``, a savepoint when
+nested) or :func:`read_transaction` for one snapshot. The ``state_meta`` helpers live here too."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Context windows: the rows around one message, for a search hit shown in its conversation.
 
-:func:`get_messages_around` is the slice: up to ``window`` rows before an anchor message, the
-anchor, up to ``window`` after, in id order, and how many rows it found on each side (fewer
-than ``window`` means that end of the session was reached). :func:`get_anchored_view` builds
-on it for a reader that wants the gist: the slice cut down to the roles it keeps (the anchor
-always stays) plus *bookends*, the first and the last few substantial rows of the session
-outside the slice, so a hit in the middle of a long session comes with how it began and how it
-ended.
-
-Both look at every row, live, rewound or archived (a search may hit any of them), return full
-rows as :func:`~hermes_state_messages.get_messages` does (structured content decoded,
-``tool_calls`` that are not JSON read as ``[]``), and answer an anchor that is not a message
-of the session with an empty result of the same shape. A negative ``window`` or ``bookend``
-counts as 0.
-"""
+:func:`get_messages_around` returns up to ``window`` rows each side of an anchor.
+:func:`get_anchored_view` adds *bookends*, the first and last substantial rows of the session,
+so a hit shows how the session began and ended. Both read rewound and archived rows too, since
+a search may hit them. An anchor outside the session gives an empty result."""
 
 from __future__ import annotations
 

@@ -1,35 +1,13 @@
-"""Deleting sessions: one at a time, in batches, by prune filters, and the clean-ups callers run.
+"""Deleting sessions: one at a time, in batches, by prune filters, and the callers' clean-ups.
 
-Every function takes the connection first and runs inside the caller's write transaction
-(the listings are plain reads). The rules:
+What a delete removes is decided once, by :func:`deletion_closure`: the sessions and their
+delegate children; other children survive as roots. The command line previews that closure,
+so what it shows is what goes. What a prune removes is selected once, by
+:func:`select_prune_ids`: ended sessions, whole conversations only.
 
-* **What a delete removes** is named in one place, :func:`deletion_closure`: the requested
-  sessions and, transitively, their delegate children — a child whose ``_delegate_from``
-  marker names a doomed session, or whose parent is doomed and that carries the marker at all.
-  Every other child (a branch, a compression continuation, an untagged child) is detached
-  (``parent_session_id = NULL``) and survives as a root. The command line's preview lists the
-  same closure (:func:`list_delete_candidates`), so what it shows is what goes.
-* **What a prune removes** is selected in one place, :func:`select_prune_ids`, from the
-  filter vocabulary of :data:`PRUNE_FILTERS` (an unknown name is an
-  :class:`UnknownFilterError`, which is also a ``TypeError``). Only ended sessions qualify;
-  the age bound is ``started_at`` (``older_than_days`` becomes ``started_before``). A
-  conversation (``hermes_state_lineage.conversation_members``) is pruned only as a whole, so
-  the ended parent of a live conversation is never pulled from under it. A prune does not
-  cascade: children outside the selection are detached. ``archive_sessions`` archives what the
-  same selection names.
-* **Live work pins a session**: a delete of a session (or of a delegate child it would take
-  along) whose runtime ledgers hold live work raises :class:`LedgerBusyError` and deletes
-  nothing; the bulk clean-ups (prune, empty sessions, ghosts) leave such sessions out. The
-  terminal ledger rows of a deleted session go in the same transaction.
-* **Transcript files** (``<sessions_dir>/<id>.json``, ``<id>.jsonl``,
-  ``request_dump_<id>_*.json``) of every deleted session are removed only after the
-  transaction committed: a deleting function runs as :class:`AfterCommit` — ``run`` returns a
-  :class:`Deleted` in the transaction, ``finish`` removes the files once the handle committed.
-  An id that would name a file outside ``sessions_dir`` removes nothing; OS errors are
-  ignored (the rows are already gone; a stray file is only disk space). A ``<id>.jsonl`` that
-  is the quarantine's spool (seed: pending transcripts of a damaged store go to
-  ``sessions/<id>.jsonl`` for recovery) is never removed.
-"""
+Live ledger work pins a session (:class:`LedgerBusyError`). Transcript files go only after the
+commit (:class:`AfterCommit`), never outside ``sessions_dir``, never the quarantine's spool.
+See docs/api.md."""
 
 from __future__ import annotations
 
@@ -218,7 +196,9 @@ def _busy(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> set[str]
 
 def deletion_closure(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> list[str]:
     """The sessions deleting ``session_ids`` removes, sorted: those that exist and their
-    delegate children, transitively (see the module docstring). Reads only."""
+    delegate children, transitively. A delegate child is one whose ``_delegate_from`` names a
+    doomed session, or whose parent is doomed and that carries the marker at all; every other
+    child is detached and survives as a root. Reads only."""
     requested = json.dumps(sorted(session_ids))
     doomed = {r[0] for r in conn.execute(EXISTING_SQL, (requested,))}
     if not doomed:

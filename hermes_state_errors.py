@@ -1,25 +1,10 @@
 """The typed exception hierarchy of hermes_state, and SQLite error classification.
 
-Every error the library raises on purpose derives from :class:`HermesStateError`. Errors that
-come from SQLite keep the original ``sqlite3`` exception as ``__cause__``. Messages state the
-condition only; advice on what to do next belongs to the command line, not to the exception.
-
-SQLite errors are classified by result code (``sqlite_errorcode``, the extended code), never by
-message text: message text changes between SQLite versions and locales, result codes do not.
-
-Translation happens here and nowhere else: :func:`translate` turns an ``sqlite3`` error into
-the typed error its result code names — the facade's reads and writes (stats, export and
-import through it) raise what it returns — and :func:`translated_errors` is the context
-manager the module-level entry points run their SQLite work in (backup, restore, repair,
-recover, import's spool, a restore from a replica), so no ``sqlite3.Error`` reaches a caller.
-A translated error keeps ``sqlite_errorcode`` and ``sqlite_errorname`` and the original as
-``__cause__``; a code no narrower type covers becomes :class:`StateDbError`. Where a typed
-refusal says more (a lock held by maintenance is :class:`StateDbInUseError`, a busy read-only
-store is :class:`StateDbUnavailableError` ``busy``), the caller raises that instead.
-
-The one helper that reads message text is :func:`is_malformed_db_error`, for errors callers
-meet on their own ``sqlite3`` connections, whose contract is the message text (see there).
-"""
+Every deliberate error derives from :class:`HermesStateError`. Messages state the condition;
+advice belongs to the command line. SQLite errors are classified by extended result code,
+never by message text, which changes between versions and locales. Translation happens here
+only (:func:`translate`, :func:`translated_errors`); the original stays as ``__cause__``.
+:func:`is_malformed_db_error` alone reads text: callers' own connections promise only that."""
 
 from __future__ import annotations
 

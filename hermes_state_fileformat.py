@@ -1,39 +1,17 @@
 """Reading an SQLite database from its bytes: header, b-tree pages, records and the WAL.
 
-Salvage needs this because SQLite reads a table through its b-tree and stops at the first
-damaged page ("database disk image is malformed"): the rows on every intact page after it
-are still on disk, but SQLite will not hand them over, and rows under a destroyed interior
-page cannot even be found by a key search. This module reads the file format directly
-(https://sqlite.org/fileformat2.html) so that a salvage can
+SQLite stops reading a table at its first damaged page, though later pages still hold rows. So
+salvage reads the file format itself (https://sqlite.org/fileformat2.html). It walks b-trees
+taking every cell that parses, noting each bad page's key range to bound the loss. It reads
+orphan pages no tree reaches. It folds a ``-wal`` and rolls back a hot ``-journal`` into a
+private copy.
 
-* walk a table b-tree from its root and take every cell of every page that still parses,
-  reporting each page that does not, with the key range it covered (so losses can be
-  estimated from the rowids that are missing in that range);
-* find the pages no b-tree reaches any more (orphans: leaves under a destroyed interior page)
-  and read their cells too;
-* fold the committed frames of a ``-wal`` into a private copy of the main file, because a
-  database is the main file *plus* its WAL, and ``immutable=1`` would ignore the WAL;
-* roll a hot rollback journal (``-journal``) back into that copy first, because a transaction
-  that never finished (a killed restore or repair promotion) leaves its new pages in the main
-  file and only the journal knows the committed ones;
-* read a database as some of its WAL's frames make it without writing anything (a page
-  overlay), and list a table's rowids without reading payloads, to count what only the
-  commits after a damaged frame hold.
+SQLite drops every commit after a bad WAL frame. :func:`scan_wal` checks later frames against
+their predecessor's checksum, so intact later commits survive. :func:`read_journal` verifies
+each record on its own.
 
-Both sidecars are verified the way SQLite verifies them, and further: SQLite stops at the
-first WAL frame whose running checksum fails, silently dropping every later commit, and stops
-rolling a journal back at the first record whose checksum fails. :func:`scan_wal` keeps
-verifying past a bad frame, each later frame against its predecessor's stored checksum, so
-that intact later commits are found, and tells that damage apart from what is no problem:
-frames of an earlier WAL generation (old salts after a reset) and a torn tail that no commit
-follows. :func:`read_journal` verifies every journal record on its own and keeps those that
-pass, so only the pages of damaged records can still hold uncommitted content.
-
-Nothing here trusts a pointer: every page number is range-checked, every chain is guarded
-against cycles, every record must decode to exactly its stated length and every text value
-must be valid in the database's encoding. It never opens a file with SQLite and never writes
-to any file but the private copy :func:`fold_wal` or :func:`roll_back_journal` is given.
-"""
+Nothing here trusts a pointer: page numbers are range-checked and chains guarded against
+cycles. Nothing opens a file with SQLite or writes outside the private copy."""
 
 from __future__ import annotations
 
@@ -804,26 +782,45 @@ def _judge(scan: WalScan, header_bad: bool) -> None:
     ok = [n for n, (_, _, v) in enumerate(frames, 1) if v == _FRAME_OK]
     commits = [n for n in ok if frames[n - 1][1]]
     last_commit = commits[-1] if commits else 0
-    last_ok = ok[-1] if ok else 0
-    # Current-salt frames form a prefix of the file: a frame before an intact current frame
-    # cannot be of an earlier generation, whatever its salts say.
+    _no_stale_before(frames, ok[-1] if ok else 0)
+    _judge_readable(scan, frames, commits, header_bad)
+    _judge_damage(scan, frames, ok, commits, header_bad)
+    scan.stale_frames = sum(1 for n in range(last_commit + 1, len(frames) + 1)
+                            if frames[n - 1][2] == _FRAME_STALE)
+    scan.torn_frames = len(frames) - last_commit - scan.stale_frames
+
+
+def _no_stale_before(frames: list[tuple[int, int, str]], last_ok: int) -> None:
+    """Current-salt frames form a prefix of the file: a frame before an intact current frame
+    cannot be of an earlier generation, whatever its salts say, so it is damaged."""
     for n in range(1, last_ok):
         if frames[n - 1][2] == _FRAME_STALE:
             frames[n - 1] = (frames[n - 1][0], frames[n - 1][1], _FRAME_BAD)
+
+
+def _judge_readable(
+    scan: WalScan, frames: list[tuple[int, int, str]], commits: list[int], header_bad: bool
+) -> None:
+    """What SQLite reads: the commits before the first frame that fails."""
     first_bad = 0 if header_bad else next(
         (n for n, (_, _, v) in enumerate(frames, 1) if v != _FRAME_OK), len(frames) + 1)
     visible = [n for n in commits if n < first_bad]
     scan.readable = visible[-1] if visible else 0
     scan.db_pages = frames[scan.readable - 1][1] if scan.readable else None
+
+
+def _judge_damage(
+    scan: WalScan, frames: list[tuple[int, int, str]], ok: list[int], commits: list[int],
+    header_bad: bool,
+) -> None:
+    """The damaged frames before the last commit, and the commits and frames after them."""
+    last_commit = commits[-1] if commits else 0
     scan.damaged = ([0] if header_bad and last_commit else []) + [
         n for n in range(1, last_commit) if frames[n - 1][2] != _FRAME_OK]
     if scan.damaged:
         start = scan.damaged[0]
         scan.later_commits = sum(1 for n in commits if n > start)
         scan.later_frames = sum(1 for n in ok if start < n <= last_commit)
-    scan.stale_frames = sum(1 for n in range(last_commit + 1, len(frames) + 1)
-                            if frames[n - 1][2] == _FRAME_STALE)
-    scan.torn_frames = len(frames) - last_commit - scan.stale_frames
 
 
 @dataclass
@@ -985,44 +982,16 @@ def read_journal(path: str | os.PathLike[str], db_page_size: int | None = None) 
 
 def _read_records(fd: int, size: int, head: bytes, db_page_size: int | None,
                   scan: JournalScan) -> None:
-    if len(head) < 28 or head[:8] != JOURNAL_MAGIC:
-        scan.header_damaged = True
-        scan.notes.append("the -journal header is damaged: it cannot be rolled back")
+    header = _journal_header(head, db_page_size, scan)
+    if header is None:
         return
-    count, nonce, pages, sector, page_size = struct.unpack(">5I", head[8:28])
-    page_size = page_size or db_page_size or 0
-    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0
-            and 32 <= sector <= _MAX_SECTOR and sector & (sector - 1) == 0):
-        scan.header_damaged = True
-        scan.notes.append("the -journal header gives an impossible page or sector size")
-        return
-    scan.page_size, scan.initial_pages = page_size, pages
-    lock_page = _PENDING_BYTE // page_size + 1
-    record = page_size + 8
+    count, nonce, sector = header
     offset, number = sector, 0
     while True:
-        counted = count != _UNCOUNTED
-        if not counted:
-            count = (size - offset) // record
-        for _ in range(count):
-            if offset + record > size:
-                scan.notes.append("the -journal is shorter than its header says")
-                return
-            data = os.pread(fd, record, offset)
-            pgno, stored = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4 + page_size)[0]
-            verified = pgno not in (0, lock_page) and (
-                _journal_checksum(data[4 : 4 + page_size], nonce) == stored)
-            if verified and pgno <= pages:
-                scan.records.append((pgno, offset + 4))
-            elif counted:
-                # Inside the synced count, a record that fails is damage (SQLite stops at the
-                # first), and so is one naming a page past the initial size: such pages are
-                # never journaled, so its page number, which no checksum covers, is damaged.
-                scan.damaged.append((number, pgno))
-            elif pgno in (0, lock_page) or pgno <= pages:
-                return  # a journal written without syncs ends where records stop verifying
-            offset += record
-            number += 1
+        read = _read_segment(fd, size, scan, count, nonce, offset, number)
+        if read is None:
+            return
+        offset, number = read
         offset = -(-offset // sector) * sector  # the next segment starts on a sector boundary
         if offset + sector > size:
             return
@@ -1031,6 +1000,60 @@ def _read_records(fd: int, size: int, head: bytes, db_page_size: int | None,
             return
         count, nonce = _U32.unpack_from(segment, 8)[0], _U32.unpack_from(segment, 12)[0]
         offset += sector
+
+
+def _journal_header(
+    head: bytes, db_page_size: int | None, scan: JournalScan
+) -> tuple[int, int, int] | None:
+    """The first segment's record count, checksum nonce and the sector size; the page size
+    and initial page count go into ``scan``. None when the header is damaged (noted)."""
+    if len(head) < 28 or head[:8] != JOURNAL_MAGIC:
+        scan.header_damaged = True
+        scan.notes.append("the -journal header is damaged: it cannot be rolled back")
+        return None
+    count, nonce, pages, sector, page_size = struct.unpack(">5I", head[8:28])
+    page_size = page_size or db_page_size or 0
+    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0
+            and 32 <= sector <= _MAX_SECTOR and sector & (sector - 1) == 0):
+        scan.header_damaged = True
+        scan.notes.append("the -journal header gives an impossible page or sector size")
+        return None
+    scan.page_size, scan.initial_pages = page_size, pages
+    return count, nonce, sector
+
+
+def _read_segment(
+    fd: int, size: int, scan: JournalScan, count: int, nonce: int, offset: int, number: int
+) -> tuple[int, int] | None:
+    """Read the records of one journal segment from ``offset`` (record ``number`` first) into
+    ``scan``; the offset and number after them, or None where the journal ends."""
+    assert scan.page_size is not None and scan.initial_pages is not None
+    page_size, pages = scan.page_size, scan.initial_pages
+    lock_page = _PENDING_BYTE // page_size + 1
+    record = page_size + 8
+    counted = count != _UNCOUNTED
+    if not counted:
+        count = (size - offset) // record
+    for _ in range(count):
+        if offset + record > size:
+            scan.notes.append("the -journal is shorter than its header says")
+            return None
+        data = os.pread(fd, record, offset)
+        pgno, stored = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4 + page_size)[0]
+        verified = pgno not in (0, lock_page) and (
+            _journal_checksum(data[4 : 4 + page_size], nonce) == stored)
+        if verified and pgno <= pages:
+            scan.records.append((pgno, offset + 4))
+        elif counted:
+            # Inside the synced count, a record that fails is damage (SQLite stops at the
+            # first), and so is one naming a page past the initial size: such pages are
+            # never journaled, so its page number, which no checksum covers, is damaged.
+            scan.damaged.append((number, pgno))
+        elif pgno in (0, lock_page) or pgno <= pages:
+            return None  # a journal written without syncs ends where records stop verifying
+        offset += record
+        number += 1
+    return offset, number
 
 
 def roll_back_journal(journal_path: Path, db_copy: Path) -> JournalScan:

@@ -1,10 +1,8 @@
 """The database file on disk: created private, never through a symlink, checked before opening.
 
-The checks read the path with ``stat`` and ``lstat`` and never open a descriptor on an existing
-database file: closing any descriptor on it would drop every POSIX lock this process holds there.
-Temporary files and folders are named after their process and host, so a later run removes only
-those whose process is provably gone.
-"""
+The checks use ``stat`` only and never open a descriptor on an existing database: closing one
+would drop every POSIX lock this process holds there. Temporary files carry their process and
+host, so a later run removes only those whose process is gone."""
 
 from __future__ import annotations
 

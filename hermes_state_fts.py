@@ -1,38 +1,16 @@
 """The three FTS5 indexes over ``messages``: CJK index text, damage handling and rebuilds.
 
-The indexes are derived data; ``sessions`` and ``messages`` are the record. So:
+The indexes are derived; ``sessions`` and ``messages`` are the record.
 
-* Index text for CJK is computed here, in Python, when a row is written (``search_cjk``): each
-  run of CJK characters is spelled as its overlapping bigrams followed by its last character
-  (``東京都`` → ``東京 京都 都``), everything else is kept as it is. The plain ``unicode61``
-  tokenizer then indexes bigrams as tokens, so a 2-character term is one token lookup, a longer
-  term is a phrase of bigrams, and a 1-character term is a prefix query on the bigrams (the
-  trailing unigram catches a character that ends a run). No tokenizer extension is needed, and
-  any connection — the ``sqlite3`` shell included — can read the database and run the triggers.
-  The text is the row's content, tool name and tool calls, all that ``messages_fts`` reads, so
-  every required term of a query is found in this one index. An earlier version left the tool
-  name out; a file it wrote is respelled once, in chunks, under the admission lock
-  (:func:`respell_when_admitted`; state_meta records the spelling). Rows an earlier version
-  writes after that keep its spelling until a rebuild (the schema version, fixed by the
-  specification, cannot keep that version out).
-* When FTS damage is proven (see :func:`damage_is_fts_only`), :func:`detach_index` sets the
-  persistent ``fts_stale`` marker and drops the sync triggers in one transaction; canonical
-  writes carry on without the index and searches fall back to LIKE over canonical rows.
-  Nothing on that path rebuilds.
-* A rebuild runs in chunks in id order. ``fts_rebuild_high_water`` (the highest message id when
-  it started) and ``fts_rebuild_progress`` (the last id indexed; none before the first chunk,
-  which starts at the smallest 64-bit id) gate the triggers, so rows the rebuild has not
-  reached yet are left to it, rows it has passed and rows newer than the high water are kept
-  in sync by the triggers: nothing is indexed twice or missed, even with other writers running
-  meanwhile. A chunk is the next :data:`REBUILD_CHUNK_ROWS` existing rows above
-  the progress marker (a keyset over the ids, never a fixed span of ids), so a rebuild costs
-  the rows there are, however sparse the ids: one bogus id near 2^40 adds one row, not half a
-  billion empty chunks. Only a writable open that holds the cross-process admission lock
-  and sees no other process on the database starts one. An index so damaged that FTS5 cannot
-  open it any more (its structure record lost) is first reset through its shadow tables; one
-  damaged below FTS5, in the b-trees of those tables, cannot be rebuilt in place and stays
-  detached until the file itself is repaired.
-"""
+* CJK text (``search_cjk``) is spelled in Python as bigrams (``東京都`` → ``東京 京都 都``).
+  The plain ``unicode61`` tokenizer then suffices, so any ``sqlite3`` shell can run the
+  triggers.
+* Proven index damage (:func:`damage_is_fts_only`) detaches the index (:func:`detach_index`).
+  Writes go on; searches fall back to LIKE.
+* A rebuild runs in keyset chunks under the admission lock. High-water and progress marks gate
+  the triggers, so no row is indexed twice or missed while others write.
+
+See docs/search.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""The gateway's runtime ledgers and tables, and the ownership of inputs on its exception path.
+"""The gateway's runtime ledgers and tables, and who owns an input on its exception path.
 
-Every function takes the connection first and runs inside the caller's transaction (writes)
-or as a plain read; a refused ledger operation raises before it writes anything.
+Every function runs in the caller's transaction; a refused operation writes nothing. Owner
+calls pass the runtime epoch; a stale one raises :class:`StaleEpochError`.
 
-**Runtime epoch.** ``runtime_epoch`` holds one row: the epoch of the session authority's
-current owner and that owner's instance id. An owner starting up calls
-:func:`begin_runtime_epoch`, which bumps the epoch. Every call that acts as the owner passes
-its epoch; any other value means another owner has taken over, and the call raises
-:class:`StaleEpochError` and writes nothing.
-
-**Admissions** (``session_admissions``) are a durable input FIFO per session::
+**Admissions** are a durable input FIFO per session, idempotent per request id::
 
     queued ──claim──▶ started ──settle──▶ settled
       │                  │ a newer epoch begins
@@ -17,65 +11,24 @@ its epoch; any other value means another owner has taken over, and the call rais
       │               unknown ──resolve_unknown──▶ resolved
       └──settle(outcome="cancelled")──▶ settled
 
-``queued``, ``started`` and ``unknown`` are live (they pin the session against deletion);
-``settled`` and ``resolved`` are terminal. An admission still ``started`` when its owner's
-epoch ends may have run wholly, partly or not at all, so it becomes ``unknown`` and is never
-replayed; the admissions queued behind it wait until someone decides what happened
-(:func:`resolve_unknown_input`, the ``prompt.resolve_unknown`` operation). Admission is
-idempotent per (principal, session, request id): the request id identifies the request, so
-admitting it again returns the first admission, first payload included, with
-``duplicate=True``. Inputs without a request id are never merged.
-
-**Worker executions** (``worker_executions``) bind a managed worker (cron, child, kanban…) to a
-session and to the epoch of the owner that started it::
+**Worker executions** bind a managed worker to a session and an epoch::
 
     registered ──first receipt──▶ running ──finish──▶ finished
     registered / running ──a newer epoch begins──▶ unknown ──resolve──▶ resolved
 
-A worker's results arrive as receipts numbered 1, 2, 3…: each must be exactly the next
-number, and its ``digest`` must be the SHA-256 (lowercase or uppercase hex) of the payload's
-canonical JSON, which is defined as the UTF-8 bytes of::
+Work interrupted by a new epoch may have run partly, so it becomes ``unknown`` and is never
+replayed; inputs queued behind it wait until it is resolved. Live states pin the session
+against deletion. Receipts are numbered without gaps, each with the SHA-256 of
+:func:`canonical_json`.
 
-    json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-               allow_nan=False)
+**Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the
+first obligation; a store without it owes nothing. ``gateway_routing`` maps session keys to
+routes, and ``async_delegations`` tracks delegations until they finish.
 
-(keys sorted by code point, no whitespace, non-ASCII characters as themselves, no NaN or
-infinity; Python's float repr; not RFC 8785). The stored ``payload_json`` is exactly that
-text, so a stored receipt can be verified again later. A gap, a repeated or earlier number, a
-digest mismatch or a receipt for an execution that is not live is refused with
-:class:`ReceiptRejectedError` (``reason`` says which) and nothing is written.
-
-Outcomes of admissions and executions are ``completed``, ``failed`` or ``cancelled``.
-
-**Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the first
-obligation recorded (reads of a store without it see nothing owed; nothing else creates it):
-``owed`` until settled as ``delivered`` or ``abandoned``, failed attempts counted on the way.
-``gateway_routing`` maps session keys to routing entries (JSON) within a scope.
-``async_delegations`` tracks asynchronous delegations: ``pending`` → ``running`` →
-``completed`` / ``failed`` / ``cancelled``; a finished delegation is final.
-
-**Exception-path ownership.** The gateway marks each accepted input with an owner marker
-(:func:`ingress_owner_marker`), carried in the message's ``display_metadata`` under
-``"owner_marker"`` (display metadata never reaches a provider). With a platform message id the
-marker is ``ingress:v1:msg:<sha256 hex>`` over platform, profile, scope, chat, thread and
-message id, so a redelivered platform event maps to the same marker while
-``platform_message_id`` itself stays as the platform sent it; without one it is
-``ingress:v1:turn:<uuid4 hex>``, fresh for every turn even when text and time are identical.
-
-When the gateway fails after accepting an input, :func:`persist_exception_input` writes it only
-if no row already owns the marker. It looks for the marker and nothing else — never at bodies,
-never at unmarked rows — in the sessions :func:`owner_search_order` lists: the published
-forwarding target (``successor_session_id``, followed to its end), the canonical current
-compression successor (the tip), then the compression ancestors, each as
-``hermes_state_lineage`` defines it. Active rows and compression
-archives (``active=0``) count; revoked rows (``effect_disposition='revoked'``) and observed
-inputs (``observed=1``) do not. Lookup and append are one transaction; if the lookup cannot be
-read, :class:`OwnerLookupError` is raised and nothing is appended on a guess (a corrupt file
-quarantines the handle instead, as any write that meets corruption does). Past rows are never
-rewritten and nothing is de-duplicated by content. An appended user input resumes the
-conversation as any appended user turn does (an idle clean-up's archive is lifted). When the
-agent reports that it owns persistence, the gateway writes nothing.
-"""
+**Exception-path ownership.** Each accepted input carries an owner marker
+(:func:`ingress_owner_marker`). :func:`persist_exception_input` appends an input only if no row
+owns its marker, looking in :func:`owner_search_order`. It never matches by content, and an
+unreadable lookup raises rather than append on a guess."""
 
 from __future__ import annotations
 
@@ -393,8 +346,10 @@ def list_admissions(
 
 
 def canonical_json(payload: Any) -> str:
-    """The canonical JSON text of a receipt payload (see the module docstring); a payload JSON
-    cannot carry, or whose text has no UTF-8 bytes (a lone surrogate), is refused."""
+    """The canonical JSON text of a receipt payload: ``json.dumps`` with sorted keys, no
+    whitespace, non-ASCII as itself and no NaN (not RFC 8785). ``payload_json`` stores exactly
+    this text, so a stored receipt can be verified again. A payload JSON cannot carry, or with
+    a lone surrogate, is refused."""
     try:
         text = json.dumps(
             payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -473,7 +428,10 @@ def register_worker_execution(
 def record_worker_receipt(
     conn: sqlite3.Connection, /, execution_id: str, sequence: int, payload: Any, *, digest: str
 ) -> dict[str, Any]:
-    """Record the next result of a live execution (see the module docstring for the checks).
+    """Record the next result of a live execution. ``sequence`` must be exactly the next
+    number and ``digest`` the SHA-256 hex (either case) of :func:`canonical_json`; a gap, a
+    repeat, a wrong digest or an execution that is not live raises
+    :class:`ReceiptRejectedError` (``reason`` says which) and writes nothing.
 
     Returns the receipt: ``execution_id, session_id, sequence, payload, digest, recorded_at``.
     """
@@ -922,9 +880,11 @@ def ingress_owner_marker(
     thread_id: str | int | None,
     platform_message_id: str | int | None,
 ) -> str:
-    """The owner marker of an accepted input (see the module docstring for the format).
+    """The owner marker of an accepted input, carried in ``display_metadata["owner_marker"]``.
 
-    Deterministic for a platform message id (None and ``""`` count as the same empty part,
+    With a platform message id it is ``ingress:v1:msg:<sha256 hex>`` over platform, profile,
+    scope, chat, thread and message id, so a redelivered event maps to the same marker;
+    without one, ``ingress:v1:turn:<uuid4 hex>``, fresh for every turn. Deterministic for a platform message id (None and ``""`` count as the same empty part,
     an int as its decimal string); a fresh random marker for a keyless turn.
     """
     _check_text("platform", platform)

@@ -1,19 +1,12 @@
 """Cross-platform handoff: moving a live session from the CLI or TUI to a messaging platform.
 
-The state lives on the session row, in ``handoff_state``, ``handoff_platform`` and
-``handoff_error``::
+The state lives on the session row::
 
     NULL ──request──▶ pending ──claim──▶ running ──complete──▶ completed
       ▲                                     └──────fail───────▶ failed
       └──── a new request is allowed from NULL, completed or failed
 
-The CLI or TUI requests a handoff and polls :func:`get_handoff_state`; the gateway's watcher
-lists the pending rows, claims one (atomically, so two watchers never run the same handoff)
-and completes or fails it. ``fail`` and ``complete`` apply whatever the previous state (the
-watcher also fails handoffs it never claimed); ``request`` and ``claim`` are conditional and
-say whether they moved the row. An unknown session id changes nothing and raises nothing: the
-conditional steps answer False for it.
-"""
+A claim is atomic, so two watchers never run one handoff. An unknown id changes nothing."""
 
 from __future__ import annotations
 

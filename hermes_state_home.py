@@ -1,15 +1,8 @@
 """Where a store lives: the home, the named profiles under it, and the paths derived from them.
 
-Home resolution has one authority, :func:`get_hermes_home`: a context-local override first
-(:func:`hermes_home_override`, safe across threads and asyncio tasks because it is a
-``ContextVar``), then ``HERMES_HOME``, then the platform default. Everything else — the default
-database path, profile homes, the environment handed to child processes, the error log — is
-derived from it at call time, never frozen at import.
-
-Named profiles live in ``<root>/profiles/<name>/``. The root is the resolved home, or, when the
-resolved home is itself a profile directory, the root that profile belongs to; so a process
-already running inside one profile resolves a sibling profile next to it, never inside itself.
-"""
+:func:`get_hermes_home` is the one authority: a context-local override, then ``HERMES_HOME``,
+then the default. Derived paths are computed at call time, never at import. Profiles live in
+``<root>/profiles/<name>/``; from inside a profile, a sibling resolves beside it."""
 
 from __future__ import annotations
 

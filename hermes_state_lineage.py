@@ -1,62 +1,17 @@
-"""Lineage: how sessions continue one another, and the sets every caller builds on it.
+"""Lineage: how sessions continue one another, and the sets callers build on it.
 
-Lineage is the ``parent_session_id`` chain: :func:`session_ancestors` and
-:func:`session_descendants` are the seed's two recursive queries, and :func:`lineage_tree` is
-the whole tree a session belongs to (its topmost ancestor and everything below it: what an
-export of a lineage carries). A session's children are of three kinds: a compression
-continuation, a ``/branch`` child (``_branched_from`` in ``model_config``) and a delegate or
-subagent child (``_delegate_from``); a child whose ``source`` is ``'tool'`` is a tool's own
-session.
+Lineage is the ``parent_session_id`` chain. A session's successor is its published
+``successor_session_id`` while that is its child. Else, if it ended by compression, it is one
+child over a continuation edge (:data:`CONTINUATION_EDGE_SQL`). A child that ended by
+compression wins, then a live one, then the newest activity, then the greatest id. Else there
+is none, and the session is a tip. Every forward walk uses this one rule, and walks stop on a
+repeat, never on a count.
 
-**The successor rule** — one rule, for every forward walk. The successor of a session is
+* :func:`compression_chain`: root to tip, the line history is read along.
+* :func:`conversation_members`: what archive and prune act on. Any member gives the same set,
+  so a listed row and its tip are kept or archived together.
 
-1. its published successor (``successor_session_id``, set when a split compression publishes
-   its child), while that session is still its child;
-2. else, when it ended by compression (``end_reason = 'compression'``), one of its children
-   over a *continuation edge*: a child that carries neither marker and whose source is not
-   ``'tool'`` (:data:`CONTINUATION_EDGE_SQL`; no timestamp is compared). Of several, the one
-   that itself ended by compression, else a live one (``ended_at`` NULL), else any other;
-   ties go to the newest activity (latest message, else ``started_at``), then the latest
-   ``started_at``, then the greatest id;
-3. else none: the session is a tip.
-
-The walk forward from a session through its successors ends at its **compression tip**
-(:func:`compression_tip`); a walk stops on a repeat, never on a step count. Walking back, a
-session's **compression ancestors** are each parent in turn while the session below it is that
-parent's successor: a delegate child, a branch, or an older child the parent has moved past
-starts a chain of its own.
-
-Two sets, named for what they are:
-
-* **the compression chain** (:func:`compression_chain`, the facade's
-  ``get_compression_lineage``): the one line of successors through a session, root first, tip
-  last — what a conversation's history is read along;
-* **the conversation's members** (:func:`conversation_members`): the unit archive and prune act
-  on — the compression root of the session (each parent in turn while that parent ended by
-  compression, whatever kind of child is below it) and everything below the root reached
-  through sessions that ended by compression: continuations, older branches and delegates
-  alike. Any member gives the same set, so a listed row and its tip are archived or kept
-  together, and a live delegate keeps the sessions it hangs from.
-
-The chain is a path inside the members: a delegate child of a compressed session is a member
-of its conversation, never a link of its chain.
-
-**The forwarding chain** (:func:`forwarding_chain`) is the published successors alone,
-followed wherever they lead (to any session that exists): the first place the exception path
-looks for an input's owner, before the compression tip and the compression ancestors.
-
-**The resume target** (:func:`resolve_resume_session_id`) is a rule of its own, as the
-callers of ``/resume`` expect it: from the compression tip, the most recently started unmarked
-child at each step, whatever the parent's end reason, and the deepest session that has a
-message.
-
-A picker lists a session on its own (:data:`LISTABLE_SQL`) when it has no parent, or is a
-branch — marked, or started once its parent had ended with ``'branched'`` — and is never a
-delegate.
-
-Every function reads only and takes the connection first; an unknown id gives an empty answer
-(None, ``[]``), except :func:`get_compression_tip`, which returns its input.
-"""
+Functions only read; an unknown id gives an empty answer. See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,30 +1,13 @@
 """Listing and counting sessions: the rows pickers, the dashboard and ``/resume`` read.
 
-Every row a list returns is an *enriched row*: every ``sessions`` column plus ``preview``
-(the first user message with content, by timestamp then id, whitespace collapsed, at most 60
-characters plus ``...``; ``''`` when there is none) and ``last_active`` (the newest message
-timestamp, else ``started_at``).
-
-:func:`list_sessions_rich` is one SQL statement whatever the filters, with the paging in SQL:
-
-* ``include_children=False`` lists only the sessions a picker shows on their own
-  (``hermes_state_lineage.LISTABLE_SQL``): roots and branches, never a compression
-  continuation or a delegate;
-* ``order_by_last_active=True`` orders by the newest activity over the row and everything
-  reached from it through continuation edges (``hermes_state_lineage.CONTINUATION_EDGE_SQL``),
-  computed by a recursive query, so ``limit`` and ``offset`` page that order; ``search_query``
-  and ``id_query`` match any session of that chain and are only honoured in this order;
-* after paging, ``project_compression_tips`` shows each compressed row as its compression tip
-  (``hermes_state_lineage.get_compression_tip``, the one successor rule): the tip's id, title,
-  counts, activity, preview, model, prompt and workspace; the root's start, source, totals and
-  archive flag; the root's id as ``_lineage_root_id``. At most one tip read per listed row.
-
-:func:`session_count` counts rows with the same filter meanings (no projection: a compressed
-conversation counts once as its root with ``exclude_children``, once per segment without).
-:func:`search_sessions` is every session with ``last_active``, archived ones included, newest
-activity first; :func:`search_sessions_by_id` and :func:`list_cron_job_runs` are the dashboard's
-two lookups. Bad arguments raise :class:`InvalidInputError` before anything is read.
-"""
+:func:`list_sessions_rich` is one SQL statement whatever the filters, paging included. Rows
+gain ``preview`` (the first user message, cut to 60 characters) and ``last_active``.
+``include_children=False`` keeps what a picker lists on its own
+(``hermes_state_lineage.LISTABLE_SQL``). ``order_by_last_active`` orders by the newest activity
+along continuation edges; ``search_query`` and ``id_query`` apply in that order only. After
+paging, each compressed row is shown as its tip, with its root's id as ``_lineage_root_id``.
+:func:`session_count` uses the same filter meanings. Bad arguments
+raise before anything is read. See docs/api.md."""
 
 from __future__ import annotations
 

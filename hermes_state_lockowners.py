@@ -1,35 +1,13 @@
 """Name the processes holding SQLite's file locks on a database, read from ``/proc/locks``.
 
-When a write gives up waiting for a lock, "database is locked" alone leaves the user guessing.
-This module turns the kernel's lock table into lines such as::
+"Database is locked" alone leaves the user guessing; this gives lines such as::
 
     PID 594094 (hermes --worktree --yolo) holds WAL write lock on state.db-shm
 
-Why ``/proc/locks`` and not the open file descriptors of other processes: every process of the
-application has the database open, so "who has the file open" names them all. What tells a
-writer from a reader is *which bytes* it has locked. SQLite's unix VFS takes POSIX (``fcntl``)
-byte-range locks at fixed offsets: in the ``-shm`` file 120 is the WAL write lock, 121 checkpoint,
-122 recover, 123-127 the five read marks and 128 the dead-man switch (DMS); in the main file the
-pending byte at 1 GiB (``0x40000000``) is PENDING, the next byte RESERVED and the 510 bytes after
-it the SHARED range (held for writing, it is the EXCLUSIVE lock). ``/proc/locks`` lists every
-such lock with its owner's pid, the file's device and inode, and the byte range.
-
-Two rules keep the diagnosis harmless:
-
-- No file descriptor is ever opened on the database, its ``-wal`` or its ``-shm``. Closing *any*
-  descriptor on a file drops *all* POSIX locks this process holds on it, so merely looking could
-  silently break the caller's own transaction. Files are identified with ``os.stat`` only and
-  matched on (major, minor, inode).
-- Nothing raises out of :func:`describe_lock_holders`: it runs inside an error path, on systems
-  without ``/proc/locks``, and races with processes that exit while being named. It returns what
-  it could learn, possibly nothing.
-
-Only byte-range locks (``POSIX`` and ``OFDLCK``, which conflict with each other) are reported;
-``FLOCK`` locks and leases are parsed but never block SQLite's ``fcntl`` locks. Waiters (the
-``->`` lines) are parsed and marked ``blocked``; they are not holders. Pids are those of the pid
-namespace ``/proc`` was mounted in; a lock whose owner is not visible there (pid 0), or an open
-file description lock (pid -1), is reported without a name.
-"""
+Every process has the file open, so open descriptors tell nothing. The locked bytes tell a
+writer from a reader, since SQLite locks fixed offsets. No descriptor is ever opened on the
+files: closing one would drop this process's own locks. :func:`describe_lock_holders` never
+raises; it runs on error paths."""
 
 from __future__ import annotations
 

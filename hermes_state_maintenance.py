@@ -1,20 +1,9 @@
 """Maintenance of a session store's file: backups, restores, repairs and health checks.
 
-These operations never copy ``state.db``, ``-wal`` and ``-shm`` as separate files: those
-three are one live image. Backups, the working copy of a repair and its promotion back onto
-the live file all go through SQLite's backup API, which reads a consistent snapshot through
-the WAL. Repair and restore hold the live store with SQLite's own EXCLUSIVE lock for their
-whole window (see *Exclusive maintenance* below), so no write of another process can land
-between their snapshot and their promotion: they refuse (:class:`StateDbInUseError`) while any
-other connection has the file open, and other processes' writes wait meanwhile.
-
-Each operation is a public entry point: its SQLite errors are translated
-(:func:`hermes_state_errors.translated_errors`). A file that is not a session store is refused
-before anything is written to it: a missing or empty one, a directory (``uninitialized``),
-another application's SQLite database (``foreign``). A store SQLite cannot read at all is
-damage: backup and restore raise :class:`StateDbCorruptError`, while a repair, whose report
-is how damage is examined, says in its report that the store cannot be read.
-"""
+The database and its ``-wal`` are one image, so every copy goes through SQLite's backup API.
+Repair and restore hold SQLite's EXCLUSIVE lock for their whole window, so no write lands
+between snapshot and promotion. Files that are not session stores are refused before any
+write. See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -634,49 +623,13 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
     """The health of the database behind ``conn`` (a private copy: the FTS check is run as a
     write, rolled back): ``integrity`` (PRAGMA integrity_check lines), ``damaged_tables`` (the
     canonical tables whose b-trees fail the check: rows no repair can mend, the file needs
-    recovery), ``fts_integrity`` (per
-    index, None when clean), ``search_index`` (its damage, None when none), ``fts_stale`` (the
-    marker), ``fts_rebuilding``, ``triggers`` (expected and missing), ``row_counts``,
-    ``schema_version``, ``problems``, ``healthy``."""
+    recovery), ``fts_integrity`` (per index, None when clean), ``search_index`` (its damage,
+    None when none), ``fts_stale`` (the marker), ``fts_rebuilding``, ``triggers`` (expected and
+    missing), ``row_counts``, ``schema_version``, ``problems``, ``healthy``."""
     problems: list[str] = []
-    try:
-        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-    except sqlite3.Error as exc:
-        integrity = [f"{type(exc).__name__}: {exc}"]
-    damaged_tables: list[str] = []
-    if integrity != ["ok"]:
-        problems.append("integrity_check: " + "; ".join(integrity[:3]))
-        try:
-            damaged_tables = fts.damaged_canonical_tables(conn)
-        except sqlite3.Error:
-            damaged_tables = ["sqlite_master"]
-    try:
-        with transaction(conn, rollback_only=True):
-            fts_integrity = fts.integrity_report(conn)
-    except sqlite3.Error as exc:
-        fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
-    problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
-    try:
-        with transaction(conn, rollback_only=True):
-            search_index = impact.index_problem(conn)
-    except sqlite3.Error as exc:
-        search_index = f"{type(exc).__name__}: {exc}"
-    if search_index is not None:
-        problems.append(f"search index: {search_index}")
-    try:
-        state = fts.index_state(conn)
-        stale, rebuilding = state.stale, state.rebuilding
-        missing = fts.missing_triggers(conn)
-        version: int | None = read_version(conn)
-    except sqlite3.Error as exc:
-        stale, rebuilding, missing, version = None, False, [], None
-        problems.append(f"state unreadable: {exc}")
-    if stale is not None:
-        problems.append(f"fts_stale marker set: {stale}")
-    if rebuilding:
-        problems.append("an FTS rebuild is unfinished")
-    if missing:
-        problems.append("missing FTS triggers: " + ", ".join(missing))
+    integrity, damaged_tables = _integrity(conn, problems)
+    fts_integrity, search_index = _index_integrity(conn, problems)
+    stale, rebuilding, missing, version = _index_state(conn, problems)
     counts = row_counts(conn)
     problems += [f"{t} cannot be counted: {c}" for t, c in counts.items() if isinstance(c, str)]
     return {
@@ -692,6 +645,65 @@ def health_report(conn: sqlite3.Connection) -> dict[str, Any]:
         "problems": problems,
         "healthy": not problems,
     }
+
+
+def _integrity(conn: sqlite3.Connection, problems: list[str]) -> tuple[list[str], list[str]]:
+    """``PRAGMA integrity_check``'s lines and, when it fails, the damaged canonical tables."""
+    try:
+        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+    except sqlite3.Error as exc:
+        integrity = [f"{type(exc).__name__}: {exc}"]
+    damaged_tables: list[str] = []
+    if integrity != ["ok"]:
+        problems.append("integrity_check: " + "; ".join(integrity[:3]))
+        try:
+            damaged_tables = fts.damaged_canonical_tables(conn)
+        except sqlite3.Error:
+            damaged_tables = ["sqlite_master"]
+    return integrity, damaged_tables
+
+
+def _index_integrity(
+    conn: sqlite3.Connection, problems: list[str]
+) -> tuple[dict[str, str | None], str | None]:
+    """Each FTS index's integrity check and the search index's damage, each run as a write
+    that is rolled back."""
+    try:
+        with transaction(conn, rollback_only=True):
+            fts_integrity = fts.integrity_report(conn)
+    except sqlite3.Error as exc:
+        fts_integrity = {t: f"{type(exc).__name__}: {exc}" for t in fts.FTS_TABLES}
+    problems += [f"fts {t}: {e}" for t, e in fts_integrity.items() if e is not None]
+    try:
+        with transaction(conn, rollback_only=True):
+            search_index = impact.index_problem(conn)
+    except sqlite3.Error as exc:
+        search_index = f"{type(exc).__name__}: {exc}"
+    if search_index is not None:
+        problems.append(f"search index: {search_index}")
+    return fts_integrity, search_index
+
+
+def _index_state(
+    conn: sqlite3.Connection, problems: list[str]
+) -> tuple[str | None, bool, list[str], int | None]:
+    """The ``fts_stale`` marker, an unfinished rebuild, the missing triggers and the schema
+    version."""
+    try:
+        state = fts.index_state(conn)
+        stale, rebuilding = state.stale, state.rebuilding
+        missing = fts.missing_triggers(conn)
+        version: int | None = read_version(conn)
+    except sqlite3.Error as exc:
+        stale, rebuilding, missing, version = None, False, [], None
+        problems.append(f"state unreadable: {exc}")
+    if stale is not None:
+        problems.append(f"fts_stale marker set: {stale}")
+    if rebuilding:
+        problems.append("an FTS rebuild is unfinished")
+    if missing:
+        problems.append("missing FTS triggers: " + ", ".join(missing))
+    return stale, rebuilding, missing, version
 
 
 class QuickHealth(TypedDict):

@@ -1,50 +1,14 @@
 """Messages: one row per turn, written once, copied with its identity, replayed byte for byte.
 
-* A :class:`MessageRow` is the single way a message row is written (append, replace,
-  compression generations, import, the gateway's exception path: :func:`insert_row`, or
-  :func:`insert_message` from a mapping of fields). It is built field by field: text cleaned,
-  each field checked, ``message_uid`` (and ``tool_call_uids`` for an assistant row with tool
-  calls) issued unless the row already has them, a tool result paired with its call; writing
-  it encodes the JSON-typed fields and computes the CJK index text. A copy passes the uids it
-  carries and they are kept as they are.
-* Lone surrogates are the only change ever made to text (SQLite cannot bind them).
-* Content is text, or structured: a list of parts (text, image_url, audio, file …) or a dict,
-  kept losslessly as JSON in ``api_content`` beside its text parts in ``content``, which the
-  indexes, snippets and previews read (:data:`STRUCTURED_CONTENT_PREFIX`). Every read returns
-  the structure as ``content``; content the previous store wrote structured reads back too.
-* Appending a user turn resumes its conversation, lifting an archive only the idle clean-up
-  set (see ``hermes_state_sessions``); copies made by compression, replacement or import
-  never count as a resume.
-* A reasoning-only successful reply keeps ``content`` empty; its text lives in
-  ``reasoning``/``reasoning_content`` and in ``api_content``, which is what replays.
-* :func:`get_messages_as_conversation` is the OpenAI-format replay list, in the row keys of the
-  previous store (``timestamp``, ``tool_name``, ``message_id`` for the platform's id,
-  ``observed``, ``effect_disposition``; an empty ``reasoning`` is not restored): ``content`` is
-  ``api_content`` when the bytes sent differ from ``content`` — replay is byte-exact, nothing is
-  stripped from the text; each turn carries its ``message_uid`` and the runtime ``_``-keys;
-  display metadata stays out. Two kinds of turn are left out of it: the prompt of a background
-  review with the reply to it, and, across a lineage, a prompt a continuation replays.
-* :func:`replace_messages` removes a session's rows (only the live ones with ``active_only``)
-  and writes the given ones by the insert rules callers rely on (:func:`replacement_fields`).
+:class:`MessageRow` is the one way a row is written. It checks each field and issues uids
+unless a copy carries them. Removing lone surrogates is the only change made to text.
+Structured content is kept as JSON in ``api_content``, its text in ``content`` for indexes.
+Replay (:func:`get_messages_as_conversation`) is byte-exact.
 
-**What the caller saw.** Rewriting a session's live rows (:func:`replace_messages` here,
-``archive_and_compact`` in ``hermes_state_compression``) is done by a caller that read the
-session and built the new rows from what it read, while other processes may go on appending:
-the compression lock does not exclude appends. So a rewrite takes ``seen_through_id``, the id
-of the newest row of the session the caller read, and never archives or deletes a live row
-above it. Ids are issued in commit order (``AUTOINCREMENT``, one writer at a time), so every
-row at or below the newest row a read returned already existed when it read; a row above it
-was appended after. A row above the bound whose ``message_uid`` the caller writes again is one
-it knows, and counts as seen. Every other row above the bound stays live after the new rows:
-:func:`take_unseen` lifts it out (every column but ``id``) before the rewrite and
-:func:`put_back` inserts it again afterwards, in its order, so it keeps its ``message_uid``,
-timestamp, tool-call uids and flags and only its physical id changes (as any copy's does), and
-the FTS triggers follow both steps. A replacement that removes every row (not
-``active_only``) removes archived and rewound rows only up to the bound; those above it stay as
-they are. ``None`` means the caller vouches for every row present.
-
-What a handle remembers when its caller passes no bound lives in ``hermes_state_seen``.
-"""
+A rewrite takes ``seen_through_id``, the newest id the caller read, and never removes a live
+row above it: others may append meanwhile. Ids follow commit order, so those rows are exactly
+the unseen ones. :func:`take_unseen` and :func:`put_back` keep them live after the new rows.
+See docs/concurrency.md."""
 
 from __future__ import annotations
 

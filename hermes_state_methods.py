@@ -1,22 +1,10 @@
 """How the ``SessionDB`` facade turns a sibling function into a method.
 
-Every concern lives in a sibling module as plain functions that take the connection first
-(positional-only). :func:`read_method` and :func:`write_method` build a method from such a
-function: the connection dropped, the function's own parameters and result kept for type
-checkers (``Concatenate``) and for ``inspect.signature``, its arguments checked by
-``hermes_state_arguments`` before anything is read or written. What varies between methods is
-said where the facade lists them, never in a method body:
-
-* the write kind (``"write"``, ``"transcript"``, ``"activity"``), which picks the retry policy
-  of ``hermes_state_writes``;
-* a :class:`~hermes_state_quarantine.Spool`: where a transcript write refused on a quarantined
-  file keeps its messages;
-* a :class:`~hermes_state_seen.Seen` in place of the function: what the handle remembers of
-  the messages a call read or wrote (the bound of later rewrites);
-* an :class:`~hermes_state_deletion.AfterCommit`: work that must wait for the commit
-  (transcript files removed once a delete is durable);
-* a :class:`Fallback`: what a method answers instead of raising some errors.
-"""
+:func:`read_method` and :func:`write_method` drop the connection, keep the signature for type
+checkers, and check arguments first. A method's policy is named where the facade lists it: the
+write kind, a quarantine :class:`~hermes_state_quarantine.Spool`, a
+:class:`~hermes_state_seen.Seen`, an :class:`~hermes_state_deletion.AfterCommit`, a
+:class:`Fallback`. Method bodies hold none."""
 
 from __future__ import annotations
 

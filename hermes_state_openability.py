@@ -1,30 +1,9 @@
 """Whether a store opens, and why not: the previous ``SessionDB``'s module-level helpers.
 
-The agent's doctor, its ``sessions repair`` and every "session database not available"
-message call these names, so they keep their results and wording:
-
-* :func:`record_open_error` / :func:`get_last_init_error` /
-  :func:`format_session_db_unavailable`: the process-wide last error a ``SessionDB()`` open
-  raised, as ``<ExceptionTypeName>: <message>`` (a later successful open never clears it);
-* :func:`db_opens_cleanly`: a probe that opens the file as a writer would — journal mode,
-  ``integrity_check``, a count of sessions, and a session and message insert rolled back (a
-  search index that rejects writes shows there);
-* :func:`repair_state_db_schema`: a raw copy of the damaged file beside it, then three
-  strategies in order until the probe passes — rebuild the FTS indexes; delete duplicate
-  ``sqlite_master`` rows; delete the FTS indexes from the schema and VACUUM. Session and
-  message rows are never modified.
-
-Where this store parts ways on purpose: a schema repair runs only while no other process has
-the file open (a process that met the damage is quarantined until it exits, and the file must
-not change under it), bumps the schema cookie after editing ``sqlite_master`` so no other
-connection goes on with the old schema, creates and fills again the indexes the last strategy
-deleted before it returns (the previous store left that to the next open), and clears the store's
-quarantine once the probe passes. ``SessionDB()`` itself never runs it: a damaged file is
-quarantined, not repaired on open. Neither the probe nor the repair ever opens a file whose
-rows are proven damaged (a ``-wal`` damaged in the middle, canonical tables failing
-``quick_check``) writable: the last writable connection to close checkpoints the ``-wal`` into
-the file, so the probe checks read-only first and the repair reports such a file untouched.
-"""
+The agent's doctor calls these names, so they keep their results and wording. Unlike the
+previous store, a schema repair runs only while no other process has the file open, and rows
+are never modified. A file with proven row damage is never opened writable: the last
+writable connection to close would checkpoint the damage in."""
 
 from __future__ import annotations
 

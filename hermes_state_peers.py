@@ -1,24 +1,8 @@
 """Gateway routing lookups: which session a messaging peer is talking to.
 
-A gateway session row carries its routing identity in ``session_key`` (the gateway's key for a
-conversation lane), ``source`` (the platform), ``user_id``, ``chat_id``, ``chat_type`` and
-``thread_id``, plus ``display_name`` and ``origin_json`` for display. These functions read and
-record that identity; the gateway probes for them and falls back to its ``sessions.json`` when
-they are missing.
-
-* **Platforms** compare case-insensitively (``Telegram`` finds ``telegram``); chat, thread
-  and user ids compare as ``str(value)``, a NULL thread as ``''``.
-* **A key's current row** is its newest one (greatest ``started_at``, then id): an older row of
-  the same key is a lane the gateway has moved on from. ``list_gateway_sessions`` lists current
-  rows only, and with ``active_only`` only those not ended.
-* **Recoverable** (:func:`find_latest_gateway_session_for_peer`): live, or ended by the gateway
-  itself (``agent_close``, ``ws_orphan_reap``), and with content — a counted message or any
-  message row.
-* **The principal stays**: :func:`record_gateway_session_peer` re-points a session's routing
-  columns, but ``user_id`` keeps the value the row was created with — the principal behind a
-  session is fixed when the row is born and never filled in later — so the argument is
-  accepted and not written.
-"""
+Platforms compare case-insensitively; ids compare as ``str(value)``. A key's current row is its
+newest. :func:`record_gateway_session_peer` never writes ``user_id``: the principal is fixed
+when the row is born."""
 
 from __future__ import annotations
 

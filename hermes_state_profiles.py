@@ -1,28 +1,9 @@
 """Many profiles in one process: one shared store per profile home, held by explicit owners.
 
-A gateway or ``hermes serve`` process serving several profiles keeps one store per profile
-home in a :class:`ProfileStoreRegistry`, each opened on ``<profile home>/state.db`` and bound
-to that home (``store.profile_home``). Whatever is done
-for a profile — opening its store, reading its config (``profile_config_path``), building a
-child's environment (``child_process_env(home=store.profile_home)``), or assembling an agent
-inside :meth:`ProfileStoreRegistry.holding` — uses that home, never the default root, even when
-the caller runs under another profile's ``hermes_home_override``. A profile name resolves under
-the root of the calling context's home, so from inside profile ``coder`` the profile ``writer``
-is ``coder``'s sibling. An explicit profile or home that is invalid or has no directory fails
-in :func:`resolve_store_home`, before anything is opened or created.
-
-Ownership is explicit and counted per owner: every :meth:`~ProfileStoreRegistry.acquire` by an
-owner is matched by one :meth:`~ProfileStoreRegistry.release` by the same owner, and the store
-closes when the last hold goes. Rebuilding an agent mid-session, the successor either acquires
-its own hold before the retiring agent releases, or takes the retiring agent's holds over in
-one step with :meth:`~ProfileStoreRegistry.transfer` (only once the successor is ready; until
-then the retiring agent still owns the clean-up). Either way the retiring agent's release can
-never close the handle its successor holds.
-
-:func:`collect_profile_stats` reads the ``stats()`` of every profile under a root, each store
-opened read-only by the caller's function; a profile that cannot be read is an entry of
-``errors`` naming its typed error, never a failure of the whole collection.
-"""
+A :class:`ProfileStoreRegistry` binds each store to its home, which everything done for that
+profile uses. Holds are counted per owner, and the store closes with the last release. A
+successor acquires or takes over holds before its predecessor releases, so a retiring agent
+never closes its successor's handle."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""pytest plugin shipped with hermes_state (registered through the ``pytest11`` entry point).
-
-It provides the ``live_system_guard_bypass`` marker of the test-isolation guard that lives
-beside it (``hermes_state_testguard``): a test carrying it may open the real default home's
-(or a real profile's) ``state.db``, which the guard otherwise refuses with ``RuntimeError``.
-Use it only for tests that must touch a live system.
-"""
+"""pytest plugin (``pytest11``): the ``live_system_guard_bypass`` marker of
+``hermes_state_testguard``, for tests that must open a live store."""
 
 from __future__ import annotations
 

@@ -1,59 +1,17 @@
 """Quarantine: a damaged database file is never written again, by this process or the next.
 
-Plain ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` (not proven to lie in the FTS indexes only), met
-by a write, a read or the open itself, proves the file damaged. From then on:
+Corruption not proven to lie in the FTS indexes quarantines the file. The handle refuses
+writes (:class:`StateDbCorruptError`). The file is registered by device and inode, so every
+handle of the process on it follows.
 
-* **The handle and the process.** The handle that met it refuses writes without touching the
-  file (:class:`StateDbCorruptError`) and ``close()`` skips its checkpoint. The file is
-  registered here by identity (device, inode: :func:`register`), so every other handle of the
-  process on it takes the quarantine on before its next write or at close
-  (:func:`in_process`), and every handle opened on it later starts out quarantined
-  (:func:`inherited`). Nothing rebuilds an FTS index of a file whose record fails
-  ``quick_check``.
-* **The checkpoint SQLite runs by itself.** The last connection to a file that closes copies
-  the ``-wal`` into it. So every connection of a quarantined handle gets
-  ``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`` (:func:`protect`, Python ≥ 3.12), and on every Python
-  the process keeps a *close guard* open on the file until it exits: a read-only connection
-  that has read the file, so it holds SQLite's shared lock; while it is open no other
-  connection of the process closes last, and a read-only connection cannot checkpoint. At
-  exit the handles still open on a quarantined file are closed before the guards
-  (:func:`close_quarantined_handles`); left to the interpreter's teardown, a connection could
-  be closed after its guard, be the last one, and checkpoint.
-* **The next process.** The first quarantine of a file in a process writes ``<db>-quarantine``
-  beside it (:func:`declare`): a small JSON document naming the file's identity, when, by
-  which process and why. Every later writable open that finds a marker for the same file
-  starts out quarantined (:func:`earlier_quarantine`). That lasts until the marker stops
-  applying — another file is put in its place (below) — or is cleared: by maintenance that
-  mends the file in place (:func:`clear_marker`), or by an operator with ``hermes-state doctor
-  --clear-quarantine`` (:func:`clear_quarantine`), which refuses while another process has the
-  database open or while the file still fails ``PRAGMA integrity_check``.
-* **What could not be written.** A transcript write refused on a quarantined file is appended
-  to ``<home>/sessions/<session_id>.jsonl`` (:class:`Spool`, :func:`spool_transcript`), and the
-  gateway's accepted inputs to ``<home>/pending_messages/<key>.jsonl``
-  (:func:`spool_pending_message`): kept on disk for an operator or a restarted process on a
-  mended file, never in an in-memory retry queue.
+SQLite checkpoints when the last connection closes, which would copy damage in. So quarantined
+connections disable that (:func:`protect`), and a read-only close guard stays open until exit.
 
-The marker is keyed to the file's identity, not its name: a file put in its place later (a
-recovered copy moved over it is a new inode) is not the damaged one, and the stale marker is
-removed by the next writable open, so that a later file that happens to get the old inode
-number is not taken for the damaged one (in this process the close guard keeps the inode from
-being reused). Only a marker that names another file, by a device and inode that are
-integers, is removed: one that cannot be parsed, or names no file (``{}``, a device written
-as text), keeps the quarantine, and ``doctor`` says it cannot be read. Writing the marker is
-best effort: a home that cannot take it still has the in-process quarantine, and the failure
-is logged.
-
-Not covered:
-
-* other processes that already had the file open when it was quarantined: the marker is read
-  when a store is opened, never on each write, so one that has not met the damage itself goes
-  on writing and checkpointing until it is restarted;
-* connections this library did not open: an ``sqlite3`` connection the application left open
-  on the file may be the last to close at exit, and it checkpoints;
-* on Python 3.11, where the close guard is the only protection, a guard that could not be
-  opened (no file descriptor left, the file unreadable): the handle's own connection may then
-  close last and checkpoint, as SQLite does by default.
-"""
+A marker ``<db>-quarantine`` carries the quarantine to later processes. It is keyed to the
+inode, so a file moved into place is not the damaged one. Maintenance that mends the file in
+place clears it, as does ``doctor --clear-quarantine``. Transcripts that could not be
+written go to spools on disk, never to a memory queue. Processes that opened the file before
+the damage was found are not covered."""
 
 from __future__ import annotations
 

@@ -1,36 +1,12 @@
 """Recover: salvage what a damaged session store still holds into a fresh database.
 
-*Recover* is for a file SQLite can no longer read whole. It never opens the source with SQLite,
-so it neither writes to it nor creates a ``-wal``/``-shm`` beside it: it reads private byte
-copies. (``immutable=1`` on the source would skip the WAL's committed transactions; a
-``mode=ro`` open takes locks and may create the sidecars.) A hot rollback journal (an
-interrupted restore, repair promotion or write) is rolled back on the copy first, so the
-rows read are the committed state, not the torn mix the main file holds (a page whose journal
-record is damaged is read as blank, and as the transaction left it only last). When the ``-wal``
-holds commits, the source is read in views, newest first: the main file with the WAL's
-verified commits folded in (past a damaged frame, where later commits verify), the main file
-alone, and, where a damaged frame's page is not rewritten by a later commit, the damaged
-frames' own unverified content. Rows are merged by rowid: a row comes from the newest view
-that holds it, a row only an older view holds is still kept and counted as such (a WAL
-written over a damaged freelist replaces pages the main file holds intact), and rowids no
-row can have (≤ 0, above a sane ``sqlite_sequence``) are reported, not copied. Where the
-views disagree, or a table's own count does not match its rows, losses are reported as
-unknown, never as an exact zero.
+The source is never opened with SQLite, so nothing is written beside it: recover reads private
+byte copies. A hot journal is rolled back and the ``-wal`` read in views, newest first. Rows
+merge by rowid; where views or counts disagree, losses are reported as unknown, never zero.
 
-In each view a table is read by SQL first; when SQLite stops at a damaged page, the table's
-b-tree is walked page by page from the file format (``hermes_state_fileformat``), taking
-every cell that still parses, and finally the leaf pages no tree reaches any more (those
-under a destroyed interior page) are read and matched to the damaged tables by the shape of
-their records. Walking pages beats bisecting rowid ranges through SQL: it knows each unreadable
-page's key range, which bounds the loss, and it reaches rows no key search can. Rows go into a
-fresh file with the current schema; the FTS indexes, the search index, ``search_cjk`` and
-``schema_version`` are rebuilt, never copied, and the four runtime ledgers are reported but not
-copied (a partial ledger could replay started work or adopt another owner's worker).
-
-A source with nothing to salvage — a missing or empty file, a directory — is refused, and so
-is one whose intact schema shows another application's database; a source that no page of can
-be read at all gives a report that says so (``readable`` False).
-"""
+Tables are read by SQL, then by walking pages (``hermes_state_fileformat``). Walking knows each
+bad page's key range, which bounds the loss. Derived indexes are rebuilt. Runtime ledgers are
+not copied: a partial ledger could replay started work. See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -453,27 +429,49 @@ def _max_rowids(view: _View, reports: Iterable[_TableReport]) -> dict[str, int]:
 
 
 def _plan(src: _View) -> _Plan:
+    """What to copy from ``src``: a report per table (to copy or excluded), the b-tree roots
+    and what SQLite can still tell of the source (sequences, largest rowids)."""
     entries, method = _read_schema(src)
     current = _current_shapes()
+    copy, excluded = _table_reports(entries, current)
+    if method == "none":
+        _look_for_every_table(current, copy, excluded)
+    ordered = dict(sorted(copy.items(), key=lambda kv: (
+        _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
+    plan = _Plan(ordered, excluded, method, _roots(entries, "index"), _roots(entries, "table"),
+                 _sequences(src) if method == "sql" else {})
+    plan.max_rowid = _max_rowids(src, plan.reports())
+    tables = [n for t, n, *_ in entries if t == "table" and not n.startswith("sqlite_")]
+    if method == "sql" and tables and not {"sessions", "schema_version"} & set(tables):
+        plan.foreign = tables
+    return plan
+
+
+def _roots(entries: list[tuple[Any, ...]], kind: str) -> list[int]:
+    """The root pages of the schema's b-trees of one kind ("table" or "index")."""
+    return [root for k, _name, _tbl, root, _sql in entries
+            if k == kind and isinstance(root, int) and root > 0]
+
+
+def _sequences(src: _View) -> dict[str, int]:
+    """The source's AUTOINCREMENT sequences, where SQLite can read them."""
+    if src.sql is not None:
+        with contextlib.suppress(sqlite3.Error):
+            return {n: int(s) for n, s in src.sql.execute("SELECT name, seq FROM sqlite_sequence")}
+    return {}
+
+
+def _table_reports(
+    entries: list[tuple[Any, ...]], current: Mapping[str, _TableShape]
+) -> tuple[dict[str, _TableReport], dict[str, _TableReport]]:
+    """The reports of the tables the schema names that recovery copies, and of those it
+    excludes (the runtime ledgers); derived tables are rebuilt, not copied."""
     virtual = {n for t, n, _, _, sql in entries if t == "table" and sql
                and sql.lstrip().upper().startswith("CREATE VIRTUAL")}
     copy: dict[str, _TableReport] = {}
     excluded: dict[str, _TableReport] = {}
-    index_roots, table_roots = [], []
     for kind, name, _tbl, root, sql in entries:
-        if kind == "index" and isinstance(root, int) and root > 0:
-            index_roots.append(root)
-        if kind != "table" or not isinstance(root, int):
-            continue
-        if root > 0:
-            table_roots.append(root)
-        if (
-            name in virtual
-            or name.startswith("sqlite_")
-            or name in _REBUILT
-            or any(name.startswith(v + "_") for v in virtual)
-            or name.startswith("messages_fts")
-        ):
+        if kind != "table" or not isinstance(root, int) or _derived(name, virtual):
             continue
         shape = _shape_from_sql(name, sql) or current.get(name)
         if shape is None:
@@ -486,26 +484,31 @@ def _plan(src: _View) -> _Plan:
         else:
             report.unknown = name not in current
             copy[name] = report
-    if method == "none":
-        # No schema at all: every current table is looked for, by shape, among all pages.
-        for name, shape in current.items():
-            if name in _REBUILT:
-                continue
-            report = _TableReport(name, shape, method="pages", error="schema unreadable")
-            (excluded if name in RUNTIME_LEDGER_TABLES else copy)[name] = report
-            report.excluded = name in RUNTIME_LEDGER_TABLES
-    seq: dict[str, int] = {}
-    if src.sql is not None and method == "sql":
-        with contextlib.suppress(sqlite3.Error):
-            seq = {n: int(s) for n, s in src.sql.execute("SELECT name, seq FROM sqlite_sequence")}
-    ordered = dict(sorted(copy.items(), key=lambda kv: (
-        _COPY_ORDER.index(kv[0]) if kv[0] in _COPY_ORDER else len(_COPY_ORDER), kv[0])))
-    plan = _Plan(ordered, excluded, method, index_roots, table_roots, seq)
-    plan.max_rowid = _max_rowids(src, plan.reports())
-    tables = [n for t, n, *_ in entries if t == "table" and not n.startswith("sqlite_")]
-    if method == "sql" and tables and not {"sessions", "schema_version"} & set(tables):
-        plan.foreign = tables
-    return plan
+    return copy, excluded
+
+
+def _derived(name: str, virtual: set[str]) -> bool:
+    """Whether a table is SQLite's own, a virtual table or its shadow, or rebuilt anyway."""
+    return (
+        name in virtual
+        or name.startswith(("sqlite_", "messages_fts"))
+        or name in _REBUILT
+        or any(name.startswith(v + "_") for v in virtual)
+    )
+
+
+def _look_for_every_table(
+    current: Mapping[str, _TableShape],
+    copy: dict[str, _TableReport],
+    excluded: dict[str, _TableReport],
+) -> None:
+    """No schema at all: every current table is looked for, by shape, among all pages."""
+    for name, shape in current.items():
+        if name in _REBUILT:
+            continue
+        report = _TableReport(name, shape, method="pages", error="schema unreadable")
+        (excluded if name in RUNTIME_LEDGER_TABLES else copy)[name] = report
+        report.excluded = name in RUNTIME_LEDGER_TABLES
 
 
 def _sql_rows(src: _View, report: _TableReport) -> Iterator[tuple[int | None, list[Any]]]:
@@ -944,6 +947,25 @@ def recover_state_db(
     ``readable`` (False only when nothing at all could be read).
     """
     src_path = Path(source).expanduser().absolute()
+    _check_source(src_path)
+    say = progress or no_progress
+    out_path = None if inspect_only else _new_output(output, src_path)
+    workdir = out_path.parent if out_path is not None else None
+    remove_abandoned_temps(workdir, RECOVER_MARK)  # a killed recover's work copies
+    # The output is the only file written: its errors name it (the source's are typed).
+    with translated_errors(out_path or src_path), tempfile.TemporaryDirectory(
+        prefix=temp_prefix(RECOVER_MARK), dir=workdir
+    ) as tmp:
+        say("copying the source", 0, None)
+        src = _Source(src_path, Path(tmp))
+        try:
+            return _recover(src, src_path, out_path, Path(tmp), say, defer_index)
+        finally:
+            src.close()
+
+
+def _check_source(src_path: Path) -> None:
+    """Refuse a source that is not a database file, or that this process holds open."""
     check_test_isolation(src_path)
     if not src_path.is_file() or (
         src_path.stat().st_size == 0 and not wal_without_database(src_path)
@@ -958,29 +980,20 @@ def recover_state_db(
             "(closing a descriptor would drop this process's locks on it)",
             path=src_path,
         )
-    say = progress or no_progress
-    out_path: Path | None = None
-    if not inspect_only:
-        out_path = Path(output).expanduser().absolute() if output is not None else (
-            get_hermes_home() / f"state-recovered-{utc_stamp()}.db"
-        )
-        if out_path.resolve() in {p.resolve() for p in (src_path, *sidecar_paths(src_path))}:
-            raise HermesStateError(f"the output {out_path} would overwrite the source")
-        if out_path.exists() or out_path.is_symlink():
-            raise HermesStateError(f"the output {out_path} already exists")
-        make_private_dir(out_path.parent, for_file=out_path)
-    workdir = out_path.parent if out_path is not None else None
-    remove_abandoned_temps(workdir, RECOVER_MARK)  # a killed recover's work copies
-    # The output is the only file written: its errors name it (the source's are typed).
-    with translated_errors(out_path or src_path), tempfile.TemporaryDirectory(
-        prefix=temp_prefix(RECOVER_MARK), dir=workdir
-    ) as tmp:
-        say("copying the source", 0, None)
-        src = _Source(src_path, Path(tmp))
-        try:
-            return _recover(src, src_path, out_path, Path(tmp), say, defer_index)
-        finally:
-            src.close()
+
+
+def _new_output(output: str | os.PathLike[str] | None, src_path: Path) -> Path:
+    """The output's path (default: a timestamped file in the home), which must not exist;
+    its directory is created."""
+    out_path = Path(output).expanduser().absolute() if output is not None else (
+        get_hermes_home() / f"state-recovered-{utc_stamp()}.db"
+    )
+    if out_path.resolve() in {p.resolve() for p in (src_path, *sidecar_paths(src_path))}:
+        raise HermesStateError(f"the output {out_path} would overwrite the source")
+    if out_path.exists() or out_path.is_symlink():
+        raise HermesStateError(f"the output {out_path} already exists")
+    make_private_dir(out_path.parent, for_file=out_path)
+    return out_path
 
 
 def _recover(
@@ -1076,6 +1089,8 @@ def _table_entry(
     src: _Source, report: _TableReport, out: sqlite3.Connection | None, plan: _Plan,
     placeholders: int,
 ) -> dict[str, Any]:
+    """One table's entry in the report: what was found, copied and lost, and whether the
+    counts verify."""
     primary = src.primary.name
     entry: dict[str, Any] = {"found": report.found}
     if not report.excluded:
@@ -1087,38 +1102,10 @@ def _table_entry(
     entry["method"] = report.method
     entry["source_count"] = report.source_count
     entry["sources"] = {view: tally.copied for view, tally in report.views.items()}
-    only_in = {view: {"found": tally.only_here,
-                      "copied": tally.copied if out is not None else None,
-                      "refused": tally.refused, "ids": tally.ids}
-               for view, tally in report.views.items() if view != primary and tally.only_here}
-    if only_in:
-        entry["only_in"] = only_in
-    if report.duplicates:
-        entry["duplicates"] = report.duplicates
-    if report.impossible_count:
-        entry["impossible_ids"] = {"count": report.impossible_count, "ids": report.impossible}
-    if report.error is not None:
-        entry["error"] = report.error
-    if report.bad_pages:
-        entry["unreadable_pages"] = sorted({p.pgno for p in report.bad_pages})[:100]
-    if report.orphan_pages:
-        entry["unreferenced_pages_read"] = report.orphan_pages
-    if report.rejections:
-        entry["rejections"] = report.rejections
-    if report.unknown:
-        entry["unknown_table"] = True
+    entry.update(_table_details(report, primary, written=out is not None))
     problems = []
     if out is not None and not report.excluded:
-        entry["output_count"] = out.execute(
-            f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
-        ).fetchone()[0] if table_exists(out, report.name) else 0
-        expected = report.copied + (placeholders if report.name == "sessions" else 0)
-        if report.name == "state_meta":  # the output's own markers (a deferred rebuild)
-            expected += out.execute(OUTPUT_MARKERS_SQL, _FTS_MARKERS).fetchone()[0]
-        if entry["output_count"] != expected:
-            entry["output_verified"] = False
-            problems.append(f"the output holds {entry['output_count']} rows where {expected} "
-                            "were written")
+        problems += _output_problems(entry, report, out, placeholders)
     read = report.views.get(primary, _ViewTally()).read
     if report.source_count is not None and report.source_count != read:
         problems.append(f"SQLite counts {report.source_count} rows in the source's table "
@@ -1128,6 +1115,50 @@ def _table_entry(
     if problems:
         entry["unverified"] = problems
     return entry
+
+
+def _table_details(report: _TableReport, primary: str, *, written: bool) -> dict[str, Any]:
+    """The entry's optional details: rows only some views held, duplicates, impossible ids,
+    errors, unreadable pages, rejections."""
+    details: dict[str, Any] = {}
+    only_in = {view: {"found": tally.only_here,
+                      "copied": tally.copied if written else None,
+                      "refused": tally.refused, "ids": tally.ids}
+               for view, tally in report.views.items() if view != primary and tally.only_here}
+    if only_in:
+        details["only_in"] = only_in
+    if report.duplicates:
+        details["duplicates"] = report.duplicates
+    if report.impossible_count:
+        details["impossible_ids"] = {"count": report.impossible_count, "ids": report.impossible}
+    if report.error is not None:
+        details["error"] = report.error
+    if report.bad_pages:
+        details["unreadable_pages"] = sorted({p.pgno for p in report.bad_pages})[:100]
+    if report.orphan_pages:
+        details["unreferenced_pages_read"] = report.orphan_pages
+    if report.rejections:
+        details["rejections"] = report.rejections
+    if report.unknown:
+        details["unknown_table"] = True
+    return details
+
+
+def _output_problems(
+    entry: dict[str, Any], report: _TableReport, out: sqlite3.Connection, placeholders: int
+) -> list[str]:
+    """Count the table's rows in the output (``entry["output_count"]``) against those
+    written; the mismatch, if any."""
+    entry["output_count"] = out.execute(
+        f"SELECT COUNT(*) FROM {quote_identifier(report.name)}"
+    ).fetchone()[0] if table_exists(out, report.name) else 0
+    expected = report.copied + (placeholders if report.name == "sessions" else 0)
+    if report.name == "state_meta":  # the output's own markers (a deferred rebuild)
+        expected += out.execute(OUTPUT_MARKERS_SQL, _FTS_MARKERS).fetchone()[0]
+    if entry["output_count"] == expected:
+        return []
+    entry["output_verified"] = False
+    return [f"the output holds {entry['output_count']} rows where {expected} were written"]
 
 
 def _journal_entry(src: _Source, in_use: bool) -> dict[str, Any] | None:

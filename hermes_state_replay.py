@@ -1,70 +1,17 @@
 """Provider replay: reasoning re-sent per route, fields a route rejected, who owns Codex input.
 
-Everything here is a pure function of its arguments except the in-memory rejection memo; nothing
-here opens a database.
+Everything is a pure function except the in-memory rejection memo; nothing opens a database.
 
-**Replaying reasoning per route.** History always keeps ``reasoning``, ``reasoning_content`` and
-``reasoning_details``. :func:`route_reasoning_carriers` turns a replay list, as the store returns
-it, into a new provider-ready list in which every assistant turn re-sends the stored reasoning in
-the fields its route reads, and nothing else leaves the process: ``message_uid``, ``_``-prefixed
-runtime keys, display metadata, ``codex_*`` items, the store's row metadata (``timestamp``,
-``message_id``, ``observed``, ``effect_disposition``) and any other non-provider key are
-dropped. A tool result's ``tool_name`` (the store's name for it) is sent as ``name``.
-When a turn carries ``api_content``, that exact string is sent as ``content`` (it is what went
-over the wire last time, kept byte for byte for the prompt cache). The route is one row of
-:data:`REASONING_ROUTES`, chosen in this order:
+:func:`route_reasoning_carriers` turns a stored replay list into what a provider receives.
+Each assistant turn re-sends its reasoning in the fields its route reads
+(:data:`REASONING_ROUTES`), each from its own stored value, so replay is byte-identical. The
+route is matched by provider name, then ``base_url`` host, then a local host, then model
+family, else :data:`DEFAULT_ROUTE`. Nothing else leaves the process: uids, runtime keys and
+row metadata are dropped.
 
-1. the provider name (case-insensitive, ``_`` and spaces read as ``-``) named by a route;
-2. the host of ``base_url`` (the host itself or any subdomain of a listed domain);
-3. a loopback, private, link-local or ``.local``/``localhost`` host: the ``local`` route;
-4. the model id, for the model families whose API needs padding (DeepSeek, Kimi, MiMo) when
-   they are served by an endpoint nothing above recognises; only the part after the last ``/``
-   counts, as a case-insensitive prefix;
-5. otherwise :data:`DEFAULT_ROUTE`.
-
-A route whose row names a path prefix (MiniMax: ``/v1``) matches only a ``base_url`` with that
-path, or no ``base_url`` at all. The carriers:
-
-====================================================  ========================================
-route                                                 carriers
-====================================================  ========================================
-default (anything not below)                          ``reasoning_content``
-OpenRouter, Kilo, Vercel AI Gateway, Nous Portal      ``reasoning_content``, ``reasoning``,
-                                                      ``reasoning_details``
-Novita, MiniMax ``/v1``, TokenHub                     ``reasoning_details``
-local servers, Ollama, Upstage                        ``reasoning``
-Mistral, Groq, Cerebras, SambaNova (strict schemas)   none
-Fireworks                                             ``reasoning_content``
-DeepSeek, Kimi (Moonshot), MiMo (Xiaomi)              ``reasoning_content``; a tool-call turn
-                                                      with no reasoning text is padded ``" "``
-====================================================  ========================================
-
-Only the gateway row *adds* fields to the default; Novita/MiniMax/TokenHub and local/Ollama/
-Upstage carry their one field instead of ``reasoning_content``. Each field is filled from the
-stored value of the same name when there is one, so a replay is byte-identical to what the
-provider sent. A text field with no stored text of its own takes ``reasoning_content``, then
-``reasoning``, then the text of ``reasoning_details`` (the ``text`` of ``reasoning.text`` items
-and the ``summary`` of ``reasoning.summary`` items, joined with nothing in their stored order;
-encrypted items have no text). ``reasoning_details`` with only text stored is sent in the
-minimal structured form ``[{"type": "reasoning.text", "text": <text>}]``: the plain-text item
-type of that field, with no invented id, signature, format or index. An assistant turn with
-no reasoning gets no carrier, except the padding above.
-
-**Fields a route rejected.** Some endpoints refuse a carrier by name. :class:`ReasoningFieldMemo`
-remembers in memory, for as long as its owner (the agent session) keeps it, and per (provider,
-``base_url`` host[:port], model), the carriers rejected there; :func:`route_reasoning_carriers`
-drops them and :func:`send_with_reasoning_retry` records a rejection and retries exactly once
-without the field.
-The caller's history is never modified. The error texts recognised are
-:data:`REJECTION_PATTERNS`; only the three carrier names count, and only where the text says that
-field was refused (a message saying a field is *missing* is not a rejection).
-
-**Who owns Codex input.** The agent stores an accepted input before it starts a Codex turn;
-Codex then streams the same input back as the first ``userMessage`` item.
-:func:`suppress_turn_start_echo` drops that one item, only when its text equals the text written
-to ``turn/start`` exactly, and keeps everything else. :func:`gateway_should_persist` is the
-matching rule for the gateway: it writes no transcript when the agent owns persistence.
-"""
+:class:`ReasoningFieldMemo` remembers carriers an endpoint refused, and
+:func:`send_with_reasoning_retry` retries once without them. :func:`suppress_turn_start_echo`
+drops Codex's echo of an input the agent already stored."""
 
 from __future__ import annotations
 
@@ -158,7 +105,7 @@ def _route(
     )
 
 
-#: The route table, in matching order (see the module docstring).
+#: The route table, in matching order (see :func:`resolve_reasoning_route`).
 REASONING_ROUTES: Final[tuple[ReasoningRoute, ...]] = (
     _route("openrouter", _GATEWAY, providers={"openrouter"}, hosts=("openrouter.ai",)),
     _route("kilo", _GATEWAY, providers={"kilo", "kilocode", "kilo-code"}, hosts=("kilo.ai",)),
@@ -267,7 +214,12 @@ def _path_allows(route: ReasoningRoute, base_url: str | None, path: str) -> bool
 def resolve_reasoning_route(
     provider: str | None, base_url: str | None = None, model: str | None = None
 ) -> ReasoningRoute:
-    """The row of :data:`REASONING_ROUTES` for this request (order in the module docstring)."""
+    """The row of :data:`REASONING_ROUTES` for this request. Matched in order: the provider
+    name (case-insensitive, ``_`` and spaces read as ``-``); the ``base_url`` host or a
+    subdomain of a listed domain; a loopback, private or ``.local`` host (``local``); the model
+    id after its last ``/``, as a prefix, for the families that need padding; else
+    :data:`DEFAULT_ROUTE`. A route with a path prefix (MiniMax ``/v1``) matches only that path
+    or no ``base_url``."""
     name = _normalize_provider(provider)
     host, path, _ = _split_base_url(base_url)
     if name:
@@ -384,6 +336,12 @@ def route_reasoning_carriers(
     rejected: ReasoningFieldMemo | AbstractSet[str] | None = None,
 ) -> list[dict[str, Any]]:
     """A new provider-ready copy of ``messages`` with reasoning in the route's carriers.
+
+    Each carrier takes its own stored value; one with no stored text takes
+    ``reasoning_content``, then ``reasoning``, then the text of ``reasoning_details``.
+    ``reasoning_details`` built from text alone is ``[{"type": "reasoning.text", "text": ...}]``,
+    with no invented id or signature. A turn with no reasoning gets no carrier, except the
+    padding of the routes that need it.
 
     ``rejected`` is a :class:`ReasoningFieldMemo` (its fields for this provider, host and model
     are dropped) or a set of carrier names to drop. The input is never modified; values are

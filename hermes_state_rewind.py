@@ -1,23 +1,10 @@
 """Rewind (``/undo``, ``/rewind``): taking the latest user turns back out of a live transcript,
 and putting them back.
 
-A rewind deletes nothing. :func:`rewind_to_message` turns every still-live row of the session
-from a user turn on — that turn included, so it can be offered again as the next prompt — into
-``active = 0, compacted = 0``: live reads and search leave those rows out, exports keep them and
-:func:`restore_rewound` makes them live again. Compaction archives are the other kind of
-inactive row, ``active = 0, compacted = 1`` (``archive_and_compact`` marks them so), which search
-still finds.
-
-**Stores written before compaction marked its archives** hold archived rows with
-``compacted = 0``, and no rewind ever ran in them (the library had none). So the first rewind
-of a session — its ``rewind_count`` is 0 — first marks that session's existing
-``active = 0, compacted = 0`` rows ``compacted = 1``, in the same transaction; ever after,
-``active = 0, compacted = 0`` means rewound, exactly. ``rewind_count`` grows by one on every
-rewind, even one that changed no row, so no session is marked twice.
-
-As callers of the previous store expect, neither a rewind nor a restore moves the session's
-``message_count`` or ``tool_call_count``.
-"""
+A rewind deletes nothing: it marks rows ``active = 0, compacted = 0``, which
+:func:`restore_rewound` makes live again. Compaction archives are ``compacted = 1``. Older
+stores archived with ``compacted = 0``, so a session's first rewind re-marks those first.
+Neither step moves the session's counters, as callers expect."""
 
 from __future__ import annotations
 

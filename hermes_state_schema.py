@@ -1,39 +1,13 @@
 """Applying the schema: fresh creation, declarative column reconciliation, numbered migrations.
 
-An up-to-date database costs two reads at open: the version, and the live tables, columns and
-indexes compared with ``SCHEMA_SQL`` and the search index's objects; only a file that lacks
-something declared (a column added to the declaration since the file was written, the search
-index of a file written before it existed) takes a write, which adds what is missing and leaves
-the version as it is; so does a file whose FTS tables an earlier version declared otherwise
-(:func:`_redeclare_fts_tables`). The search index is derived data: a file lacking any part of
-it, or holding tables of it declared otherwise, gets it whole and empty, and the library fills
-it in the background (see hermes_state_impact). Anything older is brought forward in place,
-each step in its own write transaction that first re-reads the version, so several processes
-opening an old file at once do every step exactly once:
+An up-to-date file costs two reads at open. A file lacking something declared gets it in one
+write. Older files are brought forward step by step, each in a write transaction that
+re-reads the version, so concurrent openers run each step once. Missing columns are
+reconciled from ``SCHEMA_SQL``; :data:`MIGRATIONS` is the append-only list for the rest.
 
-1. *Bootstrap*: create missing tables and add missing columns (:func:`_reconcile_columns`
-   compares the live columns with ``SCHEMA_SQL``). Most versions only ever added columns, so
-   they need nothing else; this is also why a version-1 file (sessions and messages with only
-   their original columns) upgrades without special code. A declared ``NOT NULL`` column
-   without a default cannot be added to a table that already has rows; there it is added
-   nullable, so every row stays (a file written by the previous store has such tables).
-2. *Migrations*: the append-only :data:`MIGRATIONS` list, for what a column list cannot say
-   (data rewrites, unique indexes over old data, FTS generations). Each step bumps the version
-   when it commits.
-
-A stamp is only comparable within this library's own numbering. The previous store stamps its
-files with its own numbers (21, say) without ever having run steps 12 and 18 of this list, so
-a version alone cannot tell that those data rules are still owed: when the bootstrap has to add
-``messages.message_uid``, the file never had them, and they run right there
-(:func:`restore_data_invariants`; both are idempotent, so a file of this library's own early
-versions is unaffected). The data steps the previous store itself ran on opening a file older
-than them are owed there too, gated by the file's stamp in its numbering: the gateway metadata
-from ``sessions/sessions.json`` beside the file (before 18) and per-model usage rows seeded
-from each session's totals (before 20); see :func:`_previous_store_backfills`.
-
-A database whose version is newer than this library's is never touched: it raises
-:class:`~hermes_state_errors.StateDbUnavailableError` with reason ``"incompatible"``.
-"""
+The previous store stamps files in its own numbering, so a stamp alone cannot show owed data
+steps. :func:`restore_data_invariants` and :func:`_previous_store_backfills` run them; both
+are idempotent. A file newer than this library is never touched."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The schema's text: every table, column, index, view and trigger, as named SQL constants.
 
-``SCHEMA_SQL`` declares the current schema (version :data:`SCHEMA_VERSION`) but the search
-index's (``SEARCH_INDEX_SQL``, derived data that ``hermes_state_impact`` creates whenever a file
-lacks any part of it); ``hermes_state_schema`` applies both and migrates older files. The text
-sits apart from that code so the whole schema reads in one place and depends on nothing.
-"""
+It depends on nothing, so the whole schema reads in one place; ``hermes_state_schema``
+applies it."""
 
 from __future__ import annotations
 

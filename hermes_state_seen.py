@@ -1,32 +1,11 @@
-"""What a handle has seen of each session: the bound a rewrite uses when its caller passes none,
-and the live rows at or below it when it read them.
+"""What a handle has seen of each session: the bound a rewrite uses when its caller passes none.
 
-A rewrite (``replace_messages``, ``archive_and_compact``) never archives or deletes a live row
-above ``seen_through_id`` (see ``hermes_state_messages``). A caller that passes no bound gets
-the one its handle remembers (:class:`SeenThrough`): per session, the newest row id the handle
-returned from a read or wrote itself.
-
-Ids alone do not cover every change a rewrite could undo: a rewind retracts rows below the
-bound and a restore makes old rows live again, without a new id. So the handle also remembers a
-digest of the session's live rows at or below its bound (:func:`live_digest`: their count and
-two sums of their ids), read in the same transaction as the rows it returned and carried along
-by its own writes. A rewrite checks it in its own transaction: when the live rows under the
-bound are no longer the ones the handle knew, something changed them since the read, and the
-rewrite is refused with :class:`~hermes_state_errors.RewriteRefusedError` (read again, then
-rewrite) instead of undoing that change.
-
-When no bound is known at all — the caller passes none and the handle has not read the session
-(or has forgotten it: it remembers :data:`SEEN_SESSIONS` sessions, or the ``capacity`` given) —
-forgetting the read means keeping: the bound is the newest row of the session that the new
-messages carry again by ``message_uid``, so the rows after it stay live after the new ones; when
-they carry none of the rows the rewrite would remove, it is refused.
-
-The facade keeps that memory current without a line of bookkeeping in its own methods: each
-method that reads or writes messages is built from a :class:`Seen`, a sibling function paired
-with what the handle records of its call — read in the call's own transaction, recorded once
-the read returned or the write committed (a retried or failed write records nothing) — and
-with the public function whose parameters, name and result the method shows (``like``).
-"""
+:class:`SeenThrough` remembers, per session, the newest row id the handle read or wrote, and a
+digest of the live rows below it (:func:`live_digest`). The digest catches changes without a new
+id, such as a rewind. A rewrite whose digest changed is refused
+(:class:`~hermes_state_errors.RewriteRefusedError`) rather than undo that change. With no
+bound known, forgetting the read means keeping. Methods built from :class:`Seen` record what
+they saw once they commit, so the facade keeps no bookkeeping."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""What a session runs on, switched mid-conversation: its model, its model configuration and
-its billing route.
+"""What a session runs on, switched mid-conversation: its model, its configuration and its
+billing route.
 
-These are the in-place switches (``/model``, a provider change): they overwrite the session
-row, unlike :func:`hermes_state_sessions.update_token_counts`, which only fills a model that
-is still NULL. ``model_config`` is replaced whole with the JSON object text given, so marker
-keys (``_delegate_from``, ``_branched_from``) absent from it are gone afterwards; text that is
-not a JSON object is refused, because listings read those markers with SQLite's JSON
-functions and one malformed row would fail them all. A billing-route switch clears the cached
-``system_prompt``: the prompt names model and provider, so it must be rebuilt.
-
-An unknown session id changes nothing and raises nothing, as for the previous store's
-callers, which may switch before the row exists.
-"""
+The switches overwrite the session row. ``model_config`` must be a JSON object: listings read
+its markers with SQLite's JSON functions, and one bad row would fail them all. A billing-route
+switch clears the cached ``system_prompt``, which names the provider. An unknown id changes
+nothing."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """Sessions: creation, accounting, titles and archiving.
 
-Every function takes the connection first and runs inside the caller's transaction (writes)
-or as a plain read. Rules that matter:
-
-* creating a session is idempotent — a second ``create_session`` never overwrites the row, so
-  ``user_id`` (the principal behind the session) is fixed when the row is born;
-* the first end reason wins; ``reopen_session`` clears it so a later end applies;
-* token accounting moves the session totals and the per-model ``session_model_usage`` row in
-  the same transaction; the session's ``model`` is only filled while it is NULL;
-* archiving has two kinds. ``set_session_archived`` is a deliberate archive (``archived=1``,
-  ``auto_archived=0``); ``auto_archive_idle_sessions`` is the idle clean-up, the only writer of
-  ``auto_archived=1``. Resuming a conversation lifts only the clean-up's archive: reopening a
-  session, appending a new user turn to it (an accepted input, not an ``observed`` one) and
-  continuing its compression all do, a deliberate archive stays until it is unarchived. The
-  unit of every archive change, and of pruning, is the conversation's members
-  (``hermes_state_lineage.conversation_members``), so the row a list shows and the live tip
-  never disagree (listing and counting live in ``hermes_state_listing``);
-* deleting and pruning live in ``hermes_state_deletion``.
-"""
+Creating a session never overwrites, so ``user_id`` is fixed at birth. The first end reason
+wins. Token accounting moves session totals and the per-model row together. Archives are
+deliberate (``archived``) or the idle clean-up's (``auto_archived``); resuming lifts only the
+latter. Archive changes act on a whole conversation, so a listed row and its tip never
+disagree."""
 
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
-"""Telegram DM topic mode: which private chats run one session per topic, and which topic is
-bound to which session.
+"""Telegram DM topic mode: which private chats run one session per topic, and the bindings.
 
-Two tables, created on demand and never when a store is opened: ``telegram_dm_topic_mode``
-(one row per private chat that opted in) and ``telegram_dm_topic_bindings`` (one row per chat
-and thread, naming its session). :func:`apply_telegram_topic_migration` creates them; it runs
-inside :func:`enable_telegram_topic_mode` and :func:`bind_telegram_topic`, in the transaction
-of their write. Every reader treats a missing table as "nothing there" (False, None, ``[]``,
-0) and never creates it, so a store whose gateway never sees ``/topic`` keeps its shape.
-
-A binding's ``session_id`` is a foreign key with ``ON DELETE CASCADE``: deleting or pruning a
-session drops its binding. The first topic schema had no cascade; the migration rebuilds such
-a table in place and copies every binding whose session exists (a binding whose session is
-gone is one the cascade would have removed: it is counted in a WARNING and not copied), then
-records ``state_meta['telegram_dm_topic_schema_version'] = '2'``.
-
-A session is bound to at most one topic (a unique index). Binding it to another topic raises
-:class:`TopicAlreadyLinkedError`, a ``ValueError`` whose message says the session "is already
-linked" (the gateway matches those words); binding the same pair again refreshes the row and
-keeps ``linked_at``. Binding a session that has no row raises :class:`SessionNotFoundError`
-before anything is written.
-
-Ids arrive as the platform hands them over, ints as often as strings: every chat, thread, user
-and session argument is stored and compared as ``str(value)``. A write refuses None (it would
-store the text ``"None"`` as a real id) with :class:`InvalidInputError`; a lookup of an id no
-stored row can hold (a lone surrogate) finds nothing.
-"""
+The two tables are created by the first opt-in write, never at open. Readers treat a missing
+table as empty, so a store that never sees ``/topic`` keeps its shape. Bindings cascade on
+session delete. A session binds to one topic; a second raises
+:class:`TopicAlreadyLinkedError`, whose words the gateway matches. Ids are compared as
+``str(value)``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """The test-isolation guard: a process under pytest never opens a production store.
 
-Tests must point ``HERMES_HOME`` or ``db_path`` at a temporary directory. A process running
-under pytest that would open the real default root's ``state.db`` or a real named profile's
-gets ``RuntimeError`` before any file is created or touched, so test data and SQLite's side
-effects never reach the environment a person actually uses.
-
-"The real default root" is the account's: ``.hermes`` under the home directory the password
-database gives the user (``HOME`` only where there is none), never whatever ``HOME`` says during
-a test — tests point ``HOME`` at a temporary folder and open ``<tmp>/.hermes/state.db``. A path
-under the system's temporary directory is never production.
-
-Two escape hatches exist, for tests only: ``HERMES_STATE_DB_GUARD_BYPASS=1`` in the
-environment of a child process that must touch a production store, and the
-``live_system_guard_bypass`` marker of the pytest plugin shipped beside this module
-(``hermes_state_pytest``), which lifts the guard in-process for the marked test. Neither
-belongs in ordinary commands, development shells or application settings.
-"""
+Opening the account's real home (from the password database, not ``HOME``) raises
+``RuntimeError`` before any file is touched. Tests escape it only through
+``HERMES_STATE_DB_GUARD_BYPASS=1`` or the ``live_system_guard_bypass`` marker."""
 
 from __future__ import annotations
 

@@ -1,42 +1,12 @@
 """Transfer: sessions out of one store and into another, as JSON or JSON Lines.
 
-*Export* is plain JSON data: the session row with every column, every message row of every
-generation (uids, JSON fields decoded, ``active``/``compacted`` flags) and the per-model usage
-rows. Nothing derived travels (no FTS text, no ``search_cjk``), so an import loses nothing.
-:func:`iter_export_jsonl` streams one JSON object per line from database cursors, so a session
-of any size exports in constant memory.
-
-*Import* is whole or nothing, in two phases. The check reads only (no lock held): the stream's
-frame (the header with a known ``format_version`` and a ``schema_version`` no newer than this
-store's, the ``end`` line and its counts), then every record — each session column, message and
-usage row checked as it would be written, counters against the rows (absent counters are
-computed) — and what each session does (new, identical and skipped, different: skipped,
-replaced or failing the import per ``on_conflict``; parent links kept only when the parent is
-there and no cycle results). Any problem refuses the import before anything is written, each
-problem named by its index or line. The publish then writes whole sessions, parents first, in
-transactions of about :data:`PUBLISH_CHUNK_MESSAGES` messages with a short pause between them,
-so that other writers never wait long for the lock however large the import. An import that
-fits in one chunk is one transaction. A longer one keeps a journal in ``state_meta`` (its
-holder, the sessions written so far and a fingerprint of each as written, in each chunk's
-transaction): an exception or Ctrl-C deletes what it wrote before it propagates, and the
-sessions of an import whose process was killed are deleted by the next import (once the holder
-is provably gone; until then a reader can see some of its sessions, each of them whole). Only
-what the import itself wrote is deleted: a session another writer has written to since, or
-created a session under, is kept and reported (``abandoned_import_kept``, or a note on the
-interrupting exception). Replacements go in
-the last chunk, so that a failed import never loses a session it was to replace. The JSONL
-importer spools the stream into a private SQLite file first, so memory stays bounded whatever
-the stream's size and the check and the publish can read each session again. It reads the
-stream in pieces of at most one record: a line longer than :data:`MAX_RECORD_BYTES` (an endless
-line, ``/dev/zero``, a zero-filled file a crash left) refuses the import, naming the stream and
-the line, without reading further. A whole JSON export is one record of at most
-:data:`MAX_JSON_EXPORT_BYTES` (:func:`read_json_export`).
-
-The functions take the caller's connection (exports: run them inside one read transaction for
-a consistent snapshot) or its read and write functions (imports: ``read(fn)`` runs ``fn(conn)``
-on the store's connection, ``write(fn)`` as one retried write transaction); the facade passes
-its own, which translate SQLite's errors.
-"""
+Export carries every row and nothing derived, so an import loses nothing; JSONL streams in
+constant memory. Import is whole or nothing. A read-only check names every problem by index or
+line before anything is written. The publish writes parents first, in chunks of about
+:data:`PUBLISH_CHUNK_MESSAGES` messages, so other writers never wait long. A longer import
+journals its progress in ``state_meta``. A failed import undoes itself; the next import undoes
+a killed one. Replacements go last, so a failure never loses a replaced session. See
+docs/operations.md."""
 
 from __future__ import annotations
 
@@ -472,6 +442,29 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
         return None
     found = len(errors.items) + errors.more
     columns = session_columns()
+    row = _checked_session_row(rec, sid, columns, errors)
+    rows, live, tool_calls, dropped = _check_messages(conn, rec, sid, errors)
+    _check_usage(rec, sid, errors)
+    stated = row.get("message_count")
+    if isinstance(stated, int) and stated > rows:
+        errors.add(rec.where, f"message_count is {stated} but the record holds {rows} "
+                              "message(s): a truncated record?", sid, code="truncated-record")
+    if len(errors.items) + errors.more > found:
+        return None
+    row.setdefault("message_count", live)
+    row.setdefault("tool_call_count", tool_calls)
+    for counter in _COUNTERS:
+        if row[counter] is None:
+            row[counter] = live if counter == "message_count" else tool_calls
+    return _Planned(rec, "import", row, rows, sorted(set(rec.session) - set(columns)),
+                    sorted(dropped))
+
+
+def _checked_session_row(
+    rec: _Incoming, sid: str, columns: tuple[str, ...], errors: _Errors
+) -> dict[str, Any]:
+    """The record's session row (the store's ``columns`` only), its problems added to
+    ``errors``."""
     row = {k: rec.session[k] for k in columns if k in rec.session}
     if row.get("started_at") is None:
         row["started_at"] = now()  # a record written by hand: the session starts now
@@ -484,6 +477,14 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
     problem = _row_problem("sessions", {k: v for k, v in row.items() if k not in missing})
     if problem:
         errors.add(rec.where, problem.message, sid, code=problem.code)
+    return row
+
+
+def _check_messages(
+    conn: sqlite3.Connection, rec: _Incoming, sid: str, errors: _Errors
+) -> tuple[int, int, int, set[str]]:
+    """Check every message of the record: (rows, live rows, tool calls, dropped field names);
+    each problem is added to ``errors``."""
     rows = live = tool_calls = 0
     dropped: set[str] = set()
     for where, message in rec.messages():
@@ -506,12 +507,16 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
             live += 1
             tool_calls += built.tool_call_count
         rows += 1
+    return rows, live, tool_calls, dropped
+
+
+def _check_usage(rec: _Incoming, sid: str, errors: _Errors) -> None:
+    """Check every usage row of the record (an object, storable, each model once)."""
     keys: set[tuple[Any, ...]] = set()
     for where, usage in rec.usage:
-        problem = None
         if not isinstance(usage, Mapping):
-            problem = _Problem("invalid-usage",
-                               f"a usage row must be an object, got {type(usage).__name__}")
+            problem: _Problem | None = _Problem(
+                "invalid-usage", f"a usage row must be an object, got {type(usage).__name__}")
         else:
             problem = _row_problem("session_model_usage", usage)
             key = tuple(usage.get(k) for k in _USAGE_KEY)
@@ -521,19 +526,6 @@ def _check(conn: sqlite3.Connection, rec: _Incoming, errors: _Errors) -> _Planne
             keys.add(key)
         if problem:
             errors.add(where, problem.message, sid, code=problem.code)
-    stated = row.get("message_count")
-    if isinstance(stated, int) and stated > rows:
-        errors.add(rec.where, f"message_count is {stated} but the record holds {rows} "
-                              "message(s): a truncated record?", sid, code="truncated-record")
-    if len(errors.items) + errors.more > found:
-        return None
-    row.setdefault("message_count", live)
-    row.setdefault("tool_call_count", tool_calls)
-    for counter in _COUNTERS:
-        if row[counter] is None:
-            row[counter] = live if counter == "message_count" else tool_calls
-    return _Planned(rec, "import", row, rows, sorted(set(rec.session) - set(columns)),
-                    sorted(dropped))
 
 
 def _comparable_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -678,40 +670,13 @@ META_SQL = "SELECT value FROM state_meta WHERE key = ?"
 def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) -> None:
     """Write one planned session (the caller's transaction)."""
     rec, sid = item.rec, item.rec.id
-    row = dict(item.row)
     if item.action == "import" and get_session(conn, sid) is not None:
         raise ImportRejectedError(
             [{**rec.where, "session_id": sid, "code": "session-exists",
               "error": "a session with this id was created while the import ran"}]
         )
-    title = row.get("title")
-    if title is not None:
-        holder = conn.execute(TITLE_HOLDER_SQL, (title, sid)).fetchone()
-        if holder is not None:
-            row["title"] = None
-            outcome.title_conflicts.append({"session_id": sid, "title": title,
-                                            "held_by": holder[0]})
-    parent = row.get("parent_session_id")
-    if parent is not None and get_session(conn, parent) is None:  # deleted meanwhile
-        row["parent_session_id"] = None
-        outcome.detached.append({"session_id": sid, "parent_session_id": parent,
-                                 "reason": "missing"})
-    names = list(row)
-    values = [clean_optional(v) if isinstance(v, str) else v for v in row.values()]
-    if item.action == "replace":
-        conn.execute(DELETE_SESSION_MESSAGES_SQL, (sid,))
-        conn.execute(DELETE_SESSION_USAGE_SQL, (sid,))
-        conn.execute(
-            f"UPDATE sessions SET {', '.join(f'{quote_identifier(n)} = ?' for n in names)}"
-            " WHERE id = ?",
-            [*values, sid],
-        )
-    else:
-        conn.execute(
-            f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
-            f" VALUES ({', '.join('?' * len(names))})",
-            values,
-        )
+    row = _publishable_row(conn, sid, item.row, outcome)
+    _write_session_row(conn, sid, row, replace=item.action == "replace")
     for _, message in rec.messages():
         fields = message_fields(message)
         kept = {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS}
@@ -731,6 +696,49 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
         outcome.ignored_fields[sid] = item.ignored_fields
     if item.ignored_message_fields:
         outcome.ignored_message_fields[sid] = item.ignored_message_fields
+
+
+def _publishable_row(
+    conn: sqlite3.Connection, sid: str, planned: Mapping[str, Any], outcome: _Outcome
+) -> dict[str, Any]:
+    """The planned row as it can be written now: without a title another session took, and
+    a root when its parent was deleted meanwhile (each change noted in ``outcome``)."""
+    row = dict(planned)
+    title = row.get("title")
+    if title is not None:
+        holder = conn.execute(TITLE_HOLDER_SQL, (title, sid)).fetchone()
+        if holder is not None:
+            row["title"] = None
+            outcome.title_conflicts.append({"session_id": sid, "title": title,
+                                            "held_by": holder[0]})
+    parent = row.get("parent_session_id")
+    if parent is not None and get_session(conn, parent) is None:  # deleted meanwhile
+        row["parent_session_id"] = None
+        outcome.detached.append({"session_id": sid, "parent_session_id": parent,
+                                 "reason": "missing"})
+    return row
+
+
+def _write_session_row(
+    conn: sqlite3.Connection, sid: str, row: Mapping[str, Any], *, replace: bool
+) -> None:
+    """Insert the session row, or (``replace``) empty the stored session and update its row."""
+    names = list(row)
+    values = [clean_optional(v) if isinstance(v, str) else v for v in row.values()]
+    if replace:
+        conn.execute(DELETE_SESSION_MESSAGES_SQL, (sid,))
+        conn.execute(DELETE_SESSION_USAGE_SQL, (sid,))
+        conn.execute(
+            f"UPDATE sessions SET {', '.join(f'{quote_identifier(n)} = ?' for n in names)}"
+            " WHERE id = ?",
+            [*values, sid],
+        )
+    else:
+        conn.execute(
+            f"INSERT INTO sessions ({', '.join(quote_identifier(n) for n in names)})"
+            f" VALUES ({', '.join('?' * len(names))})",
+            values,
+        )
 
 
 @dataclass
@@ -990,39 +998,17 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
     total_messages = total_bytes = 0
     for index, record in enumerate(sessions):
         where = {"index": index}
-        if not isinstance(record, Mapping):
-            errors.add(where, f"a session must be an object, got {type(record).__name__}",
-                       code="invalid-record")
+        shape = _list_record_shape(record, where, errors)
+        if shape is None:
             continue
-        sid = record.get("id")
-        messages, usage = record.get("messages"), record.get("model_usage")
-        if messages is not None and not isinstance(messages, list):
-            errors.add(where, f"messages must be a list, got {type(messages).__name__}", sid,
-                       code="invalid-messages")
-            continue
-        if usage is not None and not isinstance(usage, list):
-            errors.add(where, f"model_usage must be a list, got {type(usage).__name__}", sid,
-                       code="invalid-usage")
-            continue
-        messages, usage = messages or [], usage or []
+        messages, usage = shape
         if limited:
-            try:
-                size = len(json.dumps(record, ensure_ascii=False, default=str).encode())
-            except (ValueError, TypeError, RecursionError) as exc:
-                # a lone surrogate is text UTF-8 cannot carry; anything else is not JSON data
-                code = "unsupported-text" if isinstance(exc, UnicodeError) else "not-json"
-                errors.add(where, f"the session is not JSON data: {exc}", sid, code=code)
+            size = _list_record_size(record, where, errors)
+            if size is None:
                 continue
             total_messages += len(messages)
             total_bytes += size
-            if len(messages) > LIST_MAX_SESSION_MESSAGES:
-                errors.add(where, f"{len(messages)} messages: at most "
-                                  f"{LIST_MAX_SESSION_MESSAGES} per session", sid,
-                           code="too-large")
-                continue
-            if size > LIST_MAX_SESSION_BYTES:
-                errors.add(where, f"{size} bytes: at most {LIST_MAX_SESSION_BYTES} per session",
-                           sid, code="too-large")
+            if _too_large(record, len(messages), size, where, errors):
                 continue
         session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
         rows = [({"index": index}, m) for m in messages]
@@ -1034,6 +1020,57 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
             f"{LIST_MAX_MESSAGES} messages and {LIST_MAX_BYTES} bytes at once"
         )
     return records
+
+
+def _list_record_shape(
+    record: Any, where: Where, errors: _Errors
+) -> tuple[list[Any], list[Any]] | None:
+    """The messages and usage rows of one list record, or None when its shape is wrong (the
+    problem added to ``errors``)."""
+    if not isinstance(record, Mapping):
+        errors.add(where, f"a session must be an object, got {type(record).__name__}",
+                   code="invalid-record")
+        return None
+    sid = record.get("id")
+    messages, usage = record.get("messages"), record.get("model_usage")
+    if messages is not None and not isinstance(messages, list):
+        errors.add(where, f"messages must be a list, got {type(messages).__name__}", sid,
+                   code="invalid-messages")
+        return None
+    if usage is not None and not isinstance(usage, list):
+        errors.add(where, f"model_usage must be a list, got {type(usage).__name__}", sid,
+                   code="invalid-usage")
+        return None
+    return messages or [], usage or []
+
+
+def _list_record_size(record: Mapping[str, Any], where: Where, errors: _Errors) -> int | None:
+    """The record's size in bytes of JSON, or None when it is not JSON data (the problem
+    added to ``errors``)."""
+    try:
+        return len(json.dumps(record, ensure_ascii=False, default=str).encode())
+    except (ValueError, TypeError, RecursionError) as exc:
+        # a lone surrogate is text UTF-8 cannot carry; anything else is not JSON data
+        code = "unsupported-text" if isinstance(exc, UnicodeError) else "not-json"
+        errors.add(where, f"the session is not JSON data: {exc}", record.get("id"), code=code)
+        return None
+
+
+def _too_large(
+    record: Mapping[str, Any], messages: int, size: int, where: Where, errors: _Errors
+) -> bool:
+    """Whether one session is over a per-session limit of a list import (added to
+    ``errors``)."""
+    if messages > LIST_MAX_SESSION_MESSAGES:
+        errors.add(where, f"{messages} messages: at most "
+                          f"{LIST_MAX_SESSION_MESSAGES} per session", record.get("id"),
+                   code="too-large")
+        return True
+    if size > LIST_MAX_SESSION_BYTES:
+        errors.add(where, f"{size} bytes: at most {LIST_MAX_SESSION_BYTES} per session",
+                   record.get("id"), code="too-large")
+        return True
+    return False
 
 
 def import_sessions(
@@ -1201,6 +1238,17 @@ def _not_json(fp: object, line: int, column: int, why: str) -> ImportRejectedErr
         "imported (an export is JSON Lines or JSON: `sessions export` writes one)")}])
 
 
+@dataclass
+class _Frame:
+    """What a JSONL stream has shown so far: its header's line, its end line, its session
+    lines (line, row), the latest session line of each id and how many message lines."""
+    header: int | None = None
+    end: tuple[int, dict[str, Any]] | None = None
+    sessions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    blocks: dict[Any, int] = field(default_factory=dict)
+    messages: int = 0
+
+
 def _spool_jsonl(
     fp: IO[Any],
     spool: sqlite3.Connection,
@@ -1213,25 +1261,13 @@ def _spool_jsonl(
     message or usage line belongs to the latest session line of its session id. A line over
     ``limit`` refuses the import at once (see :func:`_bounded_lines`)."""
     spool.executescript(SPOOL_SCHEMA_SQL)
-    sessions: list[tuple[int, dict[str, Any]]] = []
-    blocks: dict[Any, int] = {}
+    frame = _Frame()
     batch: list[tuple[Any, ...]] = []
-    header = end = None
-    messages = n = 0
+    n = 0
     with transaction(spool):
         for n, raw in _bounded_lines(fp, limit):
-            if isinstance(raw, (bytes, bytearray)):
-                try:
-                    text = bytes(raw).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    errors.add({"line": n}, f"not UTF-8 text: {exc.reason}", code="not-json")
-                    continue
-            elif isinstance(raw, str):
-                text = raw
-            else:
-                errors.add({"line": n}, f"not text but {type(raw).__name__}", code="not-json")
-                continue
-            if not text.strip():
+            text = _line_text(n, raw, errors)
+            if text is None or not text.strip():
                 continue
             if progress is not None and n % 50_000 == 0:
                 progress("reading lines", n, None)
@@ -1240,61 +1276,98 @@ def _spool_jsonl(
             except (ValueError, RecursionError) as exc:
                 errors.add({"line": n}, f"not a JSON line: {exc}", code="not-json")
                 continue
-            if header is None:
-                header = n
-                problem = _header_problem(obj if isinstance(obj, dict) else {})
-                if problem:
-                    errors.add({"line": n}, problem.message, code=problem.code)
-                    errors.raise_any()  # nothing after a wrong header can be trusted
-                continue
-            kind = obj.get("kind") if isinstance(obj, dict) else None
-            if end is not None:
-                errors.add({"line": n}, "a line after the end line", code="invalid-stream")
-                continue
-            if kind == "end":
-                end = (n, obj)
-                continue
-            if kind == "session":
-                session = obj.get("session")
-                if not isinstance(session, dict):
-                    errors.add({"line": n}, "a session line needs a 'session' object",
-                               code="invalid-stream")
-                    continue
-                blocks[session.get("id")] = n
-                sessions.append((n, session))
-                continue
-            if kind not in ("message", "usage"):
-                errors.add({"line": n}, f"unknown kind {kind!r}", code="invalid-stream")
-                continue
-            messages += kind == "message"
-            block = blocks.get(obj.get("session_id"))
-            if block is None:
-                errors.add({"line": n}, f"{kind} of a session that has no session line before it",
-                           code="invalid-stream")
-                continue
-            try:
-                body = json.dumps(obj.get(kind), ensure_ascii=False)
-            except ValueError as exc:  # a lone surrogate escaped in the line
-                errors.add({"line": n}, str(exc), code="unsupported-text")
-                continue
-            batch.append((n, block, kind, body))
-            if len(batch) >= 1000:
-                spool.executemany(SPOOL_INSERT_SQL, batch)
-                batch.clear()
+            spooled = _frame_line(frame, n, obj, errors)
+            if spooled is not None:
+                batch.append(spooled)
+                if len(batch) >= 1000:
+                    spool.executemany(SPOOL_INSERT_SQL, batch)
+                    batch.clear()
         spool.executemany(SPOOL_INSERT_SQL, batch)
-    if header is None:
-        errors.add({"line": 1}, f"empty: not a {EXPORT_FORMAT} stream", code="invalid-stream")
-    elif end is None:
-        errors.add({"line": n + 1}, "the stream ends without its end line: it was cut short "
-                                    "(a truncated copy?)", code="invalid-stream")
+    _check_frame(frame, n, errors)
+    return frame.sessions
+
+
+def _line_text(n: int, raw: Any, errors: _Errors) -> str | None:
+    """Line ``n`` as text, or None when it is not UTF-8 text (added to ``errors``)."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            errors.add({"line": n}, f"not UTF-8 text: {exc.reason}", code="not-json")
+            return None
+    errors.add({"line": n}, f"not text but {type(raw).__name__}", code="not-json")
+    return None
+
+
+def _frame_line(
+    frame: _Frame, n: int, obj: Any, errors: _Errors
+) -> tuple[int, int, str, str] | None:
+    """Take JSON line ``n`` into ``frame``; the spool row of a message or usage line, None for
+    any other line or a line with a problem (added to ``errors``). A wrong header refuses the
+    import at once: nothing after it can be trusted."""
+    if frame.header is None:
+        frame.header = n
+        problem = _header_problem(obj if isinstance(obj, dict) else {})
+        if problem:
+            errors.add({"line": n}, problem.message, code=problem.code)
+            errors.raise_any()
+        return None
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    if frame.end is not None:
+        errors.add({"line": n}, "a line after the end line", code="invalid-stream")
+    elif kind == "end":
+        frame.end = (n, obj)
+    elif kind == "session":
+        session = obj.get("session")
+        if isinstance(session, dict):
+            frame.blocks[session.get("id")] = n
+            frame.sessions.append((n, session))
+        else:
+            errors.add({"line": n}, "a session line needs a 'session' object",
+                       code="invalid-stream")
+    elif kind in ("message", "usage"):
+        return _spool_row(frame, n, kind, obj, errors)
     else:
-        line, obj = end
-        if obj.get("sessions") != len(sessions) or obj.get("messages") != messages:
+        errors.add({"line": n}, f"unknown kind {kind!r}", code="invalid-stream")
+    return None
+
+
+def _spool_row(
+    frame: _Frame, n: int, kind: str, obj: dict[str, Any], errors: _Errors
+) -> tuple[int, int, str, str] | None:
+    """The spool row of message or usage line ``n``: (line, its session line, kind, body)."""
+    frame.messages += kind == "message"
+    block = frame.blocks.get(obj.get("session_id"))
+    if block is None:
+        errors.add({"line": n}, f"{kind} of a session that has no session line before it",
+                   code="invalid-stream")
+        return None
+    try:
+        body = json.dumps(obj.get(kind), ensure_ascii=False)
+    except ValueError as exc:  # a lone surrogate escaped in the line
+        errors.add({"line": n}, str(exc), code="unsupported-text")
+        return None
+    return n, block, kind, body
+
+
+def _check_frame(frame: _Frame, last: int, errors: _Errors) -> None:
+    """Check the stream's frame once read to its ``last`` line: a header, and an end line
+    whose counts match the lines the stream holds."""
+    if frame.header is None:
+        errors.add({"line": 1}, f"empty: not a {EXPORT_FORMAT} stream", code="invalid-stream")
+    elif frame.end is None:
+        errors.add({"line": last + 1}, "the stream ends without its end line: it was cut "
+                                       "short (a truncated copy?)", code="invalid-stream")
+    else:
+        line, obj = frame.end
+        sessions, messages = len(frame.sessions), frame.messages
+        if obj.get("sessions") != sessions or obj.get("messages") != messages:
             errors.add({"line": line}, f"the end line counts {obj.get('sessions')!r} sessions "
                                        f"and {obj.get('messages')!r} messages but the stream "
-                                       f"holds {len(sessions)} and {messages}: lines are "
+                                       f"holds {sessions} and {messages}: lines are "
                                        "missing or were altered", code="invalid-stream")
-    return sessions
 
 
 def _report(outcome: _Outcome) -> dict[str, Any]:

@@ -1,12 +1,8 @@
 """The upkeep of a store's derived indexes: the three FTS indexes and the search index.
 
-A writable handle starts one background thread at open when an index needs work: it finishes
-or starts an FTS rebuild (``hermes_state_fts``), respells an earlier version's CJK index text,
-then fills or replaces the search index (``hermes_state_impact``). Every job runs only under
-the cross-process admission lock, and stops when the handle closes. Before a rebuild rewrites
-an index, the canonical tables are checked: a damaged record quarantines the file instead, so
-nothing is written into a corrupt file and the index stays detached.
-"""
+A writable handle starts one background thread when an index needs work. Each job runs under
+the cross-process admission lock and stops when the handle closes. A damaged record found
+before a rebuild quarantines the file instead."""
 
 from __future__ import annotations
 

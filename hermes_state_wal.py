@@ -1,25 +1,8 @@
 """WAL on connections the caller opened itself, to its own databases, with a fallback.
 
-:func:`apply_wal_with_fallback` is for code that keeps other SQLite databases beside the session
-store (a kanban board, a project list, a response store) and wants them in WAL mode like
-``state.db``, but on file systems that cannot do WAL (NFS, SMB, some FUSE mounts) still wants
-them to work. ``SessionDB`` itself never falls back: it refuses a file that will not take WAL.
-
-* A file that already reads ``wal`` is left as it is: no set-pragma is issued.
-* Otherwise WAL is set. A file system whose locks cannot serve WAL's shared memory fails the
-  switch with ``SQLITE_PROTOCOL`` ("locking protocol", as network mounts report it); a mount
-  or authorizer that forbids the pragma with ``SQLITE_AUTH`` ("not authorized", which Python
-  raises as a plain ``DatabaseError``, not an ``OperationalError``). Those two result codes,
-  and only those (an error raised without a result code, by a connection wrapper, is read by
-  SQLite's own text for them), switch the connection to DELETE mode, with one WARNING per ``db_label`` per
-  process — unless the file turns out to be in WAL mode after all (another connection switched
-  it meanwhile, or it cannot be read to tell): a WAL file is never downgraded, so the error is
-  raised. Any other error propagates.
-* A VFS without shared memory (``unix-none``, ``unix-dotfile``) keeps the file in rollback mode
-  without an error; the mode it reports is returned as it is.
-* On macOS, once WAL is active, ``checkpoint_fullfsync=1`` and ``synchronous=FULL`` are set
-  (Apple's ``fsync`` does not reach the platter); a failure to set them is ignored.
-"""
+:func:`apply_wal_with_fallback` sets WAL, but falls back to DELETE mode on file systems that
+cannot share memory (``SQLITE_PROTOCOL``, ``SQLITE_AUTH`` only), with one WARNING. A file
+already in WAL is never downgraded. ``SessionDB`` itself never falls back."""
 
 from __future__ import annotations
 

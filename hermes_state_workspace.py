@@ -1,16 +1,8 @@
 """Workspace metadata: the directory and git checkout a session works in.
 
-``cwd``, ``git_branch`` and ``git_repo_root`` are observations the TUI makes as the user moves
-about; they never decide anything the agent does. So :func:`update_session_cwd` is an
-*activity* write: it runs with the 0.5 s activity patience, and when another process holds
-the write lock for longer the stamp is skipped — the write wrapper logs it with the lock
-holders — instead of an error reaching the UI handler that made the observation (the next
-``/cd`` or prompt stamps again). A failed git probe never erases what is recorded: branch and
-root change only when the new value is non-blank.
-
-:func:`workspace_key` is the key ``sessions list --workspace`` groups by: the repository root
-when there is one, else the directory.
-"""
+These are observations that decide nothing, so :func:`update_session_cwd` is an *activity*
+write: skipped and logged when the lock is busy. A failed git probe never erases what is
+recorded."""
 
 from __future__ import annotations
 

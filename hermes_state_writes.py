@@ -1,34 +1,14 @@
 """The write policy: how long a write waits for the lock, how it backs off, and what an error
-it meets does to it.
+does to it.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction (``hermes_state_connect.transaction``), so
-lock contention surfaces when the transaction starts, never half-way through it. SQLite's own
-busy timeout is short (1 s); on a lock error (recognised by result code) the whole transaction
-is retried after a random pause — 20–150 ms during the first 2 s, then 250 ms–1 s, so that
-contending writers do not retry in lockstep — until the write's *patience* runs out. The
-patience depends on what is written (:data:`WriteKind`):
+Every write is one ``BEGIN IMMEDIATE`` transaction, so contention surfaces at its start. A lock
+error retries the whole transaction after a random pause, so writers do not retry in
+lockstep. The patience depends on the :data:`WriteKind`: 20 s for a write, 60 s for a
+transcript, 0.5 s for an activity stamp, which is then skipped.
 
-* ``"write"``, 20 s: an ordinary write (a session, a title, a ledger row);
-* ``"transcript"``, 60 s: a message the user or the model produced, which would be lost;
-* ``"activity"``, 0.5 s: an observation-only stamp (the working directory a session was last
-  seen in). Nothing depends on it and the next observation stamps again, so it is skipped,
-  logged, when its patience runs out, rather than keeping the code that observed it waiting.
-
-Then :class:`~hermes_state_errors.StateDbLockedError` names the processes holding the lock.
-:func:`classify` sorts every other error a write meets (:class:`Verdict`): corruption proven to
-lie in the FTS indexes only detaches them (``fts_stale``) and the canonical write is retried
-once without them; any other corruption quarantines the file (``hermes_state_quarantine``);
-everything else is raised. ``MemoryError`` is one of those "everything else" unless the index
-is to blame: FTS5 reading a damaged index can ask for absurd amounts of memory.
-
-After a commit the handle counts the write; every 50th is followed by a PASSIVE checkpoint.
-Statements SQLite refuses inside a transaction (pragmas, ``VACUUM``, integrity checks,
-checkpoints) take the same retries under the handle's lock, with no ``BEGIN`` and no
-checkpoint after them.
-
-The figures are the ``hermes_state`` module's constants, read each time a policy is built (the
-seed names them, and tests shorten them at run time).
-"""
+:func:`classify` judges every other error. Proven FTS damage detaches the indexes and retries
+once; other damage quarantines the file. ``MemoryError`` counts as index damage only when the
+index is to blame. Every 50th commit is followed by a PASSIVE checkpoint."""
 
 from __future__ import annotations
 
