@@ -1,0 +1,113 @@
+"""More of what the agent application's own code and tests rely on (docs/compatibility.md):
+the list import as the web endpoint passes it through, the WAL fallback's and the open error's
+module names, and the list import's bounds under their previous names."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hermes_state
+from hermes_state import SessionDB, format_session_db_unavailable, get_last_init_error
+
+
+# --- the list import, as the web endpoint passes its result through -------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"source": "cli", "messages": []}, {"index": 1, "error": "session id is required"}),
+        ({"id": "j", "model_config": "{nope", "messages": []},
+         {"index": 1, "session_id": "j", "error": "model_config must be valid JSON"}),
+        ({"id": "u", "user_id": ["x"], "messages": []},
+         {"index": 1, "session_id": "u", "error": "user_id must be a string"}),
+        ({"id": "r", "messages": [{"role": "user", "content": "a"}, {"content": "b"}]},
+         {"index": 1, "session_id": "r", "error": "messages[1].role must be a non-empty string"}),
+        ({"id": "n", "messages": [{"role": None, "content": "b"}]},
+         {"index": 1, "session_id": "n", "error": "messages[0].role must be a non-empty string"}),
+        ({"id": "big", "messages": [{"role": "user", "content": "x" * (5 * 2**20 + 1)}]},
+         {"index": 1, "session_id": "big", "error": "session exceeds the import size limit"}),
+        ({"id": "long", "messages": [{"role": "user", "content": "x"}] * 10_001},
+         {"index": 1, "session_id": "long",
+          "error": "messages exceeds the per-session import limit"}),
+    ],
+)
+def test_a_refused_list_import_reports_each_record_once_in_the_previous_words(
+    db: SessionDB, record: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    result = db.import_sessions([{"id": "fine", "source": "cli", "messages": []}, record])
+    assert result["ok"] is False and result["imported"] == 0
+    assert result["errors"] == [expected]
+    assert db.get_session("fine") is None
+
+
+def test_a_listed_record_without_source_or_with_live_state_imports_as_history(
+    db: SessionDB,
+) -> None:
+    record = {"id": "h", "messages": [{"role": "user", "content": "hi"}],
+              "handoff_state": "active", "handoff_platform": "telegram",
+              "handoff_error": "stale", "rewind_count": 3}
+    assert db.import_sessions([record])["ok"] is True
+    row = db.get_session("h")
+    assert row is not None and row["source"] == "import"
+    assert (row["handoff_state"], row["handoff_platform"], row["handoff_error"]) == (None,) * 3
+    assert row["rewind_count"] == 0
+    assert [m["content"] for m in db.get_messages("h")] == ["hi"]
+
+
+def test_the_list_import_bounds_keep_their_previous_names() -> None:
+    assert SessionDB._IMPORT_MAX_SESSIONS == 500
+    assert SessionDB._IMPORT_MAX_MESSAGES_PER_SESSION == 10_000
+    assert SessionDB._IMPORT_MAX_SESSION_BYTES == 5 * 2**20
+
+
+# --- the module names for open errors and the WAL fallback ----------------------------------
+
+
+def test_the_last_open_error_can_be_set_and_cleared_by_its_caller() -> None:
+    try:
+        hermes_state._set_last_init_error("OperationalError: locking protocol")
+        assert get_last_init_error() == "OperationalError: locking protocol"
+        text = format_session_db_unavailable(prefix="Cannot /resume")
+        assert text.startswith("Cannot /resume: OperationalError: locking protocol")
+        assert "NFS/SMB" in text and "sqlite.org/wal.html" in text
+        hermes_state._set_last_init_error(None)
+        assert format_session_db_unavailable() == "Session database not available."
+    finally:
+        hermes_state._set_last_init_error(None)
+
+
+def test_clearing_the_warned_labels_rearms_the_fallback_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(name: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(tmp_path / name, isolation_level=None)
+        conn.set_authorizer(lambda action, a1, a2, *_: sqlite3.SQLITE_DENY
+                            if action == sqlite3.SQLITE_PRAGMA and a1 == "journal_mode"
+                            and (a2 or "").lower() == "wal" else sqlite3.SQLITE_OK)
+        return conn
+
+    label = "rearm-test.db"
+    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+        for name in ("a.db", "b.db"):
+            conn = refused(name)
+            assert hermes_state.apply_wal_with_fallback(conn, db_label=label) == "delete"
+            conn.close()
+        assert len([r for r in caplog.records if label in r.getMessage()]) == 1
+        assert label in hermes_state._wal_fallback_warned_paths
+        hermes_state._wal_fallback_warned_paths.discard(label)
+        conn = refused("c.db")
+        hermes_state.apply_wal_with_fallback(conn, db_label=label)
+        conn.close()
+    assert len([r for r in caplog.records if label in r.getMessage()]) == 2
+
+
+def test_the_time_module_is_reachable_from_the_facade() -> None:
+    import time
+
+    assert hermes_state.time is time
