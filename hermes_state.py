@@ -707,6 +707,8 @@ class SessionDB:
     append_message = _writes(seen.APPEND_MESSAGE, "transcript", spool=_TRANSCRIPT)
     get_messages = _reads(seen.GET_MESSAGES)
     get_messages_as_conversation = _reads(seen.GET_CONVERSATION)
+    get_resume_conversations = _reads(seen.GET_RESUME_CONVERSATIONS)
+    get_ancestor_display_prefix = _reads(messages.get_ancestor_display_prefix)
     replace_messages = _writes(seen.REPLACE_MESSAGES, "transcript", spool=_TRANSCRIPT)
 
     has_archived_messages = _reads(messages.has_archived_messages)
@@ -724,6 +726,7 @@ class SessionDB:
 
     sanitize_title = staticmethod(arguments.operation(sessions.sanitize_title))
     set_session_title = _writes(sessions.set_session_title)
+    set_auto_title_if_empty = _writes(sessions.set_auto_title_if_empty)
     get_session_title = _reads(sessions.get_session_title)
     get_session_by_title = _reads(sessions.get_session_by_title)
     resolve_session_by_title = _reads(sessions.resolve_session_by_title)

@@ -111,3 +111,76 @@ def test_the_time_module_is_reachable_from_the_facade() -> None:
     import time
 
     assert hermes_state.time is time
+
+
+# --- resume reads and generated titles ------------------------------------------------------
+
+
+def _chain(db: SessionDB) -> None:
+    db.create_session("root", "tui")
+    db.append_message("root", "user", "first prompt")
+    db.append_message("root", "assistant", "first answer")
+    db.end_session("root", "compression")
+    db.create_session("tip", "tui", parent_session_id="root")
+    db.append_message("tip", "user", "first prompt")  # the prompt replayed into the continuation
+    db.append_message("tip", "user", "second prompt")
+    db.append_message("tip", "assistant", "second answer")
+
+
+def test_a_resume_reads_both_histories_at_once(db: SessionDB) -> None:
+    _chain(db)
+    model, display = db.get_resume_conversations("tip")
+    assert model == db.get_messages_as_conversation("tip", repair_alternation=True)
+    assert display == db.get_messages_as_conversation("tip", include_ancestors=True)
+    assert [t["content"] for t in display] == [
+        "first prompt", "first answer", "first prompt", "second prompt", "second answer"]
+    # without the application beside the store, no repair rule applies: the turns as stored
+    assert [t["content"] for t in model] == ["first prompt", "second prompt", "second answer"]
+
+
+def test_the_display_prefix_is_the_ancestors_turns_only(db: SessionDB) -> None:
+    _chain(db)
+    assert [t["content"] for t in db.get_ancestor_display_prefix("tip")] == [
+        "first prompt", "first answer"]
+    assert db.get_ancestor_display_prefix("root") == []
+    assert db.get_ancestor_display_prefix("nobody") == []
+
+
+def test_a_generated_title_never_replaces_one_already_set(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+    db.create_session("other", "cli")
+    assert db.set_auto_title_if_empty("s", "Generated") is True
+    assert db.set_auto_title_if_empty("s", "Second guess") is False
+    assert db.get_session_title("s") == "Generated"
+    assert db.set_auto_title_if_empty("nobody", "Generated") is False
+    with pytest.raises(ValueError, match="already in use"):
+        db.set_auto_title_if_empty("other", "Generated")
+
+
+def test_the_replay_for_a_live_resume_goes_through_the_applications_repair(
+    db: SessionDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    package = tmp_path / "app" / "agent"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "agent_runtime_helpers.py").write_text(
+        "def repair_message_sequence(agent, messages):\n"
+        "    before = len(messages)\n"
+        "    while messages and messages[-1].get('tool_calls'):\n"
+        "        messages.pop()\n"
+        "    return before - len(messages)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "app"))
+    for name in ("agent", "agent.agent_runtime_helpers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "go")
+    db.append_message("s", "assistant", "", tool_calls=[{"id": "t1", "type": "function"}])
+    assert len(db.get_messages_as_conversation("s")) == 2  # as stored
+    assert [t["role"] for t in db.get_messages_as_conversation("s", repair_alternation=True)] \
+        == ["user"]
+    model, display = db.get_resume_conversations("s")
+    assert (len(model), len(display)) == (1, 2)
+    assert db.message_count("s") == 2  # the stored rows never change
