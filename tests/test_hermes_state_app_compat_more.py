@@ -184,3 +184,24 @@ def test_the_replay_for_a_live_resume_goes_through_the_applications_repair(
     model, display = db.get_resume_conversations("s")
     assert (len(model), len(display)) == (1, 2)
     assert db.message_count("s") == 2  # the stored rows never change
+
+
+# --- the deletion helper on a connection with part of the store's tables ---------------------
+
+
+def test_the_delegate_deletion_helper_works_on_a_connection_without_the_ledgers() -> None:
+    import json
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, parent_session_id TEXT,"
+                 " model_config TEXT)")
+    conn.execute("CREATE TABLE messages (session_id TEXT)")
+    for sid, parent in (("A", "B"), ("B", "A"), ("C", None)):
+        conn.execute("INSERT INTO sessions VALUES (?, NULL, ?)",
+                     (sid, json.dumps({"_delegate_from": parent}) if parent else None))
+        conn.executemany("INSERT INTO messages VALUES (?)", [(sid,)] * 2)
+    assert hermes_state._delete_delegate_children(conn, ["A"]) == ["B"]
+    assert [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY id")] == ["A", "C"]
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'B'").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'A'").fetchone()[0] == 2
+    conn.close()
