@@ -205,3 +205,54 @@ def test_the_delegate_deletion_helper_works_on_a_connection_without_the_ledgers(
     assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'B'").fetchone()[0] == 0
     assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'A'").fetchone()[0] == 2
     conn.close()
+
+
+# --- older files: NULL flags, a dropped unique title index -----------------------------------
+
+
+def test_messages_an_older_writer_left_with_null_flags_are_live_after_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE schema_version (version INTEGER);
+        INSERT INTO schema_version VALUES (12);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, started_at REAL,
+                               ended_at REAL, message_count INTEGER DEFAULT 0, title TEXT,
+                               parent_session_id TEXT, model_config TEXT);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+                               role TEXT NOT NULL, content TEXT, timestamp REAL NOT NULL,
+                               active INTEGER, compacted INTEGER);
+        INSERT INTO sessions (id, source, started_at) VALUES ('s', 'discord', 1.0);
+        INSERT INTO messages (session_id, role, content, timestamp)
+            VALUES ('s', 'user', 'an old turn', 1.0);
+    """)
+    conn.commit()
+    conn.close()
+    with SessionDB(path) as db:
+        assert [t["content"] for t in db.get_messages_as_conversation("s")] == ["an old turn"]
+        assert [tuple(r) for r in db._conn.execute("SELECT active, compacted FROM messages")] \
+            == [(1, 0)]
+
+
+def test_a_store_whose_unique_title_index_was_dropped_opens_and_keeps_titles_unique(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "titles.db"
+    with SessionDB(path) as db:
+        for sid in ("older", "newer"):
+            db.create_session(sid, "cli")
+            db.append_message(sid, "user", f"kept in {sid}")
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX idx_sessions_title_unique")
+    conn.execute("UPDATE sessions SET title = 'shared' WHERE id IN ('older', 'newer')")
+    conn.commit()
+    conn.close()
+    with SessionDB(path) as db:
+        assert db.get_session_title("older") == "shared"
+        assert db.get_session_title("newer") == "shared #2"
+        assert [m["content"] for m in db.get_messages("newer")] == ["kept in newer"]
+        db.create_session("future", "cli")
+        with pytest.raises(ValueError, match="already in use"):
+            db.set_session_title("future", "shared")
