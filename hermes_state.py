@@ -709,6 +709,7 @@ class SessionDB:
     get_messages_as_conversation = _reads(seen.GET_CONVERSATION)
     get_resume_conversations = _reads(seen.GET_RESUME_CONVERSATIONS)
     get_ancestor_display_prefix = _reads(messages.get_ancestor_display_prefix)
+    set_latest_user_api_content = _writes(messages.set_latest_user_api_content, "transcript")
     replace_messages = _writes(seen.REPLACE_MESSAGES, "transcript", spool=_TRANSCRIPT)
 
     has_archived_messages = _reads(messages.has_archived_messages)

@@ -100,6 +100,7 @@ __all__ = [
     "get_resume_conversations",
     "read_resume_conversations",
     "get_ancestor_display_prefix",
+    "set_latest_user_api_content",
     "message_list",
     "message_fields",
     "check_bound",
@@ -823,6 +824,37 @@ def _read_turns(
     for sid, row_id, _turn in read:
         newest[sid] = max(newest[sid], row_id)
     return read, newest
+
+
+# The session's newest live user turn.
+NEWEST_LIVE_USER_SQL = """
+SELECT id, content, api_content FROM messages
+WHERE session_id = ? AND role = 'user' AND active = 1 ORDER BY id DESC LIMIT 1
+"""
+
+
+def set_latest_user_api_content(
+    conn: sqlite3.Connection, /, session_id: str, content: Any, api_content: Text
+) -> int:
+    """Record ``api_content``, the exact text sent, on the session's newest live user turn
+    when that turn's content is ``content`` (a turn written before its sent form was known);
+    the number of rows changed, 0 or 1. Nothing is written when the newest user turn is
+    another one (a rewrite came in between) or holds structured content (its structure is
+    what is sent)."""
+    if not isinstance(api_content, str):
+        raise InvalidTypeError(
+            f"api_content must be text, got {type(api_content).__name__}", argument="api_content")
+    row = conn.execute(NEWEST_LIVE_USER_SQL, (session_id,)).fetchone()
+    if row is None:
+        return 0
+    stored, _sent = stored_content(row[1], row[2])
+    if not isinstance(stored, str) or not isinstance(content, str) \
+            or stored != clean_text(content):
+        return 0
+    sent = clean_text(api_content)
+    conn.execute("UPDATE messages SET api_content = ? WHERE id = ?",
+                 (None if sent == stored else sent, row[0]))
+    return 1
 
 
 def get_resume_conversations(

@@ -256,3 +256,24 @@ def test_a_store_whose_unique_title_index_was_dropped_opens_and_keeps_titles_uni
         db.create_session("future", "cli")
         with pytest.raises(ValueError, match="already in use"):
             db.set_session_title("future", "shared")
+
+
+# --- the sent form of a turn written before it was known --------------------------------------
+
+
+def test_the_sent_form_lands_on_the_newest_user_turn_only_when_it_is_that_turn(
+    db: SessionDB,
+) -> None:
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "earlier")
+    db.append_message("s", "assistant", "ok")
+    db.append_message("s", "user", "what now")
+    assert db.set_latest_user_api_content("s", "something else", "<ctx/>what now") == 0
+    assert db.set_latest_user_api_content("s", "what now", "<ctx/>what now") == 1
+    rows = db.get_messages("s")
+    assert [r["api_content"] for r in rows] == [None, None, "<ctx/>what now"]
+    assert rows[-1]["content"] == "what now"
+    assert db.get_messages_as_conversation("s")[-1]["content"] == "<ctx/>what now"
+    db.append_message("s", "user", [{"type": "text", "text": "a photo"}])
+    assert db.set_latest_user_api_content("s", [{"type": "text", "text": "a photo"}], "x") == 0
+    assert db.set_latest_user_api_content("nobody", "what now", "x") == 0
