@@ -14,7 +14,6 @@ import pytest
 import hermes_state
 from hermes_state import SessionDB, format_session_db_unavailable, get_last_init_error
 
-
 # --- the list import, as the web endpoint passes its result through -------------------------
 
 
