@@ -24,6 +24,7 @@ import logging
 import sqlite3
 import sys  # noqa: F401
 import threading
+import time  # noqa: F401 -- reachable as hermes_state.time, as with the previous store
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -74,6 +75,7 @@ from hermes_state_methods import read_method as _reads
 from hermes_state_methods import write_method as _writes
 from hermes_state_openability import format_session_db_unavailable, get_last_init_error
 from hermes_state_profiles import ProfileStoreRegistry
+import hermes_state_wal as wal
 from hermes_state_wal import apply_wal_with_fallback
 
 # The module-level operations: arguments checked, operating-system failures typed.
@@ -129,6 +131,10 @@ _collect_delegate_child_ids = deletion.delegate_children
 _delete_delegate_children = deletion.delete_delegate_children
 _is_background_review_harness_message = messages.is_background_review_prompt
 _strip_background_review_harness = messages.without_background_review
+# The remembered last open error, cleared or set by callers that handled it themselves.
+_set_last_init_error = openability.set_last_init_error
+# The labels the WAL fallback has warned about once in this process (clearing it re-arms them).
+_wal_fallback_warned_paths = wal.warned_labels
 
 #: The package version (the one place it is written: the build reads it from here).
 __version__ = "0.1.0"
@@ -613,6 +619,13 @@ class SessionDB:
         return transfer.import_sessions(self._read, self._transcript_write, sessions,
                                         on_conflict=on_conflict, limited=limited, progress=progress)
 
+    # The list import's bounds, under the previous store's names.
+    _IMPORT_MAX_SESSIONS = transfer.LIST_MAX_SESSIONS
+    _IMPORT_MAX_MESSAGES_PER_SESSION = transfer.LIST_MAX_SESSION_MESSAGES
+    _IMPORT_MAX_SESSION_BYTES = transfer.LIST_MAX_SESSION_BYTES
+    _IMPORT_MAX_TOTAL_MESSAGES = transfer.LIST_MAX_MESSAGES
+    _IMPORT_MAX_TOTAL_BYTES = transfer.LIST_MAX_BYTES
+
     @arguments.checked
     def import_jsonl(
         self,
@@ -694,6 +707,9 @@ class SessionDB:
     append_message = _writes(seen.APPEND_MESSAGE, "transcript", spool=_TRANSCRIPT)
     get_messages = _reads(seen.GET_MESSAGES)
     get_messages_as_conversation = _reads(seen.GET_CONVERSATION)
+    get_resume_conversations = _reads(seen.GET_RESUME_CONVERSATIONS)
+    get_ancestor_display_prefix = _reads(messages.get_ancestor_display_prefix)
+    set_latest_user_api_content = _writes(messages.set_latest_user_api_content, "transcript")
     replace_messages = _writes(seen.REPLACE_MESSAGES, "transcript", spool=_TRANSCRIPT)
 
     has_archived_messages = _reads(messages.has_archived_messages)
@@ -711,6 +727,7 @@ class SessionDB:
 
     sanitize_title = staticmethod(arguments.operation(sessions.sanitize_title))
     set_session_title = _writes(sessions.set_session_title)
+    set_auto_title_if_empty = _writes(sessions.set_auto_title_if_empty)
     get_session_title = _reads(sessions.get_session_title)
     get_session_by_title = _reads(sessions.get_session_by_title)
     resolve_session_by_title = _reads(sessions.resolve_session_by_title)

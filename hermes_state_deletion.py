@@ -16,6 +16,7 @@ import glob
 import json
 import logging
 import math
+import re
 import sqlite3
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -172,6 +173,11 @@ SELECT id, parent_session_id, json_extract(model_config, '$.{DELEGATE_MARKER}') 
 WHERE json_valid(model_config)
   AND json_extract(model_config, '$.{DELEGATE_MARKER}') IS NOT NULL
 """
+TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table'"
+# The ledgers whose live work pins a session (BUSY_SQL reads both).
+LEDGER_TABLES = frozenset({"session_admissions", "worker_executions"})
+# The table a statement of DELETE_ROWS_SQL changes.
+_TABLE_RE = re.compile(r"\s*(?:UPDATE|DELETE FROM)\s+(\w+)")
 EXISTING_SQL = "SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?))"
 # Deleting a JSON list of sessions: children outside it detached first, then every row that
 # refers to them (ledger rows only once none is live: checked before), then the rows.
@@ -236,9 +242,21 @@ def delete_delegate_children(
     their ids. :class:`LedgerBusyError`, nothing deleted, while any of them holds live work."""
     doomed = delegate_children(conn, parent_ids)
     if doomed:
-        _refuse_busy(conn, doomed)
-        _delete_rows(conn, doomed)
+        # The caller's connection may hold only part of the store's tables (an older store,
+        # a copy of its sessions): a ledger that is absent holds no live work.
+        tables = {r[0] for r in conn.execute(TABLES_SQL)}
+        if LEDGER_TABLES <= tables:
+            _refuse_busy(conn, doomed)
+        ids = json.dumps(sorted(doomed))
+        for sql in DELETE_ROWS_SQL:
+            if _changed_table(sql) in tables:
+                conn.execute(sql, {"ids": ids})
     return doomed
+
+
+def _changed_table(sql: str) -> str:
+    match = _TABLE_RE.match(sql)
+    return match[1] if match else ""
 
 
 def _delete_rows(conn: sqlite3.Connection, /, session_ids: Collection[str]) -> None:

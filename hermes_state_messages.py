@@ -13,7 +13,9 @@ See docs/concurrency.md."""
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
+import logging
 import math
 import re
 import sqlite3
@@ -59,6 +61,10 @@ __all__ = [
     "hydrated_message",
     "get_messages_as_conversation",
     "read_conversation",
+    "get_resume_conversations",
+    "read_resume_conversations",
+    "get_ancestor_display_prefix",
+    "set_latest_user_api_content",
     "message_list",
     "message_fields",
     "check_bound",
@@ -700,13 +706,38 @@ def get_messages_as_conversation(
     session_id: str,
     include_ancestors: bool = False,
     include_inactive: bool = False,
+    repair_alternation: bool = False,
     *,
     include_row_ids: bool = False,
 ) -> list[dict[str, Any]]:
     """The OpenAI-format replay list of the session (see :func:`read_conversation`)."""
     return read_conversation(
-        conn, session_id, include_ancestors, include_inactive, include_row_ids=include_row_ids
+        conn, session_id, include_ancestors, include_inactive, repair_alternation,
+        include_row_ids=include_row_ids,
     )[0]
+
+
+logger = logging.getLogger("hermes_state")
+
+# The agent application's own repair of a replay list whose turns do not alternate (a user
+# turn after a user turn left by a turn that stored no reply, a dangling tool call): its rule,
+# not the store's, so it is used where the application is installed beside the store.
+ALTERNATION_REPAIR = ("agent.agent_runtime_helpers", "repair_message_sequence")
+
+
+def repair_alternation_of(session_id: str, turns: list[dict[str, Any]]) -> None:
+    """Run the application's alternation repair over ``turns`` in place, when the application
+    is importable (else ``turns`` stay as stored); the stored rows never change."""
+    module_name, function_name = ALTERNATION_REPAIR
+    try:
+        repair = getattr(importlib.import_module(module_name), function_name, None)
+    except ImportError:
+        return
+    if callable(repair) and turns:
+        repaired = repair(None, turns)
+        if repaired:
+            logger.info("repaired %s turn-alternation fault(s) in the replay of session %s "
+                        "(the stored rows keep them)", repaired, session_id)
 
 
 def read_conversation(
@@ -715,6 +746,7 @@ def read_conversation(
     session_id: str,
     include_ancestors: bool = False,
     include_inactive: bool = False,
+    repair_alternation: bool = False,
     *,
     include_row_ids: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -726,7 +758,24 @@ def read_conversation(
     last assistant turn with content or tool calls is left out. A background-review prompt
     (:data:`BACKGROUND_REVIEW_PROMPTS`, a user or system turn) is left out with the assistant
     turn right after it and the tool results answering that turn's calls. ``_row_id`` on
-    request."""
+    request. ``repair_alternation`` (for a list replayed live) passes the list through the
+    application's alternation repair (:func:`repair_alternation_of`)."""
+    read, newest = _read_turns(conn, session_id, include_ancestors, include_inactive)
+    out = []
+    for _sid, row_id, turn in read:
+        if include_row_ids:
+            turn["_row_id"] = row_id
+        out.append(turn)
+    if repair_alternation:
+        repair_alternation_of(session_id, out)
+    return out, newest
+
+
+def _read_turns(
+    conn: sqlite3.Connection, session_id: str, include_ancestors: bool, include_inactive: bool
+) -> tuple[list[tuple[str, int, dict[str, Any]]], dict[str, int]]:
+    """(session id, row id, turn) of each replayed row, and the newest row id of each session
+    read (see :func:`read_conversation`)."""
     ids = [session_id]
     if include_ancestors:
         ids = [r["id"] for r in reversed(session_ancestors(conn, session_id))]
@@ -736,13 +785,68 @@ def read_conversation(
     if include_ancestors:
         read = _without_replayed_prompts(read)
     newest = dict.fromkeys(ids, 0)
-    out = []
-    for sid, row_id, turn in read:
+    for sid, row_id, _turn in read:
         newest[sid] = max(newest[sid], row_id)
-        if include_row_ids:
-            turn["_row_id"] = row_id
-        out.append(turn)
-    return out, newest
+    return read, newest
+
+
+# The session's newest live user turn.
+NEWEST_LIVE_USER_SQL = """
+SELECT id, content, api_content FROM messages
+WHERE session_id = ? AND role = 'user' AND active = 1 ORDER BY id DESC LIMIT 1
+"""
+
+
+def set_latest_user_api_content(
+    conn: sqlite3.Connection, /, session_id: str, content: Any, api_content: Text
+) -> int:
+    """Record ``api_content``, the exact text sent, on the session's newest live user turn
+    when that turn's content is ``content`` (a turn written before its sent form was known);
+    the number of rows changed, 0 or 1. Nothing is written when the newest user turn is
+    another one (a rewrite came in between) or holds structured content (its structure is
+    what is sent)."""
+    if not isinstance(api_content, str):
+        raise InvalidTypeError(
+            f"api_content must be text, got {type(api_content).__name__}", argument="api_content")
+    row = conn.execute(NEWEST_LIVE_USER_SQL, (session_id,)).fetchone()
+    if row is None:
+        return 0
+    stored, _sent = stored_content(row[1], row[2])
+    if not isinstance(stored, str) or not isinstance(content, str) \
+            or stored != clean_text(content):
+        return 0
+    sent = clean_text(api_content)
+    conn.execute("UPDATE messages SET api_content = ? WHERE id = ?",
+                 (None if sent == stored else sent, row[0]))
+    return 1
+
+
+def get_resume_conversations(
+    conn: sqlite3.Connection, /, session_id: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(model_history, display_history)`` of a resume: the session's own live turns with
+    the alternation repair, and the whole chain from its root as shown (the same as
+    ``get_messages_as_conversation(id, repair_alternation=True)`` and ``(id,
+    include_ancestors=True)``, read in one transaction)."""
+    return read_resume_conversations(conn, session_id)[0]
+
+
+def read_resume_conversations(
+    conn: sqlite3.Connection, /, session_id: str
+) -> tuple[tuple[list[dict[str, Any]], list[dict[str, Any]]], dict[str, int]]:
+    """:func:`get_resume_conversations`, and the newest row id read of each session."""
+    model, newest = read_conversation(conn, session_id, repair_alternation=True)
+    display, chain_newest = read_conversation(conn, session_id, include_ancestors=True)
+    return (model, display), {**chain_newest, **newest}
+
+
+def get_ancestor_display_prefix(
+    conn: sqlite3.Connection, /, session_id: str
+) -> list[dict[str, Any]]:
+    """The turns the displayed chain shows before the session's own: those of its ancestors
+    in ``get_messages_as_conversation(id, include_ancestors=True)`` (``[]`` for a root)."""
+    read, _newest = _read_turns(conn, session_id, True, False)
+    return [turn for sid, _row_id, turn in read if sid != session_id]
 
 
 def _turns(

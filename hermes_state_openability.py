@@ -27,6 +27,7 @@ __all__ = [
     "format_session_db_unavailable",
     "get_last_init_error",
     "record_open_error",
+    "set_last_init_error",
     "repair_state_db_schema",
 ]
 
@@ -36,7 +37,7 @@ _last_open_error_lock = threading.Lock()
 # Causes that usually mean a network or FUSE file system without the locking WAL needs.
 _LOCKING_HINTS = ("locking protocol", "not authorized")
 _NETWORK_FS_HINT = (
-    " (the file may be on NFS, SMB or a FUSE file system, where SQLite's WAL mode does not"
+    " (the file may be on an NFS/SMB or FUSE file system, where SQLite's WAL mode does not"
     " work: see https://www.sqlite.org/wal.html)"
 )
 
@@ -46,6 +47,14 @@ def record_open_error(exc: BaseException) -> None:
     global _last_open_error
     with _last_open_error_lock:
         _last_open_error = f"{type(exc).__name__}: {exc}"
+
+
+def set_last_init_error(message: str | None) -> None:
+    """Set (or, with None, clear) the remembered last open error; a successful open never
+    clears it, so a caller that handled the failure clears it here."""
+    global _last_open_error
+    with _last_open_error_lock:
+        _last_open_error = message
 
 
 def get_last_init_error() -> str | None:

@@ -452,11 +452,20 @@ def _migrate_fts_indexes(conn: sqlite3.Connection, /) -> None:
 
 def restore_data_invariants(conn: sqlite3.Connection, /) -> None:
     """Make the data rules older files may break true again: unique titles (the unique index
-    is created), a ``message_uid`` on every message. Idempotent; for rows copied from a file
-    of any version into the current schema (recover)."""
+    is created), a ``message_uid`` on every message, ``active`` and ``compacted`` set on every
+    message (an older writer left them NULL on a column without a default, which hid its rows
+    from every read). Idempotent; for rows copied from a file of any version into the current
+    schema (recover)."""
     _migrate_unique_titles(conn)
     _migrate_message_uids(conn)
+    conn.execute(HEAL_FLAGS_SQL)
 
+
+# Messages an older writer stored with NULL flags are live, never-compacted rows.
+HEAL_FLAGS_SQL = """
+UPDATE messages SET active = COALESCE(active, 1), compacted = COALESCE(compacted, 0)
+WHERE active IS NULL OR compacted IS NULL
+"""
 
 _GATEWAY_BACKFILL_SQL = """
 UPDATE sessions SET
@@ -604,6 +613,9 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
     _reconcile_columns(conn)
     # The handle runs a rebuild it finds due in the background; searches read the rows meanwhile.
     fts.restore_missing_indexes(conn)
+    # A file whose unique title index went missing may hold duplicate titles by now: they are
+    # renumbered as at the upgrade, so the index can be created again and nothing is refused.
+    _migrate_unique_titles(conn)
     _finish(conn)
     _redeclare_fts_tables(conn)
 

@@ -35,6 +35,7 @@ __all__ = [
     "APPEND_MESSAGE",
     "GET_MESSAGES",
     "GET_CONVERSATION",
+    "GET_RESUME_CONVERSATIONS",
     "REPLACE_MESSAGES",
     "ARCHIVE_AND_COMPACT",
     "EXPORT_SESSION",
@@ -459,6 +460,23 @@ GET_CONVERSATION = Seen(
     run=messages.read_conversation,
     after=_turns,
     newest=_conversation_newest,
+)
+Histories = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def _histories(read: tuple[Histories, dict[str, int]]) -> Histories:
+    return read[0]
+
+
+def _histories_newest(session_id: str, read: tuple[Histories, dict[str, int]]) -> Mapping[str, int]:
+    return read[1]
+
+
+GET_RESUME_CONVERSATIONS = Seen(
+    like=messages.get_resume_conversations,
+    run=messages.read_resume_conversations,
+    after=_histories,
+    newest=_histories_newest,
 )
 REPLACE_MESSAGES = Seen(
     like=messages.replace_messages,

@@ -53,6 +53,7 @@ __all__ = [
     "PINNING_STATUSES_SQL",
     "sanitize_title",
     "set_session_title",
+    "set_auto_title_if_empty",
     "stats",
     "clear_messages",
     "ensure_session",
@@ -615,6 +616,16 @@ def set_session_title(conn: sqlite3.Connection, /, session_id: str, title: Text 
             conn.execute(CLEAR_TITLE_SQL, (holder,))
     cursor = conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (cleaned, session_id))
     return cursor.rowcount > 0
+
+
+def set_auto_title_if_empty(conn: sqlite3.Connection, /, session_id: str, title: Text) -> bool:
+    """Set a generated title only while the session has none, in the same transaction as the
+    check (a rename made meanwhile is never overwritten); False when the session has a title
+    or does not exist. Otherwise as :func:`set_session_title`."""
+    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None or row[0] is not None:
+        return False
+    return set_session_title(conn, session_id, title)
 
 
 def _lineage_titles(conn: sqlite3.Connection, /, base: str) -> list[tuple[str, str, float]]:

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -73,6 +74,12 @@ __all__ = [
     "read_json_export",
     "MAX_RECORD_BYTES",
     "MAX_JSON_EXPORT_BYTES",
+    "LIST_MAX_SESSIONS",
+    "LIST_MAX_SESSION_MESSAGES",
+    "LIST_MAX_SESSION_BYTES",
+    "LIST_MAX_MESSAGES",
+    "LIST_MAX_BYTES",
+    "LIST_DEFAULT_SOURCE",
     "remove_abandoned_imports",
     "ON_CONFLICT_CHOICES",
     "OnConflict",
@@ -1010,7 +1017,10 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
             total_bytes += size
             if _too_large(record, len(messages), size, where, errors):
                 continue
-        session = {k: v for k, v in record.items() if k not in ("messages", "model_usage")}
+        session = {k: v for k, v in record.items()
+                   if k not in ("messages", "model_usage", *_LIST_RUNTIME_COLUMNS)}
+        if session.get("source") is None:
+            session["source"] = LIST_DEFAULT_SOURCE
         rows = [({"index": index}, m) for m in messages]
         records.append(_Incoming(where, session, functools.partial(iter, rows),
                                  [({"index": index}, u) for u in usage]))
@@ -1073,6 +1083,46 @@ def _too_large(
     return False
 
 
+# A list import (the web endpoint's) restores history, not the ownership of a live channel or
+# of a rewind: these columns start empty, as a new session's do.
+_LIST_RUNTIME_COLUMNS = ("handoff_state", "handoff_target", "handoff_at", "handoff_platform",
+                         "handoff_error", "rewind_count")
+# The source of a listed session that names none (a record written by hand).
+LIST_DEFAULT_SOURCE = "import"
+
+
+def _list_error(entry: dict[str, Any]) -> dict[str, Any]:
+    """One problem as a list import reports it: ``{"index", "error"[, "session_id"]}``, in the
+    previous store's words for the problems it also refused (the web endpoint passes these
+    through as they are; the codes stay on :class:`ImportRejectedError` for streams)."""
+    code, text = entry.get("code"), str(entry["error"])
+    if code == "missing-id":
+        text = "session id is required"
+    elif code == "missing-role" and (m := re.match(r"message (\d+):", text)):
+        text = f"messages[{m[1]}].role must be a non-empty string"
+    elif code == "invalid-field" and (m := re.match(r"(\w+) must be text, got", text)):
+        text = f"{m[1]} must be a string"
+    elif code == "too-large":
+        text = ("messages exceeds the per-session import limit" if " messages: " in text
+                else "session exceeds the import size limit")
+    out = {k: v for k, v in entry.items() if k != "code"}
+    out["error"] = text
+    return out
+
+
+def _list_errors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first problem of each refused record (the previous store stopped at one)."""
+    seen: set[Any] = set()
+    out = []
+    for entry in entries:
+        index = entry.get("index")
+        if index is not None and index in seen:
+            continue
+        seen.add(index)
+        out.append(_list_error(entry))
+    return out
+
+
 def import_sessions(
     read: OnStore,
     write: WriteFn,
@@ -1090,8 +1140,10 @@ def import_sessions(
     record. Result: ``{"ok": True, "imported", "skipped", "detached", "imported_ids",
     "skipped_ids", "errors": []}`` (counts and id lists; replaced sessions count as
     imported), or when any record has a problem ``{"ok": False, "imported": 0, "skipped": 0,
-    "detached": 0, "errors": [{"index", "error", "code"[, "session_id"]}]}`` and nothing is
-    written (``code``: see :class:`ImportRejectedError`).
+    "detached": 0, "errors": [{"index", "error"[, "session_id"]}]}`` (the first problem of each
+    refused record, in the previous store's words where it refused the same) and nothing is
+    written. A record without ``source`` is imported with ``"import"``; the handoff and
+    rewind state of a record is not imported (history is, not a live channel).
     ``on_conflict``: an existing session with the same id is skipped (``"skip"``), replaced
     when it differs (``"replace"``), or, when it differs, fails the import (``"fail"``); an
     identical one is always skipped. A parent link is kept when the parent is stored or
@@ -1109,7 +1161,8 @@ def import_sessions(
         errors.raise_any()
         outcome = _import(read, write, lambda: records, on_conflict, errors, progress)
     except ImportRejectedError as exc:
-        return {"ok": False, "imported": 0, "skipped": 0, "detached": 0, "errors": exc.errors}
+        return {"ok": False, "imported": 0, "skipped": 0, "detached": 0,
+                "errors": _list_errors(exc.errors)}
     imported = outcome.imported + outcome.replaced
     return {
         "ok": True,

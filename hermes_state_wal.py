@@ -2,7 +2,8 @@
 
 :func:`apply_wal_with_fallback` sets WAL, but falls back to DELETE mode on file systems that
 cannot share memory (``SQLITE_PROTOCOL``, ``SQLITE_AUTH`` only), with one WARNING. A file
-already in WAL is never downgraded. ``SessionDB`` itself never falls back."""
+already in WAL is never downgraded; a mode that cannot be read gets the switch tried.
+``SessionDB`` itself never falls back."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ import sqlite3
 import sys
 import threading
 
-__all__ = ["apply_wal_with_fallback"]
+__all__ = ["apply_wal_with_fallback", "warned_labels"]
 
 logger = logging.getLogger("hermes_state")
-
-# Module attributes on purpose: tests exercise the macOS settings on other systems.
-MACOS = sys.platform == "darwin"
 
 # The result codes of a file system or mount that cannot, or may not, switch to WAL.
 SQLITE_PROTOCOL = 15
@@ -27,15 +25,16 @@ _WAL_REFUSALS = (SQLITE_PROTOCOL, SQLITE_AUTH)
 # The journal mode a connection is in (no argument: nothing is changed).
 JOURNAL_MODE_SQL = "PRAGMA journal_mode"
 # The switch, and the fallback where the file system refuses it; each returns the mode set.
-SET_WAL_SQL = "PRAGMA journal_mode = WAL"
-SET_DELETE_SQL = "PRAGMA journal_mode = DELETE"
+SET_WAL_SQL = "PRAGMA journal_mode=WAL"
+SET_DELETE_SQL = "PRAGMA journal_mode=DELETE"
 # A read that makes the connection look at the file's header again (another connection may
 # have switched the file to WAL since this one last read it).
 HEADER_READ_SQL = "SELECT COUNT(*) FROM sqlite_master"
 # macOS durability settings for a WAL connection.
-MACOS_WAL_SQL = ("PRAGMA checkpoint_fullfsync = 1", "PRAGMA synchronous = FULL")
+MACOS_WAL_SQL = ("PRAGMA checkpoint_fullfsync=1", "PRAGMA synchronous=FULL")
 
-_warned_labels: set[str] = set()
+# The labels warned about in this process (clearing one re-arms its warning).
+warned_labels: set[str] = set()
 _warned_lock = threading.Lock()
 
 
@@ -67,9 +66,9 @@ def _file_is_wal(conn: sqlite3.Connection) -> bool | None:
 
 def _warn_once(db_label: str, exc: sqlite3.Error) -> None:
     with _warned_lock:
-        if db_label in _warned_labels:
+        if db_label in warned_labels:
             return
-        _warned_labels.add(db_label)
+        warned_labels.add(db_label)
     logger.warning(
         "%s: WAL mode is not available here (%s); using journal_mode=DELETE, in which readers "
         "wait for writers (network and FUSE file systems often cannot share WAL's memory)",
@@ -78,7 +77,8 @@ def _warn_once(db_label: str, exc: sqlite3.Error) -> None:
 
 
 def _macos_settings(conn: sqlite3.Connection) -> None:
-    if MACOS:
+    # The platform is read at each call, so the settings can be exercised on other systems.
+    if sys.platform == "darwin":
         for sql in MACOS_WAL_SQL:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute(sql)
@@ -91,7 +91,11 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.
 
     ``db_label`` names the database in the one WARNING per label per process. Call it outside
     any transaction (SQLite does not change journal modes inside one)."""
-    if _mode(conn, JOURNAL_MODE_SQL) == "wal":
+    try:
+        current = _mode(conn, JOURNAL_MODE_SQL)
+    except sqlite3.Error:
+        current = ""  # an unreadable mode: the switch below tells
+    if current == "wal":
         _macos_settings(conn)
         return "wal"
     try:

@@ -255,6 +255,7 @@ SIGNATURES: list[tuple[str, list[tuple[str, Any, Any]]]] = [
     ("get_messages_as_conversation", [("session_id", _POS, _NONE),
                                       ("include_ancestors", _POS, False),
                                       ("include_inactive", _POS, False),
+                                      ("repair_alternation", _POS, False),
                                       ("include_row_ids", _KW, False)]),
     ("clear_messages", [("session_id", _POS, _NONE)]),
     ("list_sessions_rich", [

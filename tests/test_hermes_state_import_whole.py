@@ -167,14 +167,13 @@ def test_a_stream_that_fails_any_check_writes_nothing(case: str, tmp_path: Path)
 
 BAD_RECORDS: dict[str, tuple[Any, str]] = {
     "messages [5]": ({"messages": [5]}, "message 0 must be an object"),
-    "a dict title": ({"title": {"x": 1}}, "title must be text"),
+    "a dict title": ({"title": {"x": 1}}, "title must be "),
     "a 2^70 token count": ({"input_tokens": 2**70}, "64-bit"),
     "a 2^70 message token count": (
         {"messages": [{"role": "user", "content": "x", "token_count": 2**70}]}, "64 bits"),
     "a lone surrogate": ({"title": "bad \ud800"}, "surrogate"),
     "just a string": ("just a string", "must be an object"),
     "a list": ([1, 2, 3], "must be an object"),
-    "no source": ({"source": None}, "no source"),
     "more messages counted than held": ({"message_count": 379}, "truncated"),
 }
 
@@ -269,7 +268,8 @@ def test_list_imports_keep_their_callers_limits(db: SessionDB) -> None:
     big = {**_good("big"), "messages": [{"role": "user", "content": "x"}] * 10_001}
     result = db.import_sessions([_good("small"), big])
     assert result["ok"] is False and result["errors"][0]["index"] == 1
-    assert "10000" in result["errors"][0]["error"] and db.session_count() == 0
+    assert result["errors"][0]["error"] == "messages exceeds the per-session import limit"
+    assert db.session_count() == 0
     assert db.import_sessions([_good("small"), big], limited=False)["imported"] == 2
 
 

@@ -92,7 +92,8 @@ def test_reading_methods_keep_their_documented_keywords() -> None:
         "include_inactive": False, "limit": None, "offset": 0
     }
     assert defaults(SessionDB.get_messages_as_conversation) == {
-        "include_ancestors": False, "include_inactive": False, "include_row_ids": False
+        "include_ancestors": False, "include_inactive": False, "repair_alternation": False,
+        "include_row_ids": False,
     }
 
 

@@ -155,7 +155,7 @@ def test_macos_settings_follow_wal(
 ) -> None:
     if already_wal:
         apply_wal_with_fallback(conn)
-    monkeypatch.setattr(hermes_state_wal, "MACOS", True)
+    monkeypatch.setattr(hermes_state_wal.sys, "platform", "darwin")
     assert apply_wal_with_fallback(conn) == "wal"
     assert conn.execute("PRAGMA checkpoint_fullfsync").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -164,11 +164,11 @@ def test_macos_settings_follow_wal(
 def test_no_macos_settings_elsewhere_or_without_wal(
     conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hermes_state_wal, "MACOS", False)
+    monkeypatch.setattr(hermes_state_wal.sys, "platform", "linux")
     seen = statements(conn)
     apply_wal_with_fallback(conn)
     assert not any("fullfsync" in s or "synchronous" in s for s in seen)
-    monkeypatch.setattr(hermes_state_wal, "MACOS", True)
+    monkeypatch.setattr(hermes_state_wal.sys, "platform", "darwin")
     other_path = Path(conn.execute("PRAGMA database_list").fetchone()[2]).with_name("x.db")
     other = sqlite3.connect(f"{other_path.as_uri()}?vfs=unix-none", uri=True,
                             isolation_level=None)
@@ -176,3 +176,21 @@ def test_no_macos_settings_elsewhere_or_without_wal(
     assert apply_wal_with_fallback(other, db_label=label()) == "delete"
     assert not any("fullfsync" in s for s in forbidden), "only once WAL is active"
     other.close()
+
+
+def test_a_mode_that_cannot_be_read_still_gets_the_switch(
+    path: Path, conn: sqlite3.Connection
+) -> None:
+    denied: list[str] = []
+
+    def authorizer(action: int, arg1: str | None, arg2: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_PRAGMA and arg1 == "journal_mode" and arg2 is None \
+                and not denied:
+            denied.append("read")
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    conn.set_authorizer(authorizer)
+    assert apply_wal_with_fallback(conn, db_label=label()) == "wal"
+    assert denied == ["read"]
+    assert journal_mode(path) == "wal"
