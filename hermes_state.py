@@ -8,9 +8,6 @@ the write kind, spool, compaction-bound memory or fallback of each named in the 
 
 A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
 SQLite would delete that ``-wal`` on the first read.
-
-The constants below are module attributes on purpose: the seed names them, and tests shorten
-them at run time (they are read each time a write builds its policy).
 """
 
 from __future__ import annotations
@@ -75,6 +72,7 @@ from hermes_state_methods import write_method as _writes
 from hermes_state_openability import format_session_db_unavailable, get_last_init_error
 from hermes_state_profiles import ProfileStoreRegistry
 from hermes_state_wal import apply_wal_with_fallback
+from hermes_state_writes import Timing
 
 # The module-level operations: arguments checked, operating-system failures typed.
 backup_state_db = arguments.operation(maintenance.backup_state_db)
@@ -92,6 +90,7 @@ repair_state_db_schema = arguments.operation(openability.repair_state_db_schema)
 __all__ = [
     "SessionDB",
     "AsyncSessionDB",
+    "Timing",
     "apply_wal_with_fallback",
     "collect_profile_stats",
     "backup_state_db",
@@ -140,22 +139,6 @@ DEFAULT_DB_PATH = home_paths.default_db_path()
 _db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
 
-_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
-_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
-_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
-_CHECKPOINT_EVERY_N_WRITES = 50
-_FAST_RETRY_WINDOW_S = 2.0
-_SQLITE_BUSY_TIMEOUT_S = 1.0
-_READ_BUSY_TIMEOUT_S = 5.0
-
-def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
-    """The policy of a ``kind`` of write, from this module's constants as they are now."""
-    patience = {"write": _WRITE_PATIENCE_S, "transcript": _TRANSCRIPT_WRITE_PATIENCE_S,
-                "activity": _ACTIVITY_WRITE_PATIENCE_S}[kind]
-    fast = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
-    slow = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
-    return writes.RetryPolicy(patience, _FAST_RETRY_WINDOW_S, fast, slow)
-
 
 # --- what some methods answer instead of raising (see hermes_state_methods) -----------------
 
@@ -197,6 +180,9 @@ class SessionDB:
 
     ``seen_sessions``: for how many sessions the handle remembers what it read and wrote, the
     bound of rewrites whose caller passes none (default ``hermes_state_seen.SEEN_SESSIONS``).
+
+    ``timing``: the patience of each kind of write, the pauses between attempts, the busy
+    timeouts and how often a checkpoint follows a commit (default: :class:`Timing`'s figures).
     """
 
     def __init__(
@@ -206,6 +192,7 @@ class SessionDB:
         read_only: bool = False,
         rebuild_fts: bool = True,
         seen_sessions: int | None = None,
+        timing: writes.Timing | None = None,
     ) -> None:
         path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
@@ -215,6 +202,10 @@ class SessionDB:
         in_home = self.path.name == home_paths.DB_FILENAME
         self.profile_home = self.path.parent if in_home else home_paths.get_hermes_home().absolute()
         self.read_only = read_only
+        self.timing = writes.Timing() if timing is None else timing
+        if not isinstance(self.timing, writes.Timing):
+            raise errors.InvalidTypeError(
+                f"timing must be a Timing, not {type(timing).__name__}", argument="timing")
         # Read-only handles never checkpoint, whoever does.
         self._checkpoints = writes.Checkpoints(
             self.path, lambda: self._connect("rw", 0.0),
@@ -222,7 +213,7 @@ class SessionDB:
                 not read_only and replication.checkpoints_left_to_litestream(self.path)
             ),
             wal_reset_exposed=dbconn.wal_reset_exposed(),
-            every=_CHECKPOINT_EVERY_N_WRITES,
+            every=self.timing.checkpoint_every,
         )
         self.write_retries = 0
         self._lock = threading.RLock()
@@ -264,7 +255,7 @@ class SessionDB:
             if earlier is None:
                 db_files.prepare_db_file(self.path)
             self._watch.file_id = quarantine.file_identity(self.path)
-            self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
+            self._connection = self._connect("rw", self.timing.busy_timeout_s)
             quarantine.track(self)
             if earlier is None:
                 # Before any write: a -wal damaged in the middle must never be checkpointed.
@@ -298,7 +289,7 @@ class SessionDB:
             )
         self._watch.file_id = quarantine.file_identity(self.path)
         try:
-            conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+            conn = self._connect("ro", self.timing.read_busy_timeout_s)
         except sqlite3.Error as exc:
             raise self._read_error(exc) from exc
         try:
@@ -310,7 +301,7 @@ class SessionDB:
             # beside a file that may not be a store); a writable open still quarantines it.
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
-                self._watch.record(exc, error, lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
+                self._watch.record(exc, error, lambda: self._connect("ro", self.timing.read_busy_timeout_s))
             raise error from exc
         except BaseException:
             conn.close()
@@ -370,12 +361,12 @@ class SessionDB:
 
     def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
         self._watch.met_damage(exc, error, fts_only=self._fts_only, enter=self._quarantine,
-                               guard=lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
+                               guard=lambda: self._connect("ro", self.timing.read_busy_timeout_s))
 
     def _quarantine(self, exc: BaseException) -> None:
         with self._lock:
             self._watch.enter(exc, (self._connection, self._checkpoints.helper),
-                              lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S))
+                              lambda: self._connect("ro", self.timing.busy_timeout_s))
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
@@ -449,9 +440,6 @@ class SessionDB:
 
         return writes.retrying(self, attempt, "write", drop_search_index=self._drop_search_index)
 
-    def _policy(self, kind: writes.WriteKind) -> writes.RetryPolicy:
-        return _retry_policy(kind)
-
     def _fts_only(self, exc: BaseException) -> bool:
         with self._lock:
             return fts.damage_is_fts_only(self._connection, exc)
@@ -481,7 +469,7 @@ class SessionDB:
     def _read_error(self, exc: sqlite3.Error) -> Exception:
         if self.read_only and errors.is_sqlite_lock_error(exc):
             return errors.StateDbUnavailableError(
-                f"session store {self.path} stayed locked for {_READ_BUSY_TIMEOUT_S:g} s",
+                f"session store {self.path} stayed locked for {self.timing.read_busy_timeout_s:g} s",
                 reason="busy",
                 path=self.path,
             )
@@ -492,7 +480,7 @@ class SessionDB:
         """A second, read-only connection inside one read transaction: a consistent snapshot
         for long reads (a streaming export) that must not hold this handle's lock."""
         self._check_open()
-        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
+        conn = self._connect("ro", self.timing.read_busy_timeout_s)
         try:
             conn.execute("BEGIN")
             yield conn

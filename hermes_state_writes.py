@@ -26,8 +26,8 @@ Statements SQLite refuses inside a transaction (pragmas, ``VACUUM``, integrity c
 checkpoints) take the same retries under the handle's lock, with no ``BEGIN`` and no
 checkpoint after them.
 
-The figures are the ``hermes_state`` module's constants, read each time a policy is built (the
-seed names them, and tests shorten them at run time).
+The figures are the seed's named constants below, gathered in a frozen :class:`Timing`; a
+handle takes another with ``SessionDB(path, timing=Timing(...))``.
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ from typing import Literal, Protocol, TypeVar
 import hermes_state_replication as replication
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
-from hermes_state_errors import ReplicationError, StateDbLockedError
+from hermes_state_errors import InvalidInputError, InvalidTypeError, ReplicationError
+from hermes_state_errors import StateDbLockedError
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
 from hermes_state_impact import missing_index_object
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
     "WriteKind",
+    "Timing",
     "RetryPolicy",
     "delay",
     "locked_error",
@@ -82,6 +84,70 @@ class RetryPolicy:
     fast_window_s: float  # pauses are short while less than this has passed
     fast_pause_s: tuple[float, float]  # the range of a pause inside the fast window
     slow_pause_s: tuple[float, float]  # the range of a pause after it
+
+
+# The seed's figures (see the module docstring).
+_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
+_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
+_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
+_CHECKPOINT_EVERY_N_WRITES = 50
+_FAST_RETRY_WINDOW_S = 2.0
+_SQLITE_BUSY_TIMEOUT_S = 1.0
+_READ_BUSY_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a handle waits and how often it checkpoints: the patience of each
+    :data:`WriteKind`, the ranges of the pauses between attempts (``fast_pause_s`` during the
+    first ``fast_window_s``, ``slow_pause_s`` after), a PASSIVE checkpoint after every
+    ``checkpoint_every``-th commit, SQLite's busy timeout of a writable connection
+    (``busy_timeout_s``) and the one wait of a read-only open (``read_busy_timeout_s``).
+    Every figure is checked when the object is made (:class:`InvalidInputError`)."""
+
+    write_patience_s: float = _WRITE_PATIENCE_S
+    transcript_patience_s: float = _TRANSCRIPT_WRITE_PATIENCE_S
+    activity_patience_s: float = _ACTIVITY_WRITE_PATIENCE_S
+    fast_pause_s: tuple[float, float] = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
+    slow_pause_s: tuple[float, float] = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
+    fast_window_s: float = _FAST_RETRY_WINDOW_S
+    checkpoint_every: int = _CHECKPOINT_EVERY_N_WRITES
+    busy_timeout_s: float = _SQLITE_BUSY_TIMEOUT_S
+    read_busy_timeout_s: float = _READ_BUSY_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("write_patience_s", "transcript_patience_s", "activity_patience_s",
+                     "fast_window_s", "busy_timeout_s", "read_busy_timeout_s"):
+            _check_seconds(name, getattr(self, name))
+        for name in ("fast_pause_s", "slow_pause_s"):
+            pause = getattr(self, name)
+            if not (isinstance(pause, tuple) and len(pause) == 2):
+                raise InvalidInputError(f"{name} must be a (low, high) pair of seconds",
+                                        argument=name)
+            _check_seconds(name, pause[0])
+            _check_seconds(name, pause[1])
+            if pause[0] > pause[1]:
+                raise InvalidInputError(f"{name}: {pause[0]} > {pause[1]}", argument=name)
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidInputError(
+                f"checkpoint_every must be a positive integer, not {every!r}",
+                argument="checkpoint_every")
+
+    def policy(self, kind: WriteKind) -> RetryPolicy:
+        """The retry policy of a ``kind`` of write."""
+        patience = {"write": self.write_patience_s, "transcript": self.transcript_patience_s,
+                    "activity": self.activity_patience_s}[kind]
+        return RetryPolicy(patience, self.fast_window_s, self.fast_pause_s, self.slow_pause_s)
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(f"{name} must be a number of seconds, not {value!r}",
+                               argument=name)
+    if not 0 <= value < float("inf"):
+        raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, not {value!r}",
+                                argument=name)
 
 
 def delay(elapsed: float, policy: RetryPolicy, rng: random.Random) -> float | None:
@@ -194,8 +260,7 @@ class Store(Protocol):
     path: Path
     profile_home: Path
     write_retries: int
-
-    def _policy(self, kind: WriteKind) -> RetryPolicy: ...
+    timing: Timing
 
     def _fts_only(self, exc: BaseException) -> bool: ...
 
@@ -216,7 +281,7 @@ def retrying(
     rest of it is dropped too and the write goes through; the next writable open creates it
     anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
     not drop again, so a drop that meets the same error ends, typed, instead of recursing."""
-    policy = store._policy(kind)
+    policy = store.timing.policy(kind)
     start, attempts, detach_index = time.monotonic(), 1, False
     while True:
         try:

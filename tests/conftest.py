@@ -54,6 +54,24 @@ def db(db_path: Path) -> Iterator[SessionDB]:
         handle.close()
 
 
+OpenDb = Callable[..., SessionDB]
+
+
+@pytest.fixture
+def open_db() -> Iterator[OpenDb]:
+    """``SessionDB(*args, **kwargs)``: every handle opened through it is closed after the test."""
+    opened: list[SessionDB] = []
+
+    def open_(*args: object, **kwargs: object) -> SessionDB:
+        handle = SessionDB(*args, **kwargs)  # type: ignore[arg-type]
+        opened.append(handle)
+        return handle
+
+    yield open_
+    for handle in opened:
+        handle.close()
+
+
 def subprocess_env(
     overrides: Mapping[str, str | None] = {}, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import hermes_state
 from hermes_state import (
     InvalidInputError,
     InvalidTypeError,
     SessionDB,
     StateDbClosedError,
     StateDbLockedError,
+    Timing,
     UnsafePathError,
     is_corruption_error,
     is_sqlite_lock_error,
@@ -217,23 +217,23 @@ def test_reads_go_on_while_another_process_holds_the_write_lock(
 @pytest.mark.parametrize(
     ("patience_attr", "write"),
     [
-        ("_TRANSCRIPT_WRITE_PATIENCE_S", lambda db: db.append_message("s", "user", "lost")),
-        ("_WRITE_PATIENCE_S", lambda db: db.create_session("other", "cli")),
+        ("transcript_patience_s", lambda db: db.append_message("s", "user", "lost")),
+        ("write_patience_s", lambda db: db.create_session("other", "cli")),
     ],
     ids=["transcript", "ordinary"],
 )
 def test_exhausted_patience_raises_locked_and_names_the_holder(
-    db: SessionDB,
+    db_path: Path,
+    open_db,
     hold_write_lock,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     hermes_home: Path,
     patience_attr: str,
     write,
 ) -> None:
-    db.create_session("s", "cli")
     patience = 0.3
-    monkeypatch.setattr(hermes_state, patience_attr, patience)
+    db = open_db(db_path, timing=Timing(**{patience_attr: patience}))
+    db.create_session("s", "cli")
     caplog.set_level(logging.WARNING, logger="hermes_state")
     with hold_write_lock(db.path) as holder:
         start = time.monotonic()
@@ -241,7 +241,7 @@ def test_exhausted_patience_raises_locked_and_names_the_holder(
             write(db)
         elapsed = time.monotonic() - start
     # One SQLite busy wait (1 s) may run past the patience, never more.
-    assert patience <= elapsed < patience + hermes_state._SQLITE_BUSY_TIMEOUT_S + 1.0
+    assert patience <= elapsed < patience + db.timing.busy_timeout_s + 1.0
     error = info.value
     assert error.reason == "session_persistence_failed:locked"
     assert isinstance(error.__cause__, sqlite3.OperationalError)
@@ -272,16 +272,13 @@ def test_opening_an_uninitialised_file_waits_for_the_lock(db_path: Path, hold_wr
         assert db.get_session("s") is not None
 
 
-def test_opening_gives_up_typed_when_patience_runs_out(
-    db_path: Path, hold_write_lock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_opening_gives_up_typed_when_patience_runs_out(db_path: Path, hold_write_lock) -> None:
     with sqlite3.connect(db_path, isolation_level=None) as other:
         other.execute("PRAGMA journal_mode = WAL")
     other.close()
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.2)
     with hold_write_lock(db_path):
         with pytest.raises(StateDbLockedError):
-            SessionDB(db_path)
+            SessionDB(db_path, timing=Timing(write_patience_s=0.2))
 
 
 def test_threads_on_two_handles_in_one_process_lose_no_write(db_path: Path) -> None:
@@ -386,7 +383,7 @@ def test_kill_9_loses_no_committed_row(db: SessionDB, spawn_python) -> None:
 def test_passive_checkpoint_runs_after_50_writes(db: SessionDB) -> None:
     assert db.last_checkpoint is None
     db.create_session("s", "cli")
-    for i in range(hermes_state._CHECKPOINT_EVERY_N_WRITES):
+    for i in range(db.timing.checkpoint_every):
         db.append_message("s", "user", f"message {i}")
     assert db.last_checkpoint is not None
     busy, log_frames, checkpointed = db.last_checkpoint

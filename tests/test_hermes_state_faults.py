@@ -33,6 +33,7 @@ from hermes_state import (
     SessionDB,
     StateDbFullError,
     StateDbLockedError,
+    Timing,
     UnsafePathError,
     resolve_profile_home,
 )
@@ -206,11 +207,10 @@ def test_a_lock_storm_loses_nothing_and_leaks_no_error(
 # WARNINGs of the hermes_state logger on stderr; prints what happened as one JSON line.
 _PATIENT_WRITER = """
 import json, logging, sys, time
-import hermes_state
-from hermes_state import SessionDB, StateDbLockedError
+from hermes_state import SessionDB, StateDbLockedError, Timing
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-hermes_state._TRANSCRIPT_WRITE_PATIENCE_S = float(sys.argv[2])
-db = SessionDB(sys.argv[1], rebuild_fts=False)
+timing = Timing(transcript_patience_s=float(sys.argv[2]))
+db = SessionDB(sys.argv[1], rebuild_fts=False, timing=timing)
 began = time.monotonic()
 try:
     db.append_message("s", "user", "patient")
@@ -281,9 +281,9 @@ def test_without_a_lock_table_the_locked_error_still_comes_typed_and_logged(
     tmp_path: Path,
 ) -> None:
     monkeypatch.setattr(lockowners, "PROC_LOCKS_PATH", str(tmp_path / "no-such-lock-table"))
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.2)
     caplog.set_level(logging.WARNING, logger="hermes_state")
-    with SessionDB(store_with_session) as db, hold_write_lock(store_with_session):
+    impatient = Timing(write_patience_s=0.2)
+    with SessionDB(store_with_session, timing=impatient) as db, hold_write_lock(store_with_session):
         assert fts.other_processes_hold(store_with_session)  # nothing provable without it
         with pytest.raises(StateDbLockedError) as caught:
             db.set_meta("k", "v")
@@ -628,7 +628,7 @@ def test_every_connection_and_every_checkpoint_follows_the_exposure(
         else:  # between the handle's transactions
             assert handle.count("BEGIN IMMEDIATE") == handle.count("COMMIT")
 
-    for n in range(hermes_state._CHECKPOINT_EVERY_N_WRITES):  # the every-50-writes one
+    for n in range(db.timing.checkpoint_every):  # the every-50-writes one
         db.append_message("s", "user", f"m{n}")
         if any("wal_checkpoint" in sql for _, sql in trace):
             break

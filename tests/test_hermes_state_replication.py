@@ -26,11 +26,10 @@ from typing import Any
 import pytest
 from conftest import file_state, subprocess_env
 
-import hermes_state
 import hermes_state_connect as dbconn
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
-from hermes_state import ReplicationError, SessionDB
+from hermes_state import ReplicationError, SessionDB, Timing
 from state_helpers import btree_pages, overwrite_pages, populate, process_holding
 
 SYNC = 0.25  # the sync interval every replicating test configures
@@ -209,7 +208,7 @@ def test_left_to_litestream_no_handle_checkpoints_or_truncates_the_wal(
     db_path: Path, exposure: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store(db_path)
-    writes = 3 * hermes_state._CHECKPOINT_EVERY_N_WRITES
+    writes = 3 * Timing().checkpoint_every
     monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
     # Another process keeps the file open, as Litestream does, so the last close is not ours.
     with process_holding(db_path):
@@ -235,7 +234,7 @@ def test_left_to_litestream_no_handle_checkpoints_or_truncates_the_wal(
         # The same work with the setting off checkpoints again.
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "library")
         with SessionDB(db_path) as db:
-            _write_storm(db, hermes_state._CHECKPOINT_EVERY_N_WRITES)
+            _write_storm(db, db.timing.checkpoint_every)
         assert file_state(db_path)["state.db"] != before["state.db"]
 
 
@@ -250,11 +249,11 @@ def test_an_open_handle_follows_the_setting_at_its_next_checkpoint_decision(
         db.checkpoint()
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
         db.last_checkpoint = None
-        _write_storm(db, 2 * hermes_state._CHECKPOINT_EVERY_N_WRITES)
+        _write_storm(db, 2 * db.timing.checkpoint_every)
         assert db.last_checkpoint is None
         assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "library")
-        _write_storm(db, hermes_state._CHECKPOINT_EVERY_N_WRITES)
+        _write_storm(db, db.timing.checkpoint_every)
         assert db.last_checkpoint is not None
         assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == default
 
