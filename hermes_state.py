@@ -29,7 +29,6 @@ import hermes_state_arguments as arguments
 import hermes_state_connect as dbconn
 import hermes_state_files as db_files
 import hermes_state_home as home_paths
-import hermes_state_schema_sql as schema_sql
 import hermes_state_compat as compat
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -45,10 +44,10 @@ import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
 import hermes_state_methods as methods
 import hermes_state_openability as openability
+import hermes_state_operations as operations
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
-import hermes_state_recover as recover
 import hermes_state_replication as replication
 import hermes_state_rewind as rewind
 import hermes_state_schema as schema
@@ -62,68 +61,27 @@ import hermes_state_transfer as transfer
 import hermes_state_upkeep as upkeep
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
-from hermes_state_home import get_hermes_home, hermes_home_override
-from hermes_state_schema_sql import SCHEMA_VERSION
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
-from hermes_state_methods import Fallback, lenient
+from hermes_state_methods import lenient
 from hermes_state_methods import read_method as _reads
 from hermes_state_methods import write_method as _writes
-from hermes_state_openability import format_session_db_unavailable, get_last_init_error
+from hermes_state_operations import *  # noqa: F403 -- the module-level API, re-exported
 from hermes_state_profiles import ProfileStoreRegistry
-from hermes_state_wal import apply_wal_with_fallback
 from hermes_state_writes import Timing
-
-# The module-level operations: arguments checked, operating-system failures typed.
-backup_state_db = arguments.operation(maintenance.backup_state_db)
-restore_state_db = arguments.operation(maintenance.restore_state_db)
-repair_state_db = arguments.operation(maintenance.repair_state_db)
-recover_state_db = arguments.operation(recover.recover_state_db)
-resolve_store_home = arguments.operation(profiles.resolve_store_home)
-display_hermes_home = arguments.operation(home_paths.display_hermes_home)
-resolve_profile_home = arguments.operation(home_paths.resolve_profile_home)
-profile_config_path = arguments.operation(home_paths.profile_config_path)
-child_process_env = arguments.operation(home_paths.child_process_env)
-workspace_key = arguments.operation(workspace.workspace_key)
-repair_state_db_schema = arguments.operation(openability.repair_state_db_schema)
 
 __all__ = [
     "SessionDB",
     "AsyncSessionDB",
     "Timing",
-    "apply_wal_with_fallback",
     "collect_profile_stats",
-    "backup_state_db",
-    "restore_state_db",
-    "repair_state_db",
-    "recover_state_db",
-    "repair_state_db_schema",
-    "format_session_db_unavailable",
-    "get_last_init_error",
-    "DEFAULT_DB_PATH",
-    "SCHEMA_VERSION",
-    "SCHEMA_SQL",
-    "MAX_FTS5_QUERY_CHARS",
-    "get_hermes_home",
-    "hermes_home_override",
-    "display_hermes_home",
-    "resolve_profile_home",
-    "resolve_store_home",
-    "profile_config_path",
-    "child_process_env",
-    "ProfileStoreRegistry",
     "profile_stores",
-    "workspace_key",
+    *operations.__all__,
     *errors.__all__,
 ]
 
 # --- names the application imports from the previous store (see docs/compatibility.md) -----
 
-#: The schema a new store is created with (tables, indexes, the FTS indexes and their
-#: triggers), as one script of complete statements.
-SCHEMA_SQL = schema_sql.SCHEMA_SQL
-#: The longest search query read: longer input is cut to this many characters.
-MAX_FTS5_QUERY_CHARS = search.MAX_INPUT_CHARS
 _collect_delegate_child_ids = deletion.delegate_children
 _delete_delegate_children = deletion.delete_delegate_children
 _is_background_review_harness_message = messages.is_background_review_prompt
@@ -133,28 +91,9 @@ _strip_background_review_harness = messages.without_background_review
 __version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
-#: The default store when this module was imported (``SessionDB()`` resolves it at each call).
-DEFAULT_DB_PATH = home_paths.default_db_path()
 # The previous store's doctor probes a file with this name.
 _db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
-
-
-# --- what some methods answer instead of raising (see hermes_state_methods) -----------------
-
-def _search_without_index(
-    db: SessionDB, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """A search that met a damaged index: detach it (when this handle may write) and answer
-    from the canonical rows."""
-    if not db.read_only and not db.quarantined:
-        db._write(fts.detach_index)
-    return db._read(lambda conn: search.search_messages(conn, *args, **kwargs, use_index=False))
-
-
-_WITHOUT_DAMAGED_INDEX = Fallback(
-    (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
-)
 
 
 # What transcript writes spool: most name their session and messages as append_message does.
@@ -717,7 +656,7 @@ class SessionDB:
     _sanitize_fts5_query = staticmethod(search.sanitize_fts5_query)
     _contains_cjk = staticmethod(fts.contains_cjk)
 
-    search_messages = _reads(search.search_messages, fallback=_WITHOUT_DAMAGED_INDEX)
+    search_messages = _reads(search.search_messages, fallback=methods.WITHOUT_DAMAGED_INDEX)
 
     # --- compression --------------------------------------------------------------------------
 
