@@ -15,7 +15,6 @@ from __future__ import annotations
 # asyncio and sys are attributes of this module on purpose: the application's tests patch
 # ``hermes_state.asyncio.to_thread`` (the async wrapper looks it up at each call).
 import asyncio  # noqa: F401
-import contextlib
 import functools
 import logging
 import sqlite3
@@ -27,7 +26,6 @@ from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
 import hermes_state_connect as dbconn
-import hermes_state_files as db_files
 import hermes_state_home as home_paths
 import hermes_state_compat as compat
 import hermes_state_compression as compression
@@ -37,7 +35,7 @@ import hermes_state_errors as errors
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
-import hermes_state_impact as impact
+import hermes_state_lifecycle as lifecycle
 import hermes_state_lineage as lineage
 import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
@@ -48,9 +46,7 @@ import hermes_state_operations as operations
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
-import hermes_state_replication as replication
 import hermes_state_rewind as rewind
-import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_seen as seen
 import hermes_state_session_model as session_model
@@ -70,15 +66,8 @@ from hermes_state_operations import *  # noqa: F403 -- the module-level API, re-
 from hermes_state_profiles import ProfileStoreRegistry
 from hermes_state_writes import Timing
 
-__all__ = [
-    "SessionDB",
-    "AsyncSessionDB",
-    "Timing",
-    "collect_profile_stats",
-    "profile_stores",
-    *operations.__all__,
-    *errors.__all__,
-]
+__all__ = ["SessionDB", "AsyncSessionDB", "Timing", "collect_profile_stats", "profile_stores",
+           *operations.__all__, *errors.__all__]
 
 # --- names the application imports from the previous store (see docs/compatibility.md) -----
 
@@ -124,6 +113,8 @@ class SessionDB:
     timeouts and how often a checkpoint follows a commit (default: :class:`Timing`'s figures).
     """
 
+    _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
+
     def __init__(
         self,
         db_path: str | Path | None = None,
@@ -145,130 +136,33 @@ class SessionDB:
         if not isinstance(self.timing, writes.Timing):
             raise errors.InvalidTypeError(
                 f"timing must be a Timing, not {type(timing).__name__}", argument="timing")
-        # Read-only handles never checkpoint, whoever does.
-        self._checkpoints = writes.Checkpoints(
-            self.path, lambda: self._connect("rw", 0.0),
-            leave_to_litestream=(
-                not read_only and replication.checkpoints_left_to_litestream(self.path)
-            ),
-            wal_reset_exposed=dbconn.wal_reset_exposed(),
-            every=self.timing.checkpoint_every,
-        )
         self.write_retries = 0
         self._lock = threading.RLock()
         self._closed = False
-        self._watch = quarantine.Watch(self.path, self.profile_home, read_only=read_only)
+        self._checkpoints = lifecycle.checkpoints(self)
+        self._watch = lifecycle.watch(self)
         self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:
-            self._connection = self._open_read_only() if read_only else self._open_writable()
+            opening = lifecycle.open_read_only if read_only else lifecycle.open_writable
+            self._connection = opening(self)
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
         if not read_only and rebuild_fts and self._watch.reason is None:
             self._upkeep.start()
 
-    # --- opening ------------------------------------------------------------------------------
+    # --- opening, reading, closing (see hermes_state_lifecycle) ------------------------------
 
-    def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
-        """Every connection of the handle (its own, the checkpoint helper, the close guard,
-        the snapshot reader), configured by ``dbconn.configure_connection``.
-
-        Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
-        them ever checkpoints on its own: automatic checkpoints are off from the first
-        statement (the setting touches no file)."""
-        conn = dbconn.connect(self.path, mode, timeout=timeout)
-        if self._checkpoints.automatic_off():
-            conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
-        return conn
-
-    def _open_writable(self) -> sqlite3.Connection:
-        with quarantine.OPEN_LOCK:
-            db_files.refuse_symlinks(self.path)
-            if db_files.wal_without_database(self.path):
-                raise errors.StateDbCorruptError(
-                    f"{self.path} is empty but its -wal is not: the file was truncated",
-                    path=self.path,
-                )
-            earlier = quarantine.inherited(self.path)
-            if earlier is None:
-                db_files.prepare_db_file(self.path)
-            self._watch.file_id = quarantine.file_identity(self.path)
-            self._connection = self._connect("rw", self.timing.busy_timeout_s)
-            quarantine.track(self)
-            if earlier is None:
-                # Before any write: a -wal damaged in the middle must never be checkpointed.
-                earlier = quarantine.wal_damage(self.path, self._connection)
-        if earlier is not None:
-            # Born quarantined: it reads, spools what it cannot write, and never writes.
-            logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)
-            self._quarantine(earlier)
-            return self._connection
-        try:
-            self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
-            schema.ensure_schema(self._connection, self._write)
-            db_files.tighten_modes(self.path)
-        except BaseException:
-            self._close_connections()
-            raise
-        return self._connection
-
-    def _open_read_only(self) -> sqlite3.Connection:
-        db_files.refuse_symlinks(self.path)
-        if db_files.wal_without_database(self.path):  # the first read would delete the -wal
-            raise errors.StateDbUnavailableError(
-                f"{self.path} is truncated: the main file is empty but its -wal is not (it "
-                "lost its content; it is not a new store)",
-                reason=errors.TRUNCATED_REASON, path=self.path)
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            raise errors.StateDbUnavailableError(
-                f"no initialised session store at {self.path}",
-                reason="uninitialized",
-                path=self.path,
-            )
-        self._watch.file_id = quarantine.file_identity(self.path)
-        try:
-            conn = self._connect("ro", self.timing.read_busy_timeout_s)
-        except sqlite3.Error as exc:
-            raise self._read_error(exc) from exc
-        try:
-            schema.require_current(conn, self.path)
-        except sqlite3.Error as exc:
-            conn.close()
-            error = self._read_error(exc)
-            # SQLITE_NOTADB: not a database at all, as far as a reader can tell (no marker
-            # beside a file that may not be a store); a writable open still quarantines it.
-            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-            if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
-                self._watch.record(exc, error, lambda: self._connect("ro", self.timing.read_busy_timeout_s))
-            raise error from exc
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    # --- closing ------------------------------------------------------------------------------
+    _connect = lifecycle.connect
+    _read = lifecycle.read
+    _snapshot_reader = lifecycle.snapshot_reader
 
     def close(self) -> None:
-        """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal;
-        so does one whose checkpoints are left to Litestream."""
+        """Close the handle (idempotent). A quarantined handle skips every checkpoint and
+        leaves the -wal; so does one whose checkpoints are left to Litestream."""
         self._upkeep.stop()
-        with self._lock:
-            if self._closed:
-                return
-            self._adopt_quarantine()
-            self._closed = True
-            quarantine.untrack(self)
-            if not self.read_only and self._watch.reason is None and (
-                self._checkpoints.owned(self._connection)
-            ):
-                with contextlib.suppress(sqlite3.Error):
-                    self._checkpoints.run(self._connection)
-            self._close_connections()
-
-    def _close_connections(self) -> None:
-        self._checkpoints.close()
-        self._connection.close()
+        lifecycle.close(self)
 
     def __enter__(self) -> SessionDB:
         return self
@@ -279,6 +173,15 @@ class SessionDB:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # --- the write path (see hermes_state_writes) ---------------------------------------------
+
+    _write = writes.write
+    _outside_transaction = writes.outside_transaction
+    _check_writable = writes.check_writable
+
+    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._write(fn, "transcript")
 
     # --- quarantine (see hermes_state_quarantine) ---------------------------------------------
 
@@ -293,19 +196,8 @@ class SessionDB:
     def _quarantined(self) -> BaseException | None:
         return self._watch.reason
 
-    def _adopt_quarantine(self) -> None:
-        earlier = self._watch.earlier()
-        if earlier is not None:
-            self._quarantine(earlier)
-
-    def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
-        self._watch.met_damage(exc, error, fts_only=self._fts_only, enter=self._quarantine,
-                               guard=lambda: self._connect("ro", self.timing.read_busy_timeout_s))
-
     def _quarantine(self, exc: BaseException) -> None:
-        with self._lock:
-            self._watch.enter(exc, (self._connection, self._checkpoints.helper),
-                              lambda: self._connect("ro", self.timing.busy_timeout_s))
+        self._watch.enter(exc)
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
@@ -324,114 +216,6 @@ class SessionDB:
         a quarantined or read-only handle, SQLite errors typed; returns what ``fn`` returns.
         ``conn`` is a :class:`~hermes_state_compat.WriteConnection` (``sqlite3.Row`` rows)."""
         return self._write(lambda conn: fn(compat.WriteConnection(conn, self._lock)))
-
-    # --- the write path (see hermes_state_writes) ---------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise errors.StateDbClosedError(f"SessionDB for {self.path} is closed")
-
-    def _check_writable(self) -> None:
-        self._check_open()
-        if self.read_only:
-            raise errors.HermesStateError(f"SessionDB for {self.path} is read-only")
-        self._adopt_quarantine()
-        self._watch.refuse_writes()
-
-    def _write(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        kind: writes.WriteKind = "write",
-        *,
-        may_drop_index: bool = True,
-    ) -> T:
-        """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
-        ``kind`` (see hermes_state_writes.retrying); after the commit, the checkpoint policy."""
-
-        def attempt(detach_index: bool) -> T:
-            with self._lock:
-                self._check_writable()
-                with dbconn.transaction(self._connection):
-                    if detach_index:
-                        fts.detach_index(self._connection)
-                    result = fn(self._connection)
-                self._checkpoints.after_commit(self._connection)
-            return result
-
-        return writes.retrying(self, attempt, kind, drop_search_index=(
-            self._drop_search_index if may_drop_index else None))
-
-    def _drop_search_index(self) -> None:
-        self._write(impact.drop_index, may_drop_index=False)
-
-    def _outside_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` for statements SQLite refuses inside a transaction (pragmas,
-        ``VACUUM``, integrity checks, checkpoints): under the handle's lock, retried while the
-        file is locked as a write is, with no ``BEGIN`` and no checkpoint after it."""
-
-        def attempt(detach_index: bool) -> T:
-            with self._lock:
-                self._check_writable()
-                if detach_index:
-                    with dbconn.transaction(self._connection):
-                        fts.detach_index(self._connection)
-                return fn(self._connection)
-
-        return writes.retrying(self, attempt, "write", drop_search_index=self._drop_search_index)
-
-    def _fts_only(self, exc: BaseException) -> bool:
-        with self._lock:
-            return fts.damage_is_fts_only(self._connection, exc)
-
-    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return self._write(fn, "transcript")
-
-    # --- reads --------------------------------------------------------------------------------
-
-    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` under the handle's lock, in one read transaction (every statement
-        of it sees the same snapshot); SQLite errors become typed errors.
-
-        Corruption a read meets in the record itself (not only in an index) quarantines a
-        writable handle as a write would: the file is proven damaged either way. A read-only
-        handle records it (the marker beside the file) for the writers that come next."""
-        with self._lock:
-            self._check_open()
-            try:
-                with dbconn.read_transaction(self._connection):
-                    return fn(self._connection)
-            except sqlite3.Error as exc:
-                error = self._read_error(exc)
-                self._met_damage(exc, error)
-                raise error from exc
-
-    def _read_error(self, exc: sqlite3.Error) -> Exception:
-        if self.read_only and errors.is_sqlite_lock_error(exc):
-            return errors.StateDbUnavailableError(
-                f"session store {self.path} stayed locked for {self.timing.read_busy_timeout_s:g} s",
-                reason="busy",
-                path=self.path,
-            )
-        return errors.translate_read(exc, self.path) if self.read_only else self._translate(exc)
-
-    @contextlib.contextmanager
-    def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
-        """A second, read-only connection inside one read transaction: a consistent snapshot
-        for long reads (a streaming export) that must not hold this handle's lock."""
-        self._check_open()
-        conn = self._connect("ro", self.timing.read_busy_timeout_s)
-        try:
-            conn.execute("BEGIN")
-            yield conn
-        except sqlite3.Error as exc:
-            error = self._read_error(exc)
-            self._met_damage(exc, error)
-            raise error from exc
-        finally:
-            conn.close()
-
-    def _translate(self, exc: sqlite3.Error) -> errors.HermesStateError:
-        return errors.translate(exc, self.path)
 
     # --- checkpoints --------------------------------------------------------------------------
 

@@ -38,17 +38,20 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import hermes_state_replication as replication
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
-from hermes_state_errors import InvalidInputError, InvalidTypeError, ReplicationError
-from hermes_state_errors import StateDbLockedError
+from hermes_state_errors import HermesStateError, InvalidInputError, InvalidTypeError
+from hermes_state_errors import ReplicationError, StateDbClosedError, StateDbLockedError
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
-from hermes_state_impact import missing_index_object
+from hermes_state_fts import damage_is_fts_only, detach_index
+from hermes_state_impact import drop_index, missing_index_object
+from hermes_state_quarantine import Watch
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
@@ -65,6 +68,11 @@ __all__ = [
     "TRUNCATE_CHECKPOINT_SQL",
     "Store",
     "retrying",
+    "write",
+    "outside_transaction",
+    "check_open",
+    "check_writable",
+    "fts_only",
     "Checkpoints",
     "WAL_AUTOCHECKPOINT_OFF_SQL",
     "WAL_AUTOCHECKPOINT_DEFAULT_SQL",
@@ -255,16 +263,20 @@ _JITTER = random.Random()
 
 
 class Store(Protocol):
-    """What the retry loop needs of a handle."""
+    """What the write path needs of a handle (``SessionDB``)."""
 
     path: Path
     profile_home: Path
+    read_only: bool
     write_retries: int
     timing: Timing
+    _closed: bool
+    _connection: sqlite3.Connection
+    _checkpoints: Checkpoints
+    _watch: Watch
 
-    def _fts_only(self, exc: BaseException) -> bool: ...
-
-    def _quarantine(self, exc: BaseException) -> None: ...
+    @property
+    def _lock(self) -> AbstractContextManager[Any]: ...
 
 
 def retrying(
@@ -293,7 +305,8 @@ def retrying(
                 drop_search_index()
                 drop_search_index = None
                 continue
-            verdict = classify(exc, index_detached=detach_index, fts_only=store._fts_only)
+            verdict = classify(exc, index_detached=detach_index,
+                               fts_only=lambda exc: fts_only(store, exc))
             if verdict is Verdict.RETRY:
                 waited = time.monotonic() - start
                 pause = delay(waited, policy, _JITTER)
@@ -308,11 +321,74 @@ def retrying(
                 detach_index = True
             else:
                 if verdict is Verdict.QUARANTINE:
-                    store._quarantine(exc)
+                    store._watch.enter(exc)
                 if isinstance(exc, sqlite3.Error):
                     raise translate(exc, store.path) from exc
                 raise
             attempts += 1
+
+
+def write(
+    store: Store,
+    fn: Callable[[sqlite3.Connection], T],
+    kind: WriteKind = "write",
+    *,
+    may_drop_index: bool = True,
+) -> T:
+    """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
+    ``kind`` (see :func:`retrying`); after the commit, the checkpoint policy."""
+
+    def attempt(detach: bool) -> T:
+        with store._lock:
+            check_writable(store)
+            with transaction(store._connection):
+                if detach:
+                    detach_index(store._connection)
+                result = fn(store._connection)
+            store._checkpoints.after_commit(store._connection)
+        return result
+
+    return retrying(store, attempt, kind, drop_search_index=(
+        (lambda: write(store, drop_index, may_drop_index=False)) if may_drop_index else None))
+
+
+def outside_transaction(store: Store, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn(conn)`` for statements SQLite refuses inside a transaction (pragmas,
+    ``VACUUM``, integrity checks, checkpoints): under the handle's lock, retried while the
+    file is locked as a write is, with no ``BEGIN`` and no checkpoint after it."""
+
+    def attempt(detach: bool) -> T:
+        with store._lock:
+            check_writable(store)
+            if detach:
+                with transaction(store._connection):
+                    detach_index(store._connection)
+            return fn(store._connection)
+
+    return retrying(store, attempt, "write",
+                    drop_search_index=lambda: write(store, drop_index, may_drop_index=False))
+
+
+def check_open(store: Store) -> None:
+    """:class:`StateDbClosedError` once the handle is closed."""
+    if store._closed:
+        raise StateDbClosedError(f"SessionDB for {store.path} is closed")
+
+
+def check_writable(store: Store) -> None:
+    """Refuse a write on a closed or read-only handle, and on a quarantined one (after taking
+    on a quarantine another handle of this process met)."""
+    check_open(store)
+    if store.read_only:
+        raise HermesStateError(f"SessionDB for {store.path} is read-only")
+    store._watch.adopt()
+    store._watch.refuse_writes()
+
+
+def fts_only(store: Store, exc: BaseException) -> bool:
+    """Whether the damage ``exc`` shows is proven to lie in the FTS indexes only."""
+    with store._lock:
+        return damage_is_fts_only(store._connection, exc)
 
 
 # --- the checkpoint policy ----------------------------------------------------------------------
