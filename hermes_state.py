@@ -111,6 +111,12 @@ class SessionDB:
 
     ``timing``: the patience of each kind of write, the pauses between attempts, the busy
     timeouts and how often a checkpoint follows a commit (default: :class:`Timing`'s figures).
+
+    ``on_connect(role, conn)`` is called with every connection the handle opens, before the
+    library's first statement on it (``role``: ``"handle"``, ``"helper"`` for the checkpoint
+    helper, ``"snapshot"``, ``"guard"``): to trace statements (``set_trace_callback``), or to
+    inject a fault in a test. ``wal_reset_exposed`` forces the WAL-reset mitigation on or off
+    (None: on exactly when this SQLite lies in the bug range).
     """
 
     _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
@@ -123,6 +129,8 @@ class SessionDB:
         rebuild_fts: bool = True,
         seen_sessions: int | None = None,
         timing: writes.Timing | None = None,
+        on_connect: lifecycle.OnConnect | None = None,
+        wal_reset_exposed: bool | None = None,
     ) -> None:
         path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
@@ -136,10 +144,16 @@ class SessionDB:
         if not isinstance(self.timing, writes.Timing):
             raise errors.InvalidTypeError(
                 f"timing must be a Timing, not {type(timing).__name__}", argument="timing")
+        if on_connect is not None and not callable(on_connect):
+            raise errors.InvalidTypeError("on_connect must be callable", argument="on_connect")
+        if wal_reset_exposed is not None and not isinstance(wal_reset_exposed, bool):
+            raise errors.InvalidTypeError("wal_reset_exposed must be a bool or None",
+                                          argument="wal_reset_exposed")
+        self._on_connect = on_connect
         self.write_retries = 0
         self._lock = threading.RLock()
         self._closed = False
-        self._checkpoints = lifecycle.checkpoints(self)
+        self._checkpoints = lifecycle.checkpoints(self, wal_reset_exposed)
         self._watch = lifecycle.watch(self)
         self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
@@ -233,10 +247,6 @@ class SessionDB:
     def last_checkpoint(self, row: tuple[int, int, int] | None) -> None:
         self._checkpoints.last = row
 
-    @property
-    def _helper(self) -> sqlite3.Connection | None:
-        return self._checkpoints.helper
-
     def checkpoint(self) -> tuple[int, int, int]:
         """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
         needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
@@ -251,8 +261,16 @@ class SessionDB:
     # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
     @property
-    def _rebuild_thread(self) -> threading.Thread | None:
-        return self._upkeep.thread
+    def started_index_upkeep(self) -> bool:
+        """Whether the open started the background upkeep of the indexes (see
+        hermes_state_upkeep): a writable handle whose indexes needed work."""
+        return self._upkeep.thread is not None
+
+    @arguments.checked
+    def wait_for_index(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for the background
+        upkeep of the indexes to finish; True once none is running."""
+        return self._upkeep.wait(timeout)
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this

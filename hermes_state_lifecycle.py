@@ -20,7 +20,7 @@ import contextlib
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import hermes_state_connect as dbconn
 import hermes_state_errors as errors
@@ -32,6 +32,8 @@ import hermes_state_writes as writes
 
 __all__ = [
     "Handle",
+    "OnConnect",
+    "Role",
     "checkpoints",
     "watch",
     "connect",
@@ -46,8 +48,17 @@ logger = logging.getLogger("hermes_state")
 T = TypeVar("T")
 
 
+#: Which connection of a handle: its own, the checkpoint helper, the snapshot reader, the
+#: close guard of a quarantined file.
+Role = Literal["handle", "helper", "snapshot", "guard"]
+#: The hook a handle calls with each connection it opens (see ``SessionDB``).
+OnConnect = Callable[[Role, sqlite3.Connection], object]
+
+
 class Handle(writes.Store, Protocol):
     """What opening, reading and closing need of a handle (``SessionDB``)."""
+
+    _on_connect: OnConnect | None
 
     @property
     def quarantined(self) -> bool: ...
@@ -55,15 +66,16 @@ class Handle(writes.Store, Protocol):
     def close(self) -> None: ...
 
 
-def checkpoints(db: Handle) -> writes.Checkpoints:
+def checkpoints(db: Handle, wal_reset_exposed: bool | None) -> writes.Checkpoints:
     """The checkpoint policy of a handle being opened: read-only handles never checkpoint,
-    whoever does."""
+    whoever does. ``wal_reset_exposed`` None: this SQLite's own exposure."""
     return writes.Checkpoints(
-        db.path, lambda: connect(db, "rw", 0.0),
+        db.path, lambda: connect(db, "rw", 0.0, "helper"),
         leave_to_litestream=(
             not db.read_only and replication.checkpoints_left_to_litestream(db.path)
         ),
-        wal_reset_exposed=dbconn.wal_reset_exposed(),
+        wal_reset_exposed=(
+            dbconn.wal_reset_exposed() if wal_reset_exposed is None else wal_reset_exposed),
         every=db.timing.checkpoint_every,
     )
 
@@ -74,19 +86,21 @@ def watch(db: Handle) -> quarantine.Watch:
     return quarantine.Watch(
         db.path, db.profile_home, read_only=db.read_only, lock=db._lock,
         connections=lambda: (db._connection, db._checkpoints.helper),
-        guard=lambda: connect(db, "ro", timeout),
+        guard=lambda: connect(db, "ro", timeout, "guard"),
         fts_only=lambda exc: writes.fts_only(db, exc),
     )
 
 
-def connect(db: Handle, mode: str, timeout: float) -> sqlite3.Connection:
+def connect(db: Handle, mode: str, timeout: float, role: Role = "handle") -> sqlite3.Connection:
     """Every connection of the handle (its own, the checkpoint helper, the close guard, the
     snapshot reader), configured by ``hermes_state_connect.configure_connection``.
 
     Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of them
     ever checkpoints on its own: automatic checkpoints are off from the first statement (the
-    setting touches no file)."""
-    conn = dbconn.connect(db.path, mode, timeout=timeout)
+    setting touches no file). The handle's ``on_connect`` hook sees each first."""
+    hook = db._on_connect
+    conn = dbconn.connect(db.path, mode, timeout=timeout,
+                          on_open=None if hook is None else lambda conn: hook(role, conn))
     if db._checkpoints.automatic_off():
         conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
     return conn
@@ -217,7 +231,7 @@ def snapshot_reader(db: Handle) -> Iterator[sqlite3.Connection]:
     """A second, read-only connection inside one read transaction: a consistent snapshot for
     long reads (a streaming export) that must not hold the handle's lock."""
     writes.check_open(db)
-    conn = connect(db, "ro", db.timing.read_busy_timeout_s)
+    conn = connect(db, "ro", db.timing.read_busy_timeout_s, "snapshot")
     try:
         conn.execute("BEGIN")
         yield conn

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from hermes_state import SessionDB
-from state_helpers import release_process
+from state_helpers import Connections, release_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,8 +46,15 @@ def db_path(hermes_home: Path) -> Path:
 
 
 @pytest.fixture
-def db(db_path: Path) -> Iterator[SessionDB]:
-    handle = SessionDB(db_path)
+def connections() -> Connections:
+    """The connections the ``db`` fixture's handle opens (its ``on_connect`` hook), for a test
+    that traces the statements of the handle's own connection or sets a limit on it."""
+    return Connections(trace=False)
+
+
+@pytest.fixture
+def db(db_path: Path, connections: Connections) -> Iterator[SessionDB]:
+    handle = SessionDB(db_path, on_connect=connections)
     try:
         yield handle
     finally:

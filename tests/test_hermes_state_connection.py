@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import hermes_state_connect as dbconn
 from hermes_state import (
     InvalidInputError,
     InvalidTypeError,
@@ -25,6 +26,7 @@ from hermes_state import (
     is_corruption_error,
     is_sqlite_lock_error,
 )
+from state_helpers import Connections
 from hermes_state_errors import SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_LOCKED, SQLITE_NOTADB
 
 SIDECARS = ("state.db", "state.db-wal", "state.db-shm")
@@ -46,14 +48,16 @@ def umask(value: int) -> Iterator[None]:
 # --- settings --------------------------------------------------------------------------------
 
 
-def test_journal_mode_is_wal_and_foreign_keys_are_on(db: SessionDB) -> None:
+def test_journal_mode_is_wal_and_foreign_keys_are_on(db_path: Path, open_db) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
     other = sqlite3.connect(db.path)
     try:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         other.close()
     # foreign_keys is per connection: ask the handle's own.
-    assert db._read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+    assert connections.own().execute("PRAGMA foreign_keys").fetchone()[0] == 1
 
 
 def test_close_is_idempotent_and_later_calls_fail_typed(db_path: Path) -> None:
@@ -523,3 +527,47 @@ def test_other_errors_are_neither(tmp_path: Path) -> None:
     for error in errors:
         assert not is_sqlite_lock_error(error), error
         assert not is_corruption_error(error), error
+
+
+# --- the knobs a handle takes -----------------------------------------------------------------
+
+
+def test_on_connect_sees_each_connection_before_the_library_runs_a_statement(
+    db_path: Path, open_db
+) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
+    db.create_session("s", "cli")
+    assert "".join(db.iter_export_jsonl())  # a streaming export reads from a snapshot
+    assert [role for role, _ in connections.opened][:1] == ["handle"]
+    assert "snapshot" in connections.statements
+    for role in ("handle", "snapshot"):
+        assert connections.of(role)[0] == dbconn.CELL_SIZE_CHECK_SQL, role
+
+
+def test_a_handle_refuses_knobs_of_the_wrong_type_before_touching_the_file(
+    db_path: Path,
+) -> None:
+    with pytest.raises(InvalidTypeError) as hook:
+        SessionDB(db_path, on_connect="trace")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError) as exposure:
+        SessionDB(db_path, wal_reset_exposed="yes")  # type: ignore[arg-type]
+    assert (hook.value.argument, exposure.value.argument) == ("on_connect", "wal_reset_exposed")
+    assert not db_path.exists()
+
+
+def test_waiting_for_the_index_upkeep_returns_at_once_when_none_runs(db_path: Path) -> None:
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        assert not db.started_index_upkeep
+        assert db.wait_for_index(0) is True and db.wait_for_index() is True
+        with pytest.raises(InvalidTypeError):
+            db.wait_for_index("soon")  # type: ignore[arg-type]
+
+
+def test_the_wal_reset_mitigation_can_be_forced_either_way(db_path: Path, open_db) -> None:
+    for forced in (True, False):
+        connections = Connections()
+        db = open_db(db_path, on_connect=connections, wal_reset_exposed=forced)
+        assert db.wal_reset_exposed is forced
+        setting = connections.own().execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        assert setting == (0 if forced else 1000)

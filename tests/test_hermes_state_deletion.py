@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import subprocess_env
+from state_helpers import Connections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -813,13 +814,13 @@ def test_vacuum_leaves_checkpoints_to_litestream_when_told(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
-    with SessionDB(db_path) as db:
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections) as db:
         db.create_session("s", "cli")
         db.append_message("s", "user", "replicated")
-        trace: list[str] = []
-        db._conn.set_trace_callback(trace.append)
+        trace = connections.of("handle")
+        trace.clear()
         assert db.vacuum() == 3
-        db._conn.set_trace_callback(None)
         assert trace[-1] == "VACUUM" and not [sql for sql in trace if "checkpoint" in sql]
         assert db.message_count("s") == 1
 

@@ -15,10 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hermes_state_lockowners import (
+    PROC_LOCKS_ENV,
     LockHolder,
     ProcLock,
     describe_lock_holders,
     lock_holders,
+    lock_table_path,
     parse_proc_locks,
 )
 
@@ -153,6 +155,27 @@ def test_missing_lock_table_gives_nothing(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-locks")
     assert lock_holders(db, proc_locks_path=missing) == []
     assert describe_lock_holders(db, proc_locks_path=missing) == []
+
+
+@needs_proc_locks
+def test_the_environment_names_another_lock_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE t(x)")
+        assert lock_holders(db, exclude_pids=()) != []
+        monkeypatch.setenv(PROC_LOCKS_ENV, str(tmp_path / "no-such-locks"))
+        assert lock_table_path() == str(tmp_path / "no-such-locks")
+        assert lock_holders(db, exclude_pids=()) == []
+        monkeypatch.delenv(PROC_LOCKS_ENV)
+        assert lock_table_path() == "/proc/locks"
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
 
 
 def test_missing_database_gives_nothing(tmp_path: Path) -> None:

@@ -309,7 +309,7 @@ def test_without_a_lock_table_sqlites_own_lock_decides(
 ) -> None:
     """/proc/locks only names holders: with no lock table a free store is still repaired,
     and a held one is still refused."""
-    monkeypatch.setattr(lockowners, "PROC_LOCKS_PATH", str(tmp_path / "no-lock-table"))
+    monkeypatch.setenv(lockowners.PROC_LOCKS_ENV, str(tmp_path / "no-lock-table"))
     path = store("small")
     detach_index_by_hand(path)
     with process_holding(path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import HoldWriteLock, OpenDb
+from state_helpers import Connections
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -175,17 +175,12 @@ def test_each_write_waits_the_patience_of_its_kind(
         assert db.get_session("s")["cwd"] is None and db.get_session_title("s") is None
 
 
-@pytest.fixture
-def traced(db: SessionDB) -> Iterator[list[str]]:
-    statements: list[str] = []
-    db._conn.set_trace_callback(statements.append)
-    yield statements
-    db._conn.set_trace_callback(None)
-
-
 def test_vacuum_and_checkpoint_run_outside_any_transaction(
-    db: SessionDB, traced: list[str]
+    db_path: Path, open_db: OpenDb
 ) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
+    traced = connections.of("handle")
     db.create_session("s", "cli")
     traced.clear()
     assert db.vacuum() == 3
