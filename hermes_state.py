@@ -88,8 +88,6 @@ T = TypeVar("T")
 # What transcript writes spool: most name their session and messages as append_message does.
 _TRANSCRIPT = quarantine.Spool()
 _COMPACTION = quarantine.Spool(messages="compacted_messages")
-# SQLite refuses VACUUM inside a transaction.
-VACUUM_SQL = "VACUUM"
 
 
 class SessionDB:
@@ -248,15 +246,8 @@ class SessionDB:
         self._checkpoints.last = row
 
     def checkpoint(self) -> tuple[int, int, int]:
-        """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
-        needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
-        :class:`ReplicationError` while checkpoints are left to Litestream."""
-        with self._lock:
-            if not self.read_only:
-                self._checkpoints.refuse_if_left(self._connection)
-        self._outside_transaction(self._checkpoints.run)
-        assert self.last_checkpoint is not None
-        return self.last_checkpoint
+        """A PASSIVE WAL checkpoint now: SQLite's result row (hermes_state_writes.checkpoint)."""
+        return writes.checkpoint(self)
 
     # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
@@ -394,14 +385,8 @@ class SessionDB:
     )
 
     def vacuum(self) -> int:
-        """Merge each FTS index's segments (``optimize``), checkpoint, then ``VACUUM``;
-        returns how many indexes were merged. The checkpoint follows the handle's rules: none
-        while checkpoints are left to Litestream, the handle's PASSIVE one (from its helper,
-        under the write lock) inside the WAL-reset bug range, else TRUNCATE."""
-        merged = self._write(fts.optimize_indexes)
-        self._outside_transaction(self._checkpoints.truncate)
-        self._outside_transaction(lambda conn: conn.execute(VACUUM_SQL).close())
-        return merged
+        """Merge the FTS indexes, checkpoint, ``VACUUM`` (hermes_state_writes.vacuum)."""
+        return writes.vacuum(self)
 
     @arguments.answered(deletion.refused_auto_prune)
     def maybe_auto_prune_and_vacuum(

@@ -49,7 +49,7 @@ from hermes_state_home import append_error_log
 from hermes_state_errors import HermesStateError, InvalidInputError, InvalidTypeError
 from hermes_state_errors import ReplicationError, StateDbClosedError, StateDbLockedError
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
-from hermes_state_fts import damage_is_fts_only, detach_index
+from hermes_state_fts import damage_is_fts_only, detach_index, optimize_indexes
 from hermes_state_impact import drop_index, missing_index_object
 from hermes_state_quarantine import Watch
 from hermes_state_lockowners import describe_lock_holders
@@ -73,6 +73,9 @@ __all__ = [
     "check_open",
     "check_writable",
     "fts_only",
+    "checkpoint",
+    "vacuum",
+    "VACUUM_SQL",
     "Checkpoints",
     "WAL_AUTOCHECKPOINT_OFF_SQL",
     "WAL_AUTOCHECKPOINT_DEFAULT_SQL",
@@ -389,6 +392,33 @@ def fts_only(store: Store, exc: BaseException) -> bool:
     """Whether the damage ``exc`` shows is proven to lie in the FTS indexes only."""
     with store._lock:
         return damage_is_fts_only(store._connection, exc)
+
+
+def checkpoint(store: Store) -> tuple[int, int, int]:
+    """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
+    needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
+    :class:`ReplicationError` while checkpoints are left to Litestream."""
+    with store._lock:
+        if not store.read_only:
+            store._checkpoints.refuse_if_left(store._connection)
+    outside_transaction(store, store._checkpoints.run)
+    assert store._checkpoints.last is not None
+    return store._checkpoints.last
+
+
+# SQLite refuses VACUUM inside a transaction.
+VACUUM_SQL = "VACUUM"
+
+
+def vacuum(store: Store) -> int:
+    """Merge each FTS index's segments (``optimize``), checkpoint, then ``VACUUM``; returns
+    how many indexes were merged. The checkpoint follows the handle's rules: none while
+    checkpoints are left to Litestream, the handle's PASSIVE one (from its helper, under the
+    write lock) inside the WAL-reset bug range, else TRUNCATE."""
+    merged = write(store, optimize_indexes)
+    outside_transaction(store, store._checkpoints.truncate)
+    outside_transaction(store, lambda conn: conn.execute(VACUUM_SQL).close())
+    return merged
 
 
 # --- the checkpoint policy ----------------------------------------------------------------------
