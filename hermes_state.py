@@ -138,16 +138,8 @@ class SessionDB:
         in_home = self.path.name == home_paths.DB_FILENAME
         self.profile_home = self.path.parent if in_home else home_paths.get_hermes_home().absolute()
         self.read_only = read_only
-        self.timing = writes.Timing() if timing is None else timing
-        if not isinstance(self.timing, writes.Timing):
-            raise errors.InvalidTypeError(
-                f"timing must be a Timing, not {type(timing).__name__}", argument="timing")
-        if on_connect is not None and not callable(on_connect):
-            raise errors.InvalidTypeError("on_connect must be callable", argument="on_connect")
-        if wal_reset_exposed is not None and not isinstance(wal_reset_exposed, bool):
-            raise errors.InvalidTypeError("wal_reset_exposed must be a bool or None",
-                                          argument="wal_reset_exposed")
-        self._on_connect = on_connect
+        self.timing = writes.timing_of(timing)
+        self._on_connect = lifecycle.checked_hook(on_connect, wal_reset_exposed)
         self.write_retries = 0
         self._lock = threading.RLock()
         self._closed = False

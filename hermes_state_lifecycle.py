@@ -34,6 +34,7 @@ __all__ = [
     "Handle",
     "OnConnect",
     "Role",
+    "checked_hook",
     "checkpoints",
     "watch",
     "connect",
@@ -64,6 +65,19 @@ class Handle(writes.Store, Protocol):
     def quarantined(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def checked_hook(
+    on_connect: OnConnect | None, wal_reset_exposed: bool | None
+) -> OnConnect | None:
+    """``on_connect`` once both knobs of a handle being opened passed their type checks
+    (:class:`InvalidTypeError` otherwise)."""
+    if on_connect is not None and not callable(on_connect):
+        raise errors.InvalidTypeError("on_connect must be callable", argument="on_connect")
+    if wal_reset_exposed is not None and not isinstance(wal_reset_exposed, bool):
+        raise errors.InvalidTypeError("wal_reset_exposed must be a bool or None",
+                                      argument="wal_reset_exposed")
+    return on_connect
 
 
 def checkpoints(db: Handle, wal_reset_exposed: bool | None) -> writes.Checkpoints:

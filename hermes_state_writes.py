@@ -57,6 +57,7 @@ from hermes_state_lockowners import describe_lock_holders
 __all__ = [
     "WriteKind",
     "Timing",
+    "timing_of",
     "RetryPolicy",
     "delay",
     "locked_error",
@@ -150,6 +151,17 @@ class Timing:
         patience = {"write": self.write_patience_s, "transcript": self.transcript_patience_s,
                     "activity": self.activity_patience_s}[kind]
         return RetryPolicy(patience, self.fast_window_s, self.fast_pause_s, self.slow_pause_s)
+
+
+def timing_of(timing: object) -> Timing:
+    """The figures a handle is given: ``timing`` itself, the defaults for None, else
+    :class:`InvalidTypeError`."""
+    if timing is None:
+        return Timing()
+    if not isinstance(timing, Timing):
+        raise InvalidTypeError(f"timing must be a Timing, not {type(timing).__name__}",
+                               argument="timing")
+    return timing
 
 
 def _check_seconds(name: str, value: object) -> None:
