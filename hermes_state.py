@@ -8,9 +8,6 @@ the write kind, spool, compaction-bound memory or fallback of each named in the 
 
 A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
 SQLite would delete that ``-wal`` on the first read.
-
-The constants below are module attributes on purpose: the seed names them, and tests shorten
-them at run time (they are read each time a write builds its policy).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 # asyncio and sys are attributes of this module on purpose: the application's tests patch
 # ``hermes_state.asyncio.to_thread`` (the async wrapper looks it up at each call).
 import asyncio  # noqa: F401
-import contextlib
 import functools
 import logging
 import sqlite3
@@ -31,9 +27,7 @@ from typing import IO, Any, TypeVar
 
 import hermes_state_arguments as arguments
 import hermes_state_connect as dbconn
-import hermes_state_files as db_files
 import hermes_state_home as home_paths
-import hermes_state_schema_sql as schema_sql
 import hermes_state_compat as compat
 import hermes_state_compression as compression
 import hermes_state_context_window as context_window
@@ -42,20 +36,18 @@ import hermes_state_errors as errors
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
-import hermes_state_impact as impact
+import hermes_state_lifecycle as lifecycle
 import hermes_state_lineage as lineage
 import hermes_state_listing as listing
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as messages
 import hermes_state_methods as methods
 import hermes_state_openability as openability
+import hermes_state_operations as operations
 import hermes_state_peers as peers
 import hermes_state_profiles as profiles
 import hermes_state_quarantine as quarantine
-import hermes_state_recover as recover
-import hermes_state_replication as replication
 import hermes_state_rewind as rewind
-import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_seen as seen
 import hermes_state_session_model as session_model
@@ -66,67 +58,21 @@ import hermes_state_transfer as transfer
 import hermes_state_upkeep as upkeep
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
-from hermes_state_home import get_hermes_home, hermes_home_override
-from hermes_state_schema_sql import SCHEMA_VERSION
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
-from hermes_state_methods import Fallback, lenient
+from hermes_state_methods import lenient
 from hermes_state_methods import read_method as _reads
 from hermes_state_methods import write_method as _writes
-from hermes_state_openability import format_session_db_unavailable, get_last_init_error
+from hermes_state_operations import *  # noqa: F403 -- the module-level API, re-exported
 from hermes_state_profiles import ProfileStoreRegistry
 import hermes_state_wal as wal
-from hermes_state_wal import apply_wal_with_fallback
+from hermes_state_writes import Timing
 
-# The module-level operations: arguments checked, operating-system failures typed.
-backup_state_db = arguments.operation(maintenance.backup_state_db)
-restore_state_db = arguments.operation(maintenance.restore_state_db)
-repair_state_db = arguments.operation(maintenance.repair_state_db)
-recover_state_db = arguments.operation(recover.recover_state_db)
-resolve_store_home = arguments.operation(profiles.resolve_store_home)
-display_hermes_home = arguments.operation(home_paths.display_hermes_home)
-resolve_profile_home = arguments.operation(home_paths.resolve_profile_home)
-profile_config_path = arguments.operation(home_paths.profile_config_path)
-child_process_env = arguments.operation(home_paths.child_process_env)
-workspace_key = arguments.operation(workspace.workspace_key)
-repair_state_db_schema = arguments.operation(openability.repair_state_db_schema)
-
-__all__ = [
-    "SessionDB",
-    "AsyncSessionDB",
-    "apply_wal_with_fallback",
-    "collect_profile_stats",
-    "backup_state_db",
-    "restore_state_db",
-    "repair_state_db",
-    "recover_state_db",
-    "repair_state_db_schema",
-    "format_session_db_unavailable",
-    "get_last_init_error",
-    "DEFAULT_DB_PATH",
-    "SCHEMA_VERSION",
-    "SCHEMA_SQL",
-    "MAX_FTS5_QUERY_CHARS",
-    "get_hermes_home",
-    "hermes_home_override",
-    "display_hermes_home",
-    "resolve_profile_home",
-    "resolve_store_home",
-    "profile_config_path",
-    "child_process_env",
-    "ProfileStoreRegistry",
-    "profile_stores",
-    "workspace_key",
-    *errors.__all__,
-]
+__all__ = ["SessionDB", "AsyncSessionDB", "Timing", "collect_profile_stats", "profile_stores",
+           *operations.__all__, *errors.__all__]
 
 # --- names the application imports from the previous store (see docs/compatibility.md) -----
 
-#: The schema a new store is created with (tables, indexes, the FTS indexes and their
-#: triggers), as one script of complete statements.
-SCHEMA_SQL = schema_sql.SCHEMA_SQL
-#: The longest search query read: longer input is cut to this many characters.
-MAX_FTS5_QUERY_CHARS = search.MAX_INPUT_CHARS
 _collect_delegate_child_ids = deletion.delegate_children
 _delete_delegate_children = deletion.delete_delegate_children
 _is_background_review_harness_message = messages.is_background_review_prompt
@@ -140,51 +86,14 @@ _wal_fallback_warned_paths = wal.warned_labels
 __version__ = "0.1.0"
 
 logger = logging.getLogger("hermes_state")
-#: The default store when this module was imported (``SessionDB()`` resolves it at each call).
-DEFAULT_DB_PATH = home_paths.default_db_path()
 # The previous store's doctor probes a file with this name.
 _db_opens_cleanly = openability.db_opens_cleanly
 T = TypeVar("T")
-
-_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
-_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
-_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
-_CHECKPOINT_EVERY_N_WRITES = 50
-_FAST_RETRY_WINDOW_S = 2.0
-_SQLITE_BUSY_TIMEOUT_S = 1.0
-_READ_BUSY_TIMEOUT_S = 5.0
-
-def _retry_policy(kind: writes.WriteKind) -> writes.RetryPolicy:
-    """The policy of a ``kind`` of write, from this module's constants as they are now."""
-    patience = {"write": _WRITE_PATIENCE_S, "transcript": _TRANSCRIPT_WRITE_PATIENCE_S,
-                "activity": _ACTIVITY_WRITE_PATIENCE_S}[kind]
-    fast = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
-    slow = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
-    return writes.RetryPolicy(patience, _FAST_RETRY_WINDOW_S, fast, slow)
-
-
-# --- what some methods answer instead of raising (see hermes_state_methods) -----------------
-
-def _search_without_index(
-    db: SessionDB, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """A search that met a damaged index: detach it (when this handle may write) and answer
-    from the canonical rows."""
-    if not db.read_only and not db.quarantined:
-        db._write(fts.detach_index)
-    return db._read(lambda conn: search.search_messages(conn, *args, **kwargs, use_index=False))
-
-
-_WITHOUT_DAMAGED_INDEX = Fallback(
-    (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
-)
 
 
 # What transcript writes spool: most name their session and messages as append_message does.
 _TRANSCRIPT = quarantine.Spool()
 _COMPACTION = quarantine.Spool(messages="compacted_messages")
-# SQLite refuses VACUUM inside a transaction.
-VACUUM_SQL = "VACUUM"
 
 
 class SessionDB:
@@ -203,7 +112,18 @@ class SessionDB:
 
     ``seen_sessions``: for how many sessions the handle remembers what it read and wrote, the
     bound of rewrites whose caller passes none (default ``hermes_state_seen.SEEN_SESSIONS``).
+
+    ``timing``: the patience of each kind of write, the pauses between attempts, the busy
+    timeouts and how often a checkpoint follows a commit (default: :class:`Timing`'s figures).
+
+    ``on_connect(role, conn)`` is called with every connection the handle opens, before the
+    library's first statement on it (``role``: ``"handle"``, ``"helper"`` for the checkpoint
+    helper, ``"snapshot"``, ``"guard"``): to trace statements (``set_trace_callback``), or to
+    inject a fault in a test. ``wal_reset_exposed`` forces the WAL-reset mitigation on or off
+    (None: on exactly when this SQLite lies in the bug range).
     """
+
+    _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
 
     def __init__(
         self,
@@ -212,6 +132,9 @@ class SessionDB:
         read_only: bool = False,
         rebuild_fts: bool = True,
         seen_sessions: int | None = None,
+        timing: writes.Timing | None = None,
+        on_connect: lifecycle.OnConnect | None = None,
+        wal_reset_exposed: bool | None = None,
     ) -> None:
         path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
@@ -221,130 +144,35 @@ class SessionDB:
         in_home = self.path.name == home_paths.DB_FILENAME
         self.profile_home = self.path.parent if in_home else home_paths.get_hermes_home().absolute()
         self.read_only = read_only
-        # Read-only handles never checkpoint, whoever does.
-        self._checkpoints = writes.Checkpoints(
-            self.path, lambda: self._connect("rw", 0.0),
-            leave_to_litestream=(
-                not read_only and replication.checkpoints_left_to_litestream(self.path)
-            ),
-            wal_reset_exposed=dbconn.wal_reset_exposed(),
-            every=_CHECKPOINT_EVERY_N_WRITES,
-        )
+        self.timing = writes.timing_of(timing)
+        self._on_connect = lifecycle.checked_hook(on_connect, wal_reset_exposed)
         self.write_retries = 0
         self._lock = threading.RLock()
         self._closed = False
-        self._watch = quarantine.Watch(self.path, self.profile_home, read_only=read_only)
+        self._checkpoints = lifecycle.checkpoints(self, wal_reset_exposed)
+        self._watch = lifecycle.watch(self)
         self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:
-            self._connection = self._open_read_only() if read_only else self._open_writable()
+            opening = lifecycle.open_read_only if read_only else lifecycle.open_writable
+            self._connection = opening(self)
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
         if not read_only and rebuild_fts and self._watch.reason is None:
             self._upkeep.start()
 
-    # --- opening ------------------------------------------------------------------------------
+    # --- opening, reading, closing (see hermes_state_lifecycle) ------------------------------
 
-    def _connect(self, mode: str, timeout: float) -> sqlite3.Connection:
-        """Every connection of the handle (its own, the checkpoint helper, the close guard,
-        the snapshot reader), configured by ``dbconn.configure_connection``.
-
-        Inside the WAL-reset bug range, and while checkpoints are left to Litestream, none of
-        them ever checkpoints on its own: automatic checkpoints are off from the first
-        statement (the setting touches no file)."""
-        conn = dbconn.connect(self.path, mode, timeout=timeout)
-        if self._checkpoints.automatic_off():
-            conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
-        return conn
-
-    def _open_writable(self) -> sqlite3.Connection:
-        with quarantine.OPEN_LOCK:
-            db_files.refuse_symlinks(self.path)
-            if db_files.wal_without_database(self.path):
-                raise errors.StateDbCorruptError(
-                    f"{self.path} is empty but its -wal is not: the file was truncated",
-                    path=self.path,
-                )
-            earlier = quarantine.inherited(self.path)
-            if earlier is None:
-                db_files.prepare_db_file(self.path)
-            self._watch.file_id = quarantine.file_identity(self.path)
-            self._connection = self._connect("rw", _SQLITE_BUSY_TIMEOUT_S)
-            quarantine.track(self)
-            if earlier is None:
-                # Before any write: a -wal damaged in the middle must never be checkpointed.
-                earlier = quarantine.wal_damage(self.path, self._connection)
-        if earlier is not None:
-            # Born quarantined: it reads, spools what it cannot write, and never writes.
-            logger.warning("%s was quarantined earlier; no writes: %s", self.path, earlier)
-            self._quarantine(earlier)
-            return self._connection
-        try:
-            self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
-            schema.ensure_schema(self._connection, self._write)
-            db_files.tighten_modes(self.path)
-        except BaseException:
-            self._close_connections()
-            raise
-        return self._connection
-
-    def _open_read_only(self) -> sqlite3.Connection:
-        db_files.refuse_symlinks(self.path)
-        if db_files.wal_without_database(self.path):  # the first read would delete the -wal
-            raise errors.StateDbUnavailableError(
-                f"{self.path} is truncated: the main file is empty but its -wal is not (it "
-                "lost its content; it is not a new store)",
-                reason=errors.TRUNCATED_REASON, path=self.path)
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            raise errors.StateDbUnavailableError(
-                f"no initialised session store at {self.path}",
-                reason="uninitialized",
-                path=self.path,
-            )
-        self._watch.file_id = quarantine.file_identity(self.path)
-        try:
-            conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
-        except sqlite3.Error as exc:
-            raise self._read_error(exc) from exc
-        try:
-            schema.require_current(conn, self.path)
-        except sqlite3.Error as exc:
-            conn.close()
-            error = self._read_error(exc)
-            # SQLITE_NOTADB: not a database at all, as far as a reader can tell (no marker
-            # beside a file that may not be a store); a writable open still quarantines it.
-            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-            if errors.is_corruption_error(exc) and code != errors.SQLITE_NOTADB:
-                self._watch.record(exc, error, lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
-            raise error from exc
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    # --- closing ------------------------------------------------------------------------------
+    _connect = lifecycle.connect
+    _read = lifecycle.read
+    _snapshot_reader = lifecycle.snapshot_reader
 
     def close(self) -> None:
-        """Close the handle. A quarantined handle skips every checkpoint and leaves the -wal;
-        so does one whose checkpoints are left to Litestream."""
+        """Close the handle (idempotent). A quarantined handle skips every checkpoint and
+        leaves the -wal; so does one whose checkpoints are left to Litestream."""
         self._upkeep.stop()
-        with self._lock:
-            if self._closed:
-                return
-            self._adopt_quarantine()
-            self._closed = True
-            quarantine.untrack(self)
-            if not self.read_only and self._watch.reason is None and (
-                self._checkpoints.owned(self._connection)
-            ):
-                with contextlib.suppress(sqlite3.Error):
-                    self._checkpoints.run(self._connection)
-            self._close_connections()
-
-    def _close_connections(self) -> None:
-        self._checkpoints.close()
-        self._connection.close()
+        lifecycle.close(self)
 
     def __enter__(self) -> SessionDB:
         return self
@@ -355,6 +183,15 @@ class SessionDB:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # --- the write path (see hermes_state_writes) ---------------------------------------------
+
+    _write = writes.write
+    _outside_transaction = writes.outside_transaction
+    _check_writable = writes.check_writable
+
+    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return self._write(fn, "transcript")
 
     # --- quarantine (see hermes_state_quarantine) ---------------------------------------------
 
@@ -369,19 +206,8 @@ class SessionDB:
     def _quarantined(self) -> BaseException | None:
         return self._watch.reason
 
-    def _adopt_quarantine(self) -> None:
-        earlier = self._watch.earlier()
-        if earlier is not None:
-            self._quarantine(earlier)
-
-    def _met_damage(self, exc: sqlite3.Error, error: Exception) -> None:
-        self._watch.met_damage(exc, error, fts_only=self._fts_only, enter=self._quarantine,
-                               guard=lambda: self._connect("ro", _READ_BUSY_TIMEOUT_S))
-
     def _quarantine(self, exc: BaseException) -> None:
-        with self._lock:
-            self._watch.enter(exc, (self._connection, self._checkpoints.helper),
-                              lambda: self._connect("ro", _SQLITE_BUSY_TIMEOUT_S))
+        self._watch.enter(exc)
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
@@ -401,117 +227,6 @@ class SessionDB:
         ``conn`` is a :class:`~hermes_state_compat.WriteConnection` (``sqlite3.Row`` rows)."""
         return self._write(lambda conn: fn(compat.WriteConnection(conn, self._lock)))
 
-    # --- the write path (see hermes_state_writes) ---------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise errors.StateDbClosedError(f"SessionDB for {self.path} is closed")
-
-    def _check_writable(self) -> None:
-        self._check_open()
-        if self.read_only:
-            raise errors.HermesStateError(f"SessionDB for {self.path} is read-only")
-        self._adopt_quarantine()
-        self._watch.refuse_writes()
-
-    def _write(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        kind: writes.WriteKind = "write",
-        *,
-        may_drop_index: bool = True,
-    ) -> T:
-        """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
-        ``kind`` (see hermes_state_writes.retrying); after the commit, the checkpoint policy."""
-
-        def attempt(detach_index: bool) -> T:
-            with self._lock:
-                self._check_writable()
-                with dbconn.transaction(self._connection):
-                    if detach_index:
-                        fts.detach_index(self._connection)
-                    result = fn(self._connection)
-                self._checkpoints.after_commit(self._connection)
-            return result
-
-        return writes.retrying(self, attempt, kind, drop_search_index=(
-            self._drop_search_index if may_drop_index else None))
-
-    def _drop_search_index(self) -> None:
-        self._write(impact.drop_index, may_drop_index=False)
-
-    def _outside_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` for statements SQLite refuses inside a transaction (pragmas,
-        ``VACUUM``, integrity checks, checkpoints): under the handle's lock, retried while the
-        file is locked as a write is, with no ``BEGIN`` and no checkpoint after it."""
-
-        def attempt(detach_index: bool) -> T:
-            with self._lock:
-                self._check_writable()
-                if detach_index:
-                    with dbconn.transaction(self._connection):
-                        fts.detach_index(self._connection)
-                return fn(self._connection)
-
-        return writes.retrying(self, attempt, "write", drop_search_index=self._drop_search_index)
-
-    def _policy(self, kind: writes.WriteKind) -> writes.RetryPolicy:
-        return _retry_policy(kind)
-
-    def _fts_only(self, exc: BaseException) -> bool:
-        with self._lock:
-            return fts.damage_is_fts_only(self._connection, exc)
-
-    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return self._write(fn, "transcript")
-
-    # --- reads --------------------------------------------------------------------------------
-
-    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` under the handle's lock, in one read transaction (every statement
-        of it sees the same snapshot); SQLite errors become typed errors.
-
-        Corruption a read meets in the record itself (not only in an index) quarantines a
-        writable handle as a write would: the file is proven damaged either way. A read-only
-        handle records it (the marker beside the file) for the writers that come next."""
-        with self._lock:
-            self._check_open()
-            try:
-                with dbconn.read_transaction(self._connection):
-                    return fn(self._connection)
-            except sqlite3.Error as exc:
-                error = self._read_error(exc)
-                self._met_damage(exc, error)
-                raise error from exc
-
-    def _read_error(self, exc: sqlite3.Error) -> Exception:
-        if self.read_only and errors.is_sqlite_lock_error(exc):
-            return errors.StateDbUnavailableError(
-                f"session store {self.path} stayed locked for {_READ_BUSY_TIMEOUT_S:g} s",
-                reason="busy",
-                path=self.path,
-            )
-        return errors.translate_read(exc, self.path) if self.read_only else self._translate(exc)
-
-    @contextlib.contextmanager
-    def _snapshot_reader(self) -> Iterator[sqlite3.Connection]:
-        """A second, read-only connection inside one read transaction: a consistent snapshot
-        for long reads (a streaming export) that must not hold this handle's lock."""
-        self._check_open()
-        conn = self._connect("ro", _READ_BUSY_TIMEOUT_S)
-        try:
-            conn.execute("BEGIN")
-            yield conn
-        except sqlite3.Error as exc:
-            error = self._read_error(exc)
-            self._met_damage(exc, error)
-            raise error from exc
-        finally:
-            conn.close()
-
-    def _translate(self, exc: sqlite3.Error) -> errors.HermesStateError:
-        return errors.translate(exc, self.path)
-
     # --- checkpoints --------------------------------------------------------------------------
 
     @property
@@ -528,26 +243,23 @@ class SessionDB:
     def last_checkpoint(self, row: tuple[int, int, int] | None) -> None:
         self._checkpoints.last = row
 
-    @property
-    def _helper(self) -> sqlite3.Connection | None:
-        return self._checkpoints.helper
-
     def checkpoint(self) -> tuple[int, int, int]:
-        """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
-        needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
-        :class:`ReplicationError` while checkpoints are left to Litestream."""
-        with self._lock:
-            if not self.read_only:
-                self._checkpoints.refuse_if_left(self._connection)
-        self._outside_transaction(self._checkpoints.run)
-        assert self.last_checkpoint is not None
-        return self.last_checkpoint
+        """A PASSIVE WAL checkpoint now: SQLite's result row (hermes_state_writes.checkpoint)."""
+        return writes.checkpoint(self)
 
     # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
     @property
-    def _rebuild_thread(self) -> threading.Thread | None:
-        return self._upkeep.thread
+    def started_index_upkeep(self) -> bool:
+        """Whether the open started the background upkeep of the indexes (see
+        hermes_state_upkeep): a writable handle whose indexes needed work."""
+        return self._upkeep.thread is not None
+
+    @arguments.checked
+    def wait_for_index(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for the background
+        upkeep of the indexes to finish; True once none is running."""
+        return self._upkeep.wait(timeout)
 
     def rebuild_fts(self) -> None:
         """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
@@ -678,14 +390,8 @@ class SessionDB:
     )
 
     def vacuum(self) -> int:
-        """Merge each FTS index's segments (``optimize``), checkpoint, then ``VACUUM``;
-        returns how many indexes were merged. The checkpoint follows the handle's rules: none
-        while checkpoints are left to Litestream, the handle's PASSIVE one (from its helper,
-        under the write lock) inside the WAL-reset bug range, else TRUNCATE."""
-        merged = self._write(fts.optimize_indexes)
-        self._outside_transaction(self._checkpoints.truncate)
-        self._outside_transaction(lambda conn: conn.execute(VACUUM_SQL).close())
-        return merged
+        """Merge the FTS indexes, checkpoint, ``VACUUM`` (hermes_state_writes.vacuum)."""
+        return writes.vacuum(self)
 
     @arguments.answered(deletion.refused_auto_prune)
     def maybe_auto_prune_and_vacuum(
@@ -746,7 +452,7 @@ class SessionDB:
     _sanitize_fts5_query = staticmethod(search.sanitize_fts5_query)
     _contains_cjk = staticmethod(fts.contains_cjk)
 
-    search_messages = _reads(search.search_messages, fallback=_WITHOUT_DAMAGED_INDEX)
+    search_messages = _reads(search.search_messages, fallback=methods.WITHOUT_DAMAGED_INDEX)
 
     # --- compression --------------------------------------------------------------------------
 

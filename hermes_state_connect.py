@@ -11,7 +11,7 @@ import contextlib
 import functools
 import itertools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hermes_state_common import Text, clean_text, encode_json
@@ -59,6 +59,7 @@ def connect(
     *,
     timeout: float = DEFAULT_BUSY_TIMEOUT_S,
     immutable: bool = False,
+    on_open: Callable[[sqlite3.Connection], object] | None = None,
 ) -> sqlite3.Connection:
     """The one way the library opens a connection on a database file, whoever opens it (the
     facade, maintenance, recover, import's spool, replication, quarantine checks).
@@ -68,13 +69,16 @@ def connect(
     transaction helper says where transactions are), usable from any thread (the caller holds
     its own lock) and configured by :func:`configure_connection`. ``immutable`` is only for a
     private image nothing else can change (recover's copies): SQLite then takes no locks and
-    ignores sidecars."""
+    ignores sidecars. ``on_open(conn)`` runs before the first statement on it."""
     if mode not in _CONNECT_MODES:
         raise ValueError(f"mode must be one of {sorted(_CONNECT_MODES)}, got {mode!r}")
     uri = f"{path.as_uri()}?mode={mode}&nofollow=1" + ("&immutable=1" if immutable else "")
-    return configure_connection(sqlite3.connect(
+    conn = sqlite3.connect(
         uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout
-    ))
+    )
+    if on_open is not None:
+        on_open(conn)
+    return configure_connection(conn)
 
 
 # The WAL-reset bug (corruption when a WAL reset races a concurrent checkpoint) is fixed in

@@ -708,6 +708,6 @@ def other_processes_hold(db_path: Path) -> bool:
     ``/proc/locks`` shows every other process using the file. Where ``/proc/locks`` cannot be
     read nothing is provable, and the answer is True.
     """
-    if not Path(lockowners.PROC_LOCKS_PATH).exists():
+    if not Path(lockowners.lock_table_path()).exists():
         return True
     return bool(lockowners.lock_holders(db_path))

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "PROC_LOCKS_PATH",
+    "PROC_LOCKS_ENV",
+    "lock_table_path",
     "LockHolder",
     "ProcLock",
     "describe_lock_holders",
@@ -25,9 +27,17 @@ __all__ = [
     "parse_proc_locks",
 ]
 
-#: The kernel's lock table, read when a call does not name another file. A module attribute, read
-#: at call time, so that tests can point it at a missing file (a system without /proc/locks).
+#: The kernel's lock table, read when a call does not name another file.
 PROC_LOCKS_PATH = "/proc/locks"
+#: The environment variable that names another lock table (a missing file: holders cannot be
+#: named, as on a system without /proc/locks), read at each call.
+PROC_LOCKS_ENV = "HERMES_STATE_PROC_LOCKS"
+
+
+def lock_table_path() -> str:
+    """The lock table read when a call does not name one: ``$HERMES_STATE_PROC_LOCKS`` when
+    set, else :data:`PROC_LOCKS_PATH`."""
+    return os.environ.get(PROC_LOCKS_ENV) or PROC_LOCKS_PATH
 
 # Offsets in the -shm file (sqlite3 os_unix.c: UNIX_SHM_BASE = 120, WAL_NREADER = 5).
 _SHM_WAL_WRITE = 120
@@ -282,14 +292,14 @@ def lock_holders(
     ``exclude_pids`` defaults to this process. Sorted most important first: WAL write,
     EXCLUSIVE, RESERVED, PENDING, checkpoint and recover before read marks, SHARED and DMS.
     Returns ``[]`` when the lock table cannot be read (no ``/proc/locks`` on this system).
-    ``proc_locks_path`` defaults to :data:`PROC_LOCKS_PATH`.
+    ``proc_locks_path`` defaults to :func:`lock_table_path`.
     """
     excluded = frozenset((os.getpid(),) if exclude_pids is None else exclude_pids)
     files = _file_ids(db_path)
     if not files:
         return []
     try:
-        table = PROC_LOCKS_PATH if proc_locks_path is None else proc_locks_path
+        table = lock_table_path() if proc_locks_path is None else proc_locks_path
         with open(table, encoding="ascii", errors="replace") as fh:
             text = fh.read()
     except OSError:

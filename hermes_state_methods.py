@@ -20,7 +20,9 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast
 import hermes_state_arguments as arguments
 import hermes_state_deletion as deletion
 import hermes_state_errors as errors
+import hermes_state_fts as fts
 import hermes_state_quarantine as quarantine
+import hermes_state_search as search
 import hermes_state_seen as seen
 import hermes_state_writes as writes
 
@@ -31,6 +33,7 @@ __all__ = [
     "SKIPPED_WHEN_LOCKED",
     "STORE_ERRORS",
     "Sibling",
+    "WITHOUT_DAMAGED_INDEX",
     "lenient",
     "read_method",
     "write_method",
@@ -93,6 +96,24 @@ def lenient(answer: Callable[[], T]) -> Fallback[T]:
 # lock holders) rather than an error reaching the code that made the observation.
 SKIPPED_WHEN_LOCKED: Fallback[None] = Fallback(
     (errors.StateDbLockedError,), "skipped: the store stayed locked", lambda db, a, k: None
+)
+
+
+def _search_without_index(
+    db: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A search that met a damaged index: detach it (when this handle may write) and answer
+    from the canonical rows."""
+    if not db.read_only and not db.quarantined:
+        db._write(fts.detach_index)
+    result: list[dict[str, Any]] = db._read(
+        lambda conn: search.search_messages(conn, *args, **kwargs, use_index=False))
+    return result
+
+
+# A search that meets a damaged FTS index answers from the canonical rows.
+WITHOUT_DAMAGED_INDEX = Fallback(
+    (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
 )
 
 

@@ -737,15 +737,33 @@ def _call_record(signature: inspect.Signature, bound: Mapping[str, Any]) -> dict
 
 class Watch:
     """The quarantine of one handle: the identity of its file, the damage that quarantined it
-    (``reason``; None while it writes), and what meeting damage does to it. The handle calls
-    it under its lock."""
+    (``reason``; None while it writes), and what meeting damage does to it.
 
-    def __init__(self, path: Path, home: Path, *, read_only: bool) -> None:
+    ``lock`` is the handle's lock, held while the handle enters quarantine; ``connections()``
+    are the handle's connections (each kept from checkpointing once quarantined); ``guard()``
+    opens a read-only connection for the file's close guard; ``fts_only(exc)`` proves damage
+    lies in the FTS indexes only."""
+
+    def __init__(
+        self,
+        path: Path,
+        home: Path,
+        *,
+        read_only: bool,
+        lock: contextlib.AbstractContextManager[Any],
+        connections: Callable[[], Iterable[sqlite3.Connection | None]],
+        guard: Callable[[], sqlite3.Connection],
+        fts_only: Callable[[BaseException], bool],
+    ) -> None:
         self.path = path
         self.home = home
         self.read_only = read_only
         self.file_id: FileId | None = None
         self.reason: BaseException | None = None
+        self._lock = lock
+        self._connections = connections
+        self._guard = guard
+        self._fts_only = fts_only
 
     @property
     def quarantined(self) -> bool:
@@ -760,48 +778,40 @@ class Watch:
             return None
         return in_process(self.file_id)
 
-    def enter(
-        self,
-        exc: BaseException,
-        connections: Iterable[sqlite3.Connection | None],
-        guard: Callable[[], sqlite3.Connection],
-    ) -> None:
-        """Never write to this file again from this process: refuse writes, skip checkpoints,
-        keep every one of ``connections`` from checkpointing when it closes, and register the
-        file (``guard`` opens its close guard; the first registration declares it)."""
-        if self.reason is not None:
-            return
-        self.reason = exc
-        protect(*connections)
-        register(self.path, self.file_id, exc, self.home, guard)
+    def adopt(self) -> None:
+        """Take on the quarantine another handle of this process met (:meth:`earlier`)."""
+        earlier = self.earlier()
+        if earlier is not None:
+            self.enter(earlier)
 
-    def met_damage(
-        self,
-        exc: sqlite3.Error,
-        error: BaseException,
-        *,
-        fts_only: Callable[[BaseException], bool],
-        enter: Callable[[BaseException], None],
-        guard: Callable[[], sqlite3.Connection],
-    ) -> None:
+    def enter(self, exc: BaseException) -> None:
+        """Never write to this file again from this process: refuse writes, skip checkpoints,
+        keep every one of the handle's connections from checkpointing when it closes, and
+        register the file (the first registration declares it)."""
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = exc
+            protect(*self._connections())
+            register(self.path, self.file_id, exc, self.home, self._guard)
+
+    def met_damage(self, exc: sqlite3.Error, error: BaseException) -> None:
         """A read met ``exc``, raised as ``error``: corruption of the record (not provably of
-        the FTS indexes only) quarantines a writable handle (``enter``). A read-only handle
+        the FTS indexes only) quarantines a writable handle (:meth:`enter`). A read-only handle
         records it: it quarantines the file for its process and writes the marker beside it
         where the folder allows, so the next writer starts out quarantined; ``error`` says
         which, in a note."""
-        if not is_corruption_error(exc) or fts_only(exc):
+        if not is_corruption_error(exc) or self._fts_only(exc):
             return
         if self.read_only:
-            self.record(exc, error, guard)
+            self.record(exc, error)
         else:
-            enter(exc)
+            self.enter(exc)
 
-    def record(
-        self, exc: BaseException, error: BaseException, guard: Callable[[], sqlite3.Connection]
-    ) -> None:
+    def record(self, exc: BaseException, error: BaseException) -> None:
         """Whoever meets the damage first records it: for a read-only handle, the file's
         quarantine in its process and the marker beside it; ``error`` says which, in a note."""
-        marker = register(self.path, self.file_id, exc, self.home, guard)
+        marker = register(self.path, self.file_id, exc, self.home, self._guard)
         error.add_note(recorded_note(self.path, marker))
 
     def refuse_writes(self) -> None:

@@ -55,6 +55,13 @@ class Upkeep:
         )
         self.thread.start()
 
+    def wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds for the background thread; True once it is over."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
     def stop(self) -> None:
         """Ask the background jobs to stop and wait for them."""
         self._stop.set()

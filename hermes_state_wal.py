@@ -76,27 +76,30 @@ def _warn_once(db_label: str, exc: sqlite3.Error) -> None:
     )
 
 
-def _macos_settings(conn: sqlite3.Connection) -> None:
+def _macos_settings(conn: sqlite3.Connection, macos: bool | None) -> None:
     # The platform is read at each call, so the settings can be exercised on other systems.
-    if sys.platform == "darwin":
+    if sys.platform == "darwin" if macos is None else macos:
         for sql in MACOS_WAL_SQL:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute(sql)
 
 
-def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.db") -> str:
+def apply_wal_with_fallback(
+    conn: sqlite3.Connection, *, db_label: str = "state.db", macos: bool | None = None
+) -> str:
     """Put the caller's own connection ``conn`` in WAL mode, falling back to DELETE where the
     file system refuses WAL (see the module docstring). Returns ``"wal"``, ``"delete"`` after
     the fallback, or the mode a VFS without shared memory kept (``"delete"`` for a file).
 
-    ``db_label`` names the database in the one WARNING per label per process. Call it outside
-    any transaction (SQLite does not change journal modes inside one)."""
+    ``db_label`` names the database in the one WARNING per label per process. ``macos``: give
+    a WAL connection macOS's fuller fsyncs (None: on macOS only). Call it outside any
+    transaction (SQLite does not change journal modes inside one)."""
     try:
         current = _mode(conn, JOURNAL_MODE_SQL)
     except sqlite3.Error:
         current = ""  # an unreadable mode: the switch below tells
     if current == "wal":
-        _macos_settings(conn)
+        _macos_settings(conn, macos)
         return "wal"
     try:
         mode = _mode(conn, SET_WAL_SQL)
@@ -106,5 +109,5 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, *, db_label: str = "state.
         _warn_once(db_label, exc)
         return _mode(conn, SET_DELETE_SQL)
     if mode == "wal":
-        _macos_settings(conn)
+        _macos_settings(conn, macos)
     return mode

@@ -8,7 +8,10 @@ transcript, 0.5 s for an activity stamp, which is then skipped.
 
 :func:`classify` judges every other error. Proven FTS damage detaches the indexes and retries
 once; other damage quarantines the file. ``MemoryError`` counts as index damage only when the
-index is to blame. Every 50th commit is followed by a PASSIVE checkpoint."""
+index is to blame. Every 50th commit is followed by a PASSIVE checkpoint.
+
+The figures are the seed's named constants, gathered in a frozen :class:`Timing`; a handle
+takes another with ``SessionDB(path, timing=Timing(...))``."""
 
 from __future__ import annotations
 
@@ -18,20 +21,26 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import hermes_state_replication as replication
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
-from hermes_state_errors import ReplicationError, StateDbLockedError
+from hermes_state_errors import HermesStateError, InvalidInputError, InvalidTypeError
+from hermes_state_errors import ReplicationError, StateDbClosedError, StateDbLockedError
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
-from hermes_state_impact import missing_index_object
+from hermes_state_fts import damage_is_fts_only, detach_index, optimize_indexes
+from hermes_state_impact import drop_index, missing_index_object
+from hermes_state_quarantine import Watch
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
     "WriteKind",
+    "Timing",
+    "timing_of",
     "RetryPolicy",
     "delay",
     "locked_error",
@@ -43,6 +52,14 @@ __all__ = [
     "TRUNCATE_CHECKPOINT_SQL",
     "Store",
     "retrying",
+    "write",
+    "outside_transaction",
+    "check_open",
+    "check_writable",
+    "fts_only",
+    "checkpoint",
+    "vacuum",
+    "VACUUM_SQL",
     "Checkpoints",
     "WAL_AUTOCHECKPOINT_OFF_SQL",
     "WAL_AUTOCHECKPOINT_DEFAULT_SQL",
@@ -62,6 +79,81 @@ class RetryPolicy:
     fast_window_s: float  # pauses are short while less than this has passed
     fast_pause_s: tuple[float, float]  # the range of a pause inside the fast window
     slow_pause_s: tuple[float, float]  # the range of a pause after it
+
+
+# The seed's figures (see the module docstring).
+_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
+_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
+_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
+_CHECKPOINT_EVERY_N_WRITES = 50
+_FAST_RETRY_WINDOW_S = 2.0
+_SQLITE_BUSY_TIMEOUT_S = 1.0
+_READ_BUSY_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a handle waits and how often it checkpoints: the patience of each
+    :data:`WriteKind`, the ranges of the pauses between attempts (``fast_pause_s`` during the
+    first ``fast_window_s``, ``slow_pause_s`` after), a PASSIVE checkpoint after every
+    ``checkpoint_every``-th commit, SQLite's busy timeout of a writable connection
+    (``busy_timeout_s``) and the one wait of a read-only open (``read_busy_timeout_s``).
+    Every figure is checked when the object is made (:class:`InvalidInputError`)."""
+
+    write_patience_s: float = _WRITE_PATIENCE_S
+    transcript_patience_s: float = _TRANSCRIPT_WRITE_PATIENCE_S
+    activity_patience_s: float = _ACTIVITY_WRITE_PATIENCE_S
+    fast_pause_s: tuple[float, float] = (_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S)
+    slow_pause_s: tuple[float, float] = (_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S)
+    fast_window_s: float = _FAST_RETRY_WINDOW_S
+    checkpoint_every: int = _CHECKPOINT_EVERY_N_WRITES
+    busy_timeout_s: float = _SQLITE_BUSY_TIMEOUT_S
+    read_busy_timeout_s: float = _READ_BUSY_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("write_patience_s", "transcript_patience_s", "activity_patience_s",
+                     "fast_window_s", "busy_timeout_s", "read_busy_timeout_s"):
+            _check_seconds(name, getattr(self, name))
+        for name in ("fast_pause_s", "slow_pause_s"):
+            pause = getattr(self, name)
+            if not (isinstance(pause, tuple) and len(pause) == 2):
+                raise InvalidInputError(f"{name} must be a (low, high) pair of seconds",
+                                        argument=name)
+            _check_seconds(name, pause[0])
+            _check_seconds(name, pause[1])
+            if pause[0] > pause[1]:
+                raise InvalidInputError(f"{name}: {pause[0]} > {pause[1]}", argument=name)
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidInputError(
+                f"checkpoint_every must be a positive integer, not {every!r}",
+                argument="checkpoint_every")
+
+    def policy(self, kind: WriteKind) -> RetryPolicy:
+        """The retry policy of a ``kind`` of write."""
+        patience = {"write": self.write_patience_s, "transcript": self.transcript_patience_s,
+                    "activity": self.activity_patience_s}[kind]
+        return RetryPolicy(patience, self.fast_window_s, self.fast_pause_s, self.slow_pause_s)
+
+
+def timing_of(timing: object) -> Timing:
+    """The figures a handle is given: ``timing`` itself, the defaults for None, else
+    :class:`InvalidTypeError`."""
+    if timing is None:
+        return Timing()
+    if not isinstance(timing, Timing):
+        raise InvalidTypeError(f"timing must be a Timing, not {type(timing).__name__}",
+                               argument="timing")
+    return timing
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(f"{name} must be a number of seconds, not {value!r}",
+                               argument=name)
+    if not 0 <= value < float("inf"):
+        raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, not {value!r}",
+                                argument=name)
 
 
 def delay(elapsed: float, policy: RetryPolicy, rng: random.Random) -> float | None:
@@ -169,17 +261,20 @@ _JITTER = random.Random()
 
 
 class Store(Protocol):
-    """What the retry loop needs of a handle."""
+    """What the write path needs of a handle (``SessionDB``)."""
 
     path: Path
     profile_home: Path
+    read_only: bool
     write_retries: int
+    timing: Timing
+    _closed: bool
+    _connection: sqlite3.Connection
+    _checkpoints: Checkpoints
+    _watch: Watch
 
-    def _policy(self, kind: WriteKind) -> RetryPolicy: ...
-
-    def _fts_only(self, exc: BaseException) -> bool: ...
-
-    def _quarantine(self, exc: BaseException) -> None: ...
+    @property
+    def _lock(self) -> AbstractContextManager[Any]: ...
 
 
 def retrying(
@@ -196,7 +291,7 @@ def retrying(
     rest of it is dropped too and the write goes through; the next writable open creates it
     anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
     not drop again, so a drop that meets the same error ends, typed, instead of recursing."""
-    policy = store._policy(kind)
+    policy = store.timing.policy(kind)
     start, attempts, detach_index = time.monotonic(), 1, False
     while True:
         try:
@@ -208,7 +303,8 @@ def retrying(
                 drop_search_index()
                 drop_search_index = None
                 continue
-            verdict = classify(exc, index_detached=detach_index, fts_only=store._fts_only)
+            verdict = classify(exc, index_detached=detach_index,
+                               fts_only=lambda exc: fts_only(store, exc))
             if verdict is Verdict.RETRY:
                 waited = time.monotonic() - start
                 pause = delay(waited, policy, _JITTER)
@@ -223,11 +319,101 @@ def retrying(
                 detach_index = True
             else:
                 if verdict is Verdict.QUARANTINE:
-                    store._quarantine(exc)
+                    store._watch.enter(exc)
                 if isinstance(exc, sqlite3.Error):
                     raise translate(exc, store.path) from exc
                 raise
             attempts += 1
+
+
+def write(
+    store: Store,
+    fn: Callable[[sqlite3.Connection], T],
+    kind: WriteKind = "write",
+    *,
+    may_drop_index: bool = True,
+) -> T:
+    """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
+    ``kind`` (see :func:`retrying`); after the commit, the checkpoint policy."""
+
+    def attempt(detach: bool) -> T:
+        with store._lock:
+            check_writable(store)
+            with transaction(store._connection):
+                if detach:
+                    detach_index(store._connection)
+                result = fn(store._connection)
+            store._checkpoints.after_commit(store._connection)
+        return result
+
+    return retrying(store, attempt, kind, drop_search_index=(
+        (lambda: write(store, drop_index, may_drop_index=False)) if may_drop_index else None))
+
+
+def outside_transaction(store: Store, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn(conn)`` for statements SQLite refuses inside a transaction (pragmas,
+    ``VACUUM``, integrity checks, checkpoints): under the handle's lock, retried while the
+    file is locked as a write is, with no ``BEGIN`` and no checkpoint after it."""
+
+    def attempt(detach: bool) -> T:
+        with store._lock:
+            check_writable(store)
+            if detach:
+                with transaction(store._connection):
+                    detach_index(store._connection)
+            return fn(store._connection)
+
+    return retrying(store, attempt, "write",
+                    drop_search_index=lambda: write(store, drop_index, may_drop_index=False))
+
+
+def check_open(store: Store) -> None:
+    """:class:`StateDbClosedError` once the handle is closed."""
+    if store._closed:
+        raise StateDbClosedError(f"SessionDB for {store.path} is closed")
+
+
+def check_writable(store: Store) -> None:
+    """Refuse a write on a closed or read-only handle, and on a quarantined one (after taking
+    on a quarantine another handle of this process met)."""
+    check_open(store)
+    if store.read_only:
+        raise HermesStateError(f"SessionDB for {store.path} is read-only")
+    store._watch.adopt()
+    store._watch.refuse_writes()
+
+
+def fts_only(store: Store, exc: BaseException) -> bool:
+    """Whether the damage ``exc`` shows is proven to lie in the FTS indexes only."""
+    with store._lock:
+        return damage_is_fts_only(store._connection, exc)
+
+
+def checkpoint(store: Store) -> tuple[int, int, int]:
+    """Run a PASSIVE WAL checkpoint now (retried while another process holds the lock it
+    needs). Returns SQLite's result row: (busy, frames in the WAL, frames checkpointed).
+    :class:`ReplicationError` while checkpoints are left to Litestream."""
+    with store._lock:
+        if not store.read_only:
+            store._checkpoints.refuse_if_left(store._connection)
+    outside_transaction(store, store._checkpoints.run)
+    assert store._checkpoints.last is not None
+    return store._checkpoints.last
+
+
+# SQLite refuses VACUUM inside a transaction.
+VACUUM_SQL = "VACUUM"
+
+
+def vacuum(store: Store) -> int:
+    """Merge each FTS index's segments (``optimize``), checkpoint, then ``VACUUM``; returns
+    how many indexes were merged. The checkpoint follows the handle's rules: none while
+    checkpoints are left to Litestream, the handle's PASSIVE one (from its helper, under the
+    write lock) inside the WAL-reset bug range, else TRUNCATE."""
+    merged = write(store, optimize_indexes)
+    outside_transaction(store, store._checkpoints.truncate)
+    outside_transaction(store, lambda conn: conn.execute(VACUUM_SQL).close())
+    return merged
 
 
 # --- the checkpoint policy ----------------------------------------------------------------------

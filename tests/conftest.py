@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from hermes_state import SessionDB
-from state_helpers import release_process
+from state_helpers import Connections, release_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,11 +46,36 @@ def db_path(hermes_home: Path) -> Path:
 
 
 @pytest.fixture
-def db(db_path: Path) -> Iterator[SessionDB]:
-    handle = SessionDB(db_path)
+def connections() -> Connections:
+    """The connections the ``db`` fixture's handle opens (its ``on_connect`` hook), for a test
+    that traces the statements of the handle's own connection or sets a limit on it."""
+    return Connections(trace=False)
+
+
+@pytest.fixture
+def db(db_path: Path, connections: Connections) -> Iterator[SessionDB]:
+    handle = SessionDB(db_path, on_connect=connections)
     try:
         yield handle
     finally:
+        handle.close()
+
+
+OpenDb = Callable[..., SessionDB]
+
+
+@pytest.fixture
+def open_db() -> Iterator[OpenDb]:
+    """``SessionDB(*args, **kwargs)``: every handle opened through it is closed after the test."""
+    opened: list[SessionDB] = []
+
+    def open_(*args: object, **kwargs: object) -> SessionDB:
+        handle = SessionDB(*args, **kwargs)  # type: ignore[arg-type]
+        opened.append(handle)
+        return handle
+
+    yield open_
+    for handle in opened:
         handle.close()
 
 

@@ -18,10 +18,11 @@ import textwrap
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import hermes_state_connect as dbconn
 import hermes_state_fts as fts
 import hermes_state_impact as impact
 from hermes_state import SessionDB
@@ -32,6 +33,7 @@ from hermes_state_schema_sql import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -45,6 +47,56 @@ def raw(path: Path, *, write: bool = False) -> Iterator[sqlite3.Connection]:
         conn = sqlite3.connect(f"{Path(path).as_uri()}?mode=ro", uri=True, timeout=30)
     try:
         yield conn
+    finally:
+        conn.close()
+
+
+class Connections:
+    """A ``SessionDB(..., on_connect=...)`` hook that keeps every connection the handle opens
+    and the statements each runs (sqlite3's trace callback), by role: ``"handle"`` (its own),
+    ``"helper"``, ``"snapshot"``, ``"guard"``. ``trace`` is every statement in order, as
+    (role, SQL) pairs. With ``trace=False`` it keeps the connections only."""
+
+    def __init__(self, *, trace: bool = True) -> None:
+        self.tracing = trace
+        self.opened: list[tuple[str, sqlite3.Connection]] = []
+        self.trace: list[tuple[str, str]] = []
+        self.statements: dict[str, list[str]] = {}
+
+    def __call__(self, role: str, conn: sqlite3.Connection) -> None:
+        self.opened.append((role, conn))
+        if not self.tracing:
+            return
+        mine = self.statements.setdefault(role, [])
+
+        def seen(sql: str) -> None:
+            mine.append(sql)
+            self.trace.append((role, sql))
+
+        conn.set_trace_callback(seen)
+
+    def own(self) -> sqlite3.Connection:
+        """The handle's own connection (the last one it opened as "handle")."""
+        return [conn for role, conn in self.opened if role == "handle"][-1]
+
+    def of(self, role: str) -> list[str]:
+        """The statements connections of ``role`` ran (a live list: clear it to start over)."""
+        return self.statements.setdefault(role, [])
+
+    def take(self, role: str = "handle") -> list[str]:
+        seen = list(self.of(role))
+        self.of(role).clear()
+        return seen
+
+
+def in_transaction(path: Path, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction of a connection of its own on
+    ``path``, opened as the library opens its connections (for driving a sibling module's
+    step functions, such as the search index's fill, beside an open handle)."""
+    conn = dbconn.connect(path, "rw", timeout=30)
+    try:
+        with dbconn.transaction(conn):
+            return fn(conn)
     finally:
         conn.close()
 

@@ -22,6 +22,7 @@ from hermes_state import (
     InvalidTypeError,
     SessionDB,
     StateDbLockedError,
+    Timing,
 )
 from hermes_state_replay import route_reasoning_carriers
 
@@ -182,7 +183,7 @@ def test_a_write_function_is_refused_on_a_read_only_handle(db: SessionDB, db_pat
 
 @pytest.mark.slow
 def test_a_write_function_waits_out_another_process_and_gives_up_typed(
-    db: SessionDB, db_path: Path, hold_write_lock: Any, monkeypatch: pytest.MonkeyPatch
+    db: SessionDB, db_path: Path, hold_write_lock: Any, open_db: Any
 ) -> None:
     db.create_session("s", "cli")
     with hold_write_lock(db_path, 1.6):  # past SQLite's own 1 s wait: the store retries
@@ -190,10 +191,10 @@ def test_a_write_function_waits_out_another_process_and_gives_up_typed(
             lambda conn: conn.execute("UPDATE sessions SET title = 'late' WHERE id = 's'").rowcount
         ) == 1
     assert db.write_retries > 0
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.3)
+    impatient = open_db(db_path, timing=Timing(write_patience_s=0.3))
     with hold_write_lock(db_path):
         with pytest.raises(StateDbLockedError):
-            db._execute_write(lambda conn: conn.execute("DELETE FROM sessions"))
+            impatient._execute_write(lambda conn: conn.execute("DELETE FROM sessions"))
     assert db.get_session("s") is not None
 
 

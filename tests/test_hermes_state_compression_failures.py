@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hermes_state
-from hermes_state import InvalidInputError, SessionDB, StateDbClosedError
+from hermes_state import InvalidInputError, SessionDB, StateDbClosedError, Timing
 
 
 def test_a_new_session_has_no_streak_and_no_cooldown(db: SessionDB) -> None:
@@ -121,11 +120,10 @@ def test_a_closed_handle_reads_zero_and_the_cooldown_writes_do_not_raise(
 
 @pytest.mark.slow
 def test_cooldown_writes_are_logged_not_raised_while_the_store_stays_locked(
-    db: SessionDB, hold_write_lock, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    db_path: Path, open_db, hold_write_lock, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    db = open_db(db_path, timing=Timing(write_patience_s=0.3))
     db.create_session("s1", "cli")
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.3)
     with hold_write_lock(db.path), caplog.at_level(logging.WARNING, "hermes_state"):
         assert db.record_compression_failure_cooldown("s1", time.time() + 60, "e") is None
         assert db.clear_compression_failure_cooldown("s1") is None

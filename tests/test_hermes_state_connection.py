@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-import hermes_state
+import hermes_state_connect as dbconn
 from hermes_state import (
     InvalidInputError,
     InvalidTypeError,
     SessionDB,
     StateDbClosedError,
     StateDbLockedError,
+    Timing,
     UnsafePathError,
     is_corruption_error,
     is_sqlite_lock_error,
 )
+from state_helpers import Connections
 from hermes_state_errors import SQLITE_BUSY, SQLITE_CORRUPT, SQLITE_LOCKED, SQLITE_NOTADB
 
 SIDECARS = ("state.db", "state.db-wal", "state.db-shm")
@@ -46,14 +48,16 @@ def umask(value: int) -> Iterator[None]:
 # --- settings --------------------------------------------------------------------------------
 
 
-def test_journal_mode_is_wal_and_foreign_keys_are_on(db: SessionDB) -> None:
+def test_journal_mode_is_wal_and_foreign_keys_are_on(db_path: Path, open_db) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
     other = sqlite3.connect(db.path)
     try:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         other.close()
     # foreign_keys is per connection: ask the handle's own.
-    assert db._read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+    assert connections.own().execute("PRAGMA foreign_keys").fetchone()[0] == 1
 
 
 def test_close_is_idempotent_and_later_calls_fail_typed(db_path: Path) -> None:
@@ -217,23 +221,23 @@ def test_reads_go_on_while_another_process_holds_the_write_lock(
 @pytest.mark.parametrize(
     ("patience_attr", "write"),
     [
-        ("_TRANSCRIPT_WRITE_PATIENCE_S", lambda db: db.append_message("s", "user", "lost")),
-        ("_WRITE_PATIENCE_S", lambda db: db.create_session("other", "cli")),
+        ("transcript_patience_s", lambda db: db.append_message("s", "user", "lost")),
+        ("write_patience_s", lambda db: db.create_session("other", "cli")),
     ],
     ids=["transcript", "ordinary"],
 )
 def test_exhausted_patience_raises_locked_and_names_the_holder(
-    db: SessionDB,
+    db_path: Path,
+    open_db,
     hold_write_lock,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     hermes_home: Path,
     patience_attr: str,
     write,
 ) -> None:
-    db.create_session("s", "cli")
     patience = 0.3
-    monkeypatch.setattr(hermes_state, patience_attr, patience)
+    db = open_db(db_path, timing=Timing(**{patience_attr: patience}))
+    db.create_session("s", "cli")
     caplog.set_level(logging.WARNING, logger="hermes_state")
     with hold_write_lock(db.path) as holder:
         start = time.monotonic()
@@ -241,7 +245,7 @@ def test_exhausted_patience_raises_locked_and_names_the_holder(
             write(db)
         elapsed = time.monotonic() - start
     # One SQLite busy wait (1 s) may run past the patience, never more.
-    assert patience <= elapsed < patience + hermes_state._SQLITE_BUSY_TIMEOUT_S + 1.0
+    assert patience <= elapsed < patience + db.timing.busy_timeout_s + 1.0
     error = info.value
     assert error.reason == "session_persistence_failed:locked"
     assert isinstance(error.__cause__, sqlite3.OperationalError)
@@ -272,16 +276,13 @@ def test_opening_an_uninitialised_file_waits_for_the_lock(db_path: Path, hold_wr
         assert db.get_session("s") is not None
 
 
-def test_opening_gives_up_typed_when_patience_runs_out(
-    db_path: Path, hold_write_lock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_opening_gives_up_typed_when_patience_runs_out(db_path: Path, hold_write_lock) -> None:
     with sqlite3.connect(db_path, isolation_level=None) as other:
         other.execute("PRAGMA journal_mode = WAL")
     other.close()
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.2)
     with hold_write_lock(db_path):
         with pytest.raises(StateDbLockedError):
-            SessionDB(db_path)
+            SessionDB(db_path, timing=Timing(write_patience_s=0.2))
 
 
 def test_threads_on_two_handles_in_one_process_lose_no_write(db_path: Path) -> None:
@@ -386,7 +387,7 @@ def test_kill_9_loses_no_committed_row(db: SessionDB, spawn_python) -> None:
 def test_passive_checkpoint_runs_after_50_writes(db: SessionDB) -> None:
     assert db.last_checkpoint is None
     db.create_session("s", "cli")
-    for i in range(hermes_state._CHECKPOINT_EVERY_N_WRITES):
+    for i in range(db.timing.checkpoint_every):
         db.append_message("s", "user", f"message {i}")
     assert db.last_checkpoint is not None
     busy, log_frames, checkpointed = db.last_checkpoint
@@ -526,3 +527,47 @@ def test_other_errors_are_neither(tmp_path: Path) -> None:
     for error in errors:
         assert not is_sqlite_lock_error(error), error
         assert not is_corruption_error(error), error
+
+
+# --- the knobs a handle takes -----------------------------------------------------------------
+
+
+def test_on_connect_sees_each_connection_before_the_library_runs_a_statement(
+    db_path: Path, open_db
+) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
+    db.create_session("s", "cli")
+    assert "".join(db.iter_export_jsonl())  # a streaming export reads from a snapshot
+    assert [role for role, _ in connections.opened][:1] == ["handle"]
+    assert "snapshot" in connections.statements
+    for role in ("handle", "snapshot"):
+        assert connections.of(role)[0] == dbconn.CELL_SIZE_CHECK_SQL, role
+
+
+def test_a_handle_refuses_knobs_of_the_wrong_type_before_touching_the_file(
+    db_path: Path,
+) -> None:
+    with pytest.raises(InvalidTypeError) as hook:
+        SessionDB(db_path, on_connect="trace")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError) as exposure:
+        SessionDB(db_path, wal_reset_exposed="yes")  # type: ignore[arg-type]
+    assert (hook.value.argument, exposure.value.argument) == ("on_connect", "wal_reset_exposed")
+    assert not db_path.exists()
+
+
+def test_waiting_for_the_index_upkeep_returns_at_once_when_none_runs(db_path: Path) -> None:
+    with SessionDB(db_path, rebuild_fts=False) as db:
+        assert not db.started_index_upkeep
+        assert db.wait_for_index(0) is True and db.wait_for_index() is True
+        with pytest.raises(InvalidTypeError):
+            db.wait_for_index("soon")  # type: ignore[arg-type]
+
+
+def test_the_wal_reset_mitigation_can_be_forced_either_way(db_path: Path, open_db) -> None:
+    for forced in (True, False):
+        connections = Connections()
+        db = open_db(db_path, on_connect=connections, wal_reset_exposed=forced)
+        assert db.wal_reset_exposed is forced
+        setting = connections.own().execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        assert setting == (0 if forced else 1000)

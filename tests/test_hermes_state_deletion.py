@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from conftest import subprocess_env
+from state_helpers import Connections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hermes_state
 import hermes_state_replication as replication
 from hermes_state import (
     HermesStateError,
@@ -32,6 +32,7 @@ from hermes_state import (
     StateDbConstraintError,
     StateDbCorruptError,
     StateDbLockedError,
+    Timing,
     UnknownFilterError,
 )
 
@@ -231,9 +232,9 @@ def test_live_work_on_a_delegate_child_refuses_the_whole_delete(
 
 
 def test_files_stay_when_the_delete_never_commits(
-    db: SessionDB, tmp_path: Path, hold_write_lock: Any, monkeypatch: pytest.MonkeyPatch
+    db_path: Path, open_db: Any, tmp_path: Path, hold_write_lock: Any
 ) -> None:
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.3)
+    db = open_db(db_path, timing=Timing(write_patience_s=0.3))
     sessions_dir = tmp_path / "sessions"
     db.create_session("s", "cli")
     files = transcripts(sessions_dir, "s")
@@ -813,13 +814,13 @@ def test_vacuum_leaves_checkpoints_to_litestream_when_told(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
-    with SessionDB(db_path) as db:
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections) as db:
         db.create_session("s", "cli")
         db.append_message("s", "user", "replicated")
-        trace: list[str] = []
-        db._conn.set_trace_callback(trace.append)
+        trace = connections.of("handle")
+        trace.clear()
         assert db.vacuum() == 3
-        db._conn.set_trace_callback(None)
         assert trace[-1] == "VACUUM" and not [sql for sql in trace if "checkpoint" in sql]
         assert db.message_count("s") == 1
 
@@ -841,10 +842,8 @@ def test_the_automatic_prune_reports_skips_and_remembers_its_run(
     assert nothing == {"skipped": False, "pruned": 0, "vacuumed": False}
 
 
-def test_the_automatic_prune_never_raises(db_path: Path, hold_write_lock: Any,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.3)
-    db = SessionDB(db_path)
+def test_the_automatic_prune_never_raises(db_path: Path, hold_write_lock: Any) -> None:
+    db = SessionDB(db_path, timing=Timing(write_patience_s=0.3))
     db.create_session("stale", "cli", started_at=NOW - 200 * DAY)
     db.end_session("stale", "user_exit")
     with hold_write_lock(db.path):

@@ -123,8 +123,8 @@ def test_datasette_finds_the_index_of_messages_and_counts_every_table(db_path: P
 def test_a_store_of_the_previous_application_is_read_whole_once_upgraded(db_path: Path) -> None:
     build_upstream(db_path, 1)
     with SessionDB(db_path) as db:  # upgraded, its indexes rebuilt in the background
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
     fill_store(db_path)
     assert_tools_read(db_path)
 
@@ -184,8 +184,8 @@ def test_a_store_of_the_previous_release_is_brought_forward_and_searches_the_sam
     with SessionDB(db_path, read_only=True) as reader:  # reads it as it is
         before = results(reader)
         with SessionDB(db_path) as db:  # brings it forward
-            assert db._rebuild_thread is not None
-            db._rebuild_thread.join(30)
+            assert db.started_index_upkeep
+            db.wait_for_index(30)
             assert results(db) == before
             assert db.fts_status()["missing_triggers"] == []
             assert db.check_fts_integrity() == dict.fromkeys(
@@ -212,8 +212,8 @@ def test_a_store_of_the_previous_release_whose_search_index_fts5_cannot_open_is_
     finally:
         conn.close()
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
         assert {r["id"] for r in db.search_messages("harbor", limit=200)} == holding(
             db_path, "harbor")
     assert_tools_read(db_path)

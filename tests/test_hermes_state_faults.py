@@ -33,11 +33,12 @@ from hermes_state import (
     SessionDB,
     StateDbFullError,
     StateDbLockedError,
+    Timing,
     UnsafePathError,
     resolve_profile_home,
 )
 from hermes_state_errors import SQLITE_FULL
-from state_helpers import raw
+from state_helpers import Connections, raw
 
 CLEAN_FTS = {"messages_fts": None, "messages_fts_trigram": None, "messages_fts_cjk": None}
 
@@ -206,11 +207,10 @@ def test_a_lock_storm_loses_nothing_and_leaks_no_error(
 # WARNINGs of the hermes_state logger on stderr; prints what happened as one JSON line.
 _PATIENT_WRITER = """
 import json, logging, sys, time
-import hermes_state
-from hermes_state import SessionDB, StateDbLockedError
+from hermes_state import SessionDB, StateDbLockedError, Timing
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-hermes_state._TRANSCRIPT_WRITE_PATIENCE_S = float(sys.argv[2])
-db = SessionDB(sys.argv[1], rebuild_fts=False)
+timing = Timing(transcript_patience_s=float(sys.argv[2]))
+db = SessionDB(sys.argv[1], rebuild_fts=False, timing=timing)
 began = time.monotonic()
 try:
     db.append_message("s", "user", "patient")
@@ -280,10 +280,10 @@ def test_without_a_lock_table_the_locked_error_still_comes_typed_and_logged(
     hermes_home: Path,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(lockowners, "PROC_LOCKS_PATH", str(tmp_path / "no-such-lock-table"))
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.2)
+    monkeypatch.setenv(lockowners.PROC_LOCKS_ENV, str(tmp_path / "no-such-lock-table"))
     caplog.set_level(logging.WARNING, logger="hermes_state")
-    with SessionDB(store_with_session) as db, hold_write_lock(store_with_session):
+    impatient = Timing(write_patience_s=0.2)
+    with SessionDB(store_with_session, timing=impatient) as db, hold_write_lock(store_with_session):
         assert fts.other_processes_hold(store_with_session)  # nothing provable without it
         with pytest.raises(StateDbLockedError) as caught:
             db.set_meta("k", "v")
@@ -349,13 +349,14 @@ def test_kill_9_at_a_random_moment_loses_no_acknowledged_row(
 
 
 def test_a_full_database_refuses_the_whole_write_and_takes_writes_again_later(
-    db: SessionDB,
+    db: SessionDB, connections: Connections,
 ) -> None:
     db.create_session("s", "cli")
     db.append_message("s", "user", "before")
-    pages = db._read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
     # max_page_count belongs to a connection: set it on the handle's own.
-    db._read(lambda c: c.execute(f"PRAGMA max_page_count = {pages + 8}").fetchone())
+    own = connections.own()
+    pages = own.execute("PRAGMA page_count").fetchone()[0]
+    own.execute(f"PRAGMA max_page_count = {pages + 8}").fetchone()
     stored = 1
     with pytest.raises(StateDbFullError) as full:
         for n in range(1000):
@@ -367,7 +368,7 @@ def test_a_full_database_refuses_the_whole_write_and_takes_writes_again_later(
     assert len(db.get_messages("s")) == stored  # the failing row is not there, half or whole
     assert_counters_match_rows(db)
 
-    db._read(lambda c: c.execute("PRAGMA max_page_count = 1073741823").fetchone())
+    own.execute("PRAGMA max_page_count = 1073741823").fetchone()
     db.append_message("s", "user", "space is back", tool_calls=[{"id": "x"}])
     assert len(db.get_messages("s")) == stored + 1
     assert_healthy(db)
@@ -439,7 +440,9 @@ def schema_of(db: SessionDB) -> list[tuple[Any, ...]]:
         return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
 
 
-def test_surrogates_nul_and_sql_in_every_text_field_round_trip_as_data(db: SessionDB) -> None:
+def test_surrogates_nul_and_sql_in_every_text_field_round_trip_as_data(
+    db: SessionDB, connections: Connections
+) -> None:
     schema = schema_of(db)
     identifiers: list[str] = []
 
@@ -447,7 +450,7 @@ def test_surrogates_nul_and_sql_in_every_text_field_round_trip_as_data(db: Sessi
         identifiers.extend(str(a) for a in (arg1, arg2) if a is not None)
         return sqlite3.SQLITE_OK
 
-    db._conn.set_authorizer(authorizer)
+    connections.own().set_authorizer(authorizer)
     sid = "sess" + CLEANED  # an id cannot lose characters silently: see the next test
     db.create_session(sid, HOSTILE, model_config={HOSTILE: HOSTILE}, title="T" + HOSTILE,
                       **{k: HOSTILE for k in _SESSION_TEXT if k != "model"},
@@ -459,7 +462,7 @@ def test_surrogates_nul_and_sql_in_every_text_field_round_trip_as_data(db: Sessi
     )
     db.set_meta(HOSTILE, HOSTILE)
     db.end_session(sid, HOSTILE)
-    db._conn.set_authorizer(None)
+    connections.own().set_authorizer(None)
 
     assert not any(HOSTILE[:3] in name or "DROP" in name for name in identifiers)
     assert schema_of(db) == schema
@@ -588,12 +591,11 @@ def test_a_dangling_symlink_at_the_default_database_path_is_refused(
 
 
 @pytest.fixture(params=[True, False], ids=["exposed", "fixed"])
-def exposure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """This SQLite is inside the bug range; "fixed" makes the handle believe otherwise."""
-    if request.param != dbconn.wal_reset_exposed():
-        if request.param:
-            pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
-        monkeypatch.setattr(dbconn, "wal_reset_exposed", lambda *a: False)
+def exposure(request: pytest.FixtureRequest) -> bool:
+    """This SQLite is inside the bug range; "fixed" opens the handles with
+    ``wal_reset_exposed=False``."""
+    if request.param and not dbconn.wal_reset_exposed():
+        pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
     return bool(request.param)
 
 
@@ -602,20 +604,11 @@ def test_every_connection_and_every_checkpoint_follows_the_exposure(
 ) -> None:
     with SessionDB(db_path) as seed:
         seed.create_session("s", "cli")
-    trace: list[tuple[str, str]] = []
-    db = SessionDB(db_path)
+    connections = Connections()
+    db = SessionDB(db_path, on_connect=connections, wal_reset_exposed=exposure)
     assert db.wal_reset_exposed is exposure
-    db._conn.set_trace_callback(lambda sql: trace.append(("handle", sql)))
-    opened: list[sqlite3.Connection] = []
-    connect = db._connect
-
-    def connect_traced(mode: str, timeout: float) -> sqlite3.Connection:
-        conn = connect(mode, timeout)
-        conn.set_trace_callback(lambda sql: trace.append(("helper", sql)))
-        opened.append(conn)
-        return conn
-
-    db._connect = connect_traced  # type: ignore[method-assign]
+    trace = connections.trace
+    trace.clear()
     checkpoint = ("helper" if exposure else "handle", writes.CHECKPOINT_SQL)
 
     def one_checkpoint_in(taken: list[tuple[str, str]]) -> None:
@@ -628,7 +621,7 @@ def test_every_connection_and_every_checkpoint_follows_the_exposure(
         else:  # between the handle's transactions
             assert handle.count("BEGIN IMMEDIATE") == handle.count("COMMIT")
 
-    for n in range(hermes_state._CHECKPOINT_EVERY_N_WRITES):  # the every-50-writes one
+    for n in range(db.timing.checkpoint_every):  # the every-50-writes one
         db.append_message("s", "user", f"m{n}")
         if any("wal_checkpoint" in sql for _, sql in trace):
             break
@@ -641,14 +634,18 @@ def test_every_connection_and_every_checkpoint_follows_the_exposure(
     one_checkpoint_in(trace)
 
     expected = 0 if exposure else 1000
-    assert len(opened) == (1 if exposure else 0)  # the helper, only where it is needed
-    with SessionDB(db_path) as writable, SessionDB(db_path, read_only=True) as reader:
+    # the helper, only where it is needed
+    assert [role for role, _ in connections.opened] == (
+        ["handle", "helper"] if exposure else ["handle"])
+    opened = Connections(trace=False)
+    with SessionDB(db_path, on_connect=opened, wal_reset_exposed=exposure) as writable, \
+            SessionDB(db_path, read_only=True, on_connect=opened,
+                      wal_reset_exposed=exposure) as reader:
         writable.checkpoint()
-        connections = [writable._conn, reader._conn]
-        if exposure:
-            assert writable._helper is not None
-            connections.append(writable._helper)
-        for conn in connections:
+        roles = [role for role, _ in opened.opened]
+        assert roles == (["handle", "handle", "helper"] if exposure else ["handle", "handle"])
+        assert reader.read_only
+        for _, conn in opened.opened:
             assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == expected
 
 
@@ -659,9 +656,8 @@ def test_a_quarantined_handle_runs_no_checkpoint_either_way(
         seed.create_session("s", "cli")
         seed.append_message("s", "user", "x")
     damage_messages_table(db_path)
-    seen: list[str] = []
-    with SessionDB(db_path) as db:
-        db._conn.set_trace_callback(seen.append)
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections, wal_reset_exposed=exposure) as db:
         with pytest.raises(hermes_state.StateDbCorruptError):
             db.append_message("s", "user", "y")
-    assert not any("wal_checkpoint" in sql for sql in seen)
+    assert not any("wal_checkpoint" in sql for _, sql in connections.trace)

@@ -91,9 +91,7 @@ def wait_until_usable(db: SessionDB, timeout: float = 20.0) -> dict[str, Any]:
 
 def wait_for_maintenance(db: SessionDB) -> None:
     """Wait until the handle's open-time FTS maintenance has decided and done what it does."""
-    if db._rebuild_thread is not None:
-        db._rebuild_thread.join(timeout=30)
-        assert not db._rebuild_thread.is_alive()
+    assert db.wait_for_index(30)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 import hermes_state_impact as impact
 from hermes_state import SessionDB, recover_state_db, repair_state_db
 from hermes_state_schema_sql import SCHEMA_VERSION
-from state_helpers import assert_search_index_exact, raw, strip_search_index
+from state_helpers import assert_search_index_exact, in_transaction, raw, strip_search_index
 
 SEEDS = [1, 2, 3]
 WORDS = ["session", "gateway", "config", "token", "worker", "retry", "deploy", "zebra"]
@@ -87,7 +87,7 @@ def epoch_of(path: Path) -> int:
 
 def drain(db: SessionDB) -> None:
     """Index what other clients wrote (normally a few rows at each of the library's writes)."""
-    while db._write(lambda c: impact.drain_queue(c, 1000)):
+    while in_transaction(db.path, lambda c: impact.drain_queue(c, 1000)):
         pass
 
 
@@ -113,7 +113,7 @@ def test_a_file_without_the_index_gains_it_in_place_and_fills_it(db_path: Path) 
     watcher = sqlite3.connect(db_path, isolation_level=None)
     before = watcher.execute("PRAGMA data_version").fetchone()
     with SessionDB(db_path) as db:  # whole now: the open writes nothing, fills nothing
-        assert db._rebuild_thread is None
+        assert not db.started_index_upkeep
     assert watcher.execute("PRAGMA data_version").fetchone() == before
     watcher.close()
 
@@ -122,8 +122,8 @@ def test_a_writable_open_fills_it_in_the_background(db_path: Path) -> None:
     store(db_path, 2)
     strip_search_index(db_path)
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
@@ -172,15 +172,15 @@ def test_bytes_another_client_stored_are_indexed_as_fts5_reads_them(
     assert_search_index_exact(db_path)
     strip_search_index(db_path)
     with SessionDB(db_path) as db:  # the fill reads every row
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
         epoch = epoch_of(db.db_path)
         db.rebuild_fts()  # the FTS indexes from every row again, search_cjk recomputed
         assert_searches_exact(db)
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is None and epoch_of(db.db_path) == epoch
+        assert not db.started_index_upkeep and epoch_of(db.db_path) == epoch
     assert_search_index_exact(db_path)
 
 
@@ -229,7 +229,7 @@ def test_a_fill_beside_other_writers_indexes_every_row_once(
         writers = [spawn_python(_WRITER, str(db_path), str(seed * 10 + k)) for k in range(2)]
         for proc in writers:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        while db._write(lambda c: impact.fill_chunk(c, 40)) is not None:
+        while in_transaction(db_path, lambda c: impact.fill_chunk(c, 40)) is not None:
             time.sleep(0.005)  # chunks interleave with the writers' transactions
         for proc in writers:
             out, err = proc.communicate(timeout=60)
@@ -242,10 +242,15 @@ def test_a_fill_beside_other_writers_indexes_every_row_once(
 # Runs the fill of argv[1] in chunks of 30 rows and says how far it got after each.
 _FILLER = r"""
 import sys
+from pathlib import Path
+import hermes_state_connect as dbconn
 import hermes_state_impact as impact
-from hermes_state import SessionDB
-db = SessionDB(sys.argv[1], rebuild_fts=False)
-while (step := db._write(lambda c: impact.fill_chunk(c, 30))) is not None and not step.finished:
+conn = dbconn.connect(Path(sys.argv[1]), "rw", timeout=30)
+while True:
+    with dbconn.transaction(conn):
+        step = impact.fill_chunk(conn, 30)
+    if step is None or step.finished:
+        break
     print("chunk", flush=True)
 """
 
@@ -266,8 +271,8 @@ def test_a_fill_killed_midway_is_finished_by_the_next_open(
     proc.communicate()
     assert state(db_path)["filling"]
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
@@ -281,8 +286,7 @@ while not os.path.exists(sys.argv[2]):
     time.sleep(0.001)
 with SessionDB(sys.argv[1]) as db:
     print(db.append_message("s0", "user", "session opened together"), flush=True)
-    if db._rebuild_thread is not None:
-        db._rebuild_thread.join(60)
+    db.wait_for_index(60)
 """
 
 
@@ -305,8 +309,7 @@ def test_processes_opening_a_file_without_it_at_once_create_one_index(
         appended.append(int(out))
     assert len(set(appended)) == 3
     with SessionDB(db_path) as db:
-        if db._rebuild_thread is not None:
-            db._rebuild_thread.join(30)
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(db_path)
@@ -340,8 +343,7 @@ def test_recover_never_copies_the_index_and_builds_it_anew(
     assert report["complete"] and report["verified"]
     assert state(out)["filling"] == defer
     with SessionDB(out) as db:
-        if db._rebuild_thread is not None:
-            db._rebuild_thread.join(30)
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(out)
@@ -366,8 +368,7 @@ def test_export_carries_no_index_and_import_builds_it_from_the_rows(
     with SessionDB(imported) as db, open(export, encoding="utf-8") as fh:
         report = db.import_jsonl(fh)
         assert len(report["imported"]) == 3 and report["ok"]
-        if db._rebuild_thread is not None:
-            db._rebuild_thread.join(30)
+        db.wait_for_index(30)
         assert state(db.db_path)["usable"]
         assert_searches_exact(db)
     assert_search_index_exact(imported)
@@ -384,7 +385,7 @@ def test_repair_builds_a_damaged_index_anew(db_path: Path) -> None:
     assert report["repaired"], report
     assert_search_index_exact(db_path)
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is None
+        assert not db.started_index_upkeep
         assert_searches_exact(db)
 
 
@@ -399,7 +400,7 @@ def test_a_sort_by_time_is_exact_while_the_blocks_fill(db_path: Path) -> None:
         rows = sorted(db.get_messages("s0"), key=lambda m: (-m["timestamp"], m["id"]))
         want = [m["id"] for m in rows[:30]]
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want
-        db._write(lambda c: impact.fill_chunk(c, 2000))  # part of the blocks known
+        in_transaction(db_path, lambda c: impact.fill_chunk(c, 2000))  # part of the blocks known
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want
         db.rebuild_fts()
         assert [h["id"] for h in db.search_messages("kiwi", sort="newest", limit=30)] == want

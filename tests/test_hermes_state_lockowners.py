@@ -15,10 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hermes_state_lockowners import (
+    PROC_LOCKS_ENV,
     LockHolder,
     ProcLock,
     describe_lock_holders,
     lock_holders,
+    lock_table_path,
     parse_proc_locks,
 )
 
@@ -118,23 +120,30 @@ def test_rollback_journal_writer_holds_reserved_on_main_file(tmp_path: Path) -> 
     assert holders[0].describe().endswith("holds RESERVED lock on state.db")
 
 
-@needs_proc_locks
-def test_own_process_is_excluded_by_default(tmp_path: Path) -> None:
-    db = tmp_path / "state.db"
+@contextlib.contextmanager
+def writing_here(db: Path) -> Iterator[sqlite3.Connection]:
+    """A WAL connection of this process on ``db`` inside a write transaction (the WAL write
+    lock held); the transaction commits on leaving the block, which proves looking at the
+    lock table dropped none of this process's locks."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE t(x)")
+        conn.execute("CREATE TABLE IF NOT EXISTS t(x)")
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO t VALUES (1)")
-
-        assert lock_holders(db) == []
-        holders = lock_holders(db, exclude_pids=())
-        assert (holders[0].pid, holders[0].kind) == (os.getpid(), "WAL write")
-        # Looking did not drop our own locks: the transaction still commits.
+        yield conn
         conn.execute("COMMIT")
     finally:
         conn.close()
+
+
+@needs_proc_locks
+def test_own_process_is_excluded_by_default(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with writing_here(db):
+        assert lock_holders(db) == []
+        holders = lock_holders(db, exclude_pids=())
+        assert (holders[0].pid, holders[0].kind) == (os.getpid(), "WAL write")
 
 
 @needs_proc_locks
@@ -153,6 +162,20 @@ def test_missing_lock_table_gives_nothing(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-locks")
     assert lock_holders(db, proc_locks_path=missing) == []
     assert describe_lock_holders(db, proc_locks_path=missing) == []
+
+
+@needs_proc_locks
+def test_the_environment_names_another_lock_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "state.db"
+    with writing_here(db):
+        assert lock_holders(db, exclude_pids=()) != []
+        monkeypatch.setenv(PROC_LOCKS_ENV, str(tmp_path / "no-such-locks"))
+        assert lock_table_path() == str(tmp_path / "no-such-locks")
+        assert lock_holders(db, exclude_pids=()) == []
+        monkeypatch.delenv(PROC_LOCKS_ENV)
+        assert lock_table_path() == "/proc/locks"
 
 
 def test_missing_database_gives_nothing(tmp_path: Path) -> None:

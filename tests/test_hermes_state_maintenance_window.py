@@ -48,19 +48,17 @@ SEEDS = (1, 2, 3)
 # created once the first append is acknowledged.
 WRITER = """
 import json, os, random, sys, time, uuid
-import hermes_state
-from hermes_state import SessionDB, StateDbLockedError
+from hermes_state import SessionDB, StateDbLockedError, Timing
 path, seed, patience = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 stop, ready = sys.argv[4], sys.argv[5]
-hermes_state._WRITE_PATIENCE_S = patience
-hermes_state._TRANSCRIPT_WRITE_PATIENCE_S = patience
-hermes_state._SQLITE_BUSY_TIMEOUT_S = min(1.0, patience / 3)
+timing = Timing(write_patience_s=patience, transcript_patience_s=patience,
+                busy_timeout_s=min(1.0, patience / 3))
 rng = random.Random(seed)
 n = 0
 while not os.path.exists(stop):
     try:
         # No background index rebuild: the store must still need its repair when it runs.
-        with SessionDB(path, rebuild_fts=False) as db:
+        with SessionDB(path, rebuild_fts=False, timing=timing) as db:
             for _ in range(3):
                 uid, text = uuid.uuid4().hex, f"window {seed}.{n}"
                 row = db.append_message("w", "user", text, message_uid=uid)
@@ -311,7 +309,7 @@ def test_without_a_lock_table_sqlites_own_lock_decides(
 ) -> None:
     """/proc/locks only names holders: with no lock table a free store is still repaired,
     and a held one is still refused."""
-    monkeypatch.setattr(lockowners, "PROC_LOCKS_PATH", str(tmp_path / "no-lock-table"))
+    monkeypatch.setenv(lockowners.PROC_LOCKS_ENV, str(tmp_path / "no-lock-table"))
     path = store("small")
     detach_index_by_hand(path)
     with process_holding(path):

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 from conftest import file_state, leave_committed_wal, overwrite, subprocess_env, table_pages
-from state_helpers import process_holding
+from state_helpers import Connections, in_transaction, process_holding
 
 import hermes_state_common as common
 import hermes_state_connect as dbconn
@@ -82,16 +82,12 @@ def damaged(db_path: Path) -> Path:
     return db_path
 
 
-class Statements:
-    """The statements a connection runs (sqlite3's trace callback), SQL text only."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.seen: list[str] = []
-        conn.set_trace_callback(self.seen.append)
-
-    def take(self) -> list[str]:
-        seen, self.seen = self.seen, []
-        return seen
+def traced(path: Path) -> tuple[SessionDB, Connections]:
+    """A handle on ``path`` whose own connection's statements are traced from now on."""
+    connections = Connections()
+    db = SessionDB(path, on_connect=connections)
+    connections.take()  # what the open ran
+    return db, connections
 
 
 def code(exc: BaseException) -> int:
@@ -108,8 +104,7 @@ def code(exc: BaseException) -> int:
 def test_a_damaged_leaf_quarantines_at_once_and_later_writes_never_touch_the_file(
     damaged: Path, hermes_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    db = SessionDB(damaged)
-    trace = Statements(db._conn)
+    db, trace = traced(damaged)
     caplog.set_level(logging.ERROR, logger="hermes_state")
 
     with pytest.raises(StateDbCorruptError) as first:
@@ -168,12 +163,12 @@ def test_a_search_that_meets_the_damaged_record_quarantines_instead_of_detaching
 def test_quarantine_covers_every_handle_of_the_process_on_that_file(
     damaged: Path, tmp_path: Path
 ) -> None:
-    bystander = SessionDB(damaged)
+    bystander, trace = traced(damaged)
     unrelated = SessionDB(tmp_path / "other" / "state.db")
     db = SessionDB(damaged)
     with pytest.raises(StateDbCorruptError):
         db.append_message("s", "user", "x")
-    trace = Statements(bystander._conn)
+    trace.take()
     with pytest.raises(StateDbCorruptError):
         bystander.set_meta("k", "v")
     assert trace.take() == [] and bystander.quarantined
@@ -280,8 +275,8 @@ def test_no_index_rebuild_runs_on_a_file_whose_record_is_damaged(db_path: Path) 
     before = file_state(db_path)
 
     db = SessionDB(db_path)  # its background maintenance finds the record damaged
-    assert db._rebuild_thread is not None
-    db._rebuild_thread.join(timeout=30)
+    assert db.started_index_upkeep
+    db.wait_for_index(30)
     assert db.quarantined
     status = db.fts_status()
     assert status["stale"] is not None and status["rebuild_high_water"] is None
@@ -795,8 +790,7 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
             reader.get_session("s")
         backup = maintenance.backup_state_db(db_path)
         maintenance.repair_state_db(db_path, check_only=True)
-        with SessionDB(db_path) as db:
-            db._write(fts.detach_index)  # a stale index, for the repair to work on
+        in_transaction(db_path, fts.detach_index)  # a stale index, for the repair to work on
         maintenance.repair_state_db(db_path)
         maintenance.restore_state_db(backup, db_path)
         recover.recover_state_db(db_path, hermes_home / "recovered.db")
@@ -817,14 +811,13 @@ def test_every_connection_on_a_file_checks_cell_sizes_first(
 def test_reading_quarantined_changes_nothing_and_the_handle_adopts_before_its_next_write(
     damaged: Path,
 ) -> None:
-    bystander = SessionDB(damaged)
+    bystander, trace = traced(damaged)
     db = SessionDB(damaged)
     with pytest.raises(StateDbCorruptError) as met:
         db.append_message("s", "user", "x")
     for _ in range(3):
         assert bystander.quarantined  # what the process knows of the file, read
-    assert bystander._quarantined is None, "reading the property took nothing on"
-    trace = Statements(bystander._conn)
+    assert trace.take() == [], "reading the property took nothing on"
     with pytest.raises(StateDbCorruptError) as refused:
         bystander.set_meta("k", "v")
     assert trace.take() == [], "refused before any statement"

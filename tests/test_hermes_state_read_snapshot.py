@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hermes_state import SessionDB
+from state_helpers import Connections
 
 BEST = [{"role": "user", "content": f"deploy now {n}"} for n in range(30)]
 FILLER = [{"role": "user", "content": "deploy " + "filler " * 40} for _ in range(300)]
@@ -27,8 +29,15 @@ def rewritten(db_path: Path) -> Iterator[tuple[SessionDB, SessionDB]]:
         writer.create_session("s1", "cli")
         writer.replace_messages("s0", BEST)
         writer.replace_messages("s1", FILLER)
-        with SessionDB(db_path) as reader:
+        connections = Connections()
+        with SessionDB(db_path, on_connect=connections) as reader:
+            OWN_CONNECTION[reader] = connections.own()
             yield reader, writer
+
+
+# The reader's own connection, as its on_connect hook saw it opened.
+OWN_CONNECTION: weakref.WeakKeyDictionary[SessionDB, sqlite3.Connection] = (
+    weakref.WeakKeyDictionary())
 
 
 class CommitBefore:
@@ -57,11 +66,11 @@ def reads_with_a_commit_before_each_statement(
     while True:
         nth += 1
         trace = CommitBefore(nth, commit)
-        reader._conn.set_trace_callback(trace)
+        OWN_CONNECTION[reader].set_trace_callback(trace)
         try:
             result = read()
         finally:
-            reader._conn.set_trace_callback(None)
+            OWN_CONNECTION[reader].set_trace_callback(None)
         check(nth, result)
         if not trace.landed:
             return nth - 1

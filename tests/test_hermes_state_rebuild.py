@@ -143,10 +143,9 @@ def assert_whole(path: Path) -> None:
 def test_the_background_rebuild_of_a_sparse_store_finishes_in_seconds(sparse: Path) -> None:
     db = SessionDB(sparse)
     try:
-        thread = db._rebuild_thread
-        assert thread is not None
-        thread.join(DEADLINE_S)
-        assert not thread.is_alive(), f"the background rebuild ran for over {DEADLINE_S:g} s"
+        assert db.started_index_upkeep
+        assert db.wait_for_index(DEADLINE_S), (
+            f"the background rebuild ran for over {DEADLINE_S:g} s")
     finally:
         db.close()
     assert_whole(sparse)
@@ -191,9 +190,8 @@ def test_recover_of_a_sparse_store_finishes_in_seconds(
     if defer:  # the first writable open rebuilds, in the background
         db = SessionDB(output)
         try:
-            assert db._rebuild_thread is not None
-            db._rebuild_thread.join(DEADLINE_S)
-            assert not db._rebuild_thread.is_alive()
+            assert db.started_index_upkeep
+            assert db.wait_for_index(DEADLINE_S)
         finally:
             db.close()
     assert_whole(output)
@@ -350,8 +348,8 @@ def test_the_search_index_fill_covers_the_rows_at_and_below_id_zero(db_path: Pat
     store_with_low_ids(db_path)
     strip_search_index(db_path)
     with SessionDB(db_path) as db:
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(DEADLINE_S)
+        assert db.started_index_upkeep
+        db.wait_for_index(DEADLINE_S)
         wombats = [h["id"] for h in db.search_messages("wombat", limit=100)]
         assert sorted(wombats) == [*LOW_IDS, 1, 2, 3]
     assert_search_index_exact(db_path)

@@ -26,12 +26,11 @@ from typing import Any
 import pytest
 from conftest import file_state, subprocess_env
 
-import hermes_state
 import hermes_state_connect as dbconn
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
-from hermes_state import ReplicationError, SessionDB
-from state_helpers import btree_pages, overwrite_pages, populate, process_holding
+from hermes_state import ReplicationError, SessionDB, Timing
+from state_helpers import Connections, btree_pages, overwrite_pages, populate, process_holding
 
 SYNC = 0.25  # the sync interval every replicating test configures
 SYNC_ARG = "250ms"
@@ -189,13 +188,12 @@ def fts_clean(path: Path) -> None:
 
 
 @pytest.fixture(params=[True, False], ids=["exposed", "fixed"])
-def exposure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """This SQLite is inside the WAL-reset bug range; "fixed" makes the handle believe
-    otherwise (then its connections would checkpoint on their own at 1000 pages)."""
-    if request.param != dbconn.wal_reset_exposed():
-        if request.param:
-            pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
-        monkeypatch.setattr(dbconn, "wal_reset_exposed", lambda *a: False)
+def exposure(request: pytest.FixtureRequest) -> bool:
+    """This SQLite is inside the WAL-reset bug range; "fixed" opens the handles with
+    ``wal_reset_exposed=False`` (then their connections would checkpoint on their own at 1000
+    pages)."""
+    if request.param and not dbconn.wal_reset_exposed():
+        pytest.skip(f"SQLite {sqlite3.sqlite_version} is outside the WAL-reset bug range")
     return bool(request.param)
 
 
@@ -209,23 +207,24 @@ def test_left_to_litestream_no_handle_checkpoints_or_truncates_the_wal(
     db_path: Path, exposure: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store(db_path)
-    writes = 3 * hermes_state._CHECKPOINT_EVERY_N_WRITES
+    writes = 3 * Timing().checkpoint_every
     monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
     # Another process keeps the file open, as Litestream does, so the last close is not ours.
     with process_holding(db_path):
         before = file_state(db_path)
         wal_before = db_path.with_name("state.db-wal").stat().st_size
-        trace: list[str] = []
-        db = SessionDB(db_path)
-        assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-        db._conn.set_trace_callback(trace.append)
+        connections = Connections()
+        db = SessionDB(db_path, on_connect=connections, wal_reset_exposed=exposure)
+        assert connections.own().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        connections.trace.clear()
         _write_storm(db, writes)
         db.close()
         assert file_state(db_path)["state.db"] == before["state.db"]  # no frame copied back
         assert db_path.with_name("state.db-wal").stat().st_size > wal_before  # never reset
-        assert not [sql for sql in trace if "checkpoint" in sql]
-        assert db._helper is None  # not even the helper an exposed checkpoint needs
-        with SessionDB(db_path) as db:
+        assert not [sql for _, sql in connections.trace if "checkpoint" in sql]
+        # not even the helper an exposed checkpoint needs
+        assert [role for role, _ in connections.opened] == ["handle"]
+        with SessionDB(db_path, wal_reset_exposed=exposure) as db:
             assert db.message_count() == 5 + writes
             with pytest.raises(ReplicationError) as refused:
                 db.checkpoint()
@@ -234,8 +233,8 @@ def test_left_to_litestream_no_handle_checkpoints_or_truncates_the_wal(
 
         # The same work with the setting off checkpoints again.
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "library")
-        with SessionDB(db_path) as db:
-            _write_storm(db, hermes_state._CHECKPOINT_EVERY_N_WRITES)
+        with SessionDB(db_path, wal_reset_exposed=exposure) as db:
+            _write_storm(db, db.timing.checkpoint_every)
         assert file_state(db_path)["state.db"] != before["state.db"]
 
 
@@ -244,19 +243,21 @@ def test_an_open_handle_follows_the_setting_at_its_next_checkpoint_decision(
 ) -> None:
     store(db_path)
     monkeypatch.delenv(replication.CHECKPOINTS_ENV, raising=False)
-    with SessionDB(db_path) as db:
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections, wal_reset_exposed=exposure) as db:
+        own = connections.own()
         default = 0 if exposure else 1000
-        assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == default
+        assert own.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == default
         db.checkpoint()
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "litestream")
         db.last_checkpoint = None
-        _write_storm(db, 2 * hermes_state._CHECKPOINT_EVERY_N_WRITES)
+        _write_storm(db, 2 * db.timing.checkpoint_every)
         assert db.last_checkpoint is None
-        assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert own.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         monkeypatch.setenv(replication.CHECKPOINTS_ENV, "library")
-        _write_storm(db, hermes_state._CHECKPOINT_EVERY_N_WRITES)
+        _write_storm(db, db.timing.checkpoint_every)
         assert db.last_checkpoint is not None
-        assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == default
+        assert own.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == default
 
 
 @pytest.mark.parametrize("value", ["yes", "sqlite", "litestream please"])
@@ -280,8 +281,9 @@ def test_a_record_whose_litestream_is_not_running_leaves_checkpoints_to_the_hand
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         for pid in (gone.pid, sleeper.pid):  # dead; alive but not Litestream
-            replication._write_record(db_path, {"url": "file:///r", "leave_checkpoints": True,
-                                                "litestream_pid": pid})
+            # The record a replicator started with --leave-checkpoints leaves, as a file.
+            replication.record_path(db_path).write_text(json.dumps(
+                {"url": "file:///r", "leave_checkpoints": True, "litestream_pid": pid}))
             assert not replication.checkpoints_left_to_litestream(db_path)
             with SessionDB(db_path) as db:
                 assert db.checkpoint()[0] == 0
@@ -651,10 +653,11 @@ def test_leave_checkpoints_holds_while_litestream_runs_and_ends_with_it(
     db_path = hermes_home / "state.db"
     store(db_path)
     rep = replicators(db_path, replica, "--leave-checkpoints")
-    with SessionDB(db_path) as db:
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections) as db:
         with pytest.raises(ReplicationError):
             db.checkpoint()
-        assert db._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert connections.own().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         assert rep.stop() == 0
         assert db.checkpoint()[0] == 0  # the replicator is gone: the handle's own again
 

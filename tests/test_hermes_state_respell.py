@@ -41,9 +41,8 @@ def found(db: SessionDB, query: str, sort: str | None = None) -> set[int]:
 def reopened_after_respelling(path: Path) -> Iterator[SessionDB]:
     """A writable open of ``path`` once its background maintenance, the respelling, is done."""
     with SessionDB(path) as db:
-        assert db._rebuild_thread is not None, "the open respells in the background"
-        db._rebuild_thread.join(60)
-        assert not db._rebuild_thread.is_alive()
+        assert db.started_index_upkeep, "the open respells in the background"
+        assert db.wait_for_index(60)
         yield db
 
 
@@ -99,7 +98,7 @@ def test_a_file_spelled_by_an_earlier_version_is_respelled_by_the_next_open(
         assert reopened.check_fts_integrity() == CLEAN
     assert_spelled_current(db_path)
     with SessionDB(db_path) as again:
-        assert again._rebuild_thread is None, "respelled once"
+        assert not again.started_index_upkeep, "respelled once"
 
 
 def test_a_new_file_records_the_current_spelling(db: SessionDB, db_path: Path) -> None:
@@ -338,8 +337,7 @@ def test_rows_another_process_writes_during_a_respelling_are_kept_and_found(
         while fts.SPELLING_KEY not in respell_state(earlier):
             assert time.monotonic() < deadline and writer.poll() is None
             time.sleep(0.01)
-        if db._rebuild_thread is not None:
-            db._rebuild_thread.join(60)
+        db.wait_for_index(60)
         # The writer goes on after the respelling, however quick that was.
         while db.message_count() <= 2 * OLD_ROWS + 50:
             assert time.monotonic() < deadline and writer.poll() is None

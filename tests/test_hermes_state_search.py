@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from state_helpers import raw, spell_as_earlier_version
+from state_helpers import Connections, raw, spell_as_earlier_version
 
 import hermes_state_search as search
 from hermes_state import SessionDB
@@ -599,13 +599,13 @@ def test_filters_apply_on_every_route(route: tuple[SessionDB, str]) -> None:
 
 
 def test_source_filters_no_session_passes_find_nothing_without_reading_messages(
-    route: tuple[SessionDB, str],
+    route: tuple[SessionDB, str], connections: Connections,
 ) -> None:
     """A source no session has (a misspelt one, say) cannot match a row: no route is asked,
     where each of them, the substring route included, would read every match to find none."""
     db, query = route
     statements: list[str] = []
-    db._conn.set_trace_callback(statements.append)
+    connections.own().set_trace_callback(statements.append)
     try:
         assert found(db.search_messages(query, source_filter=["cli"], limit=100))
         assert any("messages" in sql for sql in statements)
@@ -617,7 +617,7 @@ def test_source_filters_no_session_passes_find_nothing_without_reading_messages(
             assert db.search_messages(query, limit=100, sort="newest", **filters) == [], filters
             assert not [sql for sql in statements if "messages" in sql], filters
     finally:
-        db._conn.set_trace_callback(None)
+        connections.own().set_trace_callback(None)
 
 
 def test_filter_lists_of_ten_thousand_entries_are_accepted(route: tuple[SessionDB, str]) -> None:

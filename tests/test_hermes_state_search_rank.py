@@ -773,8 +773,8 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     assert on_file(small, impact.index_health)["damaged"]
     assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
     with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
-        assert reopened._rebuild_thread is not None
-        reopened._rebuild_thread.join(30)
+        assert reopened.started_index_upkeep
+        reopened.wait_for_index(30)
         health = on_file(reopened, impact.index_health)
         assert health["usable"] and not health["damaged"] and health["queued"] == 0
         got, reads = impact_reads(reopened, "session")
@@ -829,8 +829,8 @@ def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
         assert through_index >= len(COMMON)
 
     with SessionDB(db_path) as db:  # created anew at open, then filled
-        assert db._rebuild_thread is not None
-        db._rebuild_thread.join(30)
+        assert db.started_index_upkeep
+        db.wait_for_index(30)
         assert on_file(db, impact.index_health)["usable"]
         ranked_as_fts5(db)
         for n in range(600, 900):  # batches go into the new table
@@ -939,8 +939,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
             assert ids(reopened.search_messages(query, ranking=ranking)) == exact(reopened, query)
         reopened.append_message("s1", "user", "a write marks what the searches found")
     with SessionDB(db_path) as repaired:
-        if repaired._rebuild_thread is not None:
-            repaired._rebuild_thread.join(30)
+        repaired.wait_for_index(30)
         assert on_file(repaired, impact.index_health)["usable"], damage
         for query in DAMAGE_QUERIES:
             got, reads = impact_reads(repaired, query, ranking=ranking)
@@ -960,8 +959,8 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     small.append_message("s1", "user", "the next write marks it")
     assert on_file(small, impact.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
-        assert reopened._rebuild_thread is not None
-        reopened._rebuild_thread.join(30)
+        assert reopened.started_index_upkeep
+        reopened.wait_for_index(30)
         assert on_file(reopened, impact.index_health)["usable"]
         got, reads = impact_reads(reopened, "session")
         assert reads and got == exact(reopened, "session")

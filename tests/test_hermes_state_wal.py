@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import hermes_state_wal
 from hermes_state import apply_wal_with_fallback
 
 
@@ -151,29 +150,26 @@ def test_a_vfs_without_shared_memory_keeps_rollback_mode_without_an_error(
 
 @pytest.mark.parametrize("already_wal", [False, True])
 def test_macos_settings_follow_wal(
-    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch, already_wal: bool
+    conn: sqlite3.Connection, already_wal: bool
 ) -> None:
     if already_wal:
-        apply_wal_with_fallback(conn)
-    monkeypatch.setattr(hermes_state_wal.sys, "platform", "darwin")
-    assert apply_wal_with_fallback(conn) == "wal"
+        apply_wal_with_fallback(conn, macos=False)
+    assert apply_wal_with_fallback(conn, macos=True) == "wal"
     assert conn.execute("PRAGMA checkpoint_fullfsync").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
 def test_no_macos_settings_elsewhere_or_without_wal(
-    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+    conn: sqlite3.Connection,
 ) -> None:
-    monkeypatch.setattr(hermes_state_wal.sys, "platform", "linux")
     seen = statements(conn)
-    apply_wal_with_fallback(conn)
+    apply_wal_with_fallback(conn, macos=False)
     assert not any("fullfsync" in s or "synchronous" in s for s in seen)
-    monkeypatch.setattr(hermes_state_wal.sys, "platform", "darwin")
     other_path = Path(conn.execute("PRAGMA database_list").fetchone()[2]).with_name("x.db")
     other = sqlite3.connect(f"{other_path.as_uri()}?vfs=unix-none", uri=True,
                             isolation_level=None)
     forbidden = statements(other)
-    assert apply_wal_with_fallback(other, db_label=label()) == "delete"
+    assert apply_wal_with_fallback(other, db_label=label(), macos=True) == "delete"
     assert not any("fullfsync" in s for s in forbidden), "only once WAL is active"
     other.close()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import file_state, leave_committed_wal, subprocess_env
+from state_helpers import Connections
 from hermes_state import SessionDB
 from hermes_state_errors import StateDbReadOnlyError
 
@@ -134,11 +135,13 @@ def test_the_command_line_refuses_to_delete_from_a_write_protected_store(
 
 def test_sqlite_refusing_a_write_is_a_typed_error(db_path: Path) -> None:
     a_store(db_path)
-    with SessionDB(db_path) as db:
-        db._conn.execute("PRAGMA query_only = ON")  # SQLite answers SQLITE_READONLY
+    connections = Connections()
+    with SessionDB(db_path, on_connect=connections) as db:
+        own = connections.own()
+        own.execute("PRAGMA query_only = ON")  # SQLite answers SQLITE_READONLY
         with pytest.raises(StateDbReadOnlyError) as caught:
             db.append_message("s1", "user", "refused")
         assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
         assert caught.value.__cause__.sqlite_errorcode & 0xFF == 8
-        db._conn.execute("PRAGMA query_only = OFF")
+        own.execute("PRAGMA query_only = OFF")
         assert [m["content"] for m in db.get_messages("s1")] == ["before the chmod"]

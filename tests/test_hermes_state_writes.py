@@ -8,18 +8,18 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HoldWriteLock
+from conftest import HoldWriteLock, OpenDb
+from state_helpers import Connections
 from hypothesis import given
 from hypothesis import strategies as st
 
 import hermes_state
 import hermes_state_fts as fts
 import hermes_state_writes as writes
-from hermes_state import SessionDB
+from hermes_state import InvalidInputError, InvalidTypeError, SessionDB, Timing
 from hermes_state_writes import RetryPolicy, Verdict, classify, delay
 
 POLICY = RetryPolicy(
@@ -156,36 +156,31 @@ def test_any_other_error_is_raised_without_reading_the_file(
 
 
 @pytest.mark.slow
-def test_each_write_reads_its_patience_from_the_module_when_it_starts(
-    db: SessionDB, hold_write_lock: HoldWriteLock, monkeypatch: pytest.MonkeyPatch
+def test_each_write_waits_the_patience_of_its_kind(
+    db_path: Path, hold_write_lock: HoldWriteLock
 ) -> None:
-    db.create_session("s", "cli")
-    monkeypatch.setattr(hermes_state, "_ACTIVITY_WRITE_PATIENCE_S", 0.05)
-    monkeypatch.setattr(hermes_state, "_WRITE_PATIENCE_S", 0.3)
-    with hold_write_lock(db.path):
-        start = time.monotonic()
-        db.update_session_cwd("s", "/srv/app")  # skipped once its patience is spent
-        stamp_waited = time.monotonic() - start
-        start = time.monotonic()
-        with pytest.raises(hermes_state.StateDbLockedError):
-            db.set_session_title("s", "locked out")
-        write_waited = time.monotonic() - start
-    assert stamp_waited < 0.05 + hermes_state._SQLITE_BUSY_TIMEOUT_S + 0.5
-    assert 0.3 <= write_waited < 0.3 + hermes_state._SQLITE_BUSY_TIMEOUT_S + 0.5
-    assert db.get_session("s")["cwd"] is None and db.get_session_title("s") is None
-
-
-@pytest.fixture
-def traced(db: SessionDB) -> Iterator[list[str]]:
-    statements: list[str] = []
-    db._conn.set_trace_callback(statements.append)
-    yield statements
-    db._conn.set_trace_callback(None)
+    timing = Timing(activity_patience_s=0.05, write_patience_s=0.3)
+    with SessionDB(db_path, timing=timing) as db:
+        db.create_session("s", "cli")
+        with hold_write_lock(db.path):
+            start = time.monotonic()
+            db.update_session_cwd("s", "/srv/app")  # skipped once its patience is spent
+            stamp_waited = time.monotonic() - start
+            start = time.monotonic()
+            with pytest.raises(hermes_state.StateDbLockedError):
+                db.set_session_title("s", "locked out")
+            write_waited = time.monotonic() - start
+        assert stamp_waited < 0.05 + db.timing.busy_timeout_s + 0.5
+        assert 0.3 <= write_waited < 0.3 + db.timing.busy_timeout_s + 0.5
+        assert db.get_session("s")["cwd"] is None and db.get_session_title("s") is None
 
 
 def test_vacuum_and_checkpoint_run_outside_any_transaction(
-    db: SessionDB, traced: list[str]
+    db_path: Path, open_db: OpenDb
 ) -> None:
+    connections = Connections()
+    db = open_db(db_path, on_connect=connections)
+    traced = connections.of("handle")
     db.create_session("s", "cli")
     traced.clear()
     assert db.vacuum() == 3
@@ -223,4 +218,45 @@ def test_a_vacuum_waits_for_the_lock_another_process_holds(
 def test_the_write_kinds_are_the_three_the_module_documents() -> None:
     assert set(writes.WriteKind.__args__) == {"write", "transcript", "activity"}
     for kind in writes.WriteKind.__args__:
-        assert hermes_state._retry_policy(kind).patience_s > 0
+        assert Timing().policy(kind).patience_s > 0
+
+
+@pytest.mark.parametrize(
+    ("figures", "error"),
+    [
+        ({"write_patience_s": -1.0}, InvalidInputError),
+        ({"transcript_patience_s": float("nan")}, InvalidInputError),
+        ({"activity_patience_s": float("inf")}, InvalidInputError),
+        ({"busy_timeout_s": "1"}, InvalidTypeError),
+        ({"read_busy_timeout_s": True}, InvalidTypeError),
+        ({"fast_pause_s": (0.2, 0.1)}, InvalidInputError),
+        ({"slow_pause_s": 0.5}, InvalidInputError),
+        ({"checkpoint_every": 0}, InvalidInputError),
+        ({"checkpoint_every": 2.5}, InvalidInputError),
+    ],
+)
+def test_a_timing_refuses_figures_that_are_no_durations(
+    figures: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error) as refused:
+        Timing(**figures)  # type: ignore[arg-type]
+    assert refused.value.argument == next(iter(figures))  # type: ignore[attr-defined]
+
+
+def test_a_handle_refuses_a_timing_of_another_type(db_path: Path) -> None:
+    with pytest.raises(InvalidTypeError) as refused:
+        SessionDB(db_path, timing={"write_patience_s": 1.0})  # type: ignore[arg-type]
+    assert refused.value.argument == "timing" and not db_path.exists()
+
+
+def test_a_handle_checkpoints_after_the_commits_its_timing_names(
+    open_db: OpenDb, tmp_path: Path
+) -> None:
+    often = open_db(tmp_path / "often.db", timing=Timing(checkpoint_every=3))
+    seldom = open_db(tmp_path / "seldom.db")
+    for db in (often, seldom):
+        db.create_session("s", "cli")
+        db.last_checkpoint = None
+        for n in range(3):
+            db.append_message("s", "user", f"message {n}")
+    assert often.last_checkpoint is not None and seldom.last_checkpoint is None
