@@ -39,6 +39,7 @@ import hermes_state_context_window as context_window
 import hermes_state_deletion as deletion
 import hermes_state_errors as errors
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
 import hermes_state_impact as impact
@@ -197,6 +198,12 @@ class SessionDB:
 
     ``seen_sessions``: for how many sessions the handle remembers what it read and wrote, the
     bound of rewrites whose caller passes none (default ``hermes_state_seen.SEEN_SESSIONS``).
+
+    ``full_text``: the full-text level (``"full"``, ``"no-trigram"``, ``"none"``; see
+    hermes_state_fulltext). None (the default) uses what this process's SQLite offers; a lower
+    level keeps the handle from the indexes it leaves out (searches then scan the stored
+    messages); a higher one raises :class:`FullTextUnavailableError`. The level in use is
+    :attr:`full_text`.
     """
 
     def __init__(
@@ -206,7 +213,9 @@ class SessionDB:
         read_only: bool = False,
         rebuild_fts: bool = True,
         seen_sessions: int | None = None,
+        full_text: str | None = None,
     ) -> None:
+        self.full_text = fulltext.resolve(full_text)
         path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
         self.db_path = path
@@ -235,7 +244,8 @@ class SessionDB:
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
-        if not read_only and rebuild_fts and self._watch.reason is None:
+        if (not read_only and rebuild_fts and self._watch.reason is None
+                and self.full_text == fulltext.FULL):
             self._upkeep.start()
 
     # --- opening ------------------------------------------------------------------------------
@@ -248,6 +258,7 @@ class SessionDB:
         them ever checkpoints on its own: automatic checkpoints are off from the first
         statement (the setting touches no file)."""
         conn = dbconn.connect(self.path, mode, timeout=timeout)
+        fulltext.register(conn, self.full_text)
         if self._checkpoints.automatic_off():
             conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
         return conn
@@ -276,7 +287,7 @@ class SessionDB:
             return self._connection
         try:
             self._outside_transaction(lambda conn: schema.configure_writable(conn, self.path))
-            schema.ensure_schema(self._connection, self._write)
+            schema.ensure_schema(self._connection, self._write, full_text=self.full_text)
             db_files.tighten_modes(self.path)
         except BaseException:
             self._close_connections()

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hermes_state_fulltext as fulltext
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
@@ -240,8 +241,9 @@ def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
 def optimize_indexes(conn: sqlite3.Connection, /) -> int:
     """Merge the segments of each index that exists (FTS5 ``optimize``, in the caller's
     transaction); returns how many were merged. A stale or rebuilding index is left to its
-    rebuild (0): merging it would only rewrite what the rebuild replaces."""
-    if not index_state(conn).usable:
+    rebuild (0): merging it would only rewrite what the rebuild replaces; so is every index
+    of a handle without full FTS5 (0: see hermes_state_fulltext)."""
+    if fulltext.level_of(conn) != fulltext.FULL or not index_state(conn).usable:
         return 0
     merged = 0
     for table in FTS_TABLES:
@@ -614,8 +616,12 @@ def integrity_report(
     the only check that sees a damaged index. SQLite treats the command as a write; run it
     outside a transaction, each check in its own: once a check has met a damaged b-tree,
     SQLite fails every later statement of the same transaction, its COMMIT included.
-    Lock errors are raised, for the caller to retry.
+    Lock errors are raised, for the caller to retry. A handle without full FTS5 raises
+    :class:`~hermes_state_errors.FullTextUnavailableError`: it cannot open the indexes.
     """
+    level = fulltext.level_of(conn)
+    if level != fulltext.FULL:
+        raise fulltext.unavailable(level, "FTS integrity check")
     report: dict[str, str | None] = {}
     for table in FTS_TABLES:
         try:

@@ -48,6 +48,7 @@ from typing import Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_common import quote_identifier
 from hermes_state_connect import (
@@ -958,6 +959,9 @@ def recover_state_db(
             "(closing a descriptor would drop this process's locks on it)",
             path=src_path,
         )
+    if not inspect_only and fulltext.detected() != fulltext.FULL:
+        # The output is built with its FTS indexes (see hermes_state_fulltext).
+        raise fulltext.unavailable(fulltext.detected(), "recover")
     say = progress or no_progress
     out_path: Path | None = None
     if not inspect_only:

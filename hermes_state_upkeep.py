@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_errors import HermesStateError, StateDbCorruptError
 
@@ -77,7 +78,11 @@ class Upkeep:
 
     def rebuild_now(self) -> None:
         """Rebuild the FTS indexes in the caller's thread (after the background jobs, if
-        running, have finished), then fill or replace the search index."""
+        running, have finished), then fill or replace the search index. A handle without full
+        FTS5 raises :class:`~hermes_state_errors.FullTextUnavailableError`."""
+        level = self._store._read(fulltext.level_of)
+        if level != fulltext.FULL:
+            raise fulltext.unavailable(level, "FTS rebuild")
         if self.thread is not None:
             self.thread.join()
         path = self._store.path
