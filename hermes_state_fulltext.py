@@ -32,16 +32,16 @@ from hermes_state_errors import FullTextUnavailableError, InvalidInputError
 
 __all__ = [
     "FULL",
-    "NO_TRIGRAM",
-    "NONE",
     "LEVELS",
+    "NONE",
+    "NO_TRIGRAM",
     "UNAVAILABLE_REASON",
     "detected",
-    "resolve",
     "is_unavailable_error",
-    "unavailable",
-    "register",
     "level_of",
+    "register",
+    "resolve",
+    "unavailable",
 ]
 
 FULL = "full"

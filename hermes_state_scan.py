@@ -45,16 +45,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import hermes_state_fulltext as fulltext
-from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, column_tokens, fts5_text
+from hermes_state_bm25 import K1, TEXT_BYTES_SQL, B, column_tokens, fts5_text
 from hermes_state_fts import cjk_index_text, index_state
 
 __all__ = [
+    "LIKE_TEXT_SQL",
     "Group",
     "Plan",
     "scans",
-    "word_rows",
     "substring_rows",
-    "LIKE_TEXT_SQL",
+    "word_rows",
 ]
 
 

@@ -16,11 +16,12 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO_ROOT, subprocess_env
+from state_helpers import every_message, release_process
 
 import hermes_state_fulltext as fulltext
 from hermes_state import (
@@ -28,9 +29,6 @@ from hermes_state import (
     InvalidInputError,
     SessionDB,
 )
-from state_helpers import every_message
-
-Spawn = Callable[..., subprocess.Popen[str]]
 
 # Removes FTS5 from every connection this interpreter's sqlite3 opens.
 WITHOUT_FTS5 = '''
@@ -247,7 +245,8 @@ def test_scanned_searches_find_the_indexed_rows(tmp_path: Path, sort: str | None
                 assert {h["id"]: h["snippet"] for h in got} == snippets, query
             pages = [ids(scanned.search_messages(query, sort=sort, limit=3, offset=o))
                      for o in range(0, 15, 3)]
-            assert sum(pages, []) == ids(scanned.search_messages(query, sort=sort, limit=15))
+            whole = ids(scanned.search_messages(query, sort=sort, limit=15))
+            assert [row for page in pages for row in page] == whole
     finally:
         indexed.close()
         scanned.close()
@@ -282,3 +281,148 @@ def test_without_trigram_substrings_scan_and_words_keep_fts5(tmp_path: Path) -> 
         conn.close()
         # The words come from FTS5: none is left there, so only substring hits remain.
         assert {h.get("match") for h in db.search_messages("gatew*")} == {"substring"}
+
+
+# --- an indexed store and a build without FTS5 ----------------------------------------------------
+
+
+def wait_until_rebuilt(db: SessionDB, timeout: float = 60.0) -> None:
+    """Wait for the handle's background rebuild (public status only)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = db.fts_status()
+        if (status["stale"] is None and status["rebuild_high_water"] is None
+                and not status["missing_triggers"]):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the index was not rebuilt: {db.fts_status()}")
+
+
+# Appends argv[2] messages "bravo <i>" to session "b" (created when missing), printing each id
+# once it is acknowledged; with argv[3] == "pause", waits for a line on stdin half-way.
+APPEND_WITHOUT_FTS5 = """
+import sys
+from hermes_state import SessionDB
+count, pause = int(sys.argv[2]), sys.argv[3] == "pause"
+with SessionDB(sys.argv[1]) as db:
+    print("level", db.full_text, flush=True)
+    if db.get_session("b") is None:
+        db.create_session("b", "cli")
+    for i in range(count):
+        if pause and i == count // 2:
+            print("half", flush=True)
+            sys.stdin.readline()
+        print("id", db.append_message("b", "user", f"bravo message {i} 東京"), flush=True)
+    print("scan", *[h["id"] for h in db.search_messages("bravo", limit=1000)], flush=True)
+"""
+
+
+def acknowledged(out: str) -> list[int]:
+    return [int(line.split()[1]) for line in out.splitlines() if line.startswith("id ")]
+
+
+def test_an_indexed_store_opened_without_fts5_detaches_it_and_loses_nothing(
+    tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
+) -> None:
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("a", "cli")
+        before = [db.append_message("a", "user", f"alpha message {i}") for i in range(5)]
+    out = run_ok(run_python, APPEND_WITHOUT_FTS5, str(path), "6", "no", env=without_fts5)
+    added = acknowledged(out)
+    assert out.startswith("level none") and len(added) == 6
+    assert [int(i) for i in out.split("scan")[1].split()] == added
+    rows = {row[0]: row[3] for row in every_message(path)}
+    assert sorted(rows) == sorted(before + added)
+    assert not names(path, "trigger") & FTS_TRIGGERS
+    assert stale_reason(path) == fulltext.UNAVAILABLE_REASON
+    with SessionDB(path) as db:  # a process with FTS5, alone on the file: rebuilt
+        wait_until_rebuilt(db)
+        assert db.check_fts_integrity() == dict.fromkeys(
+            ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"))
+        assert sorted(ids(db.search_messages("bravo", limit=100))) == added
+        assert sorted(ids(db.search_messages("東京", limit=100))) == added
+        assert sorted(ids(db.search_messages("alpha", limit=100))) == before
+    assert names(path, "trigger") >= FTS_TRIGGERS
+
+
+def test_the_command_line_without_fts5_searches_and_doctor_says_so(
+    tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
+) -> None:
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("a", "cli")
+        db.append_message("a", "user", "alpha message")
+    run_ok(run_python, APPEND_WITHOUT_FTS5, str(path), "2", "no", env=without_fts5)
+    cli = "import runpy; runpy.run_module('hermes_state_cli', run_name='__main__')"
+    found = run_python(cli, "--db", str(path), "sessions", "search", "bravo", env=without_fts5)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.count(">>>bravo<<<") == 2
+    doctor = run_python(cli, "--db", str(path), "doctor", env=without_fts5)
+    assert "full-text search is unavailable on this SQLite build" in doctor.stdout
+    assert "Traceback" not in doctor.stderr
+    repair = run_python(cli, "--db", str(path), "sessions", "repair", env=without_fts5)
+    assert repair.returncode != 0 and "full-text search is unavailable" in repair.stderr
+    assert "Traceback" not in repair.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_builds_write_one_file_at_once_and_nothing_is_lost(
+    tmp_path: Path, without_fts5: dict[str, str], seed: int
+) -> None:
+    """A process with FTS5 keeps its handle open and writes while one without FTS5 writes the
+    same file; half-way the first rebuilds the index (its triggers come back while the other
+    still runs, and its next write detaches them again). Every acknowledged write stays, and
+    every search answers the rows that are there."""
+    import random
+    rng = random.Random(seed)
+    path = tmp_path / "state.db"
+    count = rng.randrange(20, 40)
+    with SessionDB(path) as db:
+        db.create_session("a", "cli")
+        alpha = [db.append_message("a", "user", f"alpha message {i}") for i in range(3)]
+        child = subprocess.Popen(
+            [sys.executable, "-c", APPEND_WITHOUT_FTS5, str(path), str(count), "pause"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=subprocess_env(without_fts5), cwd=REPO_ROOT)
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            lines = []
+            while (line := child.stdout.readline()) and line.strip() != "half":
+                lines.append(line)
+                if rng.random() < 0.5:
+                    alpha.append(db.append_message("a", "user", f"alpha message {len(alpha)}"))
+            assert line.strip() == "half", child.stderr.read() if child.stderr else ""
+            bravo = acknowledged("".join(lines))
+            assert db.fts_status()["stale"] is not None  # detached by the other process
+            assert sorted(ids(db.search_messages("bravo", limit=1000))) == bravo
+            db.rebuild_fts()  # the triggers are back while the other process still writes
+            assert db.fts_status()["stale"] is None
+            assert sorted(ids(db.search_messages("alpha", limit=1000))) == alpha
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            for _ in range(rng.randrange(1, 5)):
+                alpha.append(db.append_message("a", "user", f"alpha message {len(alpha)}"))
+            out, err = child.communicate(timeout=120)
+        finally:
+            release_process(child)
+            if child.stderr is not None:
+                child.stderr.close()
+        assert child.returncode == 0, err[-3000:]
+        bravo += acknowledged(out)
+        assert len(bravo) == count
+        assert stale_reason(path) == fulltext.UNAVAILABLE_REASON  # detached again
+        # This process's searches now scan: the rows written without an index are found.
+        assert sorted(ids(db.search_messages("bravo", limit=1000))) == sorted(bravo)
+        assert sorted(ids(db.search_messages("alpha", limit=1000))) == sorted(alpha)
+        assert [int(i) for i in out.split("scan")[1].split()] == sorted(bravo)
+    rows = {row[0] for row in every_message(path)}
+    assert rows == set(alpha) | set(bravo)
+    with SessionDB(path) as db:
+        wait_until_rebuilt(db)
+        assert db.check_fts_integrity() == dict.fromkeys(
+            ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"))
+        assert sorted(ids(db.search_messages("bravo", limit=1000))) == sorted(bravo)
+        assert sorted(ids(db.search_messages("alpha", limit=1000))) == sorted(alpha)
