@@ -715,8 +715,8 @@ def index_attached(conn: sqlite3.Connection, /) -> bool:
 
 def detach_unavailable(conn: sqlite3.Connection, /) -> None:
     """Detach the indexes for a handle without FTS5 (the caller's transaction): the FTS sync
-    triggers dropped and ``fts_stale`` set (reason :data:`fulltext.UNAVAILABLE_REASON`), the search
-    index marked damaged. Every later write of ``messages`` then works on this SQLite, and
+    triggers dropped and ``fts_stale`` set (reason ``fts5-unavailable``), the search index
+    marked damaged. Every later write of ``messages`` then works on this SQLite, and
     every process reads the indexes as unusable until one with FTS5 rebuilds them. Nothing
     is written when they are detached already."""
     if not index_attached(conn):
@@ -726,7 +726,7 @@ def detach_unavailable(conn: sqlite3.Connection, /) -> None:
             or len(fts.missing_triggers(conn)) < len(fts.FTS_TRIGGER_NAMES)):
         fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
     if impact.read_state(conn) is not None:
-        conn.execute(impact.SET_DAMAGED_SQL)
+        impact.mark_index_damaged(conn)
 
 
 def _create_fresh_without_index(conn: sqlite3.Connection, /) -> bool:
