@@ -56,6 +56,7 @@ import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
 from hermes_state_schema_sql import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
+from hermes_state_schema_sql import FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
 from hermes_state_common import OnStore, quote_identifier
 from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -74,6 +75,10 @@ __all__ = [
     "HIGH_WATER_KEY",
     "PROGRESS_KEY",
     "STALE_KEY",
+    "TRIGRAM_STALE_KEY",
+    "IndexState",
+    "detach_trigram",
+    "trigram_fed",
     "admission_lock",
     "admission_lock_path",
     "remove_admission_lock",
@@ -182,6 +187,9 @@ FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
 # The shadow tables FTS5 keeps for each of them (external content: no %_content).
 _SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
 STALE_KEY = "fts_stale"
+# Set while the sync triggers feed the two other indexes only, by a handle whose SQLite has no
+# trigram tokenizer (see hermes_state_fulltext): the trigram index misses rows until a rebuild.
+TRIGRAM_STALE_KEY = "fts_trigram_stale"
 HIGH_WATER_KEY = "fts_rebuild_high_water"
 PROGRESS_KEY = "fts_rebuild_progress"
 REBUILD_CHUNK_ROWS = 2000
@@ -199,7 +207,8 @@ INDEX_STATE_SQL = """
 SELECT
     (SELECT value FROM state_meta WHERE key = 'fts_stale'),
     (SELECT value FROM state_meta WHERE key = 'fts_rebuild_high_water'),
-    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_progress')
+    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_progress'),
+    (SELECT value FROM state_meta WHERE key = 'fts_trigram_stale')
 """
 
 
@@ -208,6 +217,7 @@ class IndexState:
     stale: str | None
     high_water: int | None
     progress: int | None
+    trigram_stale: str | None = None  # the trigram index only (see TRIGRAM_STALE_KEY)
 
     @property
     def usable(self) -> bool:
@@ -219,23 +229,28 @@ class IndexState:
 
 
 def index_state(conn: sqlite3.Connection, /) -> IndexState:
-    stale, high_water, progress = conn.execute(INDEX_STATE_SQL).fetchone()
+    stale, high_water, progress, trigram_stale = conn.execute(INDEX_STATE_SQL).fetchone()
     return IndexState(
         stale,
         None if high_water is None else int(high_water),
         None if progress is None else int(progress),
+        trigram_stale,
     )
 
 
 def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
-    """The FTS markers and trigger set, without checking the index contents."""
+    """The FTS markers and trigger set, without checking the index contents; with
+    ``trigram_stale`` only while that marker is set."""
     state = index_state(conn)
-    return {
+    found: dict[str, Any] = {
         "stale": state.stale,
         "rebuild_high_water": state.high_water,
         "rebuild_progress": state.progress,
         "missing_triggers": missing_triggers(conn),
     }
+    if state.trigram_stale is not None:
+        found["trigram_stale"] = state.trigram_stale
+    return found
 
 
 def optimize_indexes(conn: sqlite3.Connection, /) -> int:
@@ -348,6 +363,34 @@ def detach_index(conn: sqlite3.Connection, /, reason: str = "corrupt") -> None:
         conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
 
 
+# Sync triggers that feed the trigram index.
+TRIGRAM_TRIGGERS_SQL = """
+SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
+  AND sql LIKE '%messages\\_fts\\_trigram%' ESCAPE '\\'
+"""
+
+
+def trigram_fed(conn: sqlite3.Connection, /) -> bool:
+    """Whether the trigram index is fed, or read as whole: a sync trigger feeds it, or no
+    marker says it (or the whole index) is stale."""
+    if conn.execute(TRIGRAM_TRIGGERS_SQL).fetchone()[0]:
+        return True
+    state = index_state(conn)
+    return state.stale is None and state.trigram_stale is None
+
+
+def detach_trigram(conn: sqlite3.Connection, /, reason: str) -> None:
+    """Let the sync triggers feed the two other indexes only, and mark the trigram index stale
+    (the caller's transaction): what a handle whose SQLite has no trigram tokenizer needs to
+    write rows. Triggers already dropped (a detached index) stay dropped. Never rebuilds."""
+    if conn.execute(TRIGRAM_TRIGGERS_SQL).fetchone()[0]:
+        for name in FTS_TRIGGER_NAMES:
+            conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+        for statement in split_sql(FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM):
+            conn.execute(statement)
+    set_meta(conn, TRIGRAM_STALE_KEY, json.dumps({"reason": reason, "at": time.time()}))
+
+
 # --- rebuild ---------------------------------------------------------------------------------
 
 
@@ -402,12 +445,18 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
     transaction). Returns the number of rows the chunks must index (0: nothing to do).
 
-    An index too damaged for FTS5 to open is reset from its shadow tables first."""
+    An index too damaged for FTS5 to open is reset from its shadow tables first; one whose
+    table is gone (a handle without the trigram tokenizer made the file) is created. The
+    triggers are replaced whole: a handle without the trigram tokenizer may have left ones
+    that feed two indexes only."""
+    _create_missing(conn)
     for table in FTS_TABLES:
         empty_index(conn, table)
+    for name in FTS_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
-    _delete_meta(conn, STALE_KEY)
+    _delete_meta(conn, STALE_KEY, TRIGRAM_STALE_KEY)
     set_meta(conn, SPELLING_KEY, CJK_SPELLING)  # the chunks respell every row they index
     high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
     _delete_meta(conn, PROGRESS_KEY, RESPELL_PROGRESS_KEY)  # no row done yet
@@ -422,6 +471,14 @@ def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
     """Create again an index whose schema row is gone (a repair that could not drop a damaged
     one, a hand edit), with its rebuild due; the caller's transaction. Shadow tables it left
     behind are dropped first: FTS5 refuses to create a table over them. True when any was."""
+    missing = _create_missing(conn)
+    if missing:
+        start_rebuild(conn)
+    return bool(missing)
+
+
+def _create_missing(conn: sqlite3.Connection, /) -> list[str]:
+    """Create each index whose table is gone, empty (see :func:`restore_missing_indexes`)."""
     missing = [table for table in FTS_TABLES if not table_exists(conn, table)]
     for table in missing:
         for suffix in _SHADOW_SUFFIXES:
@@ -429,8 +486,7 @@ def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
     if missing:
         for statement in split_sql(FTS_SQL):
             conn.execute(statement)
-        start_rebuild(conn)
-    return bool(missing)
+    return missing
 
 
 # What a rebuild starting now must index: everything up to the highest id, and how many rows.

@@ -36,6 +36,7 @@ __all__ = [
     "NONE",
     "NO_TRIGRAM",
     "UNAVAILABLE_REASON",
+    "TRIGRAM_UNAVAILABLE_REASON",
     "detected",
     "is_unavailable_error",
     "level_of",
@@ -49,8 +50,10 @@ NO_TRIGRAM = "no-trigram"
 NONE = "none"
 # From the most to the least.
 LEVELS = (FULL, NO_TRIGRAM, NONE)
-# The ``fts_stale`` reason a handle without FTS5 records when it detaches the index.
+# The ``fts_stale`` reason a handle without FTS5 records when it detaches the index, and the
+# ``fts_trigram_stale`` one of a handle without the trigram tokenizer.
 UNAVAILABLE_REASON = "fts5-unavailable"
+TRIGRAM_UNAVAILABLE_REASON = "trigram-unavailable"
 
 _FTS5_PROBE_SQL = "CREATE VIRTUAL TABLE temp.probe_fts5 USING fts5(x)"
 _TRIGRAM_PROBE_SQL = "CREATE VIRTUAL TABLE temp.probe_trigram USING fts5(x, tokenize='trigram')"

@@ -54,6 +54,8 @@ from hermes_state_common import quote_identifier
 from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_schema_sql import (
     FTS_SQL,
+    FTS_SQL_WITHOUT_TRIGRAM,
+    FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM,
     FTS_TRIGGER_NAMES,
     FTS_TRIGGERS_SQL,
     INDEXES_SQL,
@@ -667,6 +669,8 @@ def ensure_schema(
     """
     if full_text == fulltext.NONE:
         return _ensure_without_index(conn, write)
+    if full_text == fulltext.NO_TRIGRAM:
+        return _ensure_without_trigram(conn, write)
     found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
         if lacks_declared_schema(conn):
@@ -714,11 +718,17 @@ def index_attached(conn: sqlite3.Connection, /) -> bool:
 
 
 def detach_unavailable(conn: sqlite3.Connection, /) -> None:
-    """Detach the indexes for a handle without FTS5 (the caller's transaction): the FTS sync
+    """What a handle without the trigram tokenizer needs to write rows: the triggers that
+    feed the two other indexes only (:func:`hermes_state_fts.detach_trigram`). For one
+    without FTS5: detach the indexes (the caller's transaction): the FTS sync
     triggers dropped and ``fts_stale`` set (reason ``fts5-unavailable``), the search index
     marked damaged. Every later write of ``messages`` then works on this SQLite, and
     every process reads the indexes as unusable until one with FTS5 rebuilds them. Nothing
     is written when they are detached already."""
+    if fulltext.level_of(conn) == fulltext.NO_TRIGRAM:
+        if fts.trigram_fed(conn):
+            fts.detach_trigram(conn, reason=fulltext.TRIGRAM_UNAVAILABLE_REASON)
+        return
     if not index_attached(conn):
         return
     state = fts.index_state(conn)
@@ -779,5 +789,42 @@ def _ensure_without_index(conn: sqlite3.Connection, /, write: WriteFn) -> int | 
             write(functools.partial(_migrate_without_index, migration=migration))
         write(_finish_upgrade_without_index)
     if index_attached(conn):
+        write(detach_unavailable)
+    return found
+
+
+# --- a build without the trigram tokenizer -------------------------------------------------------
+
+
+def _create_fresh_without_trigram(conn: sqlite3.Connection, /) -> bool:
+    if read_version(conn) is not None:
+        return False
+    script = TABLES_SQL + INDEXES_SQL + FTS_SQL_WITHOUT_TRIGRAM + FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
+    for statement in split_sql(script):
+        conn.execute(statement)
+    set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
+    fts.detach_trigram(conn, reason=fulltext.TRIGRAM_UNAVAILABLE_REASON)
+    impact.create_index(conn)
+    _set_version(conn, SCHEMA_VERSION)
+    return True
+
+
+def _ensure_without_trigram(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
+    """:func:`ensure_schema` at level ``"no-trigram"``: a new store gets every index but the
+    trigram one; an indexed store's triggers stop feeding it (its marker set), the two other
+    indexes kept. A file this SQLite cannot bring forward with its indexes (an FTS generation
+    before the current one) has them detached, as at level ``"none"``."""
+    found = refuse_newer(conn)
+    if found is None and write(_create_fresh_without_trigram):
+        return None
+    if found == SCHEMA_VERSION:
+        if _lacks_canonical_schema(conn):
+            write(_complete_canonical)
+    else:
+        write(_bootstrap)
+        for migration in MIGRATIONS:
+            write(functools.partial(_migrate_without_index, migration=migration))
+        write(_finish_upgrade_without_index)
+    if fts.trigram_fed(conn):
         write(detach_unavailable)
     return found

@@ -1146,8 +1146,9 @@ def _substring_rows(
     """Rows of user and assistant text holding a group's text anywhere, through the trigram
     index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
     user's own "quoted phrases" asks for that phrase and is left out. An SQLite without the
-    trigram tokenizer reads the canonical rows instead (``hermes_state_scan``)."""
-    if fulltext.level_of(conn) != fulltext.FULL:
+    trigram tokenizer, or while the trigram index is stale, reads the canonical rows instead
+    (``hermes_state_scan``)."""
+    if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
         return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
     sign = 1.0 if order == "oldest" else -1.0

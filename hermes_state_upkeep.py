@@ -51,7 +51,7 @@ class Upkeep:
 
     def start(self) -> None:
         """Start the background thread when an index needs work (see the module's text)."""
-        if self._store._read(lambda conn: fts.index_state(conn).usable
+        if self._store._read(lambda conn: _whole(fts.index_state(conn))
                              and not fts.respell_due(conn)
                              and not impact.needs_maintenance(conn)):
             return
@@ -69,7 +69,7 @@ class Upkeep:
     def _in_background(self) -> None:
         store = self._store
         try:
-            if store._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
+            if _whole(store._read(fts.index_state)) or self._rebuild(require_exclusive=True):
                 fts.respell_when_admitted(store.path, store._read, store._write, self._stop,
                                           before=self._refuse_on_damage)
                 self._fill_search_index()
@@ -120,3 +120,8 @@ class Upkeep:
             )
             store._quarantine(error)
             raise error
+
+
+def _whole(state: fts.IndexState) -> bool:
+    """Whether every index is usable and fed, the trigram one included."""
+    return state.usable and state.trigram_stale is None

@@ -106,6 +106,7 @@ def run_ok(run_python: Any, code: str, *args: str, env: dict[str, str]) -> str:
 # --- detection and the parameter ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_process_without_fts5_detects_it_and_opens_at_level_none(
     tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
 ) -> None:
@@ -322,6 +323,7 @@ def acknowledged(out: str) -> list[int]:
     return [int(line.split()[1]) for line in out.splitlines() if line.startswith("id ")]
 
 
+@pytest.mark.slow
 def test_an_indexed_store_opened_without_fts5_detaches_it_and_loses_nothing(
     tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
 ) -> None:
@@ -347,6 +349,7 @@ def test_an_indexed_store_opened_without_fts5_detaches_it_and_loses_nothing(
     assert names(path, "trigger") >= FTS_TRIGGERS
 
 
+@pytest.mark.slow
 def test_the_command_line_without_fts5_searches_and_doctor_says_so(
     tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
 ) -> None:
@@ -426,3 +429,36 @@ def test_two_builds_write_one_file_at_once_and_nothing_is_lost(
             ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"))
         assert sorted(ids(db.search_messages("bravo", limit=1000))) == sorted(bravo)
         assert sorted(ids(db.search_messages("alpha", limit=1000))) == sorted(alpha)
+
+
+def test_a_store_made_without_trigram_keeps_two_indexes_until_a_full_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    scanned = build(path, "no-trigram")
+    indexed = build(tmp_path / "indexed.db", None)
+    try:
+        assert "messages_fts_trigram" not in names(path, "table")
+        assert {"messages_fts", "messages_fts_cjk", "search_impact_fts"} <= names(path, "table")
+        assert names(path, "trigger") >= FTS_TRIGGERS
+        assert "trigram_stale" in scanned.fts_status()
+        for query in QUERIES:
+            for sort in (None, "newest"):
+                want = indexed.search_messages(query, sort=sort, limit=50)
+                got = scanned.search_messages(query, sort=sort, limit=50)
+                assert ids(got) == ids(want), (query, sort)
+                assert [h["snippet"] for h in got] == [h["snippet"] for h in want]
+    finally:
+        indexed.close()
+        scanned.close()
+    with SessionDB(path) as db:  # a handle with the trigram tokenizer, alone: all three
+        wait_until_rebuilt(db)
+        assert "trigram_stale" not in db.fts_status()
+        assert db.check_fts_integrity() == dict.fromkeys(
+            ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"))
+        assert ids(db.search_messages("ploy")) != []
+    with SessionDB(path, full_text="no-trigram") as db:  # its triggers stop feeding it again
+        db.append_message("s-cli", "user", "redeploy later")
+        assert "trigram_stale" in db.fts_status()
+        assert "redeploy later" in [h["snippet"].replace(">>>", "").replace("<<<", "")
+                                    for h in db.search_messages("ploy")]
