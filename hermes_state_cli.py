@@ -928,6 +928,11 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                 "the full-text indexes were detached by a process whose SQLite has no FTS5 "
                 "(searches scan the stored messages); the next writable open with no other "
                 f"process on the store rebuilds them, or `{PROG} --db {path} sessions repair`")
+    elif fts.get("trigram_stale") and fulltext.detected() == fulltext.FULL:
+        report["notes"].append(
+            "the trigram index misses rows a process without the trigram tokenizer wrote "
+            "(substring searches scan the stored messages); the next writable open with no "
+            f"other process on the store rebuilds it, or `{PROG} --db {path} sessions repair`")
     elif fts["stale"] or fts["missing_triggers"]:
         problems.append(
             "FTS index detached" + (f" (fts_stale: {fts['stale']})" if fts["stale"] else "")

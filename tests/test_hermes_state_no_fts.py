@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO_ROOT, subprocess_env
 from state_helpers import every_message, release_process
 
+import hermes_state_cli
 import hermes_state_fulltext as fulltext
 from hermes_state import (
     FullTextUnavailableError,
@@ -432,7 +433,7 @@ def test_two_builds_write_one_file_at_once_and_nothing_is_lost(
 
 
 def test_a_store_made_without_trigram_keeps_two_indexes_until_a_full_open(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "state.db"
     scanned = build(path, "no-trigram")
@@ -451,6 +452,8 @@ def test_a_store_made_without_trigram_keeps_two_indexes_until_a_full_open(
     finally:
         indexed.close()
         scanned.close()
+    assert hermes_state_cli.main(["--db", str(path), "doctor"]) == 0  # not damage
+    assert "the trigram index misses rows" in capsys.readouterr().out
     with SessionDB(path) as db:  # a handle with the trigram tokenizer, alone: all three
         wait_until_rebuilt(db)
         assert "trigram_stale" not in db.fts_status()
