@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import hermes_state_fulltext as fulltext
 from hermes_state_bm25 import K1, TEXT_BYTES_SQL, B, column_tokens, fts5_text
-from hermes_state_fts import cjk_index_text, index_state
+from hermes_state_fts import IndexState, cjk_index_text
 
 __all__ = [
     "LIKE_TEXT_SQL",
@@ -93,13 +93,13 @@ class Plan(Protocol):
     def cjk_groups(self) -> Sequence[Group]: ...
 
 
-def scans(conn: sqlite3.Connection, /) -> bool:
+def scans(conn: sqlite3.Connection, /, state: IndexState) -> bool:
     """Whether searches on ``conn`` answer from the scan: a handle without FTS5, or a file
-    whose index a handle without FTS5 detached (its rows since are in no index)."""
-    if fulltext.level_of(conn) == fulltext.NONE:
+    whose index a handle without FTS5 detached (its rows since are in no index); ``state``
+    is the file's index state, read in the same transaction."""
+    if state.stale is not None and fulltext.UNAVAILABLE_REASON in state.stale:
         return True
-    stale = index_state(conn).stale
-    return stale is not None and fulltext.UNAVAILABLE_REASON in stale
+    return fulltext.level_of(conn) == fulltext.NONE
 
 
 # --- the expressions of a plan ------------------------------------------------------------------

@@ -1321,9 +1321,10 @@ def search_messages(
     # so that what the routes ask of SQLite stays within its 64-bit integers.
     offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)
     wanted = offset + limit
-    if scan.scans(conn):
+    state = index_state(conn)
+    if scan.scans(conn, state):
         return _scanned(conn, plan, filters, params, offset, wanted, order)
-    if use_index and index_state(conn).usable:
+    if use_index and state.usable:
         try:
             ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
             if ids:
