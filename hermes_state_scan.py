@@ -303,8 +303,9 @@ def _score(row: _Row, phrases: Sequence[_Phrase], counts: Sequence[int], stats: 
 
 def _ranked(conn: sqlite3.Connection, rows: list[_Row], candidates: list[_Row],
             alternatives: Sequence[_Alternative], *, cjk: bool) -> dict[int, float]:
-    """Each of ``rows`` with its score for the positive phrases of ``alternatives``."""
-    phrases = list(dict.fromkeys(p for a in alternatives for p in a.positive))
+    """Each of ``rows`` with its score for the positive phrases of ``alternatives`` (a phrase
+    the query repeats counts each time, as in FTS5's ``bm25()``)."""
+    phrases = [p for a in alternatives for p in a.positive]
     counts = [sum(1 for r in candidates if r.frequency(p, cjk=cjk)) for p in phrases]
     stats = _stats(conn, candidates, cjk=cjk)
     return {r.id: _score(r, phrases, counts, stats, cjk=cjk) for r in rows}

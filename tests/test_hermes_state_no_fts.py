@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import REPO_ROOT, subprocess_env
 from state_helpers import every_message, release_process
 
@@ -465,3 +467,33 @@ def test_a_store_made_without_trigram_keeps_two_indexes_until_a_full_open(
         assert "trigram_stale" in db.fts_status()
         assert "redeploy later" in [h["snippet"].replace(">>>", "").replace("<<<", "")
                                     for h in db.search_messages("ploy")]
+
+
+WORDS = ["deploy", "gateway", "the", "cat", "東京", "京都", "東", "python", "入門", "café",
+         "cafe", "graph", "100%完成", "dep*", "gate*", '"the gateway"', "chat-send", "it's",
+         "AND", "OR", "NOT", "晴れ", "ploy", "restart_gateway", "log:", "*", "Deploy"]
+
+
+@pytest.fixture(scope="module")
+def twin_stores(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    folder = tmp_path_factory.mktemp("twins")
+    indexed, scanned = build(folder / "indexed.db", None), build(folder / "scanned.db", "none")
+    yield indexed, scanned
+    indexed.close()
+    scanned.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+       sort=st.sampled_from([None, "newest", "oldest"]))
+def test_any_query_scans_to_the_indexed_rows(
+    twin_stores: tuple[SessionDB, SessionDB], words: list[str], sort: str | None
+) -> None:
+    indexed, scanned = twin_stores
+    query = " ".join(words)
+    want = indexed.search_messages(query, sort=sort, limit=50)
+    got = scanned.search_messages(query, sort=sort, limit=50)
+    assert sorted(ids(got)) == sorted(ids(want)), query
+    if sort is not None:
+        assert ids(got) == ids(want), query
+    assert {h["id"]: h["snippet"] for h in got} == {h["id"]: h["snippet"] for h in want}
