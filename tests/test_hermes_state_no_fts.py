@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO_ROOT, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import REPO_ROOT, subprocess_env
 from state_helpers import every_message, release_process
 
 import hermes_state_cli
