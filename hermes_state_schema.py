@@ -673,6 +673,8 @@ def ensure_schema(
         return _ensure_without_trigram(conn, write)
     found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
+        if _fts_generation_due(conn):
+            write(_replace_fts_generation)
         if lacks_declared_schema(conn):
             write(_complete_current)
         return found
@@ -750,14 +752,34 @@ def _create_fresh_without_index(conn: sqlite3.Connection, /) -> bool:
     return True
 
 
+# Set when a build without FTS5 (or its trigram tokenizer) brought a file past the FTS
+# generation step without replacing the earlier generation's tables (it cannot drop or
+# create them): the next open with FTS5 replaces them before anything else.
+FTS_GENERATION_DUE_KEY = "fts_generation_due"
+FTS_GENERATION_DUE_SQL = "SELECT 1 FROM state_meta WHERE key = 'fts_generation_due'"
+
+
+def _fts_generation_due(conn: sqlite3.Connection, /) -> bool:
+    return conn.execute(FTS_GENERATION_DUE_SQL).fetchone() is not None
+
+
+def _replace_fts_generation(conn: sqlite3.Connection, /) -> None:
+    """The FTS generation step a build without FTS5 left due (the caller's transaction)."""
+    if _fts_generation_due(conn):
+        _migrate_fts_indexes(conn)
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (FTS_GENERATION_DUE_KEY,))
+
+
 def _migrate_without_index(conn: sqlite3.Connection, /, migration: Migration) -> None:
     """One migration step on a build without FTS5: the FTS generation step only detaches the
-    old index (this SQLite can neither drop nor create an FTS5 table)."""
+    old index (this SQLite can neither drop nor create an FTS5 table) and leaves its
+    replacement due (:data:`FTS_GENERATION_DUE_KEY`)."""
     if (read_version(conn) or 0) >= migration.version:
         return
     if migration.apply is _migrate_fts_indexes:
         _drop_fts_triggers(conn)
         fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
+        set_meta(conn, FTS_GENERATION_DUE_KEY, str(migration.version))
     else:
         migration.apply(conn)
     if migration.version == SCHEMA_VERSION:

@@ -24,6 +24,7 @@ from conftest import REPO_ROOT, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from state_helpers import every_message, release_process
+from test_hermes_state_upstream_upgrade import build_upstream
 
 import hermes_state_cli
 import hermes_state_fulltext as fulltext
@@ -94,6 +95,14 @@ def stale_reason(path: Path) -> str | None:
     finally:
         conn.close()
     return None if row is None else str(json.loads(row[0])["reason"])
+
+
+def message_ids(path: Path) -> list[int]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")]
+    finally:
+        conn.close()
 
 
 def ids(hits: list[dict[str, Any]]) -> list[int]:
@@ -497,3 +506,32 @@ def test_any_query_scans_to_the_indexed_rows(
     if sort is not None:
         assert ids(got) == ids(want), query
     assert {h["id"]: h["snippet"] for h in got} == {h["id"]: h["snippet"] for h in want}
+
+
+@pytest.mark.slow
+def test_a_previous_store_upgraded_without_fts5_gets_its_index_at_the_next_full_open(
+    tmp_path: Path, run_python: Any, without_fts5: dict[str, str]
+) -> None:
+    """The FTS generation step cannot run without FTS5 (the old index can be neither dropped
+    nor replaced there): it is left due, and the next open with FTS5 replaces the old tables
+    before it completes the schema."""
+    path = tmp_path / "state.db"
+    build_upstream(path, 0)
+    rows_before = message_ids(path)
+    out = run_ok(run_python, """
+import sys
+from hermes_state import SessionDB
+with SessionDB(sys.argv[1]) as db:
+    sid = db.list_sessions_rich(limit=1)[0]["id"]
+    print(db.append_message(sid, "user", "written while upgraded without fts5"))
+""", str(path), env=without_fts5)
+    added = int(out.split()[0])
+    assert message_ids(path) == [*rows_before, added]
+    assert stale_reason(path) == fulltext.UNAVAILABLE_REASON
+    with SessionDB(path) as db:
+        wait_until_rebuilt(db)
+        assert db.check_fts_integrity() == dict.fromkeys(
+            ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"))
+        assert ids(db.search_messages("upgraded")) == [added]
+        assert db.get_meta("fts_generation_due") is None
+    assert message_ids(path) == [*rows_before, added]
