@@ -343,6 +343,12 @@ def test_an_indexed_store_opened_without_fts5_detaches_it_and_loses_nothing(
     with SessionDB(path) as db:
         db.create_session("a", "cli")
         before = [db.append_message("a", "user", f"alpha message {i}") for i in range(5)]
+    # The previous store's schema repair probes with a write: a build without FTS5 meets the
+    # triggers there, which is no damage (a SessionDB detaches them).
+    probe = run_ok(run_python, "import sys, hermes_state as hs\n"
+                   "print(hs.repair_state_db_schema(sys.argv[1])['strategy'])",
+                   str(path), env=without_fts5)
+    assert probe.split() == ["already_healthy"]
     out = run_ok(run_python, APPEND_WITHOUT_FTS5, str(path), "6", "no", env=without_fts5)
     added = acknowledged(out)
     assert out.startswith("level none") and len(added) == 6
