@@ -5,9 +5,13 @@ module: fts5``), and builds older than 3.34 lack its ``trigram`` tokenizer. A ha
 all of them, at one of three *levels*:
 
 * ``"full"``: the three FTS5 indexes and the search index, kept by their triggers;
-* ``"no-trigram"``: FTS5 without the trigram tokenizer. Word searches, Latin and CJK, keep the
-  ``messages_fts`` and ``messages_fts_cjk`` indexes; the substring routes the trigram index
-  serves (text inside longer words) scan the canonical rows instead, with the same conditions;
+* ``"no-trigram"``: FTS5 without the trigram tokenizer. A new store gets no
+  ``messages_fts_trigram``; an indexed store's sync triggers are swapped for ones that feed
+  the two other indexes only, with ``fts_trigram_stale`` set (again by any write that meets
+  the full triggers). Word searches, Latin and CJK, keep ``messages_fts`` and
+  ``messages_fts_cjk``; the substring routes the trigram index serves (text inside longer
+  words) scan the canonical rows instead, with the same conditions, in every process while
+  the marker is set;
 * ``"none"``: no full-text index at all. A new store gets every canonical table but none of the
   FTS tables or their triggers; an existing store's index is *detached* (its sync triggers
   dropped, ``fts_stale`` set to reason :data:`UNAVAILABLE_REASON`) at open, and again by any

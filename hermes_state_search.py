@@ -93,6 +93,9 @@ slice (pages never overlap or leave a gap):
   marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
   indexes are stale.
 
+A handle without FTS5, and any handle on a file whose index such a handle detached, answers
+from :mod:`hermes_state_scan` instead: the same plan evaluated on a scan of the canonical rows.
+
 Snippets are cut from the column that holds the match (content, else tool calls, else tool
 name) by :func:`make_snippet`, centred on it: word hits mark whole words (a prefix marks the
 whole word it begins), CJK and substring hits the text wherever it occurs.
