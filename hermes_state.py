@@ -34,6 +34,7 @@ import hermes_state_context_window as context_window
 import hermes_state_deletion as deletion
 import hermes_state_errors as errors
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_gateway as gateway
 import hermes_state_handoff as handoff
 import hermes_state_lifecycle as lifecycle
@@ -121,6 +122,12 @@ class SessionDB:
     helper, ``"snapshot"``, ``"guard"``): to trace statements (``set_trace_callback``), or to
     inject a fault in a test. ``wal_reset_exposed`` forces the WAL-reset mitigation on or off
     (None: on exactly when this SQLite lies in the bug range).
+
+    ``full_text``: the full-text level (``"full"``, ``"no-trigram"``, ``"none"``; see
+    hermes_state_fulltext). None (the default) uses what this process's SQLite offers; a lower
+    level keeps the handle from the indexes it leaves out (searches then scan the stored
+    messages); a higher one raises :class:`FullTextUnavailableError`. The level in use is
+    :attr:`full_text`.
     """
 
     _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
@@ -135,7 +142,9 @@ class SessionDB:
         timing: writes.Timing | None = None,
         on_connect: lifecycle.OnConnect | None = None,
         wal_reset_exposed: bool | None = None,
+        full_text: str | None = None,
     ) -> None:
+        self.full_text = fulltext.resolve(full_text)
         path = home_paths.store_path(db_path)
         testguard.check_test_isolation(path)
         self.db_path = path
@@ -159,7 +168,8 @@ class SessionDB:
         except BaseException as exc:
             openability.record_open_error(exc)
             raise
-        if not read_only and rebuild_fts and self._watch.reason is None:
+        if (not read_only and rebuild_fts and self._watch.reason is None
+                and self.full_text == fulltext.FULL):
             self._upkeep.start()
 
     # --- opening, reading, closing (see hermes_state_lifecycle) ------------------------------

@@ -31,6 +31,7 @@ import math
 import re
 import sqlite3
 import threading
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -93,12 +94,17 @@ def _probe_terms(docs: Sequence[str]) -> list[list[str]]:
     """The terms unicode61 makes of each of ``docs``, in order (the caller holds the lock)."""
     global _probe
     if _probe is None:
-        _probe = sqlite3.connect(":memory:", check_same_thread=False)
+        probe = sqlite3.connect(":memory:", check_same_thread=False)
         # FTS5 cuts a token past 32 KB, maybe inside a character.
-        _probe.text_factory = lambda b: b.decode(errors="replace")
-        _probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x, content='')")
-        _probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
-                       " USING fts5vocab(temp, probe, 'instance')")
+        probe.text_factory = lambda b: b.decode(errors="replace")
+        try:
+            probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x, content='')")
+            probe.execute("CREATE VIRTUAL TABLE temp.probe_vocab"
+                          " USING fts5vocab(temp, probe, 'instance')")
+        except sqlite3.OperationalError:  # an SQLite without FTS5
+            probe.close()
+            raise
+        _probe = probe
     _probe.execute("INSERT INTO temp.probe (probe) VALUES ('delete-all')")
     _probe.executemany("INSERT INTO temp.probe (rowid, x) VALUES (?, ?)", enumerate(docs))
     terms: list[list[str]] = [[] for _ in docs]
@@ -107,13 +113,32 @@ def _probe_terms(docs: Sequence[str]) -> list[list[str]]:
     return terms
 
 
+def _without_fts5(ch: str) -> str:
+    """What unicode61 makes of ``ch`` as far as Python's Unicode tables tell, for an SQLite
+    without FTS5 to ask: letters, digits and private use are kept, folded to lower case
+    without their diacritics (marks are dropped); anything else separates tokens."""
+    category = unicodedata.category(ch)
+    if category[0] == "M":
+        return ""
+    if category[0] not in "LN" and category != "Co":
+        return " "
+    base = unicodedata.normalize("NFKD", ch.lower())
+    return "".join(c for c in base if not unicodedata.combining(c)) or ch.lower()
+
+
 def _learn(chars: Iterable[str]) -> None:
-    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s."""
+    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s (by
+    :func:`_without_fts5` on an SQLite without FTS5)."""
     with _PROBE_LOCK:
         todo = [ch for ch in chars if ord(ch) not in _CHARS]
         if not todo:
             return
-        terms = iter(_probe_terms([" ".join(f"a{ch}a" for ch in todo)])[0])
+        try:
+            made = _probe_terms([" ".join(f"a{ch}a" for ch in todo)])[0]
+        except sqlite3.OperationalError:
+            _CHARS.update((ord(ch), _without_fts5(ch)) for ch in todo)
+            return
+        terms = iter(made)
         for ch in todo:
             term = next(terms)
             if term == "a":  # a separator: "a", "a"
@@ -156,7 +181,10 @@ def _changing() -> re.Pattern[str]:
     while todo:
         docs = ["a" + "".join(map(chr, range(lo, hi + 1))) + "a" for lo, hi in todo]
         with _PROBE_LOCK:
-            made = _probe_terms(docs)
+            try:
+                made = _probe_terms(docs)
+            except sqlite3.OperationalError:  # no FTS5 to ask: every character is looked up
+                break
         halves: list[tuple[int, int]] = []
         for (lo, hi), doc, terms in zip(todo, docs, made):
             if terms == [doc]:

@@ -34,6 +34,7 @@ import hermes_state_files as db_files
 import hermes_state_home as home_paths
 import hermes_state_schema_sql as schema_sql
 import hermes_state_fileformat as ff
+import hermes_state_fulltext as fulltext
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
@@ -900,10 +901,24 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         problems.append(_check_problem("quick_check", report["quick_check"]))
         _record(path, problems, "quick_check fails")
         nxt.append(_recover_hint(path))
+    elif fulltext.detected() != fulltext.FULL:
+        report["notes"].append(_FULL_TEXT_UNAVAILABLE.format(level=fulltext.detected()))
     else:
         _doctor_fts_check(path, report, problems, nxt)
+    report["full_text"] = fulltext.detected()
     fts = report["fts"]
-    if fts["stale"] or fts["missing_triggers"]:
+    if fts["stale"] and fulltext.UNAVAILABLE_REASON in fts["stale"]:
+        if fulltext.detected() == fulltext.FULL:
+            report["notes"].append(
+                "the full-text indexes were detached by a process whose SQLite has no FTS5 "
+                "(searches scan the stored messages); the next writable open with no other "
+                f"process on the store rebuilds them, or `{PROG} --db {path} sessions repair`")
+    elif fts.get("trigram_stale") and fulltext.detected() == fulltext.FULL:
+        report["notes"].append(
+            "the trigram index misses rows a process without the trigram tokenizer wrote "
+            "(substring searches scan the stored messages); the next writable open with no "
+            f"other process on the store rebuilds it, or `{PROG} --db {path} sessions repair`")
+    elif fts["stale"] or fts["missing_triggers"]:
         problems.append(
             "FTS index detached" + (f" (fts_stale: {fts['stale']})" if fts["stale"] else "")
             + (f"; missing triggers: {', '.join(fts['missing_triggers'])}"
@@ -917,6 +932,13 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
                 "not started" if fts["rebuild_progress"] is None
                 else f"indexed up to message id {fts['rebuild_progress']}")
             + f" of {fts['rebuild_high_water']}); the next writable open continues it")
+
+
+# What doctor says on an SQLite that cannot keep the indexes (see hermes_state_fulltext).
+_FULL_TEXT_UNAVAILABLE = (
+    "full-text search is unavailable on this SQLite build (full_text={level!r}): searches "
+    "scan the stored messages; a process whose SQLite has FTS5 rebuilds the indexes on its "
+    "next writable open")
 
 
 def _doctor_fts_check(

@@ -29,6 +29,7 @@ __all__ = [
     "StateDbConstraintError",
     "StateDbClosedError",
     "FtsCorruptError",
+    "FullTextUnavailableError",
     "StateDbUnavailableError",
     "StateDbReplacedError",
     "StateDbInUseError",
@@ -220,6 +221,17 @@ class StateDbClosedError(HermesStateError):
 
 class FtsCorruptError(HermesStateError):
     """A full-text index is damaged while the canonical tables are intact."""
+
+
+class FullTextUnavailableError(HermesStateError):
+    """The SQLite this process runs cannot maintain the full-text indexes (it was built without
+    FTS5, or without its trigram tokenizer), or the handle was opened with full-text search
+    switched off: index operations (rebuild, integrity check) cannot run. Searches still
+    answer, from a scan of the canonical rows. ``level`` is the handle's full-text level."""
+
+    def __init__(self, message: str, *, level: str) -> None:
+        super().__init__(message)
+        self.level = level
 
 
 class StateDbUnavailableError(HermesStateError):

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hermes_state_fulltext as fulltext
 import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
 from hermes_state_schema_sql import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
+from hermes_state_schema_sql import FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
 from hermes_state_common import OnStore, quote_identifier
 from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -51,6 +53,10 @@ __all__ = [
     "HIGH_WATER_KEY",
     "PROGRESS_KEY",
     "STALE_KEY",
+    "TRIGRAM_STALE_KEY",
+    "IndexState",
+    "detach_trigram",
+    "trigram_fed",
     "admission_lock",
     "admission_lock_path",
     "remove_admission_lock",
@@ -159,6 +165,9 @@ FTS_TABLES = ("messages_fts", "messages_fts_trigram", "messages_fts_cjk")
 # The shadow tables FTS5 keeps for each of them (external content: no %_content).
 _SHADOW_SUFFIXES = ("_data", "_idx", "_docsize", "_config")
 STALE_KEY = "fts_stale"
+# Set while the sync triggers feed the two other indexes only, by a handle whose SQLite has no
+# trigram tokenizer (see hermes_state_fulltext): the trigram index misses rows until a rebuild.
+TRIGRAM_STALE_KEY = "fts_trigram_stale"
 HIGH_WATER_KEY = "fts_rebuild_high_water"
 PROGRESS_KEY = "fts_rebuild_progress"
 REBUILD_CHUNK_ROWS = 2000
@@ -176,7 +185,8 @@ INDEX_STATE_SQL = """
 SELECT
     (SELECT value FROM state_meta WHERE key = 'fts_stale'),
     (SELECT value FROM state_meta WHERE key = 'fts_rebuild_high_water'),
-    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_progress')
+    (SELECT value FROM state_meta WHERE key = 'fts_rebuild_progress'),
+    (SELECT value FROM state_meta WHERE key = 'fts_trigram_stale')
 """
 
 
@@ -185,6 +195,7 @@ class IndexState:
     stale: str | None
     high_water: int | None
     progress: int | None
+    trigram_stale: str | None = None  # the trigram index only (see TRIGRAM_STALE_KEY)
 
     @property
     def usable(self) -> bool:
@@ -196,30 +207,36 @@ class IndexState:
 
 
 def index_state(conn: sqlite3.Connection, /) -> IndexState:
-    stale, high_water, progress = conn.execute(INDEX_STATE_SQL).fetchone()
+    stale, high_water, progress, trigram_stale = conn.execute(INDEX_STATE_SQL).fetchone()
     return IndexState(
         stale,
         None if high_water is None else int(high_water),
         None if progress is None else int(progress),
+        trigram_stale,
     )
 
 
 def status(conn: sqlite3.Connection, /) -> dict[str, Any]:
-    """The FTS markers and trigger set, without checking the index contents."""
+    """The FTS markers and trigger set, without checking the index contents; with
+    ``trigram_stale`` only while that marker is set."""
     state = index_state(conn)
-    return {
+    found: dict[str, Any] = {
         "stale": state.stale,
         "rebuild_high_water": state.high_water,
         "rebuild_progress": state.progress,
         "missing_triggers": missing_triggers(conn),
     }
+    if state.trigram_stale is not None:
+        found["trigram_stale"] = state.trigram_stale
+    return found
 
 
 def optimize_indexes(conn: sqlite3.Connection, /) -> int:
     """Merge the segments of each index that exists (FTS5 ``optimize``, in the caller's
     transaction); returns how many were merged. A stale or rebuilding index is left to its
-    rebuild (0): merging it would only rewrite what the rebuild replaces."""
-    if not index_state(conn).usable:
+    rebuild (0): merging it would only rewrite what the rebuild replaces; so is every index
+    of a handle without full FTS5 (0: see hermes_state_fulltext)."""
+    if fulltext.level_of(conn) != fulltext.FULL or not index_state(conn).usable:
         return 0
     merged = 0
     for table in FTS_TABLES:
@@ -324,6 +341,34 @@ def detach_index(conn: sqlite3.Connection, /, reason: str = "corrupt") -> None:
         conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
 
 
+# Sync triggers that feed the trigram index.
+TRIGRAM_TRIGGERS_SQL = """
+SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'
+  AND sql LIKE '%messages\\_fts\\_trigram%' ESCAPE '\\'
+"""
+
+
+def trigram_fed(conn: sqlite3.Connection, /) -> bool:
+    """Whether the trigram index is fed, or read as whole: a sync trigger feeds it, or no
+    marker says it (or the whole index) is stale."""
+    if conn.execute(TRIGRAM_TRIGGERS_SQL).fetchone()[0]:
+        return True
+    state = index_state(conn)
+    return state.stale is None and state.trigram_stale is None
+
+
+def detach_trigram(conn: sqlite3.Connection, /, reason: str) -> None:
+    """Let the sync triggers feed the two other indexes only, and mark the trigram index stale
+    (the caller's transaction): what a handle whose SQLite has no trigram tokenizer needs to
+    write rows. Triggers already dropped (a detached index) stay dropped. Never rebuilds."""
+    if conn.execute(TRIGRAM_TRIGGERS_SQL).fetchone()[0]:
+        for name in FTS_TRIGGER_NAMES:
+            conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
+        for statement in split_sql(FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM):
+            conn.execute(statement)
+    set_meta(conn, TRIGRAM_STALE_KEY, json.dumps({"reason": reason, "at": time.time()}))
+
+
 # --- rebuild ---------------------------------------------------------------------------------
 
 
@@ -378,12 +423,18 @@ def start_rebuild(conn: sqlite3.Connection, /) -> int:
     """Empty the indexes, restore the gated triggers and set the rebuild markers (the caller's
     transaction). Returns the number of rows the chunks must index (0: nothing to do).
 
-    An index too damaged for FTS5 to open is reset from its shadow tables first."""
+    An index too damaged for FTS5 to open is reset from its shadow tables first; one whose
+    table is gone (a handle without the trigram tokenizer made the file) is created. The
+    triggers are replaced whole: a handle without the trigram tokenizer may have left ones
+    that feed two indexes only."""
+    _create_missing(conn)
     for table in FTS_TABLES:
         empty_index(conn, table)
+    for name in FTS_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_identifier(name)}")
     for statement in split_sql(FTS_TRIGGERS_SQL):
         conn.execute(statement)
-    _delete_meta(conn, STALE_KEY)
+    _delete_meta(conn, STALE_KEY, TRIGRAM_STALE_KEY)
     set_meta(conn, SPELLING_KEY, CJK_SPELLING)  # the chunks respell every row they index
     high_water, rows = conn.execute(REBUILD_EXTENT_SQL).fetchone()
     _delete_meta(conn, PROGRESS_KEY, RESPELL_PROGRESS_KEY)  # no row done yet
@@ -398,6 +449,14 @@ def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
     """Create again an index whose schema row is gone (a repair that could not drop a damaged
     one, a hand edit), with its rebuild due; the caller's transaction. Shadow tables it left
     behind are dropped first: FTS5 refuses to create a table over them. True when any was."""
+    missing = _create_missing(conn)
+    if missing:
+        start_rebuild(conn)
+    return bool(missing)
+
+
+def _create_missing(conn: sqlite3.Connection, /) -> list[str]:
+    """Create each index whose table is gone, empty (see :func:`restore_missing_indexes`)."""
     missing = [table for table in FTS_TABLES if not table_exists(conn, table)]
     for table in missing:
         for suffix in _SHADOW_SUFFIXES:
@@ -405,8 +464,7 @@ def restore_missing_indexes(conn: sqlite3.Connection, /) -> bool:
     if missing:
         for statement in split_sql(FTS_SQL):
             conn.execute(statement)
-        start_rebuild(conn)
-    return bool(missing)
+    return missing
 
 
 # What a rebuild starting now must index: everything up to the highest id, and how many rows.
@@ -592,10 +650,20 @@ def integrity_report(
     the only check that sees a damaged index. SQLite treats the command as a write; run it
     outside a transaction, each check in its own: once a check has met a damaged b-tree,
     SQLite fails every later statement of the same transaction, its COMMIT included.
-    Lock errors are raised, for the caller to retry.
+    Lock errors are raised, for the caller to retry. A trigram index that a handle without
+    the trigram tokenizer left out of a new file is left out. A handle without full FTS5 raises
+    :class:`~hermes_state_errors.FullTextUnavailableError`: it cannot open the indexes.
     """
+    level = fulltext.level_of(conn)
+    if level != fulltext.FULL:
+        raise fulltext.unavailable(level, "FTS integrity check")
     report: dict[str, str | None] = {}
+    # A trigram index marked stale may not even exist (a handle without the trigram
+    # tokenizer made the file): it is left out, not reported damaged.
+    left_out = ("messages_fts_trigram",) if index_state(conn).trigram_stale is not None else ()
     for table in FTS_TABLES:
+        if table in left_out and not table_exists(conn, table):
+            continue
         try:
             conn.execute(
                 f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', ?)",

@@ -25,6 +25,7 @@ from typing import Literal, Protocol, TypeVar
 import hermes_state_connect as dbconn
 import hermes_state_errors as errors
 import hermes_state_files as db_files
+import hermes_state_fulltext as fulltext
 import hermes_state_quarantine as quarantine
 import hermes_state_replication as replication
 import hermes_state_schema as schema
@@ -60,6 +61,7 @@ class Handle(writes.Store, Protocol):
     """What opening, reading and closing need of a handle (``SessionDB``)."""
 
     _on_connect: OnConnect | None
+    full_text: str
 
     @property
     def quarantined(self) -> bool: ...
@@ -115,6 +117,7 @@ def connect(db: Handle, mode: str, timeout: float, role: Role = "handle") -> sql
     hook = db._on_connect
     conn = dbconn.connect(db.path, mode, timeout=timeout,
                           on_open=None if hook is None else lambda conn: hook(role, conn))
+    fulltext.register(conn, db.full_text)
     if db._checkpoints.automatic_off():
         conn.execute(writes.WAL_AUTOCHECKPOINT_OFF_SQL)
     return conn
@@ -145,7 +148,8 @@ def open_writable(db: Handle) -> sqlite3.Connection:
         return db._connection
     try:
         writes.outside_transaction(db, lambda conn: schema.configure_writable(conn, db.path))
-        schema.ensure_schema(db._connection, lambda fn: writes.write(db, fn))
+        schema.ensure_schema(db._connection, lambda fn: writes.write(db, fn),
+                             full_text=db.full_text)
         db_files.tighten_modes(db.path)
     except BaseException:
         close_connections(db)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_common import quote_identifier
 from hermes_state_connect import (
@@ -853,8 +854,13 @@ def repair_state_db(
     tables cannot be read, nothing is promoted, ``kept`` lists the live file (untouched) and
     no snapshot is left behind. Taking the store rolls back a hot journal an interrupted write
     left behind (``rolled_back_journal``), before anything is copied.
+
+    Both check and repair read or rebuild the FTS indexes: on an SQLite without them they
+    raise :class:`FullTextUnavailableError` before anything is read.
     """
     path = _existing_db(db_path)
+    if fulltext.detected() != fulltext.FULL:
+        raise fulltext.unavailable(fulltext.detected(), "repair")
     say = progress or no_progress
     report: dict[str, Any] = {"db_path": str(path), "check_only": check_only}
     with translated_errors(path):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypedDict
 
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_maintenance as maintenance
 import hermes_state_quarantine as quarantine
 from hermes_state_connect import connect, transaction
@@ -143,6 +144,8 @@ def _probe_write(conn: sqlite3.Connection) -> str | None:
         cause = unnamed_cause(exc)
         if cause is not None and cause[0] in _MISSING_SCHEMA:
             return None
+        if fulltext.is_unavailable_error(exc):
+            return None  # this SQLite lacks FTS5: a SessionDB detaches the index and writes
         return str(exc)
     return None
 

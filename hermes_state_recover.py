@@ -24,6 +24,7 @@ from typing import Any
 
 import hermes_state_fileformat as ff
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_common import quote_identifier
 from hermes_state_connect import (
@@ -949,6 +950,9 @@ def recover_state_db(
     src_path = Path(source).expanduser().absolute()
     _check_source(src_path)
     say = progress or no_progress
+    if not inspect_only and fulltext.detected() != fulltext.FULL:
+        # The output is built with its FTS indexes (see hermes_state_fulltext).
+        raise fulltext.unavailable(fulltext.detected(), "recover")
     out_path = None if inspect_only else _new_output(output, src_path)
     workdir = out_path.parent if out_path is not None else None
     remove_abandoned_temps(workdir, RECOVER_MARK)  # a killed recover's work copies

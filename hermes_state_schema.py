@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_common import quote_identifier
 from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_schema_sql import (
     FTS_SQL,
+    FTS_SQL_WITHOUT_TRIGRAM,
+    FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM,
     FTS_TRIGGER_NAMES,
     FTS_TRIGGERS_SQL,
     INDEXES_SQL,
@@ -54,6 +57,8 @@ __all__ = [
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "index_attached",
+    "detach_unavailable",
     "WriteFn",
 ]
 
@@ -638,13 +643,24 @@ def _finish_upgrade(conn: sqlite3.Connection, /) -> None:
     _set_version(conn, SCHEMA_VERSION)
 
 
-def ensure_schema(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
+def ensure_schema(
+    conn: sqlite3.Connection, /, write: WriteFn, *, full_text: str = fulltext.FULL
+) -> int | None:
     """Bring the database to :data:`SCHEMA_VERSION`; returns the version it was found at.
 
-    ``write(fn)`` must run ``fn(conn)`` in one retried write transaction.
+    ``write(fn)`` must run ``fn(conn)`` in one retried write transaction. ``full_text`` is the
+    handle's level (see hermes_state_fulltext): at ``"none"`` the FTS tables, their triggers
+    and the search index are neither created nor checked, and an index the file has is
+    detached (:func:`_ensure_without_index`).
     """
+    if full_text == fulltext.NONE:
+        return _ensure_without_index(conn, write)
+    if full_text == fulltext.NO_TRIGRAM:
+        return _ensure_without_trigram(conn, write)
     found = refuse_newer(conn)
     if found == SCHEMA_VERSION:
+        if _fts_generation_due(conn):
+            write(_replace_fts_generation)
         if lacks_declared_schema(conn):
             write(_complete_current)
         return found
@@ -654,4 +670,169 @@ def ensure_schema(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
     for migration in MIGRATIONS:
         write(functools.partial(_run_migration, migration=migration))
     write(_finish_upgrade)
+    return found
+
+
+# --- a build without FTS5 (see hermes_state_fulltext) ----------------------------------------
+
+
+def _lacks_canonical_schema(conn: sqlite3.Connection, /) -> bool:
+    """True when a canonical table, column or index ``SCHEMA_SQL`` declares is missing (the
+    FTS tables and the search index are not asked for: this SQLite cannot make them)."""
+    tables = expected_columns()
+    live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
+    declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
+    names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
+    return not (declared <= live and expected_indexes() <= names)
+
+
+def _complete_canonical(conn: sqlite3.Connection, /) -> None:
+    if not _lacks_canonical_schema(conn):
+        return
+    for statement in split_sql(TABLES_SQL + INDEXES_SQL):
+        conn.execute(statement)
+    _reconcile_columns(conn)
+
+
+def index_attached(conn: sqlite3.Connection, /) -> bool:
+    """Whether the file's indexes may still be fed, or read as whole, by anyone: an FTS sync
+    trigger is there, the ``fts_stale`` marker is not, or the search index is not marked
+    damaged (its library-side upkeep writes an FTS5 table)."""
+    state = fts.index_state(conn)
+    search_index = impact.read_state(conn)
+    return (len(fts.missing_triggers(conn)) < len(fts.FTS_TRIGGER_NAMES)
+            or state.stale is None or state.rebuilding
+            or (search_index is not None and not search_index.damaged))
+
+
+def detach_unavailable(conn: sqlite3.Connection, /) -> None:
+    """What a handle without the trigram tokenizer needs to write rows: the triggers that
+    feed the two other indexes only (:func:`hermes_state_fts.detach_trigram`). For one
+    without FTS5: detach the indexes (the caller's transaction): the FTS sync
+    triggers dropped and ``fts_stale`` set (reason ``fts5-unavailable``), the search index
+    marked damaged. Every later write of ``messages`` then works on this SQLite, and
+    every process reads the indexes as unusable until one with FTS5 rebuilds them. Nothing
+    is written when they are detached already."""
+    if fulltext.level_of(conn) == fulltext.NO_TRIGRAM:
+        if fts.trigram_fed(conn):
+            fts.detach_trigram(conn, reason=fulltext.TRIGRAM_UNAVAILABLE_REASON)
+        return
+    if not index_attached(conn):
+        return
+    state = fts.index_state(conn)
+    if (state.stale is None or state.rebuilding
+            or len(fts.missing_triggers(conn)) < len(fts.FTS_TRIGGER_NAMES)):
+        fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
+    if impact.read_state(conn) is not None:
+        impact.mark_index_damaged(conn)
+
+
+def _create_fresh_without_index(conn: sqlite3.Connection, /) -> bool:
+    if read_version(conn) is not None:
+        return False
+    for statement in split_sql(TABLES_SQL + INDEXES_SQL):
+        conn.execute(statement)
+    set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
+    fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
+    _set_version(conn, SCHEMA_VERSION)
+    return True
+
+
+# Set when a build without FTS5 (or its trigram tokenizer) brought a file past the FTS
+# generation step without replacing the earlier generation's tables (it cannot drop or
+# create them): the next open with FTS5 replaces them before anything else.
+FTS_GENERATION_DUE_KEY = "fts_generation_due"
+FTS_GENERATION_DUE_SQL = "SELECT 1 FROM state_meta WHERE key = 'fts_generation_due'"
+
+
+def _fts_generation_due(conn: sqlite3.Connection, /) -> bool:
+    return conn.execute(FTS_GENERATION_DUE_SQL).fetchone() is not None
+
+
+def _replace_fts_generation(conn: sqlite3.Connection, /) -> None:
+    """The FTS generation step a build without FTS5 left due (the caller's transaction)."""
+    if _fts_generation_due(conn):
+        _migrate_fts_indexes(conn)
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (FTS_GENERATION_DUE_KEY,))
+
+
+def _migrate_without_index(conn: sqlite3.Connection, /, migration: Migration) -> None:
+    """One migration step on a build without FTS5: the FTS generation step only detaches the
+    old index (this SQLite can neither drop nor create an FTS5 table) and leaves its
+    replacement due (:data:`FTS_GENERATION_DUE_KEY`)."""
+    if (read_version(conn) or 0) >= migration.version:
+        return
+    if migration.apply is _migrate_fts_indexes:
+        _drop_fts_triggers(conn)
+        fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
+        set_meta(conn, FTS_GENERATION_DUE_KEY, str(migration.version))
+    else:
+        migration.apply(conn)
+    if migration.version == SCHEMA_VERSION:
+        for statement in split_sql(INDEXES_SQL):
+            conn.execute(statement)
+    _set_version(conn, migration.version)
+
+
+def _finish_upgrade_without_index(conn: sqlite3.Connection, /) -> None:
+    if (read_version(conn) or 0) >= SCHEMA_VERSION:
+        return
+    for statement in split_sql(INDEXES_SQL):
+        conn.execute(statement)
+    _set_version(conn, SCHEMA_VERSION)
+
+
+def _ensure_without_index(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
+    """:func:`ensure_schema` at level ``"none"``: the canonical schema only, the index detached
+    (reads only, for a file already so)."""
+    found = refuse_newer(conn)
+    if found is None and write(_create_fresh_without_index):
+        return None
+    if found == SCHEMA_VERSION:
+        if _lacks_canonical_schema(conn):
+            write(_complete_canonical)
+    else:
+        write(_bootstrap)
+        for migration in MIGRATIONS:
+            write(functools.partial(_migrate_without_index, migration=migration))
+        write(_finish_upgrade_without_index)
+    if index_attached(conn):
+        write(detach_unavailable)
+    return found
+
+
+# --- a build without the trigram tokenizer -------------------------------------------------------
+
+
+def _create_fresh_without_trigram(conn: sqlite3.Connection, /) -> bool:
+    if read_version(conn) is not None:
+        return False
+    script = TABLES_SQL + INDEXES_SQL + FTS_SQL_WITHOUT_TRIGRAM + FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
+    for statement in split_sql(script):
+        conn.execute(statement)
+    set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
+    fts.detach_trigram(conn, reason=fulltext.TRIGRAM_UNAVAILABLE_REASON)
+    impact.create_index(conn)
+    _set_version(conn, SCHEMA_VERSION)
+    return True
+
+
+def _ensure_without_trigram(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
+    """:func:`ensure_schema` at level ``"no-trigram"``: a new store gets every index but the
+    trigram one; an indexed store's triggers stop feeding it (its marker set), the two other
+    indexes kept. A file this SQLite cannot bring forward with its indexes (an FTS generation
+    before the current one) has them detached, as at level ``"none"``."""
+    found = refuse_newer(conn)
+    if found is None and write(_create_fresh_without_trigram):
+        return None
+    if found == SCHEMA_VERSION:
+        if _lacks_canonical_schema(conn):
+            write(_complete_canonical)
+    else:
+        write(_bootstrap)
+        for migration in MIGRATIONS:
+            write(functools.partial(_migrate_without_index, migration=migration))
+        write(_finish_upgrade_without_index)
+    if fts.trigram_fed(conn):
+        write(detach_unavailable)
     return found

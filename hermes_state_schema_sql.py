@@ -10,6 +10,8 @@ __all__ = [
     "FTS_SQL",
     "FTS_TRIGGERS_SQL",
     "FTS_TRIGGER_NAMES",
+    "FTS_SQL_WITHOUT_TRIGRAM",
+    "FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM",
     "IMPACT_DEFAULT_AVGDL",
     "INDEXES_SQL",
     "LIVE_ADMISSION_STATUSES",
@@ -306,35 +308,60 @@ _FTS_GATE = """
 
 _FTS_ADD = """
     INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
-        VALUES ({row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);
-    INSERT INTO messages_fts_trigram(rowid, content)
-        SELECT {row}.id, {row}.content WHERE {row}.role <> 'tool';
+        VALUES ({row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);{trigram}
     INSERT INTO messages_fts_cjk(rowid, search_cjk)
         SELECT {row}.id, {row}.search_cjk WHERE {row}.search_cjk IS NOT NULL;"""
+_TRIGRAM_ADD = """
+    INSERT INTO messages_fts_trigram(rowid, content)
+        SELECT {row}.id, {row}.content WHERE {row}.role <> 'tool';"""
 
 _FTS_REMOVE = """
     INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
-        VALUES ('delete', {row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);
-    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content)
-        SELECT 'delete', {row}.id, {row}.content WHERE {row}.role <> 'tool';
+        VALUES ('delete', {row}.id, {row}.content, {row}.tool_name, {row}.tool_calls);{trigram}
     INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, search_cjk)
         SELECT 'delete', {row}.id, {row}.search_cjk WHERE {row}.search_cjk IS NOT NULL;"""
+_TRIGRAM_REMOVE = """
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content)
+        SELECT 'delete', {row}.id, {row}.content WHERE {row}.role <> 'tool';"""
 
-FTS_TRIGGERS_SQL = f"""
+
+def _fts_triggers(*, trigram: bool) -> str:
+    def add(row: str) -> str:
+        return _FTS_ADD.format(row=row, trigram=_TRIGRAM_ADD.format(row=row) if trigram else "")
+
+    def remove(row: str) -> str:
+        return _FTS_REMOVE.format(
+            row=row, trigram=_TRIGRAM_REMOVE.format(row=row) if trigram else "")
+
+    return f"""
 CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages
 WHEN {_FTS_GATE.format(row="new")}
-BEGIN{_FTS_ADD.format(row="new")}
+BEGIN{add("new")}
 END;
 CREATE TRIGGER IF NOT EXISTS messages_fts_update
 AFTER UPDATE OF content, tool_name, tool_calls, role, search_cjk ON messages
 WHEN {_FTS_GATE.format(row="old")}
-BEGIN{_FTS_REMOVE.format(row="old")}{_FTS_ADD.format(row="new")}
+BEGIN{remove("old")}{add("new")}
 END;
 CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages
 WHEN {_FTS_GATE.format(row="old")}
-BEGIN{_FTS_REMOVE.format(row="old")}
+BEGIN{remove("old")}
 END;
 """
+
+
+FTS_TRIGGERS_SQL = _fts_triggers(trigram=True)
+
+# The same for an SQLite without the trigram tokenizer (see hermes_state_fulltext): no
+# messages_fts_trigram, and triggers that feed the two other indexes only.
+_TRIGRAM_TABLE_SQL = """
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(
+    content,
+    content='messages_fts_trigram_source', content_rowid='id',
+    tokenize='trigram', detail='none'
+);"""
+FTS_SQL_WITHOUT_TRIGRAM = FTS_SQL.replace(_TRIGRAM_TABLE_SQL, "")
+FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM = _fts_triggers(trigram=False)
 
 # Created on first use by the gateway's delivery ledger, not when the store is opened.
 DELIVERY_OBLIGATIONS_SQL = """

@@ -93,6 +93,9 @@ slice (pages never overlap or leave a gap):
   marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
   indexes are stale.
 
+A handle without FTS5, and any handle on a file whose index such a handle detached, answers
+from :mod:`hermes_state_scan` instead: the same plan evaluated on a scan of the canonical rows.
+
 Snippets are cut from the column that holds the match (content, else tool calls, else tool
 name) by :func:`make_snippet`, centred on it: word hits mark whole words (a prefix marks the
 whole word it begins), CJK and substring hits the text wherever it occurs.
@@ -110,8 +113,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 import hermes_state_rank as rank
+import hermes_state_scan as scan
 from hermes_state_arguments import INT64_MAX, INT64_MIN, filter_texts, integer
 from hermes_state_bm25 import (
     TEXT_BYTES_SQL,
@@ -1143,7 +1148,11 @@ def _substring_rows(
 ) -> list[tuple[int, Any]]:
     """Rows of user and assistant text holding a group's text anywhere, through the trigram
     index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
-    user's own "quoted phrases" asks for that phrase and is left out."""
+    user's own "quoted phrases" asks for that phrase and is left out. An SQLite without the
+    trigram tokenizer, or while the trigram index is stale, reads the canonical rows instead
+    (``hermes_state_scan``)."""
+    if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
+        return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
     sign = 1.0 if order == "oldest" else -1.0
     found: dict[int, Any] = {}
@@ -1315,7 +1324,10 @@ def search_messages(
     # so that what the routes ask of SQLite stays within its 64-bit integers.
     offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)
     wanted = offset + limit
-    if use_index and index_state(conn).usable:
+    state = index_state(conn)
+    if scan.scans(conn, state):
+        return _scanned(conn, plan, filters, params, offset, wanted, order)
+    if use_index and state.usable:
         try:
             ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
             if ids:
@@ -1331,3 +1343,16 @@ def search_messages(
             # a query the index refused: answer from canonical rows
     ids = _like_hits(conn, plan, filters, params, limit, offset, order)
     return _hits(conn, ids, plan, SUBSTRING)
+
+
+def _scanned(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str],
+    offset: int, wanted: int, order: str | None,
+) -> list[dict[str, Any]]:
+    """The search without an index (``hermes_state_scan``): the word routes' rows, else the
+    substring rows, as the indexed search gives them."""
+    ids = scan.word_rows(conn, plan, filters, params, order)
+    if ids:
+        return _hits(conn, ids[offset:wanted], plan, WORD)
+    rows = scan.substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+    return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)

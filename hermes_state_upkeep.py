@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import hermes_state_fts as fts
+import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_errors import HermesStateError, StateDbCorruptError
 
@@ -46,7 +47,7 @@ class Upkeep:
 
     def start(self) -> None:
         """Start the background thread when an index needs work (see the module's text)."""
-        if self._store._read(lambda conn: fts.index_state(conn).usable
+        if self._store._read(lambda conn: _whole(fts.index_state(conn))
                              and not fts.respell_due(conn)
                              and not impact.needs_maintenance(conn)):
             return
@@ -71,7 +72,7 @@ class Upkeep:
     def _in_background(self) -> None:
         store = self._store
         try:
-            if store._read(fts.index_state).usable or self._rebuild(require_exclusive=True):
+            if _whole(store._read(fts.index_state)) or self._rebuild(require_exclusive=True):
                 fts.respell_when_admitted(store.path, store._read, store._write, self._stop,
                                           before=self._refuse_on_damage)
                 self._fill_search_index()
@@ -80,7 +81,11 @@ class Upkeep:
 
     def rebuild_now(self) -> None:
         """Rebuild the FTS indexes in the caller's thread (after the background jobs, if
-        running, have finished), then fill or replace the search index."""
+        running, have finished), then fill or replace the search index. A handle without full
+        FTS5 raises :class:`~hermes_state_errors.FullTextUnavailableError`."""
+        level = self._store._read(fulltext.level_of)
+        if level != fulltext.FULL:
+            raise fulltext.unavailable(level, "FTS rebuild")
         if self.thread is not None:
             self.thread.join()
         path = self._store.path
@@ -118,3 +123,8 @@ class Upkeep:
             )
             store._quarantine(error)
             raise error
+
+
+def _whole(state: fts.IndexState) -> bool:
+    """Whether every index is usable and fed, the trigram one included."""
+    return state.usable and state.trigram_stale is None

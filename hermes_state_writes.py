@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+import hermes_state_fulltext as fulltext
 import hermes_state_replication as replication
+import hermes_state_schema as schema
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
 from hermes_state_errors import HermesStateError, InvalidInputError, InvalidTypeError
@@ -276,6 +278,9 @@ class Store(Protocol):
     @property
     def _lock(self) -> AbstractContextManager[Any]: ...
 
+    def _write(self, fn: Callable[[sqlite3.Connection], T], kind: WriteKind = ..., *,
+               may_drop_index: bool = ...) -> T: ...
+
 
 def retrying(
     store: Store,
@@ -290,13 +295,23 @@ def retrying(
     says one of its tables is gone: its triggers then fail every write of messages, so the
     rest of it is dropped too and the write goes through; the next writable open creates it
     anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
-    not drop again, so a drop that meets the same error ends, typed, instead of recursing."""
+    not drop again, so a drop that meets the same error ends, typed, instead of recursing.
+
+    An error saying this SQLite lacks FTS5 (the triggers of an index another process with FTS5
+    put back meanwhile) detaches the indexes in a write of their own, once, and the write goes
+    through without them (see hermes_state_fulltext)."""
     policy = store.timing.policy(kind)
     start, attempts, detach_index = time.monotonic(), 1, False
+    detach_unavailable = True
     while True:
         try:
             return attempt(detach_index)
         except (sqlite3.Error, MemoryError) as exc:
+            if detach_unavailable and fulltext.is_unavailable_error(exc):
+                logger.warning("%s; detaching the full-text indexes of %s", exc, store.path)
+                write(store, schema.detach_unavailable, may_drop_index=False)
+                detach_unavailable = False
+                continue
             if drop_search_index is not None and missing_index_object(exc):
                 logger.warning("search index incomplete (%s); dropping it from %s until "
                                "the next open", exc, store.path)
