@@ -1314,20 +1314,31 @@ def search_messages(
     # Past the rows any store can hold every page is empty: the end of the page is cut there,
     # so that what the routes ask of SQLite stays within its 64-bit integers.
     offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)
-    wanted = offset + limit
     if use_index and index_state(conn).usable:
-        try:
-            ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
-            if ids:
-                return _hits(conn, ids[offset:wanted], plan, WORD)
-            rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
-            return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
-        except (sqlite3.Error, MemoryError) as exc:
-            damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
-            if damaged and damage_is_fts_only(conn, exc):
-                raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
-            if damaged or is_sqlite_lock_error(exc):
-                raise
-            # a query the index refused: answer from canonical rows
+        hits = _indexed_hits(conn, plan, filters, params, limit, offset, order, ranking)
+        if hits is not None:
+            return hits
     ids = _like_hits(conn, plan, filters, params, limit, offset, order)
     return _hits(conn, ids, plan, SUBSTRING)
+
+
+def _indexed_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], limit: int,
+    offset: int, order: str | None, ranking: rank.Ranking,
+) -> list[dict[str, Any]] | None:
+    """The page through the indexes: word hits, else substring hits; None when the index
+    refused the query (the caller answers from canonical rows)."""
+    wanted = offset + limit
+    try:
+        ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
+        if ids:
+            return _hits(conn, ids[offset:wanted], plan, WORD)
+        rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+        return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
+    except (sqlite3.Error, MemoryError) as exc:
+        damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
+        if damaged and damage_is_fts_only(conn, exc):
+            raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
+        if damaged or is_sqlite_lock_error(exc):
+            raise
+        return None  # a query the index refused
