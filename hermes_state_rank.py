@@ -641,25 +641,32 @@ class _Walk:
             params += [" " + word + "_", len(word) + 6]
         params += [json.dumps(list(ids)), self.index.epoch]
         params += bm25_sql_params(self.idfs, self.avgdl)
+        rows: list[Any] = []
+        passing: set[int] = set()
         limit = self.ranking.everywhere_first_cut + self.wanted
-        for _ in range(self.ranking.everywhere_cuts):
-            rows = self.conn.execute(sql, (*params, limit)).fetchall()
-            if not rows or rows[0][-1] != len(ids):
-                break  # a row without the postings it should have: score every one here
-            passing = self.passing(row[0] for row in rows)
-            scored = sorted(
-                ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
-                             int(row[2])), int(row[0])) for row in rows if row[0] in passing),
-                reverse=True)
-            # Every row not returned scores at most the last one returned, as SQLite computes
-            # it: it cannot enter the top if that is below the k-th best passing the filters
-            # (with a margin for a last-bit difference between the two computations).
-            if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
-                                     * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
-                for row_score, row_id in scored:
-                    self.offer(row_score, row_id)
-                return
-            limit *= 4
+        cursor = self.conn.execute(sql, (*params, -1))  # sorted once, read cut by cut
+        try:
+            for _ in range(self.ranking.everywhere_cuts):
+                cut = cursor.fetchmany(limit - len(rows))
+                rows += cut
+                if not rows or rows[0][-1] != len(ids):
+                    break  # a row without the postings it should have: score every one here
+                passing |= self.passing(row[0] for row in cut)
+                scored = sorted(
+                    ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
+                                 int(row[2])), int(row[0])) for row in rows if row[0] in passing),
+                    reverse=True)
+                # Every row not read scores at most the last one read, as SQLite computes it:
+                # it cannot enter the top if that is below the k-th best passing the filters
+                # (with a margin for a last-bit difference between the two computations).
+                if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
+                                         * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
+                    for row_score, row_id in scored:
+                        self.offer(row_score, row_id)
+                    return
+                limit *= 4
+        finally:
+            cursor.close()
         self.settle(ids)
 
     def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:

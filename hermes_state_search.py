@@ -907,12 +907,14 @@ def search_filters(
 
 
 # Relevance on one index: FTS5's own bm25(), ties by id. FTS5 ranks on its own first (a prefix
-# of the order, no join per match); the filters then keep what they keep of that prefix.
+# of the order, no join per match); the filters then keep what they keep of that prefix. With
+# each row, the length of the prefix: a shorter one than asked for holds every match.
 RANKED_SQL = """
 WITH ranked AS MATERIALIZED (
     SELECT rowid AS id, bm25({table}) AS score FROM {table} WHERE {table} MATCH ?
     ORDER BY score, rowid LIMIT ?)
-SELECT r.id FROM ranked r JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id
+SELECT r.id, (SELECT count(*) FROM ranked) FROM ranked r JOIN messages m ON m.id = r.id
+JOIN sessions s ON s.id = m.session_id
 WHERE 1 {filters}
 ORDER BY r.score, r.id LIMIT ?
 """
@@ -957,8 +959,9 @@ def _ranked(
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
     prefix = 2 * wanted + 16
-    ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
-    if len(ids) >= wanted:
+    rows = conn.execute(sql, (match, prefix, *params, wanted)).fetchall()
+    ids = [row[0] for row in rows]
+    if len(ids) >= wanted or (rows and rows[0][1] < prefix):
         return ids
     count = _match_count(conn, table, match)
     if count <= prefix:

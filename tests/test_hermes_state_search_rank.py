@@ -1032,7 +1032,8 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
         got, statements = traced_search(corpus, query)
         assert got == fts5_order(corpus, query), query
         boundary = on_file(corpus, impact.index_health)["indexed"]
-        counted = [s for s in statements if "count(*)" in s and "messages_fts MATCH" in s]
+        counted = [s for s in statements
+                   if s.lstrip().startswith("SELECT count(*)") and "messages_fts MATCH" in s]
         assert counted and all(f"rowid > {boundary}" in s for s in counted), (query, counted)
 
 
@@ -1079,7 +1080,19 @@ def test_a_phrase_of_several_words_is_ranked_by_fts5_before_anything_is_counted(
     for query in ('"session gateway"', '"gateway config" token'):
         got, statements = traced_search(corpus, query, ranking=ranking)
         assert got == fts5_order(corpus, query), query
-        assert not [s for s in statements if "search_impact" in s or "count(*)" in s], query
+        assert not [s for s in statements
+                    if "search_impact" in s or s.lstrip().startswith("SELECT count(*)")], query
+
+
+def test_a_query_matching_fewer_rows_than_a_page_is_not_counted(corpus: SessionDB) -> None:
+    """FTS5's ranked prefix, shorter than asked for, holds every match: nothing is left to
+    count."""
+    for query in ('"w1 w2"', "zebra quasar", '"zebra session"'):
+        got, statements = traced_search(corpus, query, limit=50)
+        expected = fts5_order(corpus, query, 50)
+        assert 0 < len(expected) < 50 and got[:len(expected)] == expected, query
+        assert not [s for s in statements if s.lstrip().startswith("SELECT count(*)")
+                    and "messages_fts MATCH" in s], query
 
 
 def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
