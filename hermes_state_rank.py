@@ -7,8 +7,11 @@ proves the best rows from the search impact index (:mod:`hermes_state_impact`: e
 postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
 returns None, and the caller ranks with FTS5: the answer is the same either way.
 
-**When FTS5 ranks at once** (:func:`_top_k`): a query of several words or a phrase matching at
-most :attr:`Ranking.exact_rank_rows` rows (one count); a single word whose first
+**When FTS5 ranks at once** (:func:`top_k`, :func:`_top_k`): a quoted phrase of several words
+(FTS5 finds its matches by their positions, which the index does not keep, and counting them
+for the idf would cost half of FTS5's own ranking); a query of several words indexed together
+in fewer rows than wanted, or matching at most :attr:`Ranking.exact_rank_rows` rows (read no
+further than one past that); a single word whose first
 :attr:`Ranking.single_word_probe_postings` postings leave it that rare; a word repeated; many
 rows changed since the last batch; a damaged or partial index.
 
@@ -28,17 +31,18 @@ Scores use the current avgdl; the index's keys use the avgdl A it was built with
 bounds allow for the difference (impact at most x under A is at most x under avgdl when
 A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
 
-**Giving up.** What each way costs is counted, not timed. A proof of several phrases may
+**Giving up.** What each way costs is counted, not timed. A proof of several words may
 handle (read a posting, settle a row, score one from its text or by FTS5) at most
-:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query: it gives up once
+:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query (at most those of
+its rarest word): it gives up once
 the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
 reading a phrase down to the depth it needs would, foreseen after a first batch and whenever
 the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
 
-**Counts.** Each phrase's count (its idf) and the whole query's are kept per file
-(:class:`_Counter`): a count of the rows at or below the batch boundary stays exact while no
-such row changes (the triggers count every change of one in ``search_row_changes``), so a
-query asked again counts only the rows past the boundary it was counted to.
+**Counts.** Each word's count (its idf) and the whole query's, when read to the end, are kept
+per file (:class:`_Counter`): a count of the rows at or below the batch boundary stays exact
+while no such row changes (the triggers count every change of one in ``search_row_changes``),
+so a query asked again counts only the rows past the boundary it was counted to.
 
 Every knob is a field of :class:`Ranking`, passed by the caller (``search_messages(...,
 ranking=...)``); none changes the order.
@@ -96,9 +100,10 @@ _BOUND_SLACK = 1e-9
 ROW_CHANGES_SQL = """
 SELECT s.epoch, c.changes FROM search_impact_state AS s, search_row_changes AS c
 """
+# (A limit of -1 reads them all.)
 COUNT_PAST_SQL = """
-SELECT count(*), coalesce(sum(rowid <= ?), 0) FROM messages_fts
-WHERE messages_fts MATCH ? AND rowid > ?
+SELECT count(*), coalesce(sum(rowid <= ?), 0) FROM (
+    SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?)
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -142,23 +147,41 @@ class _Counter:
         return None if row is None else (int(row[0]), int(row[1]))
 
     def __call__(self, expression: str) -> int:
+        """How many rows match ``expression``."""
         if expression not in self.counted:
-            self.counted[expression] = self._count(expression)
+            self.counted[expression] = self._count(expression, None)
         return self.counted[expression]
 
-    def _count(self, expression: str) -> int:
-        cached = None
-        if self.file:
-            with _COUNTS_LOCK:
-                entry = _COUNTS.get(self.file)
-                if entry is not None and entry.key == self.key:
-                    cached = entry.counts.get(expression)
-        upto, rows = cached if cached and cached[0] <= self.boundary else (0, 0)
-        args = (self.boundary, expression, upto)
+    def at_most(self, expression: str, limit: int) -> bool:
+        """Whether at most ``limit`` rows match, read no further than one match past it."""
+        if expression not in self.counted:
+            found = self._count(expression, limit)
+            if found > limit:
+                return False
+            self.counted[expression] = found
+        return self.counted[expression] <= limit
+
+    def _cached(self, expression: str) -> tuple[int, int] | None:
+        """(boundary, rows) of the file's cached count of ``expression``, if it holds."""
+        if not self.file:
+            return None
+        with _COUNTS_LOCK:
+            entry = _COUNTS.get(self.file)
+            if entry is None or entry.key != self.key:
+                return None
+            cached = entry.counts.get(expression)
+        return cached if cached and cached[0] <= self.boundary else None
+
+    def _count(self, expression: str, limit: int | None) -> int:
+        """The rows matching ``expression``; past a ``limit``, some number above it."""
+        upto, rows = self._cached(expression) or (0, 0)
+        most = -1 if limit is None else max(limit - rows + 1, 0)
+        args = (self.boundary, expression, upto, most)
         past, below = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
-        if self.file and below and self._key() == self.key:
+        whole = limit is None or past < most
+        if whole and self.file and below and self._key() == self.key:
             with _COUNTS_LOCK:
                 entry = _COUNTS.get(self.file)
                 if entry is None or entry.key != self.key:
@@ -228,7 +251,9 @@ POSTED_TOKEN_TAIL = 48
 # their postings (a posting's key has four digits, so a word's frequency starts len(word) + 6
 # characters into its posting, and its length follows; :data:`POSTED_NUMBERS` characters hold
 # both): a first cut, whose rows are scored again exactly and checked against the filters;
-# ``well_formed`` counts the rows it read. Each word's posting is cut once, into a short string.
+# ``well_formed`` counts the rows whose postings read as the library writes them (text, each
+# number from 1 up); with one that does not, the rows are settled one by one, which tells the
+# damage. Each word's posting is cut once, into a short string.
 POSTED_NUMBERS = 24
 POSTED_TAIL_SQL = f"substr(postings, nullif(instr(' ' || postings, ?), 0) + ?, {POSTED_NUMBERS})"
 EVERYWHERE_TOP_SQL = """
@@ -298,10 +323,6 @@ class Ranking:
     # The proof for a query of several words gives up (FTS5 ranks) when it would have to read
     # a word's postings down to this close to the threshold.
     abort_margin: float = 0.03
-    # A phrase whose words are all indexed together in fewer rows than this many times the
-    # rows wanted is ranked by FTS5: its best rows are mostly rows the index holds under some
-    # words only.
-    phrase_probe: int = 4
     # Pending rows FTS5 would score: the text of this many times the rows wanted, the
     # likeliest first, is read instead (see :meth:`_Walk.resolve_pending`)...
     head_rows: int = 2
@@ -401,9 +422,9 @@ class _Walk:
     pending: list[tuple[float, int]] = field(default_factory=list)  # max-heap (-bound, id)
     seen: set[int] = field(default_factory=set)
     resolved: int = 0
-    # The rows of its words' lists an FTS5 pass over pending rows walks: None when scores
-    # leave out the idf, so FTS5's own cannot resolve them.
-    fts_list_rows: int | None = None
+    # The rows of its words' lists an FTS5 pass over pending rows walks (counted when first
+    # asked): None when scores leave out the idf, so FTS5's own cannot resolve them.
+    list_rows: Callable[[], int] | None = None
     lengths: dict[int, int] = field(default_factory=dict)  # pending rows' lengths in tokens
     handled: int = 0  # the rows the proof has handled so far
     # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
@@ -521,11 +542,11 @@ class _Walk:
         if not due:
             return False
         tokens = self._tokens(due)
-        by = self.ranking.score_waiting_by
-        walked = self.fts_list_rows  # by an FTS5 pass
-        by_text = walked is None or by == "text" or (by == "estimate" and tokens <= walked)
+        by = "text" if self.list_rows is None else self.ranking.score_waiting_by
+        walked = self.list_rows() if self.list_rows and by == "estimate" else 0  # by FTS5
+        by_text = by == "text" or (by == "estimate" and tokens <= walked)
         head = self.ranking.head_rows * self.wanted
-        if walked is not None and not by_text and by == "estimate" and 0 < head < len(due):
+        if by == "estimate" and not by_text and 0 < head < len(due):
             head_tokens = self._tokens(heapq.nsmallest(head, due))
             if self.heads_read + head_tokens < walked:
                 self.heads_read += head_tokens
@@ -567,7 +588,7 @@ class _Walk:
 
     def pending_rows(self) -> int:
         """The rows scoring every pending row by FTS5 would handle (none when it cannot)."""
-        return 0 if self.fts_list_rows is None else len(self.pending)
+        return 0 if self.list_rows is None else len(self.pending)
 
     def settle(self, ids: Sequence[int]) -> None:
         """Score new candidate rows (see :meth:`score_rows`): rows ``search_impact_fts``
@@ -606,7 +627,9 @@ class _Walk:
         top; else every row is scored here (see :meth:`settle`)."""
         words = self.words
         tails = ", ".join(f"{POSTED_TAIL_SQL} AS t{j}" for j in range(len(words)))
-        present = " AND ".join(f"t{j} IS NOT NULL" for j in range(len(words)))
+        present = " AND ".join(
+            f"typeof(t{j}) = 'text' AND t{j} GLOB '[1-9]*'"
+            f" AND substr(t{j}, instr(t{j}, '_') + 1) GLOB '[1-9]*'" for j in range(len(words)))
         frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
         column = {w: j for j, w in enumerate(words)}
         score = bm25_sql([f"f{column[p[0]]}" for p in self.conj.phrases], "d")
@@ -618,25 +641,32 @@ class _Walk:
             params += [" " + word + "_", len(word) + 6]
         params += [json.dumps(list(ids)), self.index.epoch]
         params += bm25_sql_params(self.idfs, self.avgdl)
+        rows: list[Any] = []
+        passing: set[int] = set()
         limit = self.ranking.everywhere_first_cut + self.wanted
-        for _ in range(self.ranking.everywhere_cuts):
-            rows = self.conn.execute(sql, (*params, limit)).fetchall()
-            if not rows or rows[0][-1] != len(ids):
-                break  # a row without the postings it should have: score every one here
-            passing = self.passing(row[0] for row in rows)
-            scored = sorted(
-                ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
-                             int(row[2])), int(row[0])) for row in rows if row[0] in passing),
-                reverse=True)
-            # Every row not returned scores at most the last one returned, as SQLite computes
-            # it: it cannot enter the top if that is below the k-th best passing the filters
-            # (with a margin for a last-bit difference between the two computations).
-            if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
-                                     * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
-                for row_score, row_id in scored:
-                    self.offer(row_score, row_id)
-                return
-            limit *= 4
+        cursor = self.conn.execute(sql, (*params, -1))  # sorted once, read cut by cut
+        try:
+            for _ in range(self.ranking.everywhere_cuts):
+                cut = cursor.fetchmany(limit - len(rows))
+                rows += cut
+                if not rows or rows[0][-1] != len(ids):
+                    break  # a row without the postings it should have: score every one here
+                passing |= self.passing(row[0] for row in cut)
+                scored = sorted(
+                    ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
+                                 int(row[2])), int(row[0])) for row in rows if row[0] in passing),
+                    reverse=True)
+                # Every row not read scores at most the last one read, as SQLite computes it:
+                # it cannot enter the top if that is below the k-th best passing the filters
+                # (with a margin for a last-bit difference between the two computations).
+                if len(rows) < limit or (len(scored) >= self.wanted and float(rows[-1][1])
+                                         * (1.0 + _BOUND_SLACK) < scored[self.wanted - 1][0]):
+                    for row_score, row_id in scored:
+                        self.offer(row_score, row_id)
+                    return
+                limit *= 4
+        finally:
+            cursor.close()
         self.settle(ids)
 
     def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -751,7 +781,9 @@ def top_k(
     id — or None when the impact index cannot prove them (the caller ranks with FTS5)."""
     if wanted <= 0:
         return []
-    if not ranking.proofs or not formula_matches_fts5():
+    if not ranking.proofs or any(len(p) > 1 for p in conj.phrases) or not formula_matches_fts5():
+        # A phrase of several words: its matches are found by their positions, which the
+        # index does not keep, and counting them for the idf costs half of FTS5's own ranking.
         return None
     try:
         return _top_k(conn, conj, filters, params, wanted, ranking)
@@ -815,11 +847,11 @@ def _top_k(
         words = dict.fromkeys(t for p in distinct for t in p)
         expression = " AND ".join(f'"{t}"' for t in words)
         everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        if len(everywhere) < wanted * (ranking.phrase_probe if len(distinct) == 1 else 1):
+        if len(everywhere) < wanted:
             return None
-        # Then the count: FTS5 ranks a few thousand rows faster than any proof (and it counts
-        # each phrase for its idf as a proof would).
-        if count(conj.match) <= ranking.exact_rank_rows:
+        # Then the matches, read no further than the limit: FTS5 ranks a few thousand rows
+        # faster than any proof (and it counts each phrase for its idf as a proof would).
+        if count.at_most(conj.match, ranking.exact_rank_rows):
             return None
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
@@ -849,16 +881,18 @@ def _start(
     # it. Otherwise each phrase weighs its own idf.
     single = len(distinct) == 1 and len(distinct[0]) == 1
     idf_of = {p: 1.0 for p in distinct}
-    fts_list_rows: int | None = None
+    list_rows: Callable[[], int] | None = None
     budget = math.inf  # the rows the proof may handle
     if not single:
-        # The phrases' counts give their idf.
-        idf_of = {p: stats.idf(count(phrase_match(p))) for p in distinct}
-        fts_list_rows = _list_rows(distinct, count)
-        budget = ranking.proof_share * count(conj.match)
+        # The phrases' counts give their idf; FTS5 would score the rows matching them all, at
+        # most those of the rarest.
+        hits = {p: count(phrase_match(p)) for p in distinct}
+        idf_of = {p: stats.idf(n) for p, n in hits.items()}
+        budget = ranking.proof_share * min(hits.values())
+        list_rows = functools.partial(_list_rows, distinct, count)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[p] for p in conj.phrases], ranking, seen=outside[0],
-                 fts_list_rows=fts_list_rows)
+                 list_rows=list_rows)
     walk.resolve_texts(sorted(outside[1]))
     if not single:
         # Score the rows indexed under every word; any other row has a phrase below the
@@ -965,7 +999,7 @@ class _Proof:
         postings = self.cursors[phrase].take()
         probe = ranking.single_word_probe_postings
         if self.single and self.read < probe <= self.read + len(postings):
-            if self.count(walk.conj.match) <= ranking.exact_rank_rows:
+            if self.count.at_most(walk.conj.match, ranking.exact_rank_rows):
                 return False
         self.read += len(postings)
         walk.handled += len(postings)

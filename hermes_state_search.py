@@ -912,12 +912,14 @@ def search_filters(
 
 
 # Relevance on one index: FTS5's own bm25(), ties by id. FTS5 ranks on its own first (a prefix
-# of the order, no join per match); the filters then keep what they keep of that prefix.
+# of the order, no join per match); the filters then keep what they keep of that prefix. With
+# each row, the length of the prefix: a shorter one than asked for holds every match.
 RANKED_SQL = """
 WITH ranked AS MATERIALIZED (
     SELECT rowid AS id, bm25({table}) AS score FROM {table} WHERE {table} MATCH ?
     ORDER BY score, rowid LIMIT ?)
-SELECT r.id FROM ranked r JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id
+SELECT r.id, (SELECT count(*) FROM ranked) FROM ranked r JOIN messages m ON m.id = r.id
+JOIN sessions s ON s.id = m.session_id
 WHERE 1 {filters}
 ORDER BY r.score, r.id LIMIT ?
 """
@@ -962,8 +964,9 @@ def _ranked(
             return ids
     sql = RANKED_SQL.format(table=table, filters=filters)
     prefix = 2 * wanted + 16
-    ids = [row[0] for row in conn.execute(sql, (match, prefix, *params, wanted))]
-    if len(ids) >= wanted:
+    rows = conn.execute(sql, (match, prefix, *params, wanted)).fetchall()
+    ids = [row[0] for row in rows]
+    if len(ids) >= wanted or (rows and rows[0][1] < prefix):
         return ids
     count = _match_count(conn, table, match)
     if count <= prefix:
@@ -1323,24 +1326,13 @@ def search_messages(
     # Past the rows any store can hold every page is empty: the end of the page is cut there,
     # so that what the routes ask of SQLite stays within its 64-bit integers.
     offset, limit = min(offset, MAX_ROWS), min(limit, MAX_ROWS)
-    wanted = offset + limit
     state = index_state(conn)
     if scan.scans(conn, state):
-        return _scanned(conn, plan, filters, params, offset, wanted, order)
+        return _scanned(conn, plan, filters, params, offset, offset + limit, order)
     if use_index and state.usable:
-        try:
-            ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
-            if ids:
-                return _hits(conn, ids[offset:wanted], plan, WORD)
-            rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
-            return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
-        except (sqlite3.Error, MemoryError) as exc:
-            damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
-            if damaged and damage_is_fts_only(conn, exc):
-                raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
-            if damaged or is_sqlite_lock_error(exc):
-                raise
-            # a query the index refused: answer from canonical rows
+        hits = _indexed_hits(conn, plan, filters, params, limit, offset, order, ranking)
+        if hits is not None:
+            return hits
     ids = _like_hits(conn, plan, filters, params, limit, offset, order)
     return _hits(conn, ids, plan, SUBSTRING)
 
@@ -1356,3 +1348,25 @@ def _scanned(
         return _hits(conn, ids[offset:wanted], plan, WORD)
     rows = scan.substring_rows(conn, plan.like_groups, filters, params, wanted, order)
     return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
+
+
+def _indexed_hits(
+    conn: sqlite3.Connection, plan: SearchPlan, filters: str, params: list[str], limit: int,
+    offset: int, order: str | None, ranking: rank.Ranking,
+) -> list[dict[str, Any]] | None:
+    """The page through the indexes: word hits, else substring hits; None when the index
+    refused the query (the caller answers from canonical rows)."""
+    wanted = offset + limit
+    try:
+        ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
+        if ids:
+            return _hits(conn, ids[offset:wanted], plan, WORD)
+        rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+        return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
+    except (sqlite3.Error, MemoryError) as exc:
+        damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)
+        if damaged and damage_is_fts_only(conn, exc):
+            raise FtsCorruptError(f"full-text index damaged: {exc!r}") from exc
+        if damaged or is_sqlite_lock_error(exc):
+            raise
+        return None  # a query the index refused

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 import hermes_state_impact as impact
 from bench.corpus import generate_corpus
@@ -32,13 +31,16 @@ def test_the_append_cpu_figure_indexes_every_message_of_one_store_and_none_of_th
 
 
 def test_the_postings_figure_times_every_stored_message_and_is_a_part_of_an_append(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     batch, sessions = append_batch(list(generate_corpus(600, seed=2)), 2 * impact.FLUSH_ROWS)
     kept_us, _ = append_cpu_kept_and_stopped(tmp_path, sessions, batch)
     timed: list[object] = []
-    postings = impact.impact_postings
-    monkeypatch.setattr(impact, "impact_postings", lambda *row: timed.append(row) or postings(*row))
-    posting_us = postings_cpu(tmp_path / "kept.db", repeats=2)
+
+    def postings(*row: Any) -> Any:
+        timed.append(row)
+        return impact.impact_postings(*row)
+
+    posting_us = postings_cpu(tmp_path / "kept.db", repeats=2, postings=postings)
     assert len(timed) == 2 * len(batch)
     assert 0 < posting_us < kept_us
