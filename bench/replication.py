@@ -34,17 +34,20 @@ from hermes_state import ReplicationError, SessionDB
 
 __all__ = ["bench_loss_window", "loss_trial"]
 
-# argv: db, session id, seed. Appends until killed; after each append returns it prints the
-# row id and the (system-wide) monotonic time of the acknowledgement.
+# argv: db, session id, seed, go file. Once the go file exists, appends until killed; after
+# each append returns it prints the row id and the (system-wide) monotonic time of the
+# acknowledgement.
 _WRITER = textwrap.dedent("""
-    import random, sys, time
+    import os, random, sys, time
     from hermes_state import SessionDB
-    db_path, session, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    db_path, session, seed, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rng = random.Random(seed)
     words = ["docker", "gateway", "東京タワー", "deploy", "서울", "pin", "base", "image"]
     with SessionDB(db_path) as db:
         db.create_session(session, "cli")
         print("ready", flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)
         n = 0
         while True:
             text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
@@ -116,11 +119,13 @@ def loss_trial(binary: Path, sync_interval: str, writers: int, storm_s: float,
             for w in range(writers):
                 with (d / f"w{w}").open("w") as out:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-c", _WRITER, str(path), f"w{w}", str(seed * 10 + w)],
+                        [sys.executable, "-c", _WRITER, str(path), f"w{w}", str(seed * 10 + w),
+                         str(d / "go")],
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
                     ))
             _wait(lambda: all((d / f"w{w}").read_text().startswith("ready")
                               for w in range(writers)), "the writers")
+            (d / "go").touch()  # the storm starts once every writer is ready
             time.sleep(storm_s)
             killed_at = time.monotonic()  # the machine dies: nothing more ships or commits
             if litestream_pid is not None:
