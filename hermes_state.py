@@ -56,6 +56,7 @@ import hermes_state_sessions as sessions
 import hermes_state_telegram as telegram
 import hermes_state_testguard as testguard
 import hermes_state_transfer as transfer
+import hermes_state_turnstile as turnstile
 import hermes_state_upkeep as upkeep
 import hermes_state_workspace as workspace
 import hermes_state_writes as writes
@@ -160,6 +161,7 @@ class SessionDB:
         self._closed = False
         self._checkpoints = lifecycle.checkpoints(self, wal_reset_exposed)
         self._watch = lifecycle.watch(self)
+        self._turnstile = turnstile.Turnstile(self.path)
         self._upkeep = upkeep.Upkeep(self)
         self._seen = seen.SeenThrough(seen_sessions)
         try:

@@ -212,6 +212,7 @@ def close(db: Handle) -> None:
 
 def close_connections(db: Handle) -> None:
     db._checkpoints.close()
+    db._turnstile.close()
     db._connection.close()
 
 

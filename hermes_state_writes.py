@@ -37,6 +37,7 @@ from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, trans
 from hermes_state_fts import damage_is_fts_only, detach_index, optimize_indexes
 from hermes_state_impact import drop_index, missing_index_object
 from hermes_state_quarantine import Watch
+from hermes_state_turnstile import Turnstile
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
@@ -274,6 +275,7 @@ class Store(Protocol):
     _connection: sqlite3.Connection
     _checkpoints: Checkpoints
     _watch: Watch
+    _turnstile: Turnstile
 
     @property
     def _lock(self) -> AbstractContextManager[Any]: ...
@@ -284,12 +286,13 @@ class Store(Protocol):
 
 def retrying(
     store: Store,
-    attempt: Callable[[bool], T],
+    attempt: Callable[[bool, bool], T],
     kind: WriteKind,
     *,
     drop_search_index: Callable[[], None] | None,
 ) -> T:
-    """``attempt(detach_index)`` until it succeeds or the verdict on its error ends it.
+    """``attempt(detach_index, waited)`` until it succeeds or the verdict on its error ends
+    it; ``waited``: an earlier attempt met the lock taken (see hermes_state_turnstile).
 
     ``drop_search_index`` (None: not this time) drops the search index once, when the error
     says one of its tables is gone: its triggers then fail every write of messages, so the
@@ -301,11 +304,11 @@ def retrying(
     put back meanwhile) detaches the indexes in a write of their own, once, and the write goes
     through without them (see hermes_state_fulltext)."""
     policy = store.timing.policy(kind)
-    start, attempts, detach_index = time.monotonic(), 1, False
+    start, attempts, detach_index, kept_waiting = time.monotonic(), 1, False, False
     detach_unavailable = True
     while True:
         try:
-            return attempt(detach_index)
+            return attempt(detach_index, kept_waiting)
         except (sqlite3.Error, MemoryError) as exc:
             if detach_unavailable and fulltext.is_unavailable_error(exc):
                 logger.warning("%s; detaching the full-text indexes of %s", exc, store.path)
@@ -326,6 +329,7 @@ def retrying(
                 if pause is None:
                     raise locked_error(store.path, store.profile_home, waited, attempts) from exc
                 store.write_retries += 1
+                kept_waiting = True
                 logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
                              store.path, attempts, pause)
                 time.sleep(pause)
@@ -351,8 +355,8 @@ def write(
     """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
     ``kind`` (see :func:`retrying`); after the commit, the checkpoint policy."""
 
-    def attempt(detach: bool) -> T:
-        with store._lock:
+    def attempt(detach: bool, waited: bool) -> T:
+        with store._lock, store._turnstile.turn(waited):
             check_writable(store)
             with transaction(store._connection):
                 if detach:
@@ -370,8 +374,8 @@ def outside_transaction(store: Store, fn: Callable[[sqlite3.Connection], T]) -> 
     ``VACUUM``, integrity checks, checkpoints): under the handle's lock, retried while the
     file is locked as a write is, with no ``BEGIN`` and no checkpoint after it."""
 
-    def attempt(detach: bool) -> T:
-        with store._lock:
+    def attempt(detach: bool, waited: bool) -> T:
+        with store._lock, store._turnstile.turn(waited):
             check_writable(store)
             if detach:
                 with transaction(store._connection):

@@ -135,10 +135,12 @@ def test_repair_restores_triggers_and_clears_the_marker_without_losing_rows(
         )] == ["messages_fts_delete", "messages_fts_insert", "messages_fts_update"]
     finally:
         conn.close()
-    # No separate file copies of the live image anywhere: the live files, the admission lock,
-    # and one self-contained snapshot (the working copy is gone).
+    # No separate file copies of the live image anywhere: the live files, the lock files of
+    # maintenance and of writers' turns, and one self-contained snapshot (the working copy is
+    # gone).
     assert {p.name for p in db_path.parent.iterdir()} <= {
-        "state.db", "state.db-wal", "state.db-shm", "state.db.lock", "state-snapshots"
+        "state.db", "state.db-wal", "state.db-shm", "state.db.lock", "state.db.writers",
+        "state-snapshots",
     }
     assert list(backup.parent.iterdir()) == [backup]
 
