@@ -339,7 +339,8 @@ class SessionDB:
     ) -> dict[str, Any]:
         """Import exported sessions whole or not at all (hermes_state_transfer.import_sessions)."""
         return transfer.import_sessions(self._read, self._transcript_write, sessions,
-                                        on_conflict=on_conflict, limited=limited, progress=progress)
+                                        on_conflict=on_conflict, limited=limited, progress=progress,
+                                        pause_s=self.timing.import_pause_s)
 
     # The list import's bounds, under the previous store's names.
     _IMPORT_MAX_SESSIONS = transfer.LIST_MAX_SESSIONS
@@ -357,12 +358,14 @@ class SessionDB:
         progress: transfer.Progress | None = None,
         max_record_bytes: int = transfer.MAX_RECORD_BYTES,
         chunk_messages: int | None = None,
+        on_commit: transfer.OnCommit | None = None,
     ) -> dict[str, Any]:
         """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
         return transfer.import_jsonl(self._read, self._transcript_write, fp,
                                      on_conflict=on_conflict, progress=progress,
                                      max_record_bytes=max_record_bytes,
-                                     chunk_messages=chunk_messages)
+                                     chunk_messages=chunk_messages, on_commit=on_commit,
+                                     pause_s=self.timing.import_pause_s)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 

@@ -86,6 +86,7 @@ __all__ = [
     "PUBLISH_CHUNK_MESSAGES",
     "JOURNAL_PREFIX",
     "SPOOL_PREFIX",
+    "OnCommit",
     "Progress",
 ]
 
@@ -223,6 +224,8 @@ def iter_export_jsonl(
 OnConflict = Literal["skip", "replace", "fail"]
 ON_CONFLICT_CHOICES: tuple[OnConflict, ...] = ("skip", "replace", "fail")
 Progress = Callable[[str, int, int | None], None]
+#: Called after each publish transaction of an import commits: (messages written, in all).
+OnCommit = Callable[[int, int], object]
 
 # One publish transaction writes about this many messages (a few tenths of a second), so a
 # long import never holds the write lock near another writer's patience (20 s / 60 s).
@@ -230,10 +233,6 @@ PUBLISH_CHUNK_MESSAGES = 1000
 # state_meta key of an import published in several transactions: its holder and the sessions
 # written so far, so that the next import removes what a killed one left.
 JOURNAL_PREFIX = "import_in_progress:"
-# Between two publish transactions the lock stays free this long: a writer waiting in SQLite's
-# busy handler polls at least every 100 ms, so it gets its turn instead of starving behind
-# the import's next BEGIN IMMEDIATE.
-PUBLISH_PAUSE_S = 0.12
 PROGRESS_EVERY = 5000  # messages between two progress reports
 #: The longest line (one record: a session, a message, a usage row) a JSON Lines import reads,
 #: in bytes (characters for a text stream); a longer one refuses the import.
@@ -902,11 +901,14 @@ def _publish(
     plan: list[_Planned],
     outcome: _Outcome,
     progress: Progress | None,
-    chunk_messages: int | None = None,
+    chunk_messages: int | None,
+    pause_s: float,
+    on_commit: OnCommit | None,
 ) -> None:
     """Write the plan: one transaction when it fits in a chunk; otherwise one per chunk with
-    a journal naming what is written so far, so that a failure (an exception, Ctrl-C) deletes
-    it again and a killed process's sessions are deleted by the next import."""
+    a journal naming what is written so far, so that a failure (an exception, Ctrl-C, one
+    raised by ``on_commit``) deletes it again and a killed process's sessions are deleted by
+    the next import. Between two chunks the lock stays free ``pause_s`` seconds."""
     chunks = _chunks(plan, PUBLISH_CHUNK_MESSAGES if chunk_messages is None else chunk_messages)
     key = JOURNAL_PREFIX + uuid.uuid4().hex
     holder = lock_holder_name("import")
@@ -941,10 +943,12 @@ def _publish(
     try:
         for number, items in enumerate(chunks):
             if number:
-                time.sleep(PUBLISH_PAUSE_S)
+                time.sleep(pause_s)
             part = write(functools.partial(chunk, number=number))
-            _merge(outcome, part)
             before, done = done, done + sum(item.messages for item in items)
+            if on_commit is not None:
+                on_commit(done, total)
+            _merge(outcome, part)
             if progress is not None and len(chunks) > 1 and (
                 done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
             ):
@@ -975,7 +979,10 @@ def _import(
     on_conflict: str,
     errors: _Errors,
     progress: Progress | None,
+    *,
+    pause_s: float,
     chunk_messages: int | None = None,
+    on_commit: OnCommit | None = None,
 ) -> _Outcome:
     """Check everything first (reads only: no lock held), then publish; any problem found
     refuses the whole import before anything is written."""
@@ -991,7 +998,7 @@ def _import(
         lambda conn: _plan(conn, records(), on_conflict, errors, outcome, progress)
     )
     errors.raise_any()
-    _publish(write, plan, outcome, progress, chunk_messages)
+    _publish(write, plan, outcome, progress, chunk_messages, pause_s, on_commit)
     return outcome
 
 
@@ -1131,6 +1138,7 @@ def import_sessions(
     on_conflict: str = "skip",
     limited: bool = True,
     progress: Progress | None = None,
+    pause_s: float,
 ) -> dict[str, Any]:
     """Import exported sessions (``export_session`` / ``export_all`` dicts), whole or not at
     all: every record is checked before anything is written.
@@ -1159,7 +1167,8 @@ def import_sessions(
     records = _list_records(sessions, errors, limited)
     try:
         errors.raise_any()
-        outcome = _import(read, write, lambda: records, on_conflict, errors, progress)
+        outcome = _import(read, write, lambda: records, on_conflict, errors, progress,
+                          pause_s=pause_s)
     except ImportRejectedError as exc:
         return {"ok": False, "imported": 0, "skipped": 0, "detached": 0,
                 "errors": _list_errors(exc.errors)}
@@ -1453,12 +1462,18 @@ def import_jsonl(
     progress: Progress | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
     chunk_messages: int | None = None,
+    on_commit: OnCommit | None = None,
+    pause_s: float,
 ) -> dict[str, Any]:
     """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
     A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
     naming the stream and the line. ``chunk_messages``: about how many messages one publish
-    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`).
+    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`); ``pause_s``: how long the
+    lock stays free between two of them. ``on_commit(done, total)`` is called after each
+    publish transaction commits, with the messages written so far and in all; what it raises
+    ends the import as any failure does (what earlier transactions wrote is deleted again;
+    after the last commit the import is complete).
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1497,7 +1512,8 @@ def import_jsonl(
                                         list(spooled(block, "usage")))
 
                 outcome = _import(read, write, records, on_conflict, errors, progress,
-                                  chunk_messages)
+                                  pause_s=pause_s, chunk_messages=chunk_messages,
+                                  on_commit=on_commit)
                 return _report(outcome)
             finally:
                 spool.close()
