@@ -34,6 +34,7 @@ __all__ = [
     "STORE_ERRORS",
     "Sibling",
     "WITHOUT_DAMAGED_INDEX",
+    "handle_method",
     "lenient",
     "read_method",
     "write_method",
@@ -115,6 +116,23 @@ def _search_without_index(
 WITHOUT_DAMAGED_INDEX = Fallback(
     (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
 )
+
+
+H = TypeVar("H")
+
+
+def handle_method(
+    fn: Callable[Concatenate[H, P], T],
+    *,
+    refused: Callable[[errors.InvalidInputError], T] | None = None,
+) -> Callable[Concatenate[H, P], T]:
+    """A method written as a function of the handle itself, ``fn(db, ...)``: for what needs
+    more than one connection's statement (a snapshot reader, several transactions, the index
+    upkeep), its arguments checked first; with ``refused``, a method that never raises answers
+    a refused argument with ``refused(refusal)``."""
+    method = arguments.checked(fn) if refused is None else arguments.answered(refused)(fn)
+    method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
+    return method
 
 
 def _method_signature(fn: Callable[..., Any]) -> inspect.Signature:

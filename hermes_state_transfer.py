@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple
+from contextlib import AbstractContextManager
+from typing import IO, Any, Literal, NamedTuple, Protocol, TypeVar
 
 from hermes_state_arguments import integer
 from hermes_state_common import (
@@ -61,6 +62,7 @@ from hermes_state_messages import (
 )
 from hermes_state_schema import WriteFn, expected_columns
 from hermes_state_sessions import get_model_usage, get_session, session_columns
+from hermes_state_writes import Timing, WriteKind
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -69,6 +71,8 @@ __all__ = [
     "export_all",
     "export_session_lineage",
     "iter_export_jsonl",
+    "export_jsonl_lines",
+    "Store",
     "import_sessions",
     "import_jsonl",
     "read_json_export",
@@ -91,6 +95,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("hermes_state")
+T = TypeVar("T")
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_FORMAT_VERSION = 1
@@ -177,6 +182,19 @@ def _line(obj: Mapping[str, Any]) -> str:
 
 
 def iter_export_jsonl(
+    store: Store,
+    session_ids: Iterable[str] | None = None,
+    *,
+    source: str | None = None,
+    lineage: bool = False,
+) -> Iterator[str]:
+    """:func:`export_jsonl_lines` from one consistent snapshot of the handle's file, read on a
+    connection of its own (the handle's lock stays free); works on read-only handles."""
+    with store._snapshot_reader() as conn:
+        yield from export_jsonl_lines(conn, session_ids, source=source, lineage=lineage)
+
+
+def export_jsonl_lines(
     conn: sqlite3.Connection,
     session_ids: Iterable[str] | None = None,
     *,
@@ -224,6 +242,25 @@ def iter_export_jsonl(
 OnConflict = Literal["skip", "replace", "fail"]
 ON_CONFLICT_CHOICES: tuple[OnConflict, ...] = ("skip", "replace", "fail")
 Progress = Callable[[str, int, int | None], None]
+
+
+class Store(Protocol):
+    """What an import or a streaming export needs of a handle (``SessionDB``): its reads,
+    its writes, a snapshot reader and its :class:`~hermes_state_writes.Timing`."""
+
+    timing: Timing
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], kind: WriteKind = ...) -> T: ...
+
+    def _snapshot_reader(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+
+def _store_io(store: Store) -> tuple[OnStore, WriteFn]:
+    """An import's reads, and its writes: transcript writes (the longer patience)."""
+    return store._read, functools.partial(store._write, kind="transcript")
+
 #: Called after each publish transaction of an import commits: (messages written, in all).
 OnCommit = Callable[[int, int], object]
 
@@ -1131,14 +1168,12 @@ def _list_errors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def import_sessions(
-    read: OnStore,
-    write: WriteFn,
+    store: Store,
     sessions: list[Any],
     *,
     on_conflict: str = "skip",
     limited: bool = True,
     progress: Progress | None = None,
-    pause_s: float,
 ) -> dict[str, Any]:
     """Import exported sessions (``export_session`` / ``export_all`` dicts), whole or not at
     all: every record is checked before anything is written.
@@ -1167,8 +1202,8 @@ def import_sessions(
     records = _list_records(sessions, errors, limited)
     try:
         errors.raise_any()
-        outcome = _import(read, write, lambda: records, on_conflict, errors, progress,
-                          pause_s=pause_s)
+        outcome = _import(*_store_io(store), lambda: records, on_conflict, errors, progress,
+                          pause_s=store.timing.import_pause_s)
     except ImportRejectedError as exc:
         return {"ok": False, "imported": 0, "skipped": 0, "detached": 0,
                 "errors": _list_errors(exc.errors)}
@@ -1454,8 +1489,7 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
 
 
 def import_jsonl(
-    read: OnStore,
-    write: WriteFn,
+    store: Store,
     fp: IO[Any],
     *,
     on_conflict: str = "fail",
@@ -1463,17 +1497,16 @@ def import_jsonl(
     max_record_bytes: int = MAX_RECORD_BYTES,
     chunk_messages: int | None = None,
     on_commit: OnCommit | None = None,
-    pause_s: float,
 ) -> dict[str, Any]:
-    """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
+    """Import a stream written by :func:`export_jsonl_lines` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
     A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
     naming the stream and the line. ``chunk_messages``: about how many messages one publish
-    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`); ``pause_s``: how long the
-    lock stays free between two of them. ``on_commit(done, total)`` is called after each
-    publish transaction commits, with the messages written so far and in all; what it raises
-    ends the import as any failure does (what earlier transactions wrote is deleted again;
-    after the last commit the import is complete).
+    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`); between two of them the lock
+    stays free for the handle's ``timing.import_pause_s``. ``on_commit(done, total)`` is called
+    after each publish transaction commits, with the messages written so far and in all; what
+    it raises ends the import as any failure does (what earlier transactions wrote is deleted
+    again; after the last commit the import is complete).
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1511,8 +1544,9 @@ def import_jsonl(
                                         functools.partial(spooled, block, "message"),
                                         list(spooled(block, "usage")))
 
-                outcome = _import(read, write, records, on_conflict, errors, progress,
-                                  pause_s=pause_s, chunk_messages=chunk_messages,
+                outcome = _import(*_store_io(store), records, on_conflict, errors, progress,
+                                  pause_s=store.timing.import_pause_s,
+                                  chunk_messages=chunk_messages,
                                   on_commit=on_commit)
                 return _report(outcome)
             finally:
