@@ -1,14 +1,9 @@
 """hermes_state: the SQLite session store of an AI agent — the ``SessionDB`` facade.
 
-``SessionDB`` owns one connection, one re-entrant lock and the public API. Every concern lives
-in a sibling module as plain functions that take the connection first (positional-only); the
-class body is a table of methods built from them by ``hermes_state_methods`` (``_reads`` and
-``_writes`` here), each showing its sibling's own parameters and result to type checkers, with
-the write kind, spool, compaction-bound memory or fallback of each named in the table.
-
-A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
-SQLite would delete that ``-wal`` on the first read.
-"""
+``SessionDB`` owns one connection, one re-entrant lock and the public API. Its class body is the
+API's index: one line per method, naming the sibling function it runs and the call's whole
+policy (read or write, the write kind, spool, fallback), built by ``hermes_state_methods``.
+docs/api.md ("How a call flows") traces one call end to end."""
 
 from __future__ import annotations
 
@@ -100,7 +95,7 @@ class SessionDB:
     """A handle on one session store (default: ``get_hermes_home() / "state.db"``): thread-safe,
     a context manager, ``close()`` idempotent. Its parameters (``read_only``, ``seen_sessions``,
     ``timing``, ``on_connect``, ``wal_reset_exposed``, ``full_text``) are described in
-    docs/api.md; its methods are the table below (how a call flows: hermes_state_methods)."""
+    docs/api.md; its methods are the table below."""
 
     _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
 

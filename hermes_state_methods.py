@@ -4,7 +4,9 @@
 checkers, and check arguments first. A method's policy is named where the facade lists it: the
 write kind, a quarantine :class:`~hermes_state_quarantine.Spool`, a
 :class:`~hermes_state_seen.Seen`, an :class:`~hermes_state_deletion.AfterCommit`, a
-:class:`Fallback`. Method bodies hold none."""
+:class:`Fallback`. Method bodies hold none. A write method refuses a handle that takes no
+writes, checks its arguments, runs its function as one ``hermes_state_writes.write``, spools on
+corruption, then records what it saw; docs/api.md ("How a call flows") traces one call."""
 
 from __future__ import annotations
 

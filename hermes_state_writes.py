@@ -10,6 +10,10 @@ transcript, 0.5 s for an activity stamp, which is then skipped.
 once; other damage quarantines the file. ``MemoryError`` counts as index damage only when the
 index is to blame. Every 50th commit is followed by a PASSIVE checkpoint.
 
+One write, in order (:func:`write`): under the handle's lock, refuse a closed, read-only or
+quarantined handle (:func:`check_writable`); run the function in its transaction; after the
+commit, the checkpoint policy (:class:`Checkpoints`). :func:`retrying` wraps the whole attempt.
+
 The figures are the seed's named constants, gathered in a frozen :class:`Timing`; a handle
 takes another with ``SessionDB(path, timing=Timing(...))``."""
 
