@@ -992,13 +992,17 @@ def _publish(
                 progress("importing messages", done, total)
     except BaseException as exc:
         if len(chunks) > 1:
-            kept = write(forget)
-            if kept:
-                note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
-                exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
-                             f"written, as others wrote to them since: {note}")
-                logger.warning("interrupted import kept sessions others wrote to: %s", note)
+            _note_kept(exc, write(forget))
         raise
+
+
+def _note_kept(exc: BaseException, kept: list[dict[str, str]]) -> None:
+    """Name, on the error that ended an import, the sessions its undo kept."""
+    if kept:
+        note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
+        exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
+                     f"written, as others wrote to them since: {note}")
+        logger.warning("interrupted import kept sessions others wrote to: %s", note)
 
 
 def _merge(outcome: _Outcome, part: _Outcome) -> None:
