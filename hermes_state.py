@@ -1,14 +1,9 @@
 """hermes_state: the SQLite session store of an AI agent — the ``SessionDB`` facade.
 
-``SessionDB`` owns one connection, one re-entrant lock and the public API. Every concern lives
-in a sibling module as plain functions that take the connection first (positional-only); the
-class body is a table of methods built from them by ``hermes_state_methods`` (``_reads`` and
-``_writes`` here), each showing its sibling's own parameters and result to type checkers, with
-the write kind, spool, compaction-bound memory or fallback of each named in the table.
-
-A file whose ``-wal`` is not empty while the database file is (truncated) is refused at open:
-SQLite would delete that ``-wal`` on the first read.
-"""
+``SessionDB`` owns one connection, one re-entrant lock and the public API. Its class body is the
+API's index: one line per method, naming the sibling function it runs and the call's whole
+policy (read or write, the write kind, spool, fallback), built by ``hermes_state_methods``.
+docs/api.md ("How a call flows") traces one call end to end."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ import sqlite3
 import sys  # noqa: F401
 import threading
 import time  # noqa: F401 -- reachable as hermes_state.time, as with the previous store
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import hermes_state_arguments as arguments
 import hermes_state_connect as dbconn
@@ -62,6 +56,7 @@ import hermes_state_workspace as workspace
 import hermes_state_writes as writes
 from hermes_state_errors import *  # noqa: F403 -- the facade re-exports the error hierarchy
 from hermes_state_async import AsyncSessionDB
+from hermes_state_methods import handle_method as _handle
 from hermes_state_methods import lenient
 from hermes_state_methods import read_method as _reads
 from hermes_state_methods import write_method as _writes
@@ -90,7 +85,6 @@ __version__ = "0.1.0"
 logger = logging.getLogger("hermes_state")
 # The previous store's doctor probes a file with this name.
 _db_opens_cleanly = openability.db_opens_cleanly
-T = TypeVar("T")
 
 
 # What transcript writes spool: most name their session and messages as append_message does.
@@ -99,37 +93,10 @@ _COMPACTION = quarantine.Spool(messages="compacted_messages")
 
 
 class SessionDB:
-    """A handle on one session store (default: ``get_hermes_home() / "state.db"``).
-
-    Thread-safe; usable as a context manager; ``close()`` is idempotent. With
-    ``read_only=True`` the file is opened ``mode=ro`` and nothing is ever created, migrated,
-    checkpointed or repaired (see :class:`StateDbUnavailableError` for what it refuses); the
-    one file it may write is the quarantine marker beside the store, when a read meets damage
-    in the record (the error it raises says whether the marker could be written).
-
-    ``profile_home`` is fixed at open: the directory of a ``state.db`` (a home's own store),
-    else the home of the opening context (a scratch ``db_path``). Transcripts spooled on
-    corruption and the lock log go there, so one profile's failures never land in another's
-    home, whichever ``hermes_home_override`` the failing call runs under.
-
-    ``seen_sessions``: for how many sessions the handle remembers what it read and wrote, the
-    bound of rewrites whose caller passes none (default ``hermes_state_seen.SEEN_SESSIONS``).
-
-    ``timing``: the patience of each kind of write, the pauses between attempts, the busy
-    timeouts and how often a checkpoint follows a commit (default: :class:`Timing`'s figures).
-
-    ``on_connect(role, conn)`` is called with every connection the handle opens, before the
-    library's first statement on it (``role``: ``"handle"``, ``"helper"`` for the checkpoint
-    helper, ``"snapshot"``, ``"guard"``): to trace statements (``set_trace_callback``), or to
-    inject a fault in a test. ``wal_reset_exposed`` forces the WAL-reset mitigation on or off
-    (None: on exactly when this SQLite lies in the bug range).
-
-    ``full_text``: the full-text level (``"full"``, ``"no-trigram"``, ``"none"``; see
-    hermes_state_fulltext). None (the default) uses what this process's SQLite offers; a lower
-    level keeps the handle from the indexes it leaves out (searches then scan the stored
-    messages); a higher one raises :class:`FullTextUnavailableError`. The level in use is
-    :attr:`full_text`.
-    """
+    """A handle on one session store (default: ``get_hermes_home() / "state.db"``): thread-safe,
+    a context manager, ``close()`` idempotent. Its parameters (``read_only``, ``seen_sessions``,
+    ``timing``, ``on_connect``, ``wal_reset_exposed``, ``full_text``) are described in
+    docs/api.md; its methods are the table below."""
 
     _connection: sqlite3.Connection  # set by the open (hermes_state_lifecycle)
 
@@ -202,42 +169,20 @@ class SessionDB:
     _outside_transaction = writes.outside_transaction
     _check_writable = writes.check_writable
 
-    def _transcript_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return self._write(fn, "transcript")
-
     # --- quarantine (see hermes_state_quarantine) ---------------------------------------------
 
     @property
     def quarantined(self) -> bool:
-        """True once this handle, or another handle of this process on the same file, met
-        corruption (or the file was quarantined before it was opened). Reading it changes
-        nothing: the handle takes such a quarantine on before its next write and at close."""
+        """Whether the file met corruption (see hermes_state_quarantine.Watch.quarantined)."""
         return self._watch.quarantined
-
-    @property
-    def _quarantined(self) -> BaseException | None:
-        return self._watch.reason
-
-    def _quarantine(self, exc: BaseException) -> None:
-        self._watch.enter(exc)
 
     # --- the compatibility surface (see hermes_state_compat and docs/compatibility.md) -------
 
     @property
     def _conn(self) -> compat.RowConnection:
-        """The handle's connection as the previous store handed it to application code: its
-        statements return ``sqlite3.Row`` rows (the library's own code sees plain rows)."""
-        view = self.__dict__.get("_row_view")
-        if view is None:
-            view = self.__dict__["_row_view"] = compat.RowConnection(self._connection, self._lock)
-        return view
+        return compat.row_connection(self)
 
-    def _execute_write(self, fn: Callable[[compat.WriteConnection], T]) -> T:
-        """Run the application's ``fn(conn)`` as one write of the store: in one
-        ``BEGIN IMMEDIATE`` transaction under the write patience and retry policy, refused on
-        a quarantined or read-only handle, SQLite errors typed; returns what ``fn`` returns.
-        ``conn`` is a :class:`~hermes_state_compat.WriteConnection` (``sqlite3.Row`` rows)."""
-        return self._write(lambda conn: fn(compat.WriteConnection(conn, self._lock)))
+    _execute_write = compat.execute_write
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -255,38 +200,20 @@ class SessionDB:
     def last_checkpoint(self, row: tuple[int, int, int] | None) -> None:
         self._checkpoints.last = row
 
-    def checkpoint(self) -> tuple[int, int, int]:
-        """A PASSIVE WAL checkpoint now: SQLite's result row (hermes_state_writes.checkpoint)."""
-        return writes.checkpoint(self)
+    checkpoint = _handle(writes.checkpoint)
 
     # --- index upkeep (see hermes_state_upkeep) -----------------------------------------------
 
     @property
     def started_index_upkeep(self) -> bool:
-        """Whether the open started the background upkeep of the indexes (see
-        hermes_state_upkeep): a writable handle whose indexes needed work."""
-        return self._upkeep.thread is not None
+        return upkeep.started_index_upkeep(self)
 
-    @arguments.checked
-    def wait_for_index(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: as long as it takes) for the background
-        upkeep of the indexes to finish; True once none is running."""
-        return self._upkeep.wait(timeout)
-
-    def rebuild_fts(self) -> None:
-        """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
-        handle's own background rebuild, if one is running, has finished); then finish the
-        search index's fill, or replace it when damaged."""
-        self._upkeep.rebuild_now()
-
+    wait_for_index = _handle(upkeep.wait_for_index)
+    rebuild_fts = _handle(upkeep.rebuild_fts)
     fts_status = _reads(fts.status)
     optimize_fts = _writes(fts.optimize_indexes)
 
-    def check_fts_integrity(self) -> dict[str, str | None]:
-        """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs
-        it as a write, so it needs a writable handle and takes the write lock briefly."""
-        return self._outside_transaction(fts.integrity_report)
-
+    check_fts_integrity = _handle(upkeep.check_fts_integrity)
     quick_health = _reads(maintenance.quick_health)
 
     # --- sessions -----------------------------------------------------------------------------
@@ -319,29 +246,9 @@ class SessionDB:
     export_session = _reads(seen.EXPORT_SESSION)
     export_session_lineage = _reads(seen.EXPORT_SESSION_LINEAGE)
 
-    @arguments.checked
-    def iter_export_jsonl(
-        self,
-        session_ids: Iterable[str] | None = None,
-        *,
-        source: str | None = None,
-        lineage: bool = False,
-    ) -> Iterator[str]:
-        """Export as JSON Lines from one consistent snapshot, in constant memory (see
-        hermes_state_transfer.iter_export_jsonl); works on read-only handles."""
-        with self._snapshot_reader() as conn:
-            yield from transfer.iter_export_jsonl(
-                conn, session_ids, source=source, lineage=lineage
-            )
-
-    @arguments.checked
-    def import_sessions(
-        self, sessions: list[Any], *, on_conflict: str = "skip", limited: bool = True,
-        progress: transfer.Progress | None = None,
-    ) -> dict[str, Any]:
-        """Import exported sessions whole or not at all (hermes_state_transfer.import_sessions)."""
-        return transfer.import_sessions(self._read, self._transcript_write, sessions,
-                                        on_conflict=on_conflict, limited=limited, progress=progress)
+    iter_export_jsonl = _handle(transfer.iter_export_jsonl)
+    import_sessions = _handle(transfer.import_sessions)
+    import_jsonl = _handle(transfer.import_jsonl)
 
     # The list import's bounds, under the previous store's names.
     _IMPORT_MAX_SESSIONS = transfer.LIST_MAX_SESSIONS
@@ -349,22 +256,6 @@ class SessionDB:
     _IMPORT_MAX_SESSION_BYTES = transfer.LIST_MAX_SESSION_BYTES
     _IMPORT_MAX_TOTAL_MESSAGES = transfer.LIST_MAX_MESSAGES
     _IMPORT_MAX_TOTAL_BYTES = transfer.LIST_MAX_BYTES
-
-    @arguments.checked
-    def import_jsonl(
-        self,
-        fp: IO[Any],
-        *,
-        on_conflict: str = "fail",
-        progress: transfer.Progress | None = None,
-        max_record_bytes: int = transfer.MAX_RECORD_BYTES,
-        chunk_messages: int | None = None,
-    ) -> dict[str, Any]:
-        """Import a whole JSON Lines export from ``fp`` (hermes_state_transfer.import_jsonl)."""
-        return transfer.import_jsonl(self._read, self._transcript_write, fp,
-                                     on_conflict=on_conflict, progress=progress,
-                                     max_record_bytes=max_record_bytes,
-                                     chunk_messages=chunk_messages)
 
     # --- session model, workspace, handoff ----------------------------------------------------
 
@@ -401,24 +292,10 @@ class SessionDB:
         deletion.finalize_orphaned_compression_sessions
     )
 
-    def vacuum(self) -> int:
-        """Merge the FTS indexes, checkpoint, ``VACUUM`` (hermes_state_writes.vacuum)."""
-        return writes.vacuum(self)
+    vacuum = _handle(writes.vacuum)
 
-    @arguments.answered(deletion.refused_auto_prune)
-    def maybe_auto_prune_and_vacuum(
-        self,
-        retention_days: float = 90,
-        min_interval_hours: float = 24,
-        vacuum: bool = True,
-        sessions_dir: Path | None = None,
-    ) -> dict[str, Any]:
-        """Prune (and vacuum) at most once per ``min_interval_hours``; never raises: see
-        hermes_state_deletion.auto_prune_and_vacuum."""
-        return deletion.auto_prune_and_vacuum(
-            self._write, self.prune_sessions, self.vacuum, retention_days=retention_days,
-            min_interval_hours=min_interval_hours, vacuum=vacuum, sessions_dir=sessions_dir,
-        )
+    maybe_auto_prune_and_vacuum = _handle(
+        deletion.maybe_auto_prune_and_vacuum, refused=deletion.refused_auto_prune)
 
     # --- messages: the handle remembers what it read and wrote (see hermes_state_seen) ---------
 

@@ -12,11 +12,13 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 from hermes_state_errors import HermesStateError
 
-__all__ = ["RowConnection", "WriteConnection"]
+__all__ = ["Handle", "RowConnection", "WriteConnection", "execute_write", "row_connection"]
+
+T = TypeVar("T")
 
 RowFactory = Callable[[sqlite3.Cursor, tuple[Any, ...]], Any]
 
@@ -83,3 +85,31 @@ class WriteConnection(RowConnection):
             "a function run by _execute_write cannot roll back the store's transaction: "
             "raise instead, and nothing it wrote is kept"
         )
+
+
+class Handle(Protocol):
+    """What the compatibility surface needs of a handle (``SessionDB``)."""
+
+    __dict__: dict[str, Any]
+    _connection: sqlite3.Connection
+    _lock: threading.RLock
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+
+def row_connection(db: Handle) -> RowConnection:
+    """``db._conn``: the handle's connection as the previous store handed it to application
+    code, its statements returning ``sqlite3.Row`` rows (the library's own code sees plain
+    rows). One view per handle."""
+    view = db.__dict__.get("_row_view")
+    if view is None:
+        view = db.__dict__["_row_view"] = RowConnection(db._connection, db._lock)
+    return cast(RowConnection, view)
+
+
+def execute_write(db: Handle, fn: Callable[[WriteConnection], T]) -> T:
+    """``db._execute_write(fn)``: the application's ``fn(conn)`` as one write of the store, in
+    one ``BEGIN IMMEDIATE`` transaction under the write patience and retry policy, refused on a
+    quarantined or read-only handle, SQLite errors typed; returns what ``fn`` returns. ``conn``
+    is a :class:`WriteConnection` (``sqlite3.Row`` rows)."""
+    return db._write(lambda conn: fn(WriteConnection(conn, db._lock)))

@@ -21,10 +21,10 @@ import sqlite3
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import hermes_state_arguments as arguments
-from hermes_state_common import OnStore, escape_like, now, row_to_dict
+from hermes_state_common import escape_like, now, row_to_dict
 from hermes_state_connect import get_meta, set_meta
 from hermes_state_errors import (
     InvalidInputError,
@@ -59,7 +59,7 @@ __all__ = [
     "finalize_orphaned_compression_sessions",
     "claim_auto_prune",
     "restore_auto_prune",
-    "auto_prune_and_vacuum",
+    "maybe_auto_prune_and_vacuum",
     "refused_auto_prune",
 ]
 
@@ -715,39 +715,47 @@ def restore_auto_prune(conn: sqlite3.Connection, /, previous: str | None) -> Non
         set_meta(conn, AUTO_PRUNE_KEY, previous)
 
 
-def auto_prune_and_vacuum(
-    write: OnStore,
-    prune: Callable[..., int],
-    vacuum_now: Callable[[], int],
-    *,
-    retention_days: float,
-    min_interval_hours: float,
-    vacuum: bool,
-    sessions_dir: Path | None,
+class AutoPruned(Protocol):
+    """What the automatic prune needs of a handle (``SessionDB``)."""
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    def prune_sessions(self, older_than_days: float, *, sessions_dir: Path | None = ...) -> int: ...
+
+    def vacuum(self) -> int: ...
+
+
+def maybe_auto_prune_and_vacuum(
+    db: AutoPruned,
+    retention_days: float = 90,
+    min_interval_hours: float = 24,
+    vacuum: bool = True,
+    sessions_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The automatic prune a caller runs at start-up, through a handle's ``write``, ``prune``
-    (``prune_sessions``) and ``vacuum_now``: at most once per ``min_interval_hours``
-    (``state_meta['last_auto_prune']``, epoch seconds), ``prune(retention_days,
-    sessions_dir=...)``, and a VACUUM only when something was pruned.
+    """The automatic prune a caller runs at start-up, through the handle ``db``: at most once
+    per ``min_interval_hours`` (``state_meta['last_auto_prune']``, epoch seconds),
+    ``db.prune_sessions(retention_days, sessions_dir=...)``, and a VACUUM only when something
+    was pruned.
 
     Always ``{"skipped", "pruned", "vacuumed"}``, plus ``"error"`` (its text) when a step
     failed — it never raises, a closed handle included. A failed VACUUM is logged and only
     leaves ``vacuumed`` False; a failed prune puts the previous stamp back, so the next start
     tries again."""
     report: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
+    write = db._write
     try:
         due, previous = write(lambda conn: claim_auto_prune(conn, min_interval_hours))
         if not due:
             return {**report, "skipped": True}
         try:
-            report["pruned"] = prune(retention_days, sessions_dir=sessions_dir)
+            report["pruned"] = db.prune_sessions(retention_days, sessions_dir=sessions_dir)
         except Exception:
             with contextlib.suppress(Exception):
                 write(lambda conn: restore_auto_prune(conn, previous))
             raise
         if vacuum and report["pruned"]:
             try:
-                vacuum_now()
+                db.vacuum()
                 report["vacuumed"] = True
             except Exception as exc:  # the prune stands; the file is only not compacted
                 logger.warning("VACUUM after the automatic prune failed: %s", exc)
@@ -759,6 +767,6 @@ def auto_prune_and_vacuum(
 
 def refused_auto_prune(refusal: Exception) -> dict[str, Any]:
     """The report of an automatic prune whose arguments were refused: nothing was done, and,
-    as :func:`auto_prune_and_vacuum` never raises, the refusal is its ``error``."""
+    as :func:`maybe_auto_prune_and_vacuum` never raises, the refusal is its ``error``."""
     logger.warning("automatic prune refused: %s", refusal)
     return {"skipped": False, "pruned": 0, "vacuumed": False, "error": str(refusal)}

@@ -4,7 +4,9 @@
 checkers, and check arguments first. A method's policy is named where the facade lists it: the
 write kind, a quarantine :class:`~hermes_state_quarantine.Spool`, a
 :class:`~hermes_state_seen.Seen`, an :class:`~hermes_state_deletion.AfterCommit`, a
-:class:`Fallback`. Method bodies hold none."""
+:class:`Fallback`. Method bodies hold none. A write method refuses a handle that takes no
+writes, checks its arguments, runs its function as one ``hermes_state_writes.write``, spools on
+corruption, then records what it saw; docs/api.md ("How a call flows") traces one call."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ __all__ = [
     "STORE_ERRORS",
     "Sibling",
     "WITHOUT_DAMAGED_INDEX",
+    "handle_method",
     "lenient",
     "read_method",
     "write_method",
@@ -115,6 +118,23 @@ def _search_without_index(
 WITHOUT_DAMAGED_INDEX = Fallback(
     (errors.FtsCorruptError,), "met a damaged FTS index; detaching it", _search_without_index
 )
+
+
+H = TypeVar("H")
+
+
+def handle_method(
+    fn: Callable[Concatenate[H, P], T],
+    *,
+    refused: Callable[[errors.InvalidInputError], T] | None = None,
+) -> Callable[Concatenate[H, P], T]:
+    """A method written as a function of the handle itself, ``fn(db, ...)``: for what needs
+    more than one connection's statement (a snapshot reader, several transactions, the index
+    upkeep), its arguments checked first; with ``refused``, a method that never raises answers
+    a refused argument with ``refused(refusal)``."""
+    method = arguments.checked(fn) if refused is None else arguments.answered(refused)(fn)
+    method.__signature__ = _method_signature(fn)  # type: ignore[attr-defined]
+    return method
 
 
 def _method_signature(fn: Callable[..., Any]) -> inspect.Signature:

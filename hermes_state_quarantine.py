@@ -768,7 +768,8 @@ class Watch:
     @property
     def quarantined(self) -> bool:
         """True once this handle, or another handle of this process on the same file, met
-        corruption (or the file was quarantined before it was opened)."""
+        corruption (or the file was quarantined before it was opened). Reading it changes
+        nothing: the handle takes such a quarantine on before its next write and at close."""
         return self.reason is not None or in_process(self.file_id) is not None
 
     def earlier(self) -> BaseException | None:

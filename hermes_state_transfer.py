@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple
+from contextlib import AbstractContextManager
+from typing import IO, Any, Literal, NamedTuple, Protocol, TypeVar
 
 from hermes_state_arguments import integer
 from hermes_state_common import (
@@ -61,6 +62,7 @@ from hermes_state_messages import (
 )
 from hermes_state_schema import WriteFn, expected_columns
 from hermes_state_sessions import get_model_usage, get_session, session_columns
+from hermes_state_writes import Timing, WriteKind
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -69,6 +71,8 @@ __all__ = [
     "export_all",
     "export_session_lineage",
     "iter_export_jsonl",
+    "export_jsonl_lines",
+    "Store",
     "import_sessions",
     "import_jsonl",
     "read_json_export",
@@ -86,10 +90,12 @@ __all__ = [
     "PUBLISH_CHUNK_MESSAGES",
     "JOURNAL_PREFIX",
     "SPOOL_PREFIX",
+    "OnCommit",
     "Progress",
 ]
 
 logger = logging.getLogger("hermes_state")
+T = TypeVar("T")
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_FORMAT_VERSION = 1
@@ -176,6 +182,19 @@ def _line(obj: Mapping[str, Any]) -> str:
 
 
 def iter_export_jsonl(
+    store: Store,
+    session_ids: Iterable[str] | None = None,
+    *,
+    source: str | None = None,
+    lineage: bool = False,
+) -> Iterator[str]:
+    """:func:`export_jsonl_lines` from one consistent snapshot of the handle's file, read on a
+    connection of its own (the handle's lock stays free); works on read-only handles."""
+    with store._snapshot_reader() as conn:
+        yield from export_jsonl_lines(conn, session_ids, source=source, lineage=lineage)
+
+
+def export_jsonl_lines(
     conn: sqlite3.Connection,
     session_ids: Iterable[str] | None = None,
     *,
@@ -224,16 +243,33 @@ OnConflict = Literal["skip", "replace", "fail"]
 ON_CONFLICT_CHOICES: tuple[OnConflict, ...] = ("skip", "replace", "fail")
 Progress = Callable[[str, int, int | None], None]
 
+
+class Store(Protocol):
+    """What an import or a streaming export needs of a handle (``SessionDB``): its reads,
+    its writes, a snapshot reader and its :class:`~hermes_state_writes.Timing`."""
+
+    timing: Timing
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], kind: WriteKind = ...) -> T: ...
+
+    def _snapshot_reader(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+
+def _store_io(store: Store) -> tuple[OnStore, WriteFn]:
+    """An import's reads, and its writes: transcript writes (the longer patience)."""
+    return store._read, functools.partial(store._write, kind="transcript")
+
+#: Called after each publish transaction of an import commits: (messages written, in all).
+OnCommit = Callable[[int, int], object]
+
 # One publish transaction writes about this many messages (a few tenths of a second), so a
 # long import never holds the write lock near another writer's patience (20 s / 60 s).
 PUBLISH_CHUNK_MESSAGES = 1000
 # state_meta key of an import published in several transactions: its holder and the sessions
 # written so far, so that the next import removes what a killed one left.
 JOURNAL_PREFIX = "import_in_progress:"
-# Between two publish transactions the lock stays free this long: a writer waiting in SQLite's
-# busy handler polls at least every 100 ms, so it gets its turn instead of starving behind
-# the import's next BEGIN IMMEDIATE.
-PUBLISH_PAUSE_S = 0.12
 PROGRESS_EVERY = 5000  # messages between two progress reports
 #: The longest line (one record: a session, a message, a usage row) a JSON Lines import reads,
 #: in bytes (characters for a text stream); a longer one refuses the import.
@@ -902,11 +938,14 @@ def _publish(
     plan: list[_Planned],
     outcome: _Outcome,
     progress: Progress | None,
-    chunk_messages: int | None = None,
+    chunk_messages: int | None,
+    pause_s: float,
+    on_commit: OnCommit | None,
 ) -> None:
     """Write the plan: one transaction when it fits in a chunk; otherwise one per chunk with
-    a journal naming what is written so far, so that a failure (an exception, Ctrl-C) deletes
-    it again and a killed process's sessions are deleted by the next import."""
+    a journal naming what is written so far, so that a failure (an exception, Ctrl-C, one
+    raised by ``on_commit``) deletes it again and a killed process's sessions are deleted by
+    the next import. Between two chunks the lock stays free ``pause_s`` seconds."""
     chunks = _chunks(plan, PUBLISH_CHUNK_MESSAGES if chunk_messages is None else chunk_messages)
     key = JOURNAL_PREFIX + uuid.uuid4().hex
     holder = lock_holder_name("import")
@@ -941,23 +980,29 @@ def _publish(
     try:
         for number, items in enumerate(chunks):
             if number:
-                time.sleep(PUBLISH_PAUSE_S)
+                time.sleep(pause_s)
             part = write(functools.partial(chunk, number=number))
-            _merge(outcome, part)
             before, done = done, done + sum(item.messages for item in items)
+            if on_commit is not None:
+                on_commit(done, total)
+            _merge(outcome, part)
             if progress is not None and len(chunks) > 1 and (
                 done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
             ):
                 progress("importing messages", done, total)
     except BaseException as exc:
         if len(chunks) > 1:
-            kept = write(forget)
-            if kept:
-                note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
-                exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
-                             f"written, as others wrote to them since: {note}")
-                logger.warning("interrupted import kept sessions others wrote to: %s", note)
+            _note_kept(exc, write(forget))
         raise
+
+
+def _note_kept(exc: BaseException, kept: list[dict[str, str]]) -> None:
+    """Name, on the error that ended an import, the sessions its undo kept."""
+    if kept:
+        note = "; ".join(f"{k['session_id']}: {k['reason']}" for k in kept)
+        exc.add_note(f"the interrupted import kept {len(kept)} session(s) it had "
+                     f"written, as others wrote to them since: {note}")
+        logger.warning("interrupted import kept sessions others wrote to: %s", note)
 
 
 def _merge(outcome: _Outcome, part: _Outcome) -> None:
@@ -975,7 +1020,10 @@ def _import(
     on_conflict: str,
     errors: _Errors,
     progress: Progress | None,
+    *,
+    pause_s: float,
     chunk_messages: int | None = None,
+    on_commit: OnCommit | None = None,
 ) -> _Outcome:
     """Check everything first (reads only: no lock held), then publish; any problem found
     refuses the whole import before anything is written."""
@@ -991,7 +1039,7 @@ def _import(
         lambda conn: _plan(conn, records(), on_conflict, errors, outcome, progress)
     )
     errors.raise_any()
-    _publish(write, plan, outcome, progress, chunk_messages)
+    _publish(write, plan, outcome, progress, chunk_messages, pause_s, on_commit)
     return outcome
 
 
@@ -1124,8 +1172,7 @@ def _list_errors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def import_sessions(
-    read: OnStore,
-    write: WriteFn,
+    store: Store,
     sessions: list[Any],
     *,
     on_conflict: str = "skip",
@@ -1159,7 +1206,8 @@ def import_sessions(
     records = _list_records(sessions, errors, limited)
     try:
         errors.raise_any()
-        outcome = _import(read, write, lambda: records, on_conflict, errors, progress)
+        outcome = _import(*_store_io(store), lambda: records, on_conflict, errors, progress,
+                          pause_s=store.timing.import_pause_s)
     except ImportRejectedError as exc:
         return {"ok": False, "imported": 0, "skipped": 0, "detached": 0,
                 "errors": _list_errors(exc.errors)}
@@ -1445,20 +1493,24 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
 
 
 def import_jsonl(
-    read: OnStore,
-    write: WriteFn,
+    store: Store,
     fp: IO[Any],
     *,
     on_conflict: str = "fail",
     progress: Progress | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
     chunk_messages: int | None = None,
+    on_commit: OnCommit | None = None,
 ) -> dict[str, Any]:
-    """Import a stream written by :func:`iter_export_jsonl` (text or binary file object,
+    """Import a stream written by :func:`export_jsonl_lines` (text or binary file object,
     read line by line into a private spool file: memory stays bounded), whole or not at all.
     A line over ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`) refuses the import,
     naming the stream and the line. ``chunk_messages``: about how many messages one publish
-    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`).
+    transaction writes (None: :data:`PUBLISH_CHUNK_MESSAGES`); between two of them the lock
+    stays free for the handle's ``timing.import_pause_s``. ``on_commit(done, total)`` is called
+    after each publish transaction commits, with the messages written so far and in all; what
+    it raises ends the import as any failure does (what earlier transactions wrote is deleted
+    again; after the last commit the import is complete).
 
     The stream must be whole: its header first (a known ``format_version``, a
     ``schema_version`` no newer than this store's), an ``end`` line last whose counts match.
@@ -1496,8 +1548,10 @@ def import_jsonl(
                                         functools.partial(spooled, block, "message"),
                                         list(spooled(block, "usage")))
 
-                outcome = _import(read, write, records, on_conflict, errors, progress,
-                                  chunk_messages)
+                outcome = _import(*_store_io(store), records, on_conflict, errors, progress,
+                                  pause_s=store.timing.import_pause_s,
+                                  chunk_messages=chunk_messages,
+                                  on_commit=on_commit)
                 return _report(outcome)
             finally:
                 spool.close()

@@ -17,8 +17,10 @@ import hermes_state_fts as fts
 import hermes_state_fulltext as fulltext
 import hermes_state_impact as impact
 from hermes_state_errors import HermesStateError, StateDbCorruptError
+from hermes_state_quarantine import Watch
 
-__all__ = ["Store", "Upkeep"]
+__all__ = ["Handle", "Store", "Upkeep", "check_fts_integrity", "rebuild_fts",
+           "started_index_upkeep", "wait_for_index"]
 
 logger = logging.getLogger("hermes_state")
 
@@ -29,12 +31,11 @@ class Store(Protocol):
     """What the upkeep needs of a handle: its file, its reads and writes, its quarantine."""
 
     path: Path
+    _watch: Watch
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
-
-    def _quarantine(self, exc: BaseException) -> None: ...
 
 
 class Upkeep:
@@ -121,10 +122,47 @@ class Upkeep:
                 f"its full-text index is not rebuilt",
                 path=store.path,
             )
-            store._quarantine(error)
+            store._watch.enter(error)
             raise error
 
 
 def _whole(state: fts.IndexState) -> bool:
     """Whether every index is usable and fed, the trigram one included."""
     return state.usable and state.trigram_stale is None
+
+
+# --- the handle's methods (``SessionDB``) ------------------------------------------------------
+
+
+class Handle(Protocol):
+    """What the index methods need of a handle: its upkeep, and statements outside any
+    transaction."""
+
+    _upkeep: Upkeep
+
+    def _outside_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+
+def started_index_upkeep(db: Handle) -> bool:
+    """Whether the open started the background upkeep of the indexes: a writable handle whose
+    indexes needed work."""
+    return db._upkeep.thread is not None
+
+
+def wait_for_index(db: Handle, timeout: float | None = None) -> bool:
+    """Wait up to ``timeout`` seconds (None: as long as it takes) for the background upkeep of
+    the indexes to finish; True once none is running."""
+    return db._upkeep.wait(timeout)
+
+
+def rebuild_fts(db: Handle) -> None:
+    """Rebuild the three FTS indexes now, in chunks, under the admission lock (after this
+    handle's own background rebuild, if one is running, has finished); then finish the search
+    index's fill, or replace it when damaged."""
+    db._upkeep.rebuild_now()
+
+
+def check_fts_integrity(db: Handle) -> dict[str, str | None]:
+    """FTS5 'integrity-check' of each index (None: clean). Changes nothing, but SQLite runs it
+    as a write, so it needs a writable handle and takes the write lock briefly."""
+    return db._outside_transaction(fts.integrity_report)

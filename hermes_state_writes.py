@@ -10,6 +10,10 @@ transcript, 0.5 s for an activity stamp, which is then skipped.
 once; other damage quarantines the file. ``MemoryError`` counts as index damage only when the
 index is to blame. Every 50th commit is followed by a PASSIVE checkpoint.
 
+One write, in order (:func:`write`): under the handle's lock, refuse a closed, read-only or
+quarantined handle (:func:`check_writable`); run the function in its transaction; after the
+commit, the checkpoint policy (:class:`Checkpoints`). :func:`retrying` wraps the whole attempt.
+
 The figures are the seed's named constants, gathered in a frozen :class:`Timing`; a handle
 takes another with ``SessionDB(path, timing=Timing(...))``."""
 
@@ -92,6 +96,10 @@ _CHECKPOINT_EVERY_N_WRITES = 50
 _FAST_RETRY_WINDOW_S = 2.0
 _SQLITE_BUSY_TIMEOUT_S = 1.0
 _READ_BUSY_TIMEOUT_S = 5.0
+# Between two publish transactions of an import the lock stays free this long: a writer
+# waiting in SQLite's busy handler polls at least every 100 ms, so it gets its turn instead of
+# starving behind the import's next BEGIN IMMEDIATE.
+_IMPORT_PAUSE_S = 0.12
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,8 @@ class Timing:
     :data:`WriteKind`, the ranges of the pauses between attempts (``fast_pause_s`` during the
     first ``fast_window_s``, ``slow_pause_s`` after), a PASSIVE checkpoint after every
     ``checkpoint_every``-th commit, SQLite's busy timeout of a writable connection
-    (``busy_timeout_s``) and the one wait of a read-only open (``read_busy_timeout_s``).
+    (``busy_timeout_s``), the one wait of a read-only open (``read_busy_timeout_s``) and the
+    pause between two publish transactions of a long import (``import_pause_s``).
     Every figure is checked when the object is made (:class:`InvalidInputError`)."""
 
     write_patience_s: float = _WRITE_PATIENCE_S
@@ -112,10 +121,12 @@ class Timing:
     checkpoint_every: int = _CHECKPOINT_EVERY_N_WRITES
     busy_timeout_s: float = _SQLITE_BUSY_TIMEOUT_S
     read_busy_timeout_s: float = _READ_BUSY_TIMEOUT_S
+    import_pause_s: float = _IMPORT_PAUSE_S
 
     def __post_init__(self) -> None:
         for name in ("write_patience_s", "transcript_patience_s", "activity_patience_s",
-                     "fast_window_s", "busy_timeout_s", "read_busy_timeout_s"):
+                     "fast_window_s", "busy_timeout_s", "read_busy_timeout_s",
+                     "import_pause_s"):
             _check_seconds(name, getattr(self, name))
         for name in ("fast_pause_s", "slow_pause_s"):
             pause = getattr(self, name)

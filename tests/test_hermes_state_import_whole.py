@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import subprocess_env
-from hermes_state import ImportRejectedError, InvalidInputError, SessionDB
+from hermes_state import ImportRejectedError, InvalidInputError, SessionDB, Timing
 from state_helpers import populate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -399,26 +399,22 @@ def test_an_import_into_a_new_file_killed_mid_way_leaves_no_store_there(
 
 @pytest.mark.parametrize("after_chunk", [1, 2, 5])
 def test_ctrl_c_right_after_a_chunk_commits_still_deletes_that_chunk(
-    killed_export: Path, resident: Path, monkeypatch: pytest.MonkeyPatch, after_chunk: int
+    killed_export: Path, resident: Path, after_chunk: int
 ) -> None:
     """The interrupt lands after a chunk's transaction has committed and before the import has
     gone on: what that chunk wrote is deleted with the rest."""
-    monkeypatch.setattr("hermes_state_transfer.PUBLISH_PAUSE_S", 0)
-    with SessionDB(resident) as db:
-        write = db._transcript_write
-        commits = 0
+    commits: list[int] = []
 
-        def interrupted_after_commit(fn: Callable[[sqlite3.Connection], Any]) -> Any:
-            nonlocal commits
-            result = write(fn)
-            commits += 1
-            if commits == after_chunk:
-                raise KeyboardInterrupt
-            return result
+    def interrupted_after_commit(done: int, total: int) -> None:
+        commits.append(done)
+        if len(commits) == after_chunk:
+            raise KeyboardInterrupt
 
-        monkeypatch.setattr(db, "_transcript_write", interrupted_after_commit)
+    with SessionDB(resident, timing=Timing(import_pause_s=0)) as db:
         with killed_export.open() as fp, pytest.raises(KeyboardInterrupt):
-            db.import_jsonl(fp, chunk_messages=KILLED_PER_SESSION)
+            db.import_jsonl(fp, chunk_messages=KILLED_PER_SESSION,
+                            on_commit=interrupted_after_commit)
+    assert commits == [KILLED_PER_SESSION * n for n in range(1, after_chunk + 1)]
     assert store_rows(resident) == (1, 1) and journal_sessions(resident) == 0
 
 

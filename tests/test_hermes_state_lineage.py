@@ -454,9 +454,10 @@ def test_a_busy_file_during_the_walk_still_answers_with_what_it_has(db_path: Pat
         assert lineage.resolve_resume_session_id(conn, "sess-0") == "sess-2"
         conn.busy_sql = lineage.RESUME_CHILD_SQL.strip()[:40]
         assert lineage.resolve_resume_session_id(conn, "sess-0") == "sess-2"  # the tip
-        row = {"id": "sess-0", "end_reason": "compression"}
-        conn.busy_sql = "FROM sessions s WHERE s.id = ?"
-        listing._project_tip(conn, row)
-        assert row == {"id": "sess-0", "end_reason": "compression"}  # left as it is
+        listed = [(r["id"], r["end_reason"]) for r in listing.list_sessions_rich(conn)]
+        assert listed == [("sess-2", None)]  # the root, shown as its tip
+        conn.busy_sql = "FROM sessions s WHERE s.id = ?"  # the tip's row, not the page
+        listed = [(r["id"], r["end_reason"]) for r in listing.list_sessions_rich(conn)]
+        assert listed == [("sess-0", "compression")]  # left as it is
     finally:
         conn.close()
