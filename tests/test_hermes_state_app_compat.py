@@ -355,6 +355,32 @@ def test_optimize_fts_merges_each_index_and_search_still_answers(db: SessionDB) 
     assert db.check_fts_integrity() == dict.fromkeys(db.check_fts_integrity())
 
 
+def test_optimize_fts_counts_the_indexes_a_build_without_trigram_keeps(tmp_path: Path) -> None:
+    # Without the trigram tokenizer the word and CJK indexes are still kept: both are merged
+    # and counted, on a store built that way and on an indexed store such a handle opens.
+    built = tmp_path / "built.db"
+    with SessionDB(built, full_text="no-trigram") as db:
+        db.create_session("s", "cli")
+        for n in range(20):
+            db.append_message("s", "user", f"segment {n} 東京タワー")
+        assert db.optimize_fts() == 2
+        assert db.vacuum() == 2
+        assert len(db.search_messages("segment", limit=50)) == 20
+        assert len(db.search_messages("東京", limit=50)) == 20
+    indexed = tmp_path / "indexed.db"
+    with SessionDB(indexed) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "segment zero")
+    with SessionDB(indexed, full_text="no-trigram") as db:
+        db.append_message("s", "user", "segment one")
+        assert db.optimize_fts() == 2
+        assert len(db.search_messages("segment", limit=50)) == 2
+    with SessionDB(indexed) as db:  # a full handle rebuilds the trigram index at open
+        assert db.wait_for_index(timeout=30)
+        assert db.optimize_fts() == 3
+        assert len(db.search_messages("gment on", limit=50)) == 1
+
+
 def test_no_compression_lock_for_an_empty_session_id(db: SessionDB) -> None:
     assert db.try_acquire_compression_lock("", "pid=1") is False
     assert db.get_compression_lock_holder("") is None
