@@ -381,6 +381,36 @@ def test_optimize_fts_counts_the_indexes_a_build_without_trigram_keeps(tmp_path:
         assert len(db.search_messages("gment on", limit=50)) == 1
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def test_a_handle_that_only_reads_leaves_the_file_as_it_was(db_path: Path) -> None:
+    # The application's event poller skips its work while state.db's modification time stays
+    # the same, opening and closing a handle on each tick: reads must not touch the file.
+    with SessionDB(db_path) as writer:
+        writer.create_session("s", "telegram", session_key="agent:main:telegram:dm:1")
+        writer.append_message("s", "user", "hello there")
+    before = _stamp(db_path)
+    wal = db_path.with_name(f"{db_path.name}-wal")
+    for _ in range(3):
+        with SessionDB(db_path) as reader:
+            reader.list_gateway_sessions(active_only=True)
+            reader.get_messages("s")
+            reader.search_messages("hello")
+        with SessionDB(db_path, read_only=True) as reader:
+            reader.get_messages_as_conversation("s")
+        assert _stamp(db_path) == before
+        # A read-only connection cannot remove the write-ahead log SQLite opened for it;
+        # nothing is ever written into it.
+        wal_stamp = _stamp(wal)
+        assert wal_stamp is None or wal_stamp[1] == 0
+
+
 def test_no_compression_lock_for_an_empty_session_id(db: SessionDB) -> None:
     assert db.try_acquire_compression_lock("", "pid=1") is False
     assert db.get_compression_lock_holder("") is None
