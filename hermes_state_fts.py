@@ -235,11 +235,17 @@ def optimize_indexes(conn: sqlite3.Connection, /) -> int:
     """Merge the segments of each index that exists (FTS5 ``optimize``, in the caller's
     transaction); returns how many were merged. A stale or rebuilding index is left to its
     rebuild (0): merging it would only rewrite what the rebuild replaces; so is every index
-    of a handle without full FTS5 (0: see hermes_state_fulltext)."""
-    if fulltext.level_of(conn) != fulltext.FULL or not index_state(conn).usable:
+    of a handle without FTS5 (0), and the trigram index of one without the trigram tokenizer
+    or while that index alone is stale (see hermes_state_fulltext)."""
+    level = fulltext.level_of(conn)
+    state = index_state(conn)
+    if level == fulltext.NONE or not state.usable:
         return 0
+    skip_trigram = level != fulltext.FULL or state.trigram_stale is not None
     merged = 0
     for table in FTS_TABLES:
+        if skip_trigram and table == "messages_fts_trigram":
+            continue
         if table_exists(conn, table):
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
             merged += 1

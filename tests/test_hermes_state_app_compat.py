@@ -355,6 +355,62 @@ def test_optimize_fts_merges_each_index_and_search_still_answers(db: SessionDB) 
     assert db.check_fts_integrity() == dict.fromkeys(db.check_fts_integrity())
 
 
+def test_optimize_fts_counts_the_indexes_a_build_without_trigram_keeps(tmp_path: Path) -> None:
+    # Without the trigram tokenizer the word and CJK indexes are still kept: both are merged
+    # and counted, on a store built that way and on an indexed store such a handle opens.
+    built = tmp_path / "built.db"
+    with SessionDB(built, full_text="no-trigram") as db:
+        db.create_session("s", "cli")
+        for n in range(20):
+            db.append_message("s", "user", f"segment {n} 東京タワー")
+        assert db.optimize_fts() == 2
+        assert db.vacuum() == 2
+        assert len(db.search_messages("segment", limit=50)) == 20
+        assert len(db.search_messages("東京", limit=50)) == 20
+    indexed = tmp_path / "indexed.db"
+    with SessionDB(indexed) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "segment zero")
+    with SessionDB(indexed, full_text="no-trigram") as db:
+        db.append_message("s", "user", "segment one")
+        assert db.optimize_fts() == 2
+        assert len(db.search_messages("segment", limit=50)) == 2
+    with SessionDB(indexed) as db:  # a full handle rebuilds the trigram index at open
+        assert db.wait_for_index(timeout=30)
+        assert db.optimize_fts() == 3
+        assert len(db.search_messages("gment on", limit=50)) == 1
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def test_a_handle_that_only_reads_leaves_the_file_as_it_was(db_path: Path) -> None:
+    # The application's event poller skips its work while state.db's modification time stays
+    # the same, opening and closing a handle on each tick: reads must not touch the file.
+    with SessionDB(db_path) as writer:
+        writer.create_session("s", "telegram", session_key="agent:main:telegram:dm:1")
+        writer.append_message("s", "user", "hello there")
+    before = _stamp(db_path)
+    wal = db_path.with_name(f"{db_path.name}-wal")
+    for _ in range(3):
+        with SessionDB(db_path) as reader:
+            reader.list_gateway_sessions(active_only=True)
+            reader.get_messages("s")
+            reader.search_messages("hello")
+        with SessionDB(db_path, read_only=True) as reader:
+            reader.get_messages_as_conversation("s")
+        assert _stamp(db_path) == before
+        # A read-only connection cannot remove the write-ahead log SQLite opened for it;
+        # nothing is ever written into it.
+        wal_stamp = _stamp(wal)
+        assert wal_stamp is None or wal_stamp[1] == 0
+
+
 def test_no_compression_lock_for_an_empty_session_id(db: SessionDB) -> None:
     assert db.try_acquire_compression_lock("", "pid=1") is False
     assert db.get_compression_lock_holder("") is None
