@@ -1146,13 +1146,25 @@ def _platform_id(value: Any, index: int) -> str | None:
 
 def _tool_calls(value: Any) -> Any:
     """Tool calls given as JSON text (a stored row passed back) are read as JSON; text that is
-    not JSON is no tool call."""
+    not JSON (``NaN``, ``Infinity`` and numbers past a float's range included) is no tool
+    call."""
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=_not_json, parse_float=_finite)
     except ValueError:
         return []
+
+
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of a float's range")
+    return number
 
 
 def _given_calls(tool_calls: Any) -> int:

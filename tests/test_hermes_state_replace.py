@@ -187,6 +187,13 @@ def test_counters_count_the_rows_written_and_their_tool_calls(db: SessionDB) -> 
     assert db.get_messages("s")[3]["tool_calls"] == [{"id": "as_text"}], "JSON text is parsed"
 
 
+@pytest.mark.parametrize("text", ["Infinity", "-Infinity", "NaN", "1e999", "[1e999]"])
+def test_tool_calls_text_that_json_cannot_carry_is_no_tool_call(db: SessionDB, text: str) -> None:
+    db.create_session("s", "cli")
+    db.replace_messages("s", [{"role": "assistant", "content": None, "tool_calls": text}])
+    assert db.get_messages("s")[0]["tool_calls"] == []
+
+
 def test_runtime_markers_are_not_stored_and_unknown_keys_are_refused(db: SessionDB) -> None:
     db.create_session("s", "cli")
     db.replace_messages("s", [{"role": "user", "content": "a", "_db_persisted": True,
