@@ -4,12 +4,13 @@ SQLite's busy handler polls. A writer that commits back to back (an import, a bu
 takes the lock again in the moment between its transactions, so a writer of another process,
 asleep in its busy handler, can miss every gap until its patience runs out.
 
-The turnstile is an ``flock`` on ``<db>.writers``. Every write passes it (a shared lock, taken
-and dropped) before it begins. A writer that was already kept waiting holds it exclusively for
-its next attempt (writers kept waiting queue for it): no new transaction starts meanwhile, so
-the current one's commit hands the lock to the writer that waited. The turnstile only orders
-writers, it never fails one: a writer that cannot pass or take it within :data:`PASS_WAIT_S`
-goes on as if there were none, and a file that cannot be locked turns it off.
+The turnstile is an ``flock`` on ``<db>.writers``, a file the first writer kept waiting
+creates. Every write passes it (a shared lock, taken and dropped) before it begins. A writer
+that was kept waiting holds it exclusively for its next attempt (writers kept waiting queue
+for it): no new transaction starts meanwhile, so the current one's commit hands the lock to the
+writer that waited. The turnstile only orders writers, it never fails one: a writer that cannot
+pass or take it within :data:`PASS_WAIT_S` goes on as if there were none, and a file that
+cannot be opened or locked turns it off.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def turnstile_path(db_path: Path) -> Path:
 
 
 class Turnstile:
-    """A handle's side of the turnstile; its descriptor is opened at the first write.
+    """A handle's side of the turnstile.
 
     Callers hold the handle's lock around :meth:`turn`: ``flock`` belongs to the open file,
     so two threads must not use one descriptor at once."""
@@ -47,15 +48,17 @@ class Turnstile:
         self._off = False
         self._guard = threading.Lock()
 
-    def _descriptor(self) -> int | None:
+    def _descriptor(self, create: bool) -> int | None:
+        """The turnstile's descriptor; None while there is no file (no writer has been kept
+        waiting: the first that is creates it) or when it cannot be opened (turned off)."""
         with self._guard:
             if self._fd is None and not self._off:
+                flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
                 try:
-                    self._fd = os.open(
-                        self._path,
-                        os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC,
-                        0o600,
-                    )
+                    self._fd = os.open(self._path, flags | (os.O_CREAT if create else 0), 0o600)
+                except FileNotFoundError:
+                    if create:
+                        self._off = True
                 except OSError:
                     self._off = True
             return self._fd
@@ -63,7 +66,7 @@ class Turnstile:
     @contextlib.contextmanager
     def turn(self, waited: bool) -> Iterator[None]:
         """Around one write attempt: pass the turnstile, or, once ``waited``, hold it."""
-        fd = self._descriptor()
+        fd = self._descriptor(create=waited)
         held = False
         if fd is not None:
             try:
