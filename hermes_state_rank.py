@@ -304,8 +304,12 @@ class Ranking:
     query of several phrases scores every row that matches it; an FTS5 pass over chosen rows
     walks every row of its words' lists, a row's text is read token by token."""
 
-    # Rows matching a query of several words or a phrase up to which FTS5 ranks them itself:
-    # its count is cheap, and ranking that many costs about what a proof does.
+    # An index of at most this many rows: FTS5 ranks a query of several words at once, before
+    # anything is counted (there the proof's fixed costs, each word's count and the cut of the
+    # rows indexed under every word, come to what FTS5's ranking of all the matches costs).
+    fts5_index_rows: int = 25_000
+    # Rows matching a query of several words up to which FTS5 ranks them itself: its count is
+    # cheap, and ranking that many costs about what a proof does.
     exact_rank_rows: int = 12_000
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
@@ -823,22 +827,24 @@ def _top_k(
     wanted: int,
     ranking: Ranking,
 ) -> list[int] | None:
-    index = read_state(conn)
-    if index is None or not index.whole:
-        return None
-    if not consistent(conn, index):
-        notice_damage(conn)  # a copy that kept one table without the other
-        return None
-    stats = read_stats(conn)
-    if stats.rows == 0 or stats.tokens == 0:
-        return []
-    count = _Counter(conn, index)
     distinct = list(dict.fromkeys(conj.phrases))
     single = len(distinct) == 1 and len(distinct[0]) == 1
     if single and len(conj.phrases) > 1:
         # One word again and again: FTS5 adds idf·x once per time, which differs in its last
         # bits from any multiple of x taken before the idf. FTS5 ranks.
         return None
+    stats = read_stats(conn)
+    if not single and stats.rows <= ranking.fts5_index_rows:
+        return None  # a small index: FTS5 ranks several words faster than they are counted
+    index = read_state(conn)
+    if index is None or not index.whole:
+        return None
+    if not consistent(conn, index):
+        notice_damage(conn)  # a copy that kept one table without the other
+        return None
+    if stats.rows == 0 or stats.tokens == 0:
+        return []
+    count = _Counter(conn, index)
     everywhere: list[int] = []
     if not single:
         # Rows indexed under every word of the query (cheap to list, from the impact index
