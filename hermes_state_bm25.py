@@ -9,7 +9,7 @@ many, those of the big scripts FTS5 was found to keep whole are passed over by a
 :func:`_changing`). :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of
 a blob another client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
 be read from a column's folded text without splitting it (:func:`folded_text`,
-:func:`text_frequency`): a phrase is found by a pattern over the text.
+:func:`text_frequency`): a word is found by a pattern over the text.
 
 **The score.** For phrases p₁…pₙ FTS5 scores a row
 
@@ -336,10 +336,11 @@ def folded_origins(text: str) -> list[int]:
     return origins
 
 
-def text_frequency(texts: Sequence[str], phrase: tuple[str, ...]) -> int:
-    """:func:`phrase_frequency` of an ASCII phrase, read from the columns' folded text (see
-    :func:`folded_text`) without splitting it into tokens."""
-    pattern = _text_phrase_pattern(phrase)
+def text_frequency(texts: Sequence[str], word: str) -> int:
+    """How often an ASCII ``word`` is a token of the columns, read from their folded text (see
+    :func:`folded_text`) without splitting it into tokens: each instance of the word that ends
+    at a token's end and starts at a token's start."""
+    pattern = _word_pattern(word)
     found = 0
     for text in texts:
         for m in pattern.finditer(text):
@@ -353,13 +354,10 @@ def _is_token_char(ch: str) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _text_phrase_pattern(phrase: tuple[str, ...]) -> re.Pattern[str]:
-    """Instances of ``phrase`` in folded text, ending at a token's end; the caller checks that
-    each starts at a token's start. A phrase that can overlap itself is found by a lookahead
-    (overlapping instances); for any other, a match that starts inside a token cannot hide an
-    instance, which would have to start at one of its later tokens."""
-    body = f"[{_SEPARATOR_CLASS}]+".join(phrase) + f"(?=[{_SEPARATOR_CLASS}]|\\Z)"
-    return re.compile("(?=" + body + ")" if _self_overlapping(phrase) else body)
+def _word_pattern(word: str) -> re.Pattern[str]:
+    """Instances of ``word`` in folded text that end at a token's end (a match that starts
+    inside a token cannot hide an instance: the word holds no separator)."""
+    return re.compile(re.escape(word) + f"(?=[{_SEPARATOR_CLASS}]|\\Z)")
 
 
 @functools.lru_cache(maxsize=256)

@@ -187,14 +187,12 @@ phrase_columns = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(columns=phrase_columns,
-       phrase=st.sampled_from([("cafe", "session"), ("session", "session"), ("a", "a"),
-                               ("b", "a", "b"), ("session",), ("w1", "a"), ("x",)]))
-def test_a_phrase_counted_in_folded_text_is_counted_as_in_fts5s_tokens(
-    columns: list[str], phrase: tuple[str, ...]
+@given(columns=phrase_columns, word=st.sampled_from(["cafe", "session", "a", "b", "w1", "x"]))
+def test_a_word_counted_in_folded_text_is_counted_as_in_fts5s_tokens(
+    columns: list[str], word: str
 ) -> None:
-    """A row's phrase frequency read from its columns' folded text (a pattern over the text)
-    is the one its tokens give: in any script, any case, overlapping instances."""
+    """A row's frequency of a word read from its columns' folded text (a pattern over the
+    text) is the one its tokens give: in any script, any case."""
     folded = [bm25.folded_text(c) for c in columns if c]
     tokens = [bm25.column_tokens(c) for c in columns]
-    assert bm25.text_frequency(folded, phrase) == bm25.phrase_frequency(tokens, phrase)
+    assert bm25.text_frequency(folded, word) == sum(t.count(word) for t in tokens)
