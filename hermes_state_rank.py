@@ -100,10 +100,18 @@ _BOUND_SLACK = 1e-9
 ROW_CHANGES_SQL = """
 SELECT s.epoch, c.changes FROM search_impact_state AS s, search_row_changes AS c
 """
-# (A limit of -1 reads them all.)
+# The rows matching past the cached boundary (?2), and those past the batch boundary (?3), which
+# the cache leaves out, in one statement (one snapshot); a plain count(*) of FTS5 rows walks
+# the list at half the cost of reading each row out.
 COUNT_PAST_SQL = """
-SELECT count(*), coalesce(sum(rowid <= ?), 0) FROM (
-    SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?)
+SELECT (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2),
+       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+"""
+# The same, read no further than ?4 rows.
+COUNT_PAST_UP_TO_SQL = """
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4)),
+       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -176,8 +184,10 @@ class _Counter:
         """The rows matching ``expression``; past a ``limit``, some number above it."""
         upto, rows = self._cached(expression) or (0, 0)
         most = -1 if limit is None else max(limit - rows + 1, 0)
-        args = (self.boundary, expression, upto, most)
-        past, below = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
+        sql = COUNT_PAST_SQL if limit is None else COUNT_PAST_UP_TO_SQL
+        args = (expression, upto, self.boundary) + (() if limit is None else (most,))
+        past, unflushed = (int(v) for v in self.conn.execute(sql, args).fetchone())
+        below = past - unflushed
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
         whole = limit is None or past < most
