@@ -560,25 +560,39 @@ class _Walk:
         by = "text" if self.list_rows is None else self.ranking.score_waiting_by
         walked = self.list_rows() if self.list_rows and by == "estimate" else 0  # by FTS5
         by_text = by == "text" or (by == "estimate" and tokens <= walked)
-        head = self.ranking.head_rows * self.wanted
-        if by == "estimate" and not by_text and 0 < head < len(due):
-            head_tokens = self._tokens(heapq.nsmallest(head, due))
-            if self.heads_read + head_tokens < walked:
-                self.heads_read += head_tokens
-                self.handled += head
-                self.resolve_texts(self._likeliest(head))
-                return True
+        if by == "estimate" and not by_text and self._read_a_head(due, walked):
+            return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
         heapq.heapify(self.pending)
         ids = sorted(row_id for _, row_id in due)
         self.handled += len(ids)
         if by_text:
             self.resolve_texts(ids)
-        elif ids := sorted(self.passing(ids)):
+        else:
+            self._resolve_by_fts5(ids)
+        return True
+
+    def _read_a_head(self, due: Sequence[tuple[float, int]], walked: int) -> bool:
+        """Score the likeliest of the ``due`` rows from their text instead of an FTS5 pass
+        that walks ``walked`` rows, while the heads read stay fewer tokens than that; False
+        when there is no head to read."""
+        head = self.ranking.head_rows * self.wanted
+        if not 0 < head < len(due):
+            return False
+        head_tokens = self._tokens(heapq.nsmallest(head, due))
+        if self.heads_read + head_tokens >= walked:
+            return False
+        self.heads_read += head_tokens
+        self.handled += head
+        self.resolve_texts(self._likeliest(head))
+        return True
+
+    def _resolve_by_fts5(self, ids: Sequence[int]) -> None:
+        """FTS5's own scores for the rows among ``ids`` that pass the filters, in one pass."""
+        if ids := sorted(self.passing(ids)):
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
-        return True
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
