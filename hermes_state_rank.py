@@ -10,24 +10,22 @@ returns None, and the caller ranks with FTS5: the answer is the same either way.
 **When FTS5 ranks at once** (:func:`conjunction`, :func:`_top_k`): a quoted phrase of several
 words (FTS5 finds its matches by their positions, which the index does not keep, and counting
 them for the idf would cost half of FTS5's own ranking); several words in an index of at most
-:attr:`Ranking.fts5_index_rows` rows; a query of several words indexed together
-in fewer rows than wanted, or matching at most :attr:`Ranking.exact_rank_rows` rows (read no
-further than one past that); a single word whose first
-:attr:`Ranking.single_word_probe_postings` postings leave it that rare; a word repeated; many
-rows changed since the last batch; a damaged or partial index.
+:attr:`Ranking.fts5_index_rows` rows, or indexed together in fewer rows than wanted, or
+matching at most :attr:`Ranking.exact_rank_rows` rows (read no further than one past that); a
+single word whose first :attr:`Ranking.single_word_probe_postings` postings leave it that
+rare; a word repeated; many rows changed since the last batch; a damaged or partial index.
 
 **The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
 from their text, and for several words the rows indexed under every one of them (SQLite
 scores those with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when the rest
 provably cannot enter the top). Any other row has a word below the threshold, which bounds it.
 :meth:`_Proof.run` then reads postings best first, the word with the highest bound first,
-until the k-th best row passing the filters
-beats the best score a row not found yet can have (:meth:`_Proof.frontier`). A row whose
-postings leave a frequency unknown waits with its best case (in a query of two words, a row
-found under one word alone waits on its posting of that word) and is scored only if that best
-case can still enter the top: from its text, or with others in one FTS5 pass, whichever
-reads less (the rows' tokens, the rows of the words' lists), the likeliest few from their
-text first.
+until the k-th best row passing the filters beats the best score a row not found yet can have
+(:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown waits with its best
+case (in a query of two words, a row found under one word alone waits on its posting of that
+word) and is scored only if that best case can still enter the top: from its text, or with
+others in one FTS5 pass, whichever reads less (the rows' tokens, the rows of the words'
+lists), the likeliest few from their text first.
 Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
 bounds allow for the difference (impact at most x under A is at most x under avgdl when
 A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
