@@ -1,32 +1,31 @@
 """Exact BM25 ranking of word queries over the whole history, fast for common words.
 
-**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: the phrases are the
-query's words and "quoted phrases", and a row's score is :func:`hermes_state_bm25.bm25_score`,
+**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: each of the query's
+words is a phrase of it, and a row's score is :func:`hermes_state_bm25.bm25_score`,
 the one place the score is defined (FTS5's ``bm25()`` is its oracle). :func:`top_k` either
 proves the best rows from the search impact index (:mod:`hermes_state_impact`: each row's
 postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
 returns None, and the caller ranks with FTS5: the answer is the same either way.
 
-**When FTS5 ranks at once** (:func:`top_k`, :func:`_top_k`): a quoted phrase of several words
-(FTS5 finds its matches by their positions, which the index does not keep, and counting them
-for the idf would cost half of FTS5's own ranking); a query of several words indexed together
-in fewer rows than wanted, or matching at most :attr:`Ranking.exact_rank_rows` rows (read no
-further than one past that); a single word whose first
-:attr:`Ranking.single_word_probe_postings` postings leave it that rare; a word repeated; many
-rows changed since the last batch; a damaged or partial index.
+**When FTS5 ranks at once** (:func:`conjunction`, :func:`_top_k`): a quoted phrase of several
+words (FTS5 finds its matches by their positions, which the index does not keep, and counting
+them for the idf would cost half of FTS5's own ranking); several words in an index of at most
+:attr:`Ranking.fts5_index_rows` rows, or indexed together in fewer rows than wanted, or
+matching at most :attr:`Ranking.exact_rank_rows` rows (read no further than one past that); a
+single word whose first :attr:`Ranking.single_word_probe_postings` postings leave it that
+rare; a word repeated; many rows changed since the last batch; a damaged or partial index.
 
 **The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
-from their text, and for several phrases the rows indexed under every word (SQLite scores
-those of single words with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when
-the rest provably cannot enter the top). Any other row has a phrase below the threshold, which
-bounds it. :meth:`_Proof.run` then reads postings best first, the phrase with the highest
-bound first (a phrase through its longest word), until the k-th best row passing the filters
-beats the best score a row not found yet can have (:meth:`_Proof.frontier`). A row whose
-postings leave a frequency unknown waits with its best case (in a query of two words, a row
-found under one word alone waits on its posting of that word) and is scored only if that best
-case can still enter the top: from its text, or with others in one FTS5 pass, whichever
-reads less (the rows' tokens, the rows of the words' lists), the likeliest few from their
-text first.
+from their text, and for several words the rows indexed under every one of them (SQLite
+scores those with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when the rest
+provably cannot enter the top). Any other row has a word below the threshold, which bounds it.
+:meth:`_Proof.run` then reads postings best first, the word with the highest bound first,
+until the k-th best row passing the filters beats the best score a row not found yet can have
+(:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown waits with its best
+case (in a query of two words, a row found under one word alone waits on its posting of that
+word) and is scored only if that best case can still enter the top: from its text, or with
+others in one FTS5 pass, whichever reads less (the rows' tokens, the rows of the words'
+lists), the likeliest few from their text first.
 Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
 bounds allow for the difference (impact at most x under A is at most x under avgdl when
 A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
@@ -36,7 +35,7 @@ handle (read a posting, settle a row, score one from its text or by FTS5) at mos
 :attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query (at most those of
 its rarest word): it gives up once
 the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
-reading a phrase down to the depth it needs would, foreseen after a first batch and whenever
+reading a word down to the depth it needs would, foreseen after a first batch and whenever
 the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
 
 **Counts.** Each word's count (its idf) and the whole query's, when read to the end, are kept
@@ -64,8 +63,7 @@ from typing import Any
 from hermes_state_bm25 import K1, Bm25Stats, bm25_score, bm25_sql, bm25_sql_params
 from hermes_state_bm25 import column_tokens, count_matches
 from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
-from hermes_state_bm25 import fts5_text, phrase_frequency
-from hermes_state_bm25 import phrase_match, read_stats, text_frequency, varints
+from hermes_state_bm25 import fts5_text, phrase_match, read_stats, text_frequency, varints
 from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
 from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
 from hermes_state_impact import IndexMismatch, IndexState, consistent, index_error
@@ -93,17 +91,25 @@ _BOUND_SLACK = 1e-9
 # Match counts
 # ---------------------------------------------------------------------------------------------
 
-# Match counts of messages_fts (the idf of a phrase, the size of a query), kept per file for
+# Match counts of messages_fts (the idf of a word, the size of a query), kept per file for
 # the rows at or below the batch boundary while search_row_changes's count stays: the triggers
 # count every change of such a row (insert into a gap, update, delete), so an unchanged count
 # means those rows are the same, and only the rows past the cached boundary are counted again.
 ROW_CHANGES_SQL = """
 SELECT s.epoch, c.changes FROM search_impact_state AS s, search_row_changes AS c
 """
-# (A limit of -1 reads them all.)
+# The rows matching past the cached boundary (?2), and those past the batch boundary (?3), which
+# the cache leaves out, in one statement (one snapshot); a plain count(*) of FTS5 rows walks
+# the list at half the cost of reading each row out.
 COUNT_PAST_SQL = """
-SELECT count(*), coalesce(sum(rowid <= ?), 0) FROM (
-    SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? LIMIT ?)
+SELECT (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2),
+       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+"""
+# The same, read no further than ?4 rows.
+COUNT_PAST_UP_TO_SQL = """
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4)),
+       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -176,8 +182,10 @@ class _Counter:
         """The rows matching ``expression``; past a ``limit``, some number above it."""
         upto, rows = self._cached(expression) or (0, 0)
         most = -1 if limit is None else max(limit - rows + 1, 0)
-        args = (self.boundary, expression, upto, most)
-        past, below = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
+        sql = COUNT_PAST_SQL if limit is None else COUNT_PAST_UP_TO_SQL
+        args = (expression, upto, self.boundary) + (() if limit is None else (most,))
+        past, unflushed = (int(v) for v in self.conn.execute(sql, args).fetchone())
+        below = past - unflushed
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
         whole = limit is None or past < most
@@ -202,26 +210,27 @@ class _Counter:
 
 @dataclass(frozen=True)
 class Conjunction:
-    """A query the fast route can rank: phrases (tuples of folded ASCII tokens) that must all
-    occur, in query order, repeats kept (FTS5 scores each occurrence)."""
+    """A query the fast route can rank: words (folded ASCII tokens) that must all occur, in
+    query order, repeats kept (FTS5 scores each occurrence)."""
 
-    phrases: tuple[tuple[str, ...], ...]
+    words: tuple[str, ...]
 
     @property
     def match(self) -> str:
-        return " ".join(phrase_match(p) for p in self.phrases)
+        return " ".join(phrase_match((w,)) for w in self.words)
 
 
 def conjunction(texts: Iterable[str]) -> Conjunction | None:
-    """The conjunction of these term texts (words, phrase contents), or None when one of them
-    has a token the impact index does not keep (non-ASCII, too long) or none at all."""
-    phrases = []
+    """The conjunction of these term texts, or None when one of them is not a single token the
+    impact index keeps: a phrase of several words (FTS5 finds its matches by their positions,
+    which the index does not keep), a token of another script or too long, none at all."""
+    words = []
     for text in texts:
-        tokens = tuple(column_tokens(text))
-        if not tokens or not all(t.isascii() and len(t) <= MAX_TERM_CHARS for t in tokens):
+        tokens = column_tokens(text)
+        if len(tokens) != 1 or not tokens[0].isascii() or len(tokens[0]) > MAX_TERM_CHARS:
             return None
-        phrases.append(tokens)
-    return Conjunction(tuple(phrases)) if phrases else None
+        words.append(tokens[0])
+    return Conjunction(tuple(words)) if words else None
 
 
 # A word's postings best first, with their rows: the fts5vocab 'instance' view of the impact
@@ -301,11 +310,15 @@ class Ranking:
 
     What a way costs is counted, not timed: the proof handles rows (a posting read, a row's
     postings settled, a row scored from its text or by FTS5), and FTS5's own ranking of a
-    query of several phrases scores every row that matches it; an FTS5 pass over chosen rows
+    query of several words scores every row that matches it; an FTS5 pass over chosen rows
     walks every row of its words' lists, a row's text is read token by token."""
 
-    # Rows matching a query of several words or a phrase up to which FTS5 ranks them itself:
-    # its count is cheap, and ranking that many costs about what a proof does.
+    # An index of at most this many rows: FTS5 ranks a query of several words at once, before
+    # anything is counted (there the proof's fixed costs, each word's count and the cut of the
+    # rows indexed under every word, come to what FTS5's ranking of all the matches costs).
+    fts5_index_rows: int = 25_000
+    # Rows matching a query of several words up to which FTS5 ranks them itself: its count is
+    # cheap, and ranking that many costs about what a proof does.
     exact_rank_rows: int = 12_000
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
@@ -332,7 +345,7 @@ class Ranking:
     # and how many times that cut is widened (four times each) before they are all scored here.
     everywhere_first_cut: int = 48
     everywhere_cuts: int = 3
-    # The proof of a query of several phrases handles at most this share of the rows FTS5
+    # The proof of a query of several words handles at most this share of the rows FTS5
     # would score to rank it (a row is handled in Python, scored by FTS5 in C).
     proof_share: float = 0.25
     # How rows left waiting are scored: "estimate" (from their text when that reads fewer
@@ -414,7 +427,7 @@ class _Walk:
     wanted: int
     index: IndexState
     avgdl: float
-    idfs: list[float]  # per phrase, in query order
+    idfs: list[float]  # per word, in query order
     ranking: Ranking
     top: list[tuple[float, int]] = field(default_factory=list)  # min-heap of (score, -id)
     # Exactly scored rows whose filters are not checked yet: max-heap of (-score, id).
@@ -466,7 +479,7 @@ class _Walk:
         return bm25_score(self.idfs, frequencies, length, self.avgdl)
 
     def share(self, f: float, length: int) -> float:
-        """One phrase's score share per unit of idf: (k₁+1)·f/(f + K(length))."""
+        """One word's score share per unit of idf: (k₁+1)·f/(f + K(length))."""
         return bm25_score((1.0,), (f,), length, self.avgdl)
 
     def most(self, reference: float) -> float:
@@ -487,7 +500,7 @@ class _Walk:
     @functools.cached_property
     def words(self) -> tuple[str, ...]:
         """The query's distinct words, in query order."""
-        return tuple(dict.fromkeys(t for p in self.conj.phrases for t in p))
+        return tuple(dict.fromkeys(self.conj.words))
 
     @functools.cached_property
     def postings_sql(self) -> tuple[str, list[object]]:
@@ -520,11 +533,11 @@ class _Walk:
             texts = tuple(map(fts5_text, (content, tool_name, tool_calls)))
             if sizes is not None:
                 folded = [folded_text(t) for t in texts if t]
-                frequencies = [text_frequency(folded, p) for p in self.conj.phrases]
+                frequencies = [text_frequency(folded, w) for w in self.conj.words]
                 length = sum(varints(sizes))
             else:
                 columns = [column_tokens(t) for t in texts]
-                frequencies = [phrase_frequency(columns, p) for p in self.conj.phrases]
+                frequencies = [sum(c.count(w) for c in columns) for w in self.conj.words]
                 length = sum(map(len, columns))
             if all(frequencies):
                 self.offer(self.score(frequencies, length), row_id)
@@ -545,25 +558,39 @@ class _Walk:
         by = "text" if self.list_rows is None else self.ranking.score_waiting_by
         walked = self.list_rows() if self.list_rows and by == "estimate" else 0  # by FTS5
         by_text = by == "text" or (by == "estimate" and tokens <= walked)
-        head = self.ranking.head_rows * self.wanted
-        if by == "estimate" and not by_text and 0 < head < len(due):
-            head_tokens = self._tokens(heapq.nsmallest(head, due))
-            if self.heads_read + head_tokens < walked:
-                self.heads_read += head_tokens
-                self.handled += head
-                self.resolve_texts(self._likeliest(head))
-                return True
+        if by == "estimate" and not by_text and self._read_a_head(due, walked):
+            return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
         heapq.heapify(self.pending)
         ids = sorted(row_id for _, row_id in due)
         self.handled += len(ids)
         if by_text:
             self.resolve_texts(ids)
-        elif ids := sorted(self.passing(ids)):
+        else:
+            self._resolve_by_fts5(ids)
+        return True
+
+    def _read_a_head(self, due: Sequence[tuple[float, int]], walked: int) -> bool:
+        """Score the likeliest of the ``due`` rows from their text instead of an FTS5 pass
+        that walks ``walked`` rows, while the heads read stay fewer tokens than that; False
+        when there is no head to read."""
+        head = self.ranking.head_rows * self.wanted
+        if not 0 < head < len(due):
+            return False
+        head_tokens = self._tokens(heapq.nsmallest(head, due))
+        if self.heads_read + head_tokens >= walked:
+            return False
+        self.heads_read += head_tokens
+        self.handled += head
+        self.resolve_texts(self._likeliest(head))
+        return True
+
+    def _resolve_by_fts5(self, ids: Sequence[int]) -> None:
+        """FTS5's own scores for the rows among ``ids`` that pass the filters, in one pass."""
+        if ids := sorted(self.passing(ids)):
             args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
                 self.offer(-bm25, row_id)
-        return True
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
@@ -614,8 +641,8 @@ class _Walk:
             least = least_frequency(length, self.index.avgdl)
             if least == 1:
                 continue  # a row this short would have indexed the other word: it lacks it
-            best = self.score([float(f) if p[0] == word else float(least - 1)
-                               for p in self.conj.phrases], length)
+            best = self.score([float(f) if w == word else float(least - 1)
+                               for w in self.conj.words], length)
             if kth is None or best >= kth:
                 heapq.heappush(self.pending, (-best, row_id))
                 self.lengths[row_id] = length
@@ -632,7 +659,7 @@ class _Walk:
             f" AND substr(t{j}, instr(t{j}, '_') + 1) GLOB '[1-9]*'" for j in range(len(words)))
         frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
         column = {w: j for j, w in enumerate(words)}
-        score = bm25_sql([f"f{column[p[0]]}" for p in self.conj.phrases], "d")
+        score = bm25_sql([f"f{column[w]}" for w in self.conj.words], "d")
         fs = ", ".join(f"f{j}" for j in range(len(words)))
         sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
                                         score=score, fs=fs)
@@ -653,7 +680,7 @@ class _Walk:
                     break  # a row without the postings it should have: score every one here
                 passing |= self.passing(row[0] for row in cut)
                 scored = sorted(
-                    ((self.score([float(row[3 + column[p[0]]]) for p in self.conj.phrases],
+                    ((self.score([float(row[3 + column[w]]) for w in self.conj.words],
                                  int(row[2])), int(row[0])) for row in rows if row[0] in passing),
                     reverse=True)
                 # Every row not read scores at most the last one read, as SQLite computes it:
@@ -670,7 +697,7 @@ class _Walk:
         self.settle(ids)
 
     def score_rows(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Score candidate rows: exactly from their postings when those tell every phrase's
+        """Score candidate rows: exactly from their postings when those tell every word's
         frequency, else they wait, with their best case, for their text. Rows the postings
         prove not to match, rows whose best case cannot enter the top, and rows failing the
         filters are dropped."""
@@ -690,12 +717,14 @@ class _Walk:
             least = least_frequency(length, self.index.avgdl)
             settled = True
             upper: list[float] = []
-            for phrase in self.conj.phrases:
-                known = [postings[t][0] if t in postings else None for t in phrase]
-                if least == 1 and None in known:
+            for word in self.conj.words:
+                if word in postings:
+                    upper.append(float(postings[word][0]))
+                elif least == 1:
                     break  # a row this short would have indexed that word: it lacks it
-                upper.append(float(min(least - 1 if f is None else f for f in known)))
-                settled = settled and len(phrase) == 1 and known[0] is not None
+                else:
+                    upper.append(float(least - 1))
+                    settled = False
             else:
                 best = self.score(upper, length)
                 if kth is not None and best < kth:
@@ -717,7 +746,7 @@ class _Walk:
         for token, row_id in postings:
             if token != last:
                 _, _, f, length = token.rsplit("_", 3)
-                score = self.score([float(f)] * len(self.conj.phrases), int(length))
+                score = self.score([float(f)] * len(self.conj.words), int(length))
                 last = token
             if kth is None or score >= kth:
                 self.propose(score, row_id)
@@ -781,9 +810,7 @@ def top_k(
     id — or None when the impact index cannot prove them (the caller ranks with FTS5)."""
     if wanted <= 0:
         return []
-    if not ranking.proofs or any(len(p) > 1 for p in conj.phrases) or not formula_matches_fts5():
-        # A phrase of several words: its matches are found by their positions, which the
-        # index does not keep, and counting them for the idf costs half of FTS5's own ranking.
+    if not ranking.proofs or not formula_matches_fts5():
         return None
     try:
         return _top_k(conn, conj, filters, params, wanted, ranking)
@@ -809,10 +836,9 @@ def match_count(conn: sqlite3.Connection, expression: str) -> int:
     return count_matches(conn, "messages_fts", expression)
 
 
-def _list_rows(phrases: Sequence[tuple[str, ...]], count: Callable[[str], int]) -> int:
-    """The rows of these phrases' words' lists, which FTS5 walks to match and count them."""
-    return sum(count(phrase_match((word,))) for word in dict.fromkeys(
-        w for phrase in phrases for w in phrase))
+def _list_rows(words: Sequence[str], count: Callable[[str], int]) -> int:
+    """The rows of these words' lists, which FTS5 walks to match and count them."""
+    return sum(count(phrase_match((word,))) for word in words)
 
 
 def _top_k(
@@ -823,34 +849,35 @@ def _top_k(
     wanted: int,
     ranking: Ranking,
 ) -> list[int] | None:
+    distinct = list(dict.fromkeys(conj.words))
+    single = len(distinct) == 1
+    if single and len(conj.words) > 1:
+        # One word again and again: FTS5 adds idf·x once per time, which differs in its last
+        # bits from any multiple of x taken before the idf. FTS5 ranks.
+        return None
+    stats = read_stats(conn)
+    if not single and stats.rows <= ranking.fts5_index_rows:
+        return None  # a small index: FTS5 ranks several words faster than they are counted
     index = read_state(conn)
     if index is None or not index.whole:
         return None
     if not consistent(conn, index):
         notice_damage(conn)  # a copy that kept one table without the other
         return None
-    stats = read_stats(conn)
     if stats.rows == 0 or stats.tokens == 0:
         return []
     count = _Counter(conn, index)
-    distinct = list(dict.fromkeys(conj.phrases))
-    single = len(distinct) == 1 and len(distinct[0]) == 1
-    if single and len(conj.phrases) > 1:
-        # One word again and again: FTS5 adds idf·x once per time, which differs in its last
-        # bits from any multiple of x taken before the idf. FTS5 ranks.
-        return None
     everywhere: list[int] = []
     if not single:
         # Rows indexed under every word of the query (cheap to list, from the impact index
         # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
         # such a query (most often a rare one) before anything is counted.
-        words = dict.fromkeys(t for p in distinct for t in p)
-        expression = " AND ".join(f'"{t}"' for t in words)
+        expression = " AND ".join(f'"{t}"' for t in distinct)
         everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
         if len(everywhere) < wanted:
             return None
         # Then the matches, read no further than the limit: FTS5 ranks a few thousand rows
-        # faster than any proof (and it counts each phrase for its idf as a proof would).
+        # faster than any proof (and it counts each word for its idf as a proof would).
         if count.at_most(conj.match, ranking.exact_rank_rows):
             return None
     outside = _outside_the_index(conn, conj, index, ranking)
@@ -875,49 +902,46 @@ def _start(
     outside: tuple[set[int], list[int]], everywhere: list[int], ranking: Ranking,
 ) -> _Proof | None:
     """The proof of a query's top, its rows outside the index scored, and for a query of
-    several phrases the rows ``everywhere`` (indexed under every word) (None: FTS5 ranks)."""
-    distinct = list(dict.fromkeys(conj.phrases))
+    several words the rows ``everywhere`` (indexed under every one) (None: FTS5 ranks)."""
+    distinct = list(dict.fromkeys(conj.words))
     # A single word: idf scales every score alike, so it is left out until a near tie needs
-    # it. Otherwise each phrase weighs its own idf.
-    single = len(distinct) == 1 and len(distinct[0]) == 1
-    idf_of = {p: 1.0 for p in distinct}
+    # it. Otherwise each word weighs its own idf.
+    single = len(distinct) == 1
+    idf_of = {w: 1.0 for w in distinct}
     list_rows: Callable[[], int] | None = None
     budget = math.inf  # the rows the proof may handle
     if not single:
-        # The phrases' counts give their idf; FTS5 would score the rows matching them all, at
+        # The words' counts give their idf; FTS5 would score the rows matching them all, at
         # most those of the rarest.
-        hits = {p: count(phrase_match(p)) for p in distinct}
-        idf_of = {p: stats.idf(n) for p, n in hits.items()}
+        hits = {w: count(phrase_match((w,))) for w in distinct}
+        idf_of = {w: stats.idf(n) for w, n in hits.items()}
         budget = ranking.proof_share * min(hits.values())
         list_rows = functools.partial(_list_rows, distinct, count)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[p] for p in conj.phrases], ranking, seen=outside[0],
+                 [idf_of[w] for w in conj.words], ranking, seen=outside[0],
                  list_rows=list_rows)
     walk.resolve_texts(sorted(outside[1]))
     if not single:
-        # Score the rows indexed under every word; any other row has a phrase below the
+        # Score the rows indexed under every word; any other row has a word below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
         new = [r for r in everywhere if r not in walk.seen]
         walk.seen.update(new)
-        if new and all(len(p) == 1 for p in distinct):
+        if new:
             walk.settle_everywhere(new)
-        elif new:
-            walk.settle(new)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
-    weight = {p: sum(idf_of[q] for q in conj.phrases if q == p) for p in distinct}
-    # Each phrase is read through its longest word: likely its rarest, with fewest postings.
-    cursors = {p: _Cursor(conn, max(p, key=len), ranking) for p in distinct}
+    weight = {w: sum(idf_of[q] for q in conj.words if q == w) for w in distinct}
+    cursors = {w: _Cursor(conn, w, ranking) for w in distinct}
     return _Proof(walk, cursors, weight, budget, count, ranking)
 
 
 @dataclass
 class _Proof:
-    """The postings of a query's phrases read best first until the top is proven."""
+    """The postings of a query's words read best first until the top is proven."""
 
     walk: _Walk
-    cursors: dict[tuple[str, ...], _Cursor]
-    weight: dict[tuple[str, ...], float]  # each distinct phrase's idf, times its repeats
+    cursors: dict[str, _Cursor]
+    weight: dict[str, float]  # each distinct word's idf, times its repeats
     budget: float  # the rows the proof may handle (a share of those FTS5 would score)
     count: _Counter
     ranking: Ranking
@@ -927,24 +951,24 @@ class _Proof:
 
     @property
     def single(self) -> bool:
-        return len(self.cursors) == 1 and len(next(iter(self.cursors))) == 1
+        return len(self.cursors) == 1
 
     def close(self) -> None:
         for cursor in self.cursors.values():
             cursor.close()
 
-    def frontier(self) -> tuple[float, dict[tuple[str, ...], float], list[tuple[str, ...]]]:
-        """(The best score of a row not found yet, each phrase's best share of it, the phrases
+    def frontier(self) -> tuple[float, dict[str, float], list[str]]:
+        """(The best score of a row not found yet, each word's best share of it, the words
         whose postings can still find one)."""
-        shares = {p: self.weight[p] * self.walk.most(c.bound()) for p, c in self.cursors.items()}
+        shares = {w: self.weight[w] * self.walk.most(c.bound()) for w, c in self.cursors.items()}
         if self.single:
             return next(iter(shares.values())), shares, list(shares)
-        # The unseen row's phrase below the threshold, whichever it is, weighs least.
+        # The unseen row's word below the threshold, whichever it is, weighs least.
         floor = self.walk.most(THRESHOLD)
         total = sum(shares.values())
-        below = max(shares, key=lambda p: total - shares[p] + self.weight[p] * floor)
+        below = max(shares, key=lambda w: total - shares[w] + self.weight[w] * floor)
         unseen = total - shares[below] + self.weight[below] * floor
-        return unseen, shares, [p for p in shares if p != below]
+        return unseen, shares, [w for w in shares if w != below]
 
     def run(self) -> float | None:
         """Read until the k-th best row beats every row not found: the best score such a row
@@ -953,7 +977,7 @@ class _Proof:
         while True:
             unseen, shares, readable = self.frontier()
             kth = walk.kth()
-            live = [p for p in readable if self.cursors[p].next is not None]
+            live = [w for w in readable if self.cursors[w].next is not None]
             only_pending = (kth is not None and kth > unseen) or not live
             # FTS5 ranks once the rows the proof has handled and its waiting rows reach its
             # budget; when only those rows are left, once they alone would.
@@ -966,20 +990,19 @@ class _Proof:
             if (walk.resolved > self.ranking.max_resolved_rows
                     or self.read > self.ranking.max_walk_postings):
                 return None
-            phrase = max(live, key=lambda p: shares[p])
-            if kth is not None and not self.worth_reading(phrase, kth, unseen, shares[phrase]):
+            word = max(live, key=lambda w: shares[w])
+            if kth is not None and not self.worth_reading(word, kth, unseen, shares[word]):
                 return None
-            if not self.read_batch(phrase, kth):
+            if not self.read_batch(word, kth):
                 return None
 
-    def worth_reading(self, phrase: tuple[str, ...], kth: float, unseen: float,
-                      share: float) -> bool:
-        """Whether reading this phrase's postings as deep as the proof needs stays within its
+    def worth_reading(self, word: str, kth: float, unseen: float, share: float) -> bool:
+        """Whether reading this word's postings as deep as the proof needs stays within its
         budget: nearly to the end means reading a common word's whole list, where FTS5 is the
         faster way."""
         if self.single:
             return True
-        reach = self.walk.reference_for((kth - unseen + share) / self.weight[phrase])
+        reach = self.walk.reference_for((kth - unseen + share) / self.weight[word])
         if reach is None or reach < THRESHOLD + self.ranking.abort_margin:
             return False
         if self.read < self.foresee_at:
@@ -989,14 +1012,14 @@ class _Proof:
         # so far, the row it finds.
         self.foresee_at = 2 * self.read
         per_posting = 1.0 + self.settled / self.read
-        ahead = self.cursors[phrase].left(reach) * per_posting + self.walk.pending_rows()
+        ahead = self.cursors[word].left(reach) * per_posting + self.walk.pending_rows()
         return ahead <= self.budget
 
-    def read_batch(self, phrase: tuple[str, ...], kth: float | None) -> bool:
-        """Read the phrase's next postings and score (or set waiting) the rows they find; False
+    def read_batch(self, word: str, kth: float | None) -> bool:
+        """Read the word's next postings and score (or set waiting) the rows they find; False
         when the word proves rare enough for FTS5 to rank at once."""
         walk, ranking = self.walk, self.ranking
-        postings = self.cursors[phrase].take()
+        postings = self.cursors[word].take()
         probe = ranking.single_word_probe_postings
         if self.single and self.read < probe <= self.read + len(postings):
             if self.count.at_most(walk.conj.match, ranking.exact_rank_rows):
@@ -1008,24 +1031,29 @@ class _Proof:
         if self.single:
             walk.offer_single(fresh, kth)
             return True
-        if kth is not None and len(phrase) == 1:
-            # The other phrases' best shares do not change within a batch.
-            others = [(self.weight[q], self.weight[q] * walk.most(c.bound()))
-                      for q, c in self.cursors.items() if q != phrase]
-            best: dict[str, float] = {}
-            for token, _ in fresh:
-                if token not in best:
-                    best[token] = _token_best(walk, self.weight[phrase], token, others)
-            fresh = [(t, r) for t, r in fresh if best[t] >= kth]
+        if kth is not None:
+            fresh = self._able_to_enter(word, fresh, kth)
         if fresh:
             self.settled += len(fresh)
             # Two words: a row the postings of one of them find later is not indexed under
             # the other.
-            if len(self.cursors) == 2 and all(len(p) == 1 for p in self.cursors):
-                walk.wait_below(phrase[0], fresh)
+            if len(self.cursors) == 2:
+                walk.wait_below(word, fresh)
             else:
                 walk.settle([row_id for _, row_id in fresh])
         return True
+
+    def _able_to_enter(self, word: str, postings: list[tuple[str, int]],
+                       kth: float) -> list[tuple[str, int]]:
+        """The postings of ``word`` whose rows can still beat ``kth`` (see
+        :func:`_token_best`; the other words' best shares do not change within a batch)."""
+        others = [(self.weight[w], self.weight[w] * self.walk.most(c.bound()))
+                  for w, c in self.cursors.items() if w != word]
+        best: dict[str, float] = {}
+        for token, _ in postings:
+            if token not in best:
+                best[token] = _token_best(self.walk, self.weight[word], token, others)
+        return [(t, r) for t, r in postings if best[t] >= kth]
 
     def ranked(self, unseen: float, stats: Bm25Stats) -> list[int] | None:
         """The proven top's ids, best first (None: FTS5 ranks, the idf could tie its edge)."""
@@ -1036,7 +1064,7 @@ class _Proof:
         if self.single and _near_tie([s for s, _ in ranked]):
             # Scores that differ in their last bits could become equal once multiplied by the
             # idf, as FTS5 does; recompute them that way.
-            idf = stats.idf(self.count(phrase_match(next(iter(self.cursors)))))
+            idf = stats.idf(self.count(phrase_match((next(iter(self.cursors)),))))
             ranked = sorted((s * idf, i) for s, i in ranked)
         return [row_id for _, row_id in ranked]
 
@@ -1044,8 +1072,8 @@ class _Proof:
 def _token_best(
     walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]]
 ) -> float:
-    """The best score a row first found under ``token`` (of a one-word phrase of this
-    ``weight``) can have: it was not indexed under every word, so another phrase is below the
+    """The best score a row first found under ``token`` (of a word of this ``weight``) can
+    have: it was not indexed under every word, so another word is below the
     threshold — for a row this short, absent — and the others, (weight, best share) each, have
     not been read down to it."""
     _, _, f, length = token.rsplit("_", 3)

@@ -357,16 +357,7 @@ def word_rows(
         order = "newest"  # a short CJK query alone: newest first, whatever the sort
     phrases = [p for a in (*latin, *cjk) for p in a.positive]
     candidates = _candidates(conn, phrases, filters, params) if phrases else []
-    literal = _literal(plan)
-    routes: list[list[_Row]] = [[], [], []]
-    for row in candidates:
-        if any(_matches(row, a, cjk=False) for a in latin):
-            routes[0].append(row)
-        elif any(_glued(row, a) for a in latin):
-            routes[1].append(row)
-        elif any(_matches(row, a, cjk=True) for a in cjk) and (
-                not literal or _holds_literally(row, literal)):
-            routes[2].append(row)
+    routes = _routes(candidates, latin, cjk, _literal(plan))
     scores = {
         **_ranked(conn, routes[0], candidates, latin, cjk=False),
         **_ranked(conn, routes[1], candidates, latin, cjk=True),
@@ -376,20 +367,45 @@ def word_rows(
     inside = [(row_id, ts) for row_id, ts in substring_rows(
         conn, plan.cjk_groups, filters, params, None, order) if row_id not in found]
     if order is None:
-        newest_cjk = plan.cjk_short
-        ids = [r.id for r in sorted(routes[0], key=lambda r: (scores[r.id], r.id))]
-        ids += [r.id for r in sorted(routes[1], key=lambda r: (scores[r.id], r.id))]
-        if newest_cjk:
-            ids += [r.id for r in sorted(routes[2], key=lambda r: (
-                _time_key(r.timestamp, -1.0), scores[r.id], r.id))]
-        else:
-            ids += [r.id for r in sorted(routes[2], key=lambda r: (scores[r.id], r.id))]
-        return ids + [row_id for row_id, _ in inside]
+        return _by_relevance(routes, scores, plan.cjk_short) + [row_id for row_id, _ in inside]
     sign = -1.0 if order == "newest" else 1.0
     keyed = [((_time_key(r.timestamp, sign), position, scores[r.id]), r.id)
              for position, route in enumerate(routes) for r in route]
     keyed += [((_time_key(ts, sign), len(routes), 0.0), row_id) for row_id, ts in inside]
     return [row_id for _, row_id in sorted(keyed)]
+
+
+def _routes(
+    candidates: list[_Row], latin: list[_Alternative], cjk: list[_Alternative],
+    literal: tuple[str, ...],
+) -> list[list[_Row]]:
+    """The candidates each word route finds first: ``messages_fts``'s, then the CJK index's
+    for the Latin words (a word glued to CJK text), then the CJK alternatives'."""
+    routes: list[list[_Row]] = [[], [], []]
+    for row in candidates:
+        if any(_matches(row, a, cjk=False) for a in latin):
+            routes[0].append(row)
+        elif any(_glued(row, a) for a in latin):
+            routes[1].append(row)
+        elif any(_matches(row, a, cjk=True) for a in cjk) and (
+                not literal or _holds_literally(row, literal)):
+            routes[2].append(row)
+    return routes
+
+
+def _by_relevance(
+    routes: list[list[_Row]], scores: dict[int, float], newest_cjk: bool
+) -> list[int]:
+    """The routes' rows route by route, each by its score, then id (the CJK alternatives'
+    newest first, when their runs are shorter than three characters)."""
+    ids = [r.id for r in sorted(routes[0], key=lambda r: (scores[r.id], r.id))]
+    ids += [r.id for r in sorted(routes[1], key=lambda r: (scores[r.id], r.id))]
+    if newest_cjk:
+        ids += [r.id for r in sorted(routes[2], key=lambda r: (
+            _time_key(r.timestamp, -1.0), scores[r.id], r.id))]
+    else:
+        ids += [r.id for r in sorted(routes[2], key=lambda r: (scores[r.id], r.id))]
+    return ids
 
 
 # The canonical rows of user and assistant text a group finds as a substring, as the trigram
