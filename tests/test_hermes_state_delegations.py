@@ -270,14 +270,17 @@ def _earlier_store(db_path: Path, table_sql: str, rows: list[tuple[Any, ...]],
     conn.close()
 
 
-def test_a_store_of_the_earlier_shape_is_rebuilt_with_every_row_kept(db_path: Path) -> None:
+@pytest.mark.parametrize("full_text", ["full", "no-trigram", "none"])
+def test_a_store_of_the_earlier_shape_is_rebuilt_with_every_row_kept(
+    db_path: Path, full_text: str
+) -> None:
     _earlier_store(db_path, EARLIER_SHAPE, [
         ("d-pending", "p1", None, "pending", "the task", None, 1.0, 1.5),
         ("d-running", "p1", "child", "running", None, None, 2.0, 2.5),
         ("d-done", "p2", "child-2", "completed", "other task", '{"summary": "ok"}', 3.0, 3.5),
     ], "INSERT INTO async_delegations VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
-    with SessionDB(db_path) as db:
+    with SessionDB(db_path, full_text=full_text) as db:
         got = {d["delegation_id"]: d for d in db.list_async_delegations()}
         assert list(got) == ["d-pending", "d-running", "d-done"]
         keys = ("parent_session_id", "origin_session", "child_session_id", "status", "task",
