@@ -56,6 +56,8 @@ __all__ = [
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "OLD_DELEGATION_COLUMNS",
+    "reshape_delegations",
     "index_attached",
     "detach_unavailable",
     "WriteFn",
@@ -366,7 +368,7 @@ def _earlier_delegations_shape(live: set[tuple[str, str]]) -> bool:
     return {("async_delegations", c) for c in OLD_DELEGATION_COLUMNS} <= live
 
 
-def _reshape_delegations(conn: sqlite3.Connection, /) -> None:
+def reshape_delegations(conn: sqlite3.Connection, /) -> None:
     """Rebuild an ``async_delegations`` table of this library's earlier shape into the declared
     one, every row kept (the caller's transaction). A column both shapes have keeps its values
     (the application's rows in a previous store's table keep every value they had); one the
@@ -631,7 +633,7 @@ def _create_tables(conn: sqlite3.Connection, /) -> None:
     declaration as at an upgrade, so the indexes after it find their columns."""
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
-    _reshape_delegations(conn)
+    reshape_delegations(conn)
     _reconcile_columns(conn)
 
 
@@ -657,7 +659,7 @@ def _bootstrap(conn: sqlite3.Connection, /) -> None:
     _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
-    _reshape_delegations(conn)
+    reshape_delegations(conn)
     if "messages.message_uid" in _reconcile_columns(conn):
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
         _previous_store_backfills(conn, stamp or 0)
@@ -670,7 +672,7 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
         return
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
-    _reshape_delegations(conn)
+    reshape_delegations(conn)
     _reconcile_columns(conn)
     # The handle runs a rebuild it finds due in the background; searches read the rows meanwhile.
     fts.restore_missing_indexes(conn)
@@ -748,7 +750,7 @@ def _complete_canonical(conn: sqlite3.Connection, /) -> None:
         return
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
-    _reshape_delegations(conn)
+    reshape_delegations(conn)
     _reconcile_columns(conn)
     for statement in split_sql(INDEXES_SQL):
         conn.execute(statement)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hermes_state import SessionDB
+from hermes_state import SessionDB, recover_state_db
 from hermes_state_errors import LedgerConflictError
 from hermes_state_schema_sql import SCHEMA_VERSION
 
@@ -335,3 +335,17 @@ def test_a_previous_store_table_given_the_earlier_columns_is_repaired(db_path: P
     # The tool counts every row not running or finalizing as terminal: app-1 and "mine".
     assert tool(db_path, {"do": "dispatch", "id": "app-2", "origin": "o", "goal": "g",
                           "at": 8.0}, {"do": "terminal"})[1] == 2
+
+
+def test_recover_copies_the_rows_of_the_earlier_shape_into_the_declared_one(
+    db_path: Path, tmp_path: Path
+) -> None:
+    _earlier_store(db_path, EARLIER_SHAPE, [
+        ("d-1", "p1", "child", "failed", "the task", '{"error": "x"}', 1.0, 2.0),
+    ], "INSERT INTO async_delegations VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    assert report["tables"]["async_delegations"]["copied"] == 1
+    with SessionDB(tmp_path / "out.db", read_only=True) as copy:
+        [row] = copy.list_async_delegations("p1")
+        assert (row["status"], row["task"], row["result"], row["completed_at"]) == (
+            "failed", "the task", {"error": "x"}, 2.0)
