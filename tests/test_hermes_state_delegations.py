@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hermes_state import SessionDB, recover_state_db
+from hermes_state import SessionDB, recover_state_db, repair_state_db
 from hermes_state_errors import LedgerConflictError
 from hermes_state_schema_sql import SCHEMA_VERSION
 
@@ -349,3 +349,17 @@ def test_recover_copies_the_rows_of_the_earlier_shape_into_the_declared_one(
         [row] = copy.list_async_delegations("p1")
         assert (row["status"], row["task"], row["result"], row["completed_at"]) == (
             "failed", "the task", {"error": "x"}, 2.0)
+
+
+def test_a_repair_of_a_store_of_the_earlier_shape_rebuilds_it_with_its_rows(
+    db_path: Path,
+) -> None:
+    _earlier_store(db_path, EARLIER_SHAPE + "DROP TRIGGER messages_fts_insert;", [
+        ("d-1", "p1", None, "running", "the task", None, 1.0, 2.0),
+    ], "INSERT INTO async_delegations VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    report = repair_state_db(db_path)
+    assert report["promoted"] and report["after"]["healthy"], report
+    with SessionDB(db_path, read_only=True) as repaired:
+        [row] = repaired.list_async_delegations(pending_only=True)
+        assert (row["delegation_id"], row["status"], row["task"]) == ("d-1", "running",
+                                                                     "the task")
