@@ -23,7 +23,8 @@ against deletion. Receipts are numbered without gaps, each with the SHA-256 of
 
 **Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the
 first obligation; a store without it owes nothing. ``gateway_routing`` maps session keys to
-routes, and ``async_delegations`` tracks delegations until they finish.
+routes, and ``async_delegations`` tracks delegations until they finish (a table the
+application's delegation tool writes too, in the previous store's shape).
 
 **Exception-path ownership.** Each accepted input carries an owner marker
 (:func:`ingress_owner_marker`). :func:`persist_exception_input` appends an input only if no row
