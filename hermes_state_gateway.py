@@ -23,7 +23,8 @@ against deletion. Receipts are numbered without gaps, each with the SHA-256 of
 
 **Gateway tables.** ``delivery_obligations`` is the outbox of owed replies, created by the
 first obligation; a store without it owes nothing. ``gateway_routing`` maps session keys to
-routes, and ``async_delegations`` tracks delegations until they finish.
+routes, and ``async_delegations`` tracks delegations until they finish (a table the
+application's delegation tool writes too, in the previous store's shape).
 
 **Exception-path ownership.** Each accepted input carries an owner marker
 (:func:`ingress_owner_marker`). :func:`persist_exception_input` appends an input only if no row
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import uuid
 from collections.abc import Iterable, Mapping
@@ -752,20 +754,64 @@ def delete_gateway_routing_entries(
 # Async delegations
 # ---------------------------------------------------------------------------------------------
 
+# The table has the previous store's shape, which the application's delegation tool writes
+# too (see hermes_state_schema_sql). These functions map onto it: the parent is both
+# ``origin_session`` and ``parent_session_id``, the status is ``state``, the creation time
+# ``dispatched_at``, the task a JSON object ``{"goal": <task text>}`` in ``task_json`` (the
+# object the tool writes and reads back), the child session this library's extra column.
 DELEGATION_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+# Not final: this library's two live statuses and the tool's ``finalizing`` (its result is
+# being written). Every other state, the tool's ``error`` and ``unknown`` among them, is final.
+DELEGATION_LIVE = ("pending", "running", "finalizing")
 DELEGATION_FINAL = frozenset({"completed", "failed", "cancelled"})
 INSERT_DELEGATION_SQL = """
-INSERT INTO async_delegations (delegation_id, parent_session_id, child_session_id, task,
-                               created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO async_delegations (delegation_id, origin_session, parent_session_id, state,
+                               dispatched_at, updated_at, task_json, child_session_id, owner_pid)
+VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)
 ON CONFLICT (delegation_id) DO NOTHING
+"""
+UPDATE_DELEGATION_SQL = """
+UPDATE async_delegations SET state = COALESCE(:status, state),
+    completed_at = CASE WHEN :final THEN :now ELSE completed_at END,
+    child_session_id = COALESCE(:child, child_session_id),
+    result_json = COALESCE(:result, result_json), updated_at = :now
+WHERE delegation_id = :id
+"""
+LIST_DELEGATIONS_SQL = f"""
+SELECT * FROM async_delegations
+WHERE (:parent IS NULL OR COALESCE(parent_session_id, origin_session) = :parent)
+  AND (NOT :live OR state IN {sql_values(DELEGATION_LIVE)})
+ORDER BY dispatched_at, delegation_id
 """
 
 
+def _task_text(detail: Any) -> str | None:
+    """The task's text: the ``goal`` of the task object, or the stored value when it is text."""
+    if isinstance(detail, dict):
+        goal = detail.get("goal")
+        return goal if isinstance(goal, str) else None
+    return detail if isinstance(detail, str) else None
+
+
 def _delegation(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row as the delegation functions return it: every stored column under its own name,
+    except ``state`` → ``status``, ``dispatched_at`` → ``created_at``, and the JSON columns
+    decoded: ``result_json`` → ``result``, ``event_json`` → ``event``, ``task_json`` →
+    ``task_detail`` (the whole object) and ``task`` (its goal text). Text that is not JSON is
+    returned as stored, so any row the tool wrote reads."""
     delegation = row_to_dict(cursor, row)
-    delegation["result"] = decode_json(delegation.pop("result_json"))
+    delegation["status"] = delegation.pop("state", None)
+    delegation["created_at"] = delegation.pop("dispatched_at", None)
+    delegation["result"] = decode_json(delegation.pop("result_json", None))
+    delegation["event"] = decode_json(delegation.pop("event_json", None))
+    detail = decode_json(delegation.pop("task_json", None))
+    delegation["task_detail"] = detail
+    delegation["task"] = _task_text(detail)
     return delegation
+
+
+def _parent_of(delegation: Mapping[str, Any]) -> Any:
+    return delegation["parent_session_id"] or delegation["origin_session"]
 
 
 def get_async_delegation(conn: sqlite3.Connection, /, delegation_id: str) -> dict[str, Any] | None:
@@ -785,21 +831,24 @@ def record_async_delegation(
     task: Text | None = None,
     child_session_id: str | None = None,
 ) -> dict[str, Any]:
-    """Record a delegation (``pending``); recording the same id again for the same parent
-    returns the first record with ``duplicate=True``, for another parent it raises
-    :class:`LedgerConflictError`."""
+    """Record a delegation (``pending``, owned by this process: ``owner_pid`` is what the
+    tool's recovery checks); recording the same id again for the same parent returns the
+    first record with ``duplicate=True``, for another parent it raises
+    :class:`LedgerConflictError`. A row's parent is its ``parent_session_id``, or its
+    ``origin_session`` when the tool left that NULL."""
     stamp = now()
+    parent = _check_text("parent_session_id", parent_session_id)
+    task_json = None if task is None else encode_json({"goal": clean_text(task)}, "task")
     cursor = conn.execute(
         INSERT_DELEGATION_SQL,
-        (_check_text("delegation_id", delegation_id),
-         _check_text("parent_session_id", parent_session_id),
-         clean_optional(child_session_id), clean_optional(task), stamp, stamp),
+        (_check_text("delegation_id", delegation_id), parent, parent, stamp, stamp, task_json,
+         clean_optional(child_session_id), os.getpid()),
     )
     delegation = get_async_delegation(conn, delegation_id)
     assert delegation is not None
-    if delegation["parent_session_id"] != parent_session_id:
+    if _parent_of(delegation) != parent_session_id:
         raise LedgerConflictError(
-            f"delegation {delegation_id!r} belongs to {delegation['parent_session_id']}"
+            f"delegation {delegation_id!r} belongs to {_parent_of(delegation)}"
         )
     delegation["duplicate"] = not cursor.rowcount
     return delegation
@@ -814,27 +863,28 @@ def update_async_delegation(
     child_session_id: str | None = None,
     result: Any = None,
 ) -> dict[str, Any]:
-    """Move a delegation forward (``pending`` → ``running`` → a final status) and/or set its
-    child session and result. A final delegation, an unknown id or a step backwards raises
-    :class:`LedgerConflictError`."""
+    """Move a delegation forward (``pending`` → ``running`` → a final status; the tool's
+    ``finalizing`` sits before the final ones) and/or set its child session and result; a
+    final status sets ``completed_at``. A final delegation (any state but the live ones), an
+    unknown id or a step backwards raises :class:`LedgerConflictError`."""
     current = get_async_delegation(conn, delegation_id)
     if current is None:
         raise LedgerConflictError(f"no delegation {delegation_id!r}")
-    if current["status"] in DELEGATION_FINAL:
+    if current["status"] not in DELEGATION_LIVE:
         raise LedgerConflictError(f"delegation {delegation_id!r} is already {current['status']}")
     if status is not None:
         if status not in DELEGATION_STATUSES:
             raise InvalidInputError(f"status must be one of {DELEGATION_STATUSES}, got {status!r}")
-        if DELEGATION_STATUSES.index(status) < DELEGATION_STATUSES.index(current["status"]):
+        rank = DELEGATION_LIVE.index(current["status"])
+        if status not in DELEGATION_FINAL and DELEGATION_LIVE.index(status) < rank:
             raise LedgerConflictError(
                 f"delegation {delegation_id!r} cannot go from {current['status']} to {status}"
             )
     conn.execute(
-        "UPDATE async_delegations SET status = COALESCE(?, status),"
-        " child_session_id = COALESCE(?, child_session_id),"
-        " result_json = COALESCE(?, result_json), updated_at = ? WHERE delegation_id = ?",
-        (status, clean_optional(child_session_id), encode_json(result, "result"), now(),
-         delegation_id),
+        UPDATE_DELEGATION_SQL,
+        {"status": status, "final": status in DELEGATION_FINAL, "now": now(),
+         "child": clean_optional(child_session_id), "result": encode_json(result, "result"),
+         "id": delegation_id},
     )
     updated = get_async_delegation(conn, delegation_id)
     assert updated is not None
@@ -844,15 +894,11 @@ def update_async_delegation(
 def list_async_delegations(
     conn: sqlite3.Connection, /, parent_session_id: str | None = None, *, pending_only: bool = False
 ) -> list[dict[str, Any]]:
-    """Delegations oldest first, of one parent session or all; ``pending_only`` keeps those
-    not final yet."""
-    sql, params = "SELECT * FROM async_delegations WHERE 1 = 1", []
-    if parent_session_id is not None:
-        sql += " AND parent_session_id = ?"
-        params.append(parent_session_id)
-    if pending_only:
-        sql += " AND status IN ('pending', 'running')"
-    cursor = conn.execute(sql + " ORDER BY created_at, delegation_id", params)
+    """Delegations oldest first, of one parent session (see :func:`record_async_delegation`)
+    or all; ``pending_only`` keeps those
+    not final yet (``pending``, ``running`` and the tool's ``finalizing``)."""
+    cursor = conn.execute(
+        LIST_DELEGATIONS_SQL, {"parent": parent_session_id, "live": bool(pending_only)})
     return [_delegation(cursor, r) for r in cursor.fetchall()]
 
 

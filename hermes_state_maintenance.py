@@ -64,7 +64,7 @@ from hermes_state_errors import (
 from hermes_state_lockowners import describe_lock_holders
 import hermes_state_quarantine as quarantine
 from hermes_state_quarantine import clear_marker
-from hermes_state_schema import read_version, refuse_foreign
+from hermes_state_schema import read_version, refuse_foreign, reshape_delegations
 from hermes_state_testguard import check_test_isolation
 
 __all__ = [
@@ -804,8 +804,10 @@ def rebuild_indexes(
     chunks (the FTS rebuild also recomputes ``search_cjk``); clears every FTS marker on the
     way. With ``defer`` the indexes are left empty with their rebuild and fill due: the first
     writable open of the file fills them in the background while searches use the canonical
-    rows."""
+    rows. An ``async_delegations`` of this library's earlier shape is rebuilt into the
+    declared one first, as a writable open does, so its indexes find their columns."""
     with transaction(conn):
+        reshape_delegations(conn)
         for statement in split_sql(INDEXES_SQL + FTS_SQL):
             conn.execute(statement)
         total = fts.start_rebuild(conn)

@@ -64,7 +64,12 @@ from hermes_state_maintenance import (
     rebuild_indexes,
     utc_stamp,
 )
-from hermes_state_schema import read_version, restore_data_invariants
+from hermes_state_schema import (
+    OLD_DELEGATION_COLUMNS,
+    read_version,
+    reshape_delegations,
+    restore_data_invariants,
+)
 from hermes_state_testguard import check_test_isolation
 
 __all__ = ["recover_state_db"]
@@ -878,6 +883,17 @@ VALUES (?, 'recovered', ?, ?, 'recovered', ?)
 """
 
 
+def _earlier_delegations_table(out: sqlite3.Connection, plan: _Plan) -> None:
+    """A source whose ``async_delegations`` has this library's earlier shape has its rows
+    copied into a table of that shape, which :func:`_finish_output` rebuilds into the declared
+    one (as a writable open does), so none is refused for the columns it lacks."""
+    report = plan.copy.get("async_delegations")
+    if report is None or not report.sql or not OLD_DELEGATION_COLUMNS <= set(report.shape.columns):
+        return
+    out.execute("DROP TABLE async_delegations")
+    out.execute(report.sql)
+
+
 def _finish_output(
     out: sqlite3.Connection, plan: _Plan, say: Progress, defer_index: bool = False
 ) -> tuple[list[str], dict[str, Any]]:
@@ -897,6 +913,7 @@ def _finish_output(
                 out.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
             elif row[0] < seq:
                 out.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = ?", (seq, name))
+        reshape_delegations(out)
         restore_data_invariants(out)
         outbox = plan.copy.get("delivery_obligations")
         if plan.schema_method == "none" and outbox is not None and not outbox.copied:
@@ -1018,6 +1035,7 @@ def _recover(
         ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
         for statement in split_sql(ddl):
             out.execute(statement)
+        _earlier_delegations_table(out, plan)
         for report in [r for r in plan.copy.values() if r.unknown]:
             try:  # a table this schema does not know is copied with its own definition
                 out.execute(report.sql or "")

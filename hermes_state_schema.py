@@ -33,7 +33,6 @@ from hermes_state_schema_sql import (
     FTS_TRIGGER_NAMES,
     FTS_TRIGGERS_SQL,
     INDEXES_SQL,
-    SCHEMA_SQL,
     SCHEMA_VERSION,
     TABLES_SQL,
 )
@@ -57,6 +56,8 @@ __all__ = [
     "expected_indexes",
     "lacks_declared_schema",
     "restore_data_invariants",
+    "OLD_DELEGATION_COLUMNS",
+    "reshape_delegations",
     "index_attached",
     "detach_unavailable",
     "WriteFn",
@@ -248,7 +249,7 @@ def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     tables = expected_columns()
     live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
     declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
-    if not declared <= live:
+    if not declared <= live or _earlier_delegations_shape(live):
         return True
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
     return (not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
@@ -342,6 +343,50 @@ def _reconcile_columns(conn: sqlite3.Connection, /) -> list[str]:
                     raise
             added.append(f"{table}.{name}")
     return added
+
+
+# --- this library's earlier shape of async_delegations ----------------------------------------
+
+# The columns only that shape had. A table holding all three was written by it: created so, or
+# (a file of the previous store) given them beside the previous store's columns, which left the
+# application's inserts short of created_at.
+OLD_DELEGATION_COLUMNS = frozenset({"status", "task", "created_at"})
+_DELEGATIONS_ASIDE = "async_delegations_earlier_shape"
+# Each declared column from a table of the earlier shape that lacks it: the parent is the
+# origin, the status the state, the creation time the dispatch time, a final row completed when
+# it was last changed (a final row never changes again), the task the goal of a task object.
+_FROM_EARLIER_SHAPE = {
+    "origin_session": "COALESCE(parent_session_id, '')",
+    "state": "COALESCE(status, 'pending')",
+    "dispatched_at": "COALESCE(created_at, updated_at)",
+    "completed_at": "CASE WHEN status IN ('completed', 'failed', 'cancelled') THEN updated_at END",
+    "task_json": "CASE WHEN task IS NOT NULL THEN json_object('goal', task) END",
+}
+
+
+def _earlier_delegations_shape(live: set[tuple[str, str]]) -> bool:
+    return {("async_delegations", c) for c in OLD_DELEGATION_COLUMNS} <= live
+
+
+def reshape_delegations(conn: sqlite3.Connection, /) -> None:
+    """Rebuild an ``async_delegations`` table of this library's earlier shape into the declared
+    one, every row kept (the caller's transaction). A column both shapes have keeps its values
+    (the application's rows in a previous store's table keep every value they had); one the
+    earlier shape lacked is filled from :data:`_FROM_EARLIER_SHAPE`, or takes its default."""
+    live = _live_columns(conn, "async_delegations")
+    if not OLD_DELEGATION_COLUMNS <= live:
+        return
+    conn.execute(f"ALTER TABLE async_delegations RENAME TO {_DELEGATIONS_ASIDE}")
+    declare = next(s for s in split_sql(TABLES_SQL) if " async_delegations (" in s)
+    conn.execute(declare)
+    columns = [c[0] for c in expected_columns()["async_delegations"]
+               if c[0] in live or c[0] in _FROM_EARLIER_SHAPE]
+    values = [quote_identifier(c) if c in live else _FROM_EARLIER_SHAPE[c] for c in columns]
+    conn.execute(
+        f"INSERT INTO async_delegations ({', '.join(map(quote_identifier, columns))})"
+        f" SELECT {', '.join(values)} FROM {_DELEGATIONS_ASIDE}"
+    )
+    conn.execute(f"DROP TABLE {_DELEGATIONS_ASIDE}")
 
 
 # --- migrations ------------------------------------------------------------------------------
@@ -582,10 +627,21 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+def _create_tables(conn: sqlite3.Connection, /) -> None:
+    """The declared tables of a new store. A table another program created first (the
+    application's delegation tool creates ``async_delegations``) is brought to the
+    declaration as at an upgrade, so the indexes after it find their columns."""
+    for statement in split_sql(TABLES_SQL):
+        conn.execute(statement)
+    reshape_delegations(conn)
+    _reconcile_columns(conn)
+
+
 def _create_fresh(conn: sqlite3.Connection, /) -> bool:
     if read_version(conn) is not None:
         return False
-    for statement in split_sql(SCHEMA_SQL):
+    _create_tables(conn)
+    for statement in split_sql(INDEXES_SQL + FTS_SQL + FTS_TRIGGERS_SQL):
         conn.execute(statement)
     set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
     impact.create_index(conn)
@@ -603,6 +659,7 @@ def _bootstrap(conn: sqlite3.Connection, /) -> None:
     _drop_fts_triggers(conn)
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
+    reshape_delegations(conn)
     if "messages.message_uid" in _reconcile_columns(conn):
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
         _previous_store_backfills(conn, stamp or 0)
@@ -615,6 +672,7 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
         return
     for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
+    reshape_delegations(conn)
     _reconcile_columns(conn)
     # The handle runs a rebuild it finds due in the background; searches read the rows meanwhile.
     fts.restore_missing_indexes(conn)
@@ -683,15 +741,19 @@ def _lacks_canonical_schema(conn: sqlite3.Connection, /) -> bool:
     live = set(conn.execute(LIVE_COLUMNS_SQL, (json.dumps(list(tables)),)).fetchall())
     declared = {(t, c[0]) for t, cols in tables.items() for c in cols}
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
-    return not (declared <= live and expected_indexes() <= names)
+    return (not (declared <= live and expected_indexes() <= names)
+            or _earlier_delegations_shape(live))
 
 
 def _complete_canonical(conn: sqlite3.Connection, /) -> None:
     if not _lacks_canonical_schema(conn):
         return
-    for statement in split_sql(TABLES_SQL + INDEXES_SQL):
+    for statement in split_sql(TABLES_SQL):
         conn.execute(statement)
+    reshape_delegations(conn)
     _reconcile_columns(conn)
+    for statement in split_sql(INDEXES_SQL):
+        conn.execute(statement)
 
 
 def index_attached(conn: sqlite3.Connection, /) -> bool:
@@ -730,7 +792,8 @@ def detach_unavailable(conn: sqlite3.Connection, /) -> None:
 def _create_fresh_without_index(conn: sqlite3.Connection, /) -> bool:
     if read_version(conn) is not None:
         return False
-    for statement in split_sql(TABLES_SQL + INDEXES_SQL):
+    _create_tables(conn)
+    for statement in split_sql(INDEXES_SQL):
         conn.execute(statement)
     set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)
     fts.detach_index(conn, reason=fulltext.UNAVAILABLE_REASON)
@@ -807,7 +870,8 @@ def _ensure_without_index(conn: sqlite3.Connection, /, write: WriteFn) -> int | 
 def _create_fresh_without_trigram(conn: sqlite3.Connection, /) -> bool:
     if read_version(conn) is not None:
         return False
-    script = TABLES_SQL + INDEXES_SQL + FTS_SQL_WITHOUT_TRIGRAM + FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
+    _create_tables(conn)
+    script = INDEXES_SQL + FTS_SQL_WITHOUT_TRIGRAM + FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
     for statement in split_sql(script):
         conn.execute(statement)
     set_meta(conn, fts.SPELLING_KEY, fts.CJK_SPELLING)

@@ -38,6 +38,11 @@ SCHEMA_VERSION = 31
 # compression_failure_count, last_compression_error and last_compression_failed_at are this
 # library's earlier columns of other meanings; nothing here writes them, and they stay because a
 # file may hold caller-set values in them.
+# `async_delegations` has the previous store's shape, which the application's delegation tool
+# also creates and writes with its own SQL (its INSERT names its columns); child_session_id is
+# this library's one extra, nullable column. Its indexes name only the previous store's columns,
+# so they hold on a table the tool created first. This library's earlier shape of the table
+# (status, task, created_at) is rebuilt into this one at the next writable open.
 TABLES_SQL = """
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL
@@ -175,13 +180,24 @@ CREATE TABLE IF NOT EXISTS compression_locks (
 
 CREATE TABLE IF NOT EXISTS async_delegations (
     delegation_id TEXT PRIMARY KEY,
-    parent_session_id TEXT NOT NULL,
-    child_session_id TEXT,
-    status TEXT NOT NULL DEFAULT 'pending',
-    task TEXT,
+    origin_session TEXT NOT NULL,
+    origin_ui_session_id TEXT NOT NULL DEFAULT '',
+    parent_session_id TEXT,
+    state TEXT NOT NULL,
+    dispatched_at REAL NOT NULL,
+    completed_at REAL,
+    updated_at REAL NOT NULL,
+    event_json TEXT,
     result_json TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    delivery_state TEXT NOT NULL DEFAULT 'pending',
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at REAL,
+    owner_pid INTEGER,
+    owner_started_at INTEGER,
+    task_json TEXT,
+    delivery_claim TEXT,
+    delivery_claimed_at REAL,
+    child_session_id TEXT
 );
 
 CREATE TABLE IF NOT EXISTS runtime_epoch (
@@ -260,7 +276,9 @@ CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(status, epo
 CREATE INDEX IF NOT EXISTS idx_worker_executions_live ON worker_executions(status, epoch)
     WHERE status IN {sql_values(LIVE_EXECUTION_STATUSES)};
 CREATE INDEX IF NOT EXISTS idx_async_delegations_parent
-    ON async_delegations(parent_session_id, status);
+    ON async_delegations(parent_session_id, state);
+CREATE INDEX IF NOT EXISTS idx_async_delegations_delivery
+    ON async_delegations(delivery_state, completed_at);
 """
 
 # The three full-text indexes are external-content FTS5 tables over `messages` (rowid = message
