@@ -845,20 +845,28 @@ def _finish_upgrade_without_index(conn: sqlite3.Connection, /) -> None:
     _set_version(conn, SCHEMA_VERSION)
 
 
+def _bring_forward_without_index(
+    conn: sqlite3.Connection, /, write: WriteFn, found: int | None
+) -> None:
+    """A store found at version ``found`` brought to this one with its indexes left out: the
+    canonical schema completed, or every migration run without them."""
+    if found == SCHEMA_VERSION:
+        if _lacks_canonical_schema(conn):
+            write(_complete_canonical)
+        return
+    write(_bootstrap)
+    for migration in MIGRATIONS:
+        write(functools.partial(_migrate_without_index, migration=migration))
+    write(_finish_upgrade_without_index)
+
+
 def _ensure_without_index(conn: sqlite3.Connection, /, write: WriteFn) -> int | None:
     """:func:`ensure_schema` at level ``"none"``: the canonical schema only, the index detached
     (reads only, for a file already so)."""
     found = refuse_newer(conn)
     if found is None and write(_create_fresh_without_index):
         return None
-    if found == SCHEMA_VERSION:
-        if _lacks_canonical_schema(conn):
-            write(_complete_canonical)
-    else:
-        write(_bootstrap)
-        for migration in MIGRATIONS:
-            write(functools.partial(_migrate_without_index, migration=migration))
-        write(_finish_upgrade_without_index)
+    _bring_forward_without_index(conn, write, found)
     if index_attached(conn):
         write(detach_unavailable)
     return found
@@ -889,14 +897,7 @@ def _ensure_without_trigram(conn: sqlite3.Connection, /, write: WriteFn) -> int 
     found = refuse_newer(conn)
     if found is None and write(_create_fresh_without_trigram):
         return None
-    if found == SCHEMA_VERSION:
-        if _lacks_canonical_schema(conn):
-            write(_complete_canonical)
-    else:
-        write(_bootstrap)
-        for migration in MIGRATIONS:
-            write(functools.partial(_migrate_without_index, migration=migration))
-        write(_finish_upgrade_without_index)
+    _bring_forward_without_index(conn, write, found)
     if fts.trigram_fed(conn):
         write(detach_unavailable)
     return found
