@@ -42,18 +42,24 @@ import re
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import hermes_state_fulltext as fulltext
 from hermes_state_bm25 import K1, TEXT_BYTES_SQL, B, column_tokens, fts5_text
 from hermes_state_fts import IndexState, cjk_index_text
 
+Item = TypeVar("Item")
+
 __all__ = [
     "LIKE_TEXT_SQL",
+    "UNTIMED_KEY",
     "Group",
     "Plan",
     "scans",
+    "split_on",
+    "in_time_order",
     "substring_rows",
+    "time_key",
     "word_rows",
 ]
 
@@ -140,8 +146,9 @@ def _items(expression: str) -> list[_Phrase | str]:
     return items
 
 
-def _split(items: Sequence[_Phrase | str], op: str) -> list[list[_Phrase | str]]:
-    parts: list[list[_Phrase | str]] = [[]]
+def split_on(items: Sequence[Item], op: str) -> list[list[Item]]:
+    """A query's items split at each operator ``op`` (the operator dropped)."""
+    parts: list[list[Item]] = [[]]
     for item in items:
         if item == op:
             parts.append([])
@@ -156,11 +163,11 @@ def _alternatives(expression: str | None) -> list[_Alternative]:
     if not expression:
         return []
     found = []
-    for alternative in _split(_items(expression), "OR"):
+    for alternative in split_on(_items(expression), "OR"):
         positive: list[_Phrase] = []
         negated: list[tuple[_Phrase, ...]] = []
-        for conjunct in _split(alternative, "AND"):
-            head, *tails = _split(conjunct, "NOT")
+        for conjunct in split_on(alternative, "AND"):
+            head, *tails = split_on(conjunct, "NOT")
             positive += [p for p in head if isinstance(p, _Phrase)]
             negated += [tuple(p for p in tail if isinstance(p, _Phrase)) for tail in tails]
         found.append(_Alternative(tuple(positive), tuple(negated)))
@@ -314,10 +321,26 @@ def _ranked(conn: sqlite3.Connection, rows: list[_Row], candidates: list[_Row],
 # --- the search ----------------------------------------------------------------------------------
 
 
-def _time_key(timestamp: object, sign: float) -> tuple[int, float]:
+#: The place by time of a row without a time: after every timed one.
+UNTIMED_KEY = (1, 0.0)
+
+
+def time_key(timestamp: object, sign: float) -> tuple[int, float]:
+    """A row's place by time, ascending from the best row: its time signed for the direction
+    (``sign`` -1 for newest first), a row without a time after every timed one."""
     if isinstance(timestamp, int | float):
         return 0, sign * timestamp
-    return 1, 0.0
+    return UNTIMED_KEY
+
+
+def in_time_order(
+    found: dict[int, Any], order: str | None, wanted: int | None
+) -> list[tuple[int, Any]]:
+    """``found`` (id → timestamp) newest first (oldest with ``order="oldest"``), ties by id in
+    the same direction, the first ``wanted`` (None: all)."""
+    sign = 1.0 if order == "oldest" else -1.0
+    ordered = sorted(found.items(), key=lambda kv: (time_key(kv[1], sign), sign * kv[0]))
+    return ordered if wanted is None else ordered[:wanted]
 
 
 def _literal(plan: Plan) -> tuple[str, ...]:
@@ -369,9 +392,9 @@ def word_rows(
     if order is None:
         return _by_relevance(routes, scores, plan.cjk_short) + [row_id for row_id, _ in inside]
     sign = -1.0 if order == "newest" else 1.0
-    keyed = [((_time_key(r.timestamp, sign), position, scores[r.id]), r.id)
+    keyed = [((time_key(r.timestamp, sign), position, scores[r.id]), r.id)
              for position, route in enumerate(routes) for r in route]
-    keyed += [((_time_key(ts, sign), len(routes), 0.0), row_id) for row_id, ts in inside]
+    keyed += [((time_key(ts, sign), len(routes), 0.0), row_id) for row_id, ts in inside]
     return [row_id for _, row_id in sorted(keyed)]
 
 
@@ -402,7 +425,7 @@ def _by_relevance(
     ids += [r.id for r in sorted(routes[1], key=lambda r: (scores[r.id], r.id))]
     if newest_cjk:
         ids += [r.id for r in sorted(routes[2], key=lambda r: (
-            _time_key(r.timestamp, -1.0), scores[r.id], r.id))]
+            time_key(r.timestamp, -1.0), scores[r.id], r.id))]
     else:
         ids += [r.id for r in sorted(routes[2], key=lambda r: (scores[r.id], r.id))]
     return ids
@@ -430,7 +453,6 @@ def substring_rows(
     of three characters, or only the user's own quoted phrases) are left out; a group's
     ``words`` stay words (checked on the row's tokens)."""
     direction = "ASC" if order == "oldest" else "DESC"
-    sign = 1.0 if order == "oldest" else -1.0
     found: dict[int, Any] = {}
     for group in groups:
         if not group.index_patterns or not group.substring:
@@ -451,5 +473,4 @@ def substring_rows(
                 if not any(_matches(row, a, cjk=True) for a in words):
                     continue
             found[row_id] = timestamp
-    ordered = sorted(found.items(), key=lambda kv: (_time_key(kv[1], sign), sign * kv[0]))
-    return ordered if wanted is None else ordered[:wanted]
+    return in_time_order(found, order, wanted)

@@ -361,22 +361,12 @@ def _render_cjk_term(term: _Term) -> str:
     return '"' + " ".join(parts).replace('"', '""') + '"' + (" *" if star else "")
 
 
-def _split(items: Sequence[_Item], op: str) -> list[list[_Item]]:
-    parts: list[list[_Item]] = [[]]
-    for item in items:
-        if item == op:
-            parts.append([])
-        else:
-            parts[-1].append(item)
-    return parts
-
-
 def _positive_and_negated(alternative: list[_Item]) -> tuple[list[_Term], list[list[_Term]]]:
     """An OR-free alternative as its required terms and its negated conjunctions."""
     positive: list[_Term] = []
     negated: list[list[_Term]] = []
-    for conjunct in _split(alternative, "AND"):
-        head, *tails = _split(conjunct, "NOT")  # implicit AND binds tighter than NOT
+    for conjunct in scan.split_on(alternative, "AND"):
+        head, *tails = scan.split_on(conjunct, "NOT")  # implicit AND binds tighter than NOT
         positive.extend(t for t in head if isinstance(t, _Term))
         negated.extend([t for t in tail if isinstance(t, _Term)] for tail in tails)
     return positive, negated
@@ -568,7 +558,7 @@ def plan_search(query: object) -> SearchPlan | None:
     conj = None
     cjk_short = False
     cjk_groups: list[LikeGroup] = []
-    alternatives = _split(items, "OR")
+    alternatives = scan.split_on(items, "OR")
     for alternative in alternatives:
         positive, negated = _positive_and_negated(alternative)
         groups.append(_like_group(positive, negated))
@@ -987,15 +977,6 @@ def _ranked(
 
 # A row without a time (see the module docstring).
 UNTIMED_SQL = "typeof(m.timestamp) NOT IN ('integer', 'real')"
-_UNTIMED_KEY = (1, 0.0)
-
-
-def _time_key(timestamp: object, sign: float) -> tuple[int, float]:
-    """A row's place by time, ascending from the best row: its time signed for the direction,
-    a row without a time after every timed one."""
-    if isinstance(timestamp, int | float):
-        return 0, sign * timestamp
-    return _UNTIMED_KEY
 
 
 def _outside(ranges: Sequence[tuple[int, int, float, float]]) -> list[tuple[int, int]]:
@@ -1038,7 +1019,7 @@ def _by_time(
     def read(lo: int, hi: int) -> list[tuple[tuple[int, float], int]]:
         rows = conn.execute(sql, (match, lo, hi, *params)).fetchall()
         times.update(rows)
-        return [(_time_key(ts, sign), row_id) for row_id, ts in rows]
+        return [(scan.time_key(ts, sign), row_id) for row_id, ts in rows]
 
     found: list[tuple[tuple[int, float], int]] = []  # (time key, id), the best rows so far
     for lo, hi, first_at, last_at in ranges:
@@ -1046,7 +1027,7 @@ def _by_time(
             break  # no row here, nor in the ranges after, is as new (old) as the last kept
         found = _kept(sorted(found + read(lo, hi)), wanted)
     else:  # every range was read: rows without a time outside them follow, if there is room
-        if len(found) < wanted or found[wanted - 1][0] == _UNTIMED_KEY:
+        if len(found) < wanted or found[wanted - 1][0] == scan.UNTIMED_KEY:
             for lo, hi in _outside(ranges):
                 found = _kept(sorted(found + read(lo, hi)), wanted)
     keys = [key for key, _ in found]
@@ -1138,7 +1119,7 @@ def _word_hits(
     sign = -1.0 if order == "newest" else 1.0
     for position in range(count):
         for rank_in_route, (row_id, ts) in enumerate(route(position, wanted)):
-            key = (_time_key(ts, sign), position, rank_in_route)
+            key = (scan.time_key(ts, sign), position, rank_in_route)
             if row_id not in merged or key < merged[row_id]:
                 merged[row_id] = key
     return [row_id for row_id, _ in sorted(merged.items(), key=lambda kv: (kv[1], kv[0]))][
@@ -1157,7 +1138,6 @@ def _substring_rows(
     if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
         return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
-    sign = 1.0 if order == "oldest" else -1.0
     found: dict[int, Any] = {}
     for group in groups:
         if not group.index_patterns or not group.substring:
@@ -1171,8 +1151,7 @@ def _substring_rows(
         index_pattern = max(group.index_patterns, key=len)
         for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
             found[row_id] = ts
-    ordered = sorted(found.items(), key=lambda kv: (_time_key(kv[1], sign), sign * kv[0]))
-    return ordered[:wanted]
+    return scan.in_time_order(found, order, wanted)
 
 
 def _like_hits(
