@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from state_helpers import raw
 
 import hermes_state
 from hermes_state import SessionDB, format_session_db_unavailable, get_last_init_error
@@ -231,8 +232,8 @@ def test_messages_an_older_writer_left_with_null_flags_are_live_after_the_upgrad
     conn.close()
     with SessionDB(path) as db:
         assert [t["content"] for t in db.get_messages_as_conversation("s")] == ["an old turn"]
-        assert [tuple(r) for r in db._conn.execute("SELECT active, compacted FROM messages")] \
-            == [(1, 0)]
+    with raw(path) as conn:
+        assert conn.execute("SELECT active, compacted FROM messages").fetchall() == [(1, 0)]
 
 
 def test_a_store_whose_unique_title_index_was_dropped_opens_and_keeps_titles_unique(

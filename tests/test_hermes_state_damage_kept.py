@@ -86,6 +86,21 @@ def marker_of(db_path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def damage_a_middle_frame(
+    db_path: Path, rng: random.Random | None = None, offset: int = 7
+) -> int:
+    """Flip one bit in a frame in the middle of the store's -wal: one of its middle third picked
+    by ``rng``, at a random byte, else its middle frame at ``offset``; returns the frame."""
+    wal = db_path.with_name("state.db-wal")
+    frames = (wal.stat().st_size - 32) // (24 + PAGE)
+    if rng is None:
+        frame, byte = frames // 2, offset
+    else:
+        frame, byte = rng.randrange(frames // 3, 2 * frames // 3), rng.randrange(PAGE)
+    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + byte)
+    return frame
+
+
 def make_store(db_path: Path, messages: int = 300) -> None:
     with SessionDB(db_path) as db:
         db.create_session("s", "cli")
@@ -123,11 +138,7 @@ def test_a_writable_open_never_checkpoints_a_wal_damaged_in_the_middle(
 ) -> None:
     store_of(db_path, "base", 1, 30, seed)
     acknowledged = append_and_die(db_path, "base-0", 40)  # a writer killed after 40 acks
-    wal = db_path.with_name("state.db-wal")
-    frames = (wal.stat().st_size - 32) // (24 + PAGE)
-    rng = random.Random(seed)
-    frame = rng.randrange(frames // 3, 2 * frames // 3)  # one frame in the middle
-    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(PAGE))
+    frame = damage_a_middle_frame(db_path, random.Random(seed))
     damaged = file_state(db_path)
 
     restart = run_child(_GATEWAY_RESTART, str(db_path), "base-0", "3", home=hermes_home)
@@ -166,9 +177,7 @@ def test_a_writer_that_opens_after_a_reader_indexed_the_damaged_wal_writes_nothi
     go over the later commits."""
     store_of(db_path, "base", 1, 30, 5)
     acknowledged = append_and_die(db_path, "base-0", 30)
-    wal = db_path.with_name("state.db-wal")
-    frames = (wal.stat().st_size - 32) // (24 + PAGE)
-    flip_byte(wal, wal_frame_offset(wal, frames // 2) + 24 + 1234)
+    damage_a_middle_frame(db_path, offset=1234)
     damaged = file_state(db_path)
     reader = subprocess.Popen(
         [sys.executable, "-c", _READER_THAT_STAYS, str(db_path)], stdin=subprocess.PIPE,
@@ -266,9 +275,7 @@ def test_repair_refuses_a_store_whose_wal_is_damaged_before_taking_it(
 ) -> None:
     store_of(db_path, "base", 1, 30, 1)
     append_and_die(db_path, "base-0", 12)
-    wal = db_path.with_name("state.db-wal")
-    frames = (wal.stat().st_size - 32) // (24 + PAGE)
-    flip_byte(wal, wal_frame_offset(wal, frames // 2) + 24 + 7)
+    damage_a_middle_frame(db_path, offset=7)
     damaged = file_state(db_path)
     repair = cli(hermes_home, "--db", str(db_path), "--json", "sessions", "repair")
     assert repair.returncode == 1
@@ -455,9 +462,7 @@ def test_a_reader_that_cannot_write_the_marker_says_so(
 def test_doctor_records_a_wal_damaged_in_the_middle(db_path: Path, hermes_home: Path) -> None:
     store_of(db_path, "base", 1, 30, 2)
     append_and_die(db_path, "base-0", 12)
-    wal = db_path.with_name("state.db-wal")
-    frames = (wal.stat().st_size - 32) // (24 + PAGE)
-    flip_byte(wal, wal_frame_offset(wal, frames // 2) + 24 + 99)
+    damage_a_middle_frame(db_path, offset=99)
     damaged = file_state(db_path)
     doctor = cli(hermes_home, "--db", str(db_path), "--json", "doctor")
     assert doctor.returncode == 1
@@ -497,11 +502,7 @@ def test_a_restore_keeps_the_store_it_replaces_whole_when_its_wal_is_damaged(
     store_of(db_path, "base", 1, 30, seed)
     snapshot = backup_state_db(db_path, tmp_path / "older.db")
     acknowledged = append_and_die(db_path, "base-0", 40)
-    wal = db_path.with_name("state.db-wal")
-    frames = (wal.stat().st_size - 32) // (24 + PAGE)
-    rng = random.Random(seed)
-    frame = rng.randrange(frames // 3, 2 * frames // 3)
-    flip_byte(wal, wal_frame_offset(wal, frame) + 24 + rng.randrange(PAGE))
+    damage_a_middle_frame(db_path, random.Random(seed))
 
     report = restore_state_db(snapshot, db_path)
 
