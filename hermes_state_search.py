@@ -259,7 +259,10 @@ def _as_text(query: object) -> str:
 def _render_term(term: _Term) -> str:
     if not term.quoted:
         return term.text + ("*" if term.prefix else "")
-    return '"' + term.text.replace('"', '""') + '"' + (" *" if term.prefix else "")
+    # A colon separates tokens inside a phrase as a space does; written as a space, no
+    # reader of the rendered query takes it for FTS5's column filter.
+    text = term.text.replace('"', '""').replace(":", " ")
+    return '"' + text + '"' + (" *" if term.prefix else "")
 
 
 def _cut_term(term: _Term, limit: int) -> _Term | None:

@@ -243,8 +243,9 @@ def test_a_word_in_any_script_is_found_through_its_plan(word: str) -> None:
         ('"hello world" x', '"hello world" x'),
         ("***", ""),
         ("NEAR(a b)", '"NEAR(a" b'),
-        ("col:term", '"col:term"'),
-        ("{a b}:c", 'a "b}:c"'),
+        ("col:term", '"col term"'),
+        ("error:timeout", '"error timeout"'),
+        ("{a b}:c", 'a "b} c"'),
         ("^start", "start"),
         ("-neg", "neg"),
         ("foo* +bar", "foo* bar"),
@@ -281,6 +282,9 @@ def test_hostile_queries_still_find_what_they_name(corpus: sqlite3.Connection) -
     assert search(corpus, "chat-send") == {rows[CORPUS[0]]}
     assert search(corpus, "gateway/run.py") == {rows[CORPUS[1]]}
     assert search(corpus, "TODO: fix") == {rows[CORPUS[1]]}
+    # Words joined by a colon are a phrase, as FTS5 would read them quoted.
+    assert search(corpus, "failed:TODO") == {rows[CORPUS[1]]}
+    assert search(corpus, "world:chat") == set()
     assert search(corpus, "wrong-book") == {rows[CORPUS[1]]}
     assert search(corpus, "^party*") == {rows[CORPUS[8]]}
     assert plan_search("***") is None
