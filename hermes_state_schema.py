@@ -530,7 +530,7 @@ UPDATE sessions SET
 WHERE id = :id
 """
 # One usage row per session from its totals (the previous store's files before per-model
-# usage had only those); a row already there for the same key is kept.
+# usage had only those), for a session that has no usage row yet.
 _SEED_USAGE_SQL = """
 INSERT OR IGNORE INTO session_model_usage (
     session_id, model, billing_provider, billing_base_url, billing_mode, task,
@@ -544,16 +544,17 @@ SELECT id, COALESCE(model, 'unknown'), COALESCE(billing_provider, ''),
 FROM sessions
 WHERE COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) + COALESCE(cache_read_tokens, 0)
       + COALESCE(cache_write_tokens, 0) + COALESCE(reasoning_tokens, 0) > 0
+  AND NOT EXISTS (SELECT 1 FROM session_model_usage u WHERE u.session_id = sessions.id)
 """
 
 
 def _previous_store_backfills(conn: sqlite3.Connection, stamp: int, /) -> None:
     """The data steps the previous store ran when it opened a file of its own numbering older
-    than the step, owed to a file it wrote at ``stamp`` (one this library never wrote: see
-    the module doc). Before 18 the gateway's ``sessions/sessions.json`` beside the file fills
-    routing and display columns that are still NULL; before 20 each session with token totals
-    gets a per-model usage row from them. Each fills only what is missing, so running it again
-    changes nothing. (Its step 16, tagging children that look like subagent runs
+    than the step, owed to a file stamped ``stamp``. Before 18 the gateway's
+    ``sessions/sessions.json`` beside the file fills routing and display columns that are
+    still NULL; before 20 each session with token totals and no per-model usage row gets one
+    from them. Each fills only what is missing, so a file this library wrote at such a stamp
+    (or any file run twice) keeps every value it has. (Its step 16, tagging children that look like subagent runs
     ``_delegate_from`` by a guess, is not taken: a tagged child is deleted with its parent, and
     a guess must not make a deletion take more; a file at 16 or later has its tags already.)"""
     if stamp < 18:
@@ -662,7 +663,7 @@ def _bootstrap(conn: sqlite3.Connection, /) -> None:
     reshape_delegations(conn)
     if "messages.message_uid" in _reconcile_columns(conn):
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
-        _previous_store_backfills(conn, stamp or 0)
+    _previous_store_backfills(conn, stamp or 0)
 
 
 def _complete_current(conn: sqlite3.Connection, /) -> None:

@@ -25,6 +25,7 @@ from hermes_state import (
     Timing,
 )
 from hermes_state_replay import route_reasoning_carriers
+from state_helpers import raw
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 PHOTO_TURN = [{"type": "text", "text": "what bird is this heron"}, IMAGE]
@@ -765,6 +766,37 @@ def test_a_store_the_previous_store_wrote_at_16_to_18_upgrades_with_its_backfill
     with SessionDB(path) as db:  # a second open backfills nothing twice
         assert [u["input_tokens"] for u in db.get_model_usage("tg")] == [125]
         assert db.get_session("dc")["display_name"] == ("Bo" if version < 18 else None)
+
+
+@pytest.mark.parametrize("stamp", [16, 17])
+def test_a_current_file_stamped_below_18_gets_the_owed_backfills_and_keeps_its_values(
+    tmp_path: Path, stamp: int
+) -> None:
+    # The application's own upgrade tests make an "older" file this way: a store of the
+    # current shape with its stamp rolled back and the rows the steps fill taken out.
+    path = tmp_path / "state.db"
+    (tmp_path / "sessions").mkdir()
+    (tmp_path / "sessions" / "sessions.json").write_text(json.dumps(SESSIONS_INDEX))
+    with SessionDB(path) as db:
+        db.create_session("tg", "telegram", model="gpt-x")
+        db.update_token_counts("tg", input_tokens=7, output_tokens=2, model="gpt-x",
+                               billing_provider="openrouter", api_call_count=1)
+        db.create_session("dc", "discord", model="m1")
+        db.update_token_counts("dc", input_tokens=5, model="m1", api_call_count=1)
+        db.update_token_counts("dc", input_tokens=4, model="m2", api_call_count=1)
+    with raw(path, write=True) as conn:
+        conn.execute("DELETE FROM session_model_usage WHERE session_id = 'tg'")
+        conn.execute("UPDATE sessions SET session_key = NULL, display_name = NULL")
+        conn.execute("UPDATE schema_version SET version = ?", (stamp,))
+    with SessionDB(path) as db:
+        [usage] = db.get_model_usage("tg")
+        assert (usage["model"], usage["input_tokens"], usage["output_tokens"]) == ("gpt-x", 7, 2)
+        tg = db.get_session("tg")
+        assert (tg["session_key"], tg["display_name"]) == ("agent:main:telegram:dm:42", "Ana")
+        # a session that has usage rows keeps exactly those (no row seeded from its totals)
+        assert sorted((u["model"], u["input_tokens"]) for u in db.get_model_usage("dc")) == [
+            ("m1", 5), ("m2", 4)]
+        assert db.get_session("dc")["display_name"] == "Bo"
 
 
 @pytest.mark.parametrize("index", [None, "{not json", "[1, 2]"])
