@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 import hermes_state_fulltext as fulltext
 import hermes_state_replication as replication
@@ -452,57 +452,85 @@ def retrying(
     drop_search_index: Callable[[], None] | None,
 ) -> T:
     """``attempt(detach_index, waited)`` until it succeeds or the verdict on its error ends
-    it; ``waited``: an earlier attempt met the lock taken (see hermes_state_turnstile).
-
-    ``drop_search_index`` (None: not this time) drops the search index once, when the error
-    says one of its tables is gone: its triggers then fail every write of messages, so the
-    rest of it is dropped too and the write goes through; the next writable open creates it
-    anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
-    not drop again, so a drop that meets the same error ends, typed, instead of recursing.
-
-    An error saying this SQLite lacks FTS5 (the triggers of an index another process with FTS5
-    put back meanwhile) detaches the indexes in a write of their own, once, and the write goes
-    through without them (see hermes_state_fulltext)."""
+    it; ``waited``: an earlier attempt met the lock taken (see hermes_state_turnstile). Before
+    any verdict, an error one of the :class:`_Repairs` mends is mended once and the attempt
+    made again."""
     policy = store.timing.policy(kind)
     start, attempts, detach_index, kept_waiting = time.monotonic(), 1, False, False
-    detach_unavailable = True
+    repairs = _Repairs(store, drop_search_index)
     while True:
         try:
             return attempt(detach_index, kept_waiting)
         except (sqlite3.Error, MemoryError) as exc:
-            if detach_unavailable and fulltext.is_unavailable_error(exc):
-                logger.warning("%s; detaching the full-text indexes of %s", exc, store.path)
-                write(store, schema.detach_unavailable, may_drop_index=False)
-                detach_unavailable = False
-                continue
-            if drop_search_index is not None and missing_index_object(exc):
-                logger.warning("search index incomplete (%s); dropping it from %s until "
-                               "the next open", exc, store.path)
-                drop_search_index()
-                drop_search_index = None
+            if repairs.mended(exc):
                 continue
             verdict = classify(exc, index_detached=detach_index,
                                fts_only=lambda exc: fts_only(store, exc))
             if verdict is Verdict.RETRY:
-                waited = time.monotonic() - start
-                pause = delay(waited, policy, _JITTER)
-                if pause is None:
-                    raise locked_error(store.path, store.profile_home, waited, attempts) from exc
-                store.write_retries += 1
+                _pause(store, policy, time.monotonic() - start, attempts, exc)
                 kept_waiting = True
-                logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
-                             store.path, attempts, pause)
-                time.sleep(pause)
             elif verdict is Verdict.DETACH_INDEX:
                 logger.warning("FTS index damaged (%s); detaching it from %s", exc, store.path)
                 detach_index = True
             else:
-                if verdict is Verdict.QUARANTINE:
-                    store._watch.enter(exc)
-                if isinstance(exc, sqlite3.Error):
-                    raise translate(exc, store.path) from exc
-                raise
+                _give_up(store, verdict, exc)
             attempts += 1
+
+
+class _Repairs:
+    """What a write mends once, in a write of its own, before it tries again.
+
+    ``drop_search_index`` (None: not this time) drops the search index when the error says
+    one of its tables is gone: its triggers then fail every write of messages, so the rest of
+    it is dropped too and the write goes through; the next writable open creates it anew
+    (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may not drop
+    again, so a drop that meets the same error ends, typed, instead of recursing.
+
+    An error saying this SQLite lacks FTS5 (the triggers of an index another process with FTS5
+    put back meanwhile) detaches the indexes, and the write goes through without them (see
+    hermes_state_fulltext)."""
+
+    def __init__(self, store: Store, drop_search_index: Callable[[], None] | None) -> None:
+        self.store = store
+        self.drop_search_index = drop_search_index
+        self.detach_unavailable = True
+
+    def mended(self, exc: BaseException) -> bool:
+        """Whether ``exc`` was mended (the attempt is to be made again)."""
+        if self.detach_unavailable and fulltext.is_unavailable_error(exc):
+            logger.warning("%s; detaching the full-text indexes of %s", exc, self.store.path)
+            write(self.store, schema.detach_unavailable, may_drop_index=False)
+            self.detach_unavailable = False
+            return True
+        if self.drop_search_index is not None and missing_index_object(exc):
+            logger.warning("search index incomplete (%s); dropping it from %s until "
+                           "the next open", exc, self.store.path)
+            self.drop_search_index()
+            self.drop_search_index = None
+            return True
+        return False
+
+
+def _pause(store: Store, policy: RetryPolicy, waited: float, attempts: int,
+           exc: BaseException) -> None:
+    """Sleep before the next attempt of a write kept waiting ``waited`` seconds;
+    :class:`StateDbLockedError` once its patience ran out."""
+    pause = delay(waited, policy, _JITTER)
+    if pause is None:
+        raise locked_error(store.path, store.profile_home, waited, attempts) from exc
+    store.write_retries += 1
+    logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
+                 store.path, attempts, pause)
+    time.sleep(pause)
+
+
+def _give_up(store: Store, verdict: Verdict, exc: BaseException) -> NoReturn:
+    """End the write with ``exc``, typed; a file found damaged is quarantined first."""
+    if verdict is Verdict.QUARANTINE:
+        store._watch.enter(exc)
+    if isinstance(exc, sqlite3.Error):
+        raise translate(exc, store.path) from exc
+    raise exc
 
 
 def fts_only(store: Store, exc: BaseException) -> bool:
