@@ -389,11 +389,9 @@ def update_token_counts(
         route = {f: route.get(f) for f in ROUTE_FIELDS}  # the first accounted: all three
         labels.update(route)
     _add_to_session(conn, session_id, tokens, costs, labels, model, absolute=absolute)
-    usage_route = [route.get(f, known)
-                   for f, known in zip(ROUTE_FIELDS, session_route, strict=True)]
-    usage_model = model if model is not None else session_model
-    _add_to_usage(conn, session_id, (usage_model, *usage_route, task), tokens, costs,
-                  absolute=absolute)
+    usage_route = {**dict(zip(ROUTE_FIELDS, session_route, strict=True)), **route}
+    usage_key = (session_model if model is None else model, *usage_route.values(), task)
+    _add_to_usage(conn, session_id, usage_key, tokens, costs, absolute=absolute)
 
 
 def _given(fields: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
