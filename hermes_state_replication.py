@@ -624,16 +624,7 @@ def restore_from_replica(
         say("checking the restored copy", 0, None)
         report, notes = _checked_copy(restored, target, url)
         os.chmod(restored, 0o600)
-        result: dict[str, Any] = {
-            "restored_to": str(target),
-            "replica": url,
-            "timestamp": None if when is None else _rfc3339(when),
-            "row_counts": report["row_counts"],
-            "integrity": report["integrity"],
-            "fts_integrity": report["fts_integrity"],
-            "schema_version": report["schema_version"],
-            "notes": notes,
-        }
+        result = _restore_report(target, url, when, report, notes)
         if output is not None:
             _publish_new(restored, target)
         else:
@@ -646,6 +637,21 @@ def restore_from_replica(
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _restore_report(target: Path, url: str, when: datetime.datetime | None,
+                    report: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """What a restore reports of the copy it checked (see :func:`restore_from_replica`)."""
+    return {
+        "restored_to": str(target),
+        "replica": url,
+        "timestamp": None if when is None else _rfc3339(when),
+        "row_counts": report["row_counts"],
+        "integrity": report["integrity"],
+        "fts_integrity": report["fts_integrity"],
+        "schema_version": report["schema_version"],
+        "notes": notes,
+    }
 
 
 def _restore_target(db_path: Path, output: Path | None) -> Path:

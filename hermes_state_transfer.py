@@ -1512,6 +1512,16 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
     return report
 
 
+def _record_limit(max_record_bytes: object, chunk_messages: object) -> int:
+    """The longest line a stream import takes, once both of its sizes passed their checks."""
+    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
+    if chunk_messages is not None:
+        integer("chunk_messages", chunk_messages, minimum=1)
+    if limit >= sys.maxsize:
+        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
+    return limit
+
+
 def _spooled_records(
     spool: sqlite3.Connection, sessions: list[tuple[int, dict[str, Any]]]
 ) -> Callable[[], Iterator[_Incoming]]:
@@ -1560,11 +1570,7 @@ def import_jsonl(
     ``title_conflicts`` (imported without the title another session holds),
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
-    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
-    if chunk_messages is not None:
-        integer("chunk_messages", chunk_messages, minimum=1)
-    if limit >= sys.maxsize:
-        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
+    limit = _record_limit(max_record_bytes, chunk_messages)
     remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
     with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
