@@ -2,7 +2,7 @@
 
 ``SessionDB`` owns one connection, one re-entrant lock and the public API. Its class body is the
 API's index: one line per method, naming the sibling function it runs and the call's whole
-policy (read or write, the write kind, spool, fallback), built by ``hermes_state_methods``.
+policy (read or write, the write's policy, a fallback), built by ``hermes_state_methods``.
 docs/api.md ("How a call flows") traces one call end to end."""
 
 from __future__ import annotations
@@ -87,9 +87,13 @@ logger = logging.getLogger("hermes_state")
 _db_opens_cleanly = openability.db_opens_cleanly
 
 
-# What transcript writes spool: most name their session and messages as append_message does.
-_TRANSCRIPT = quarantine.Spool()
-_COMPACTION = quarantine.Spool(messages="compacted_messages")
+# The write policies the table names (hermes_state_writes.WritePolicy; a write names none).
+# A transcript waits 60 s; refused on a corrupt file, the messages it carries are spooled.
+_TRANSCRIPT = writes.WritePolicy("transcript", quarantine.Spool())
+_COMPACTION = writes.WritePolicy("transcript", quarantine.Spool(messages="compacted_messages"))
+_CHILD_TRANSCRIPT = writes.WritePolicy("transcript", quarantine.Spool(session="child_session_id"))
+_TRANSCRIPT_EDIT = writes.WritePolicy("transcript")  # rewinds and clears carry no messages
+_ACTIVITY = writes.WritePolicy("activity")  # 0.5 s, then skipped: a stamp, not a record
 
 
 class SessionDB:
@@ -167,7 +171,6 @@ class SessionDB:
 
     _write = writes.write
     _outside_transaction = writes.outside_transaction
-    _check_writable = writes.check_writable
 
     # --- quarantine (see hermes_state_quarantine) ---------------------------------------------
 
@@ -262,9 +265,7 @@ class SessionDB:
     update_session_meta = _writes(session_model.update_session_meta)
     update_session_model = _writes(session_model.update_session_model)
     update_session_billing_route = _writes(session_model.update_session_billing_route)
-    update_session_cwd = _writes(
-        workspace.update_session_cwd, "activity", fallback=methods.SKIPPED_WHEN_LOCKED
-    )
+    update_session_cwd = _writes(workspace.update_session_cwd, _ACTIVITY)
     backfill_repo_roots = _writes(workspace.backfill_repo_roots)
     distinct_session_cwds = _reads(workspace.distinct_session_cwds)
     request_handoff = _writes(handoff.request_handoff)
@@ -274,7 +275,7 @@ class SessionDB:
     get_handoff_state = _reads(handoff.get_handoff_state, fallback=lenient(lambda: None))
     list_pending_handoffs = _reads(handoff.list_pending_handoffs, fallback=lenient(list))
 
-    clear_messages = _writes(sessions.clear_messages, "transcript")
+    clear_messages = _writes(sessions.clear_messages, _TRANSCRIPT_EDIT)
 
     # --- deleting, pruning, archiving (see hermes_state_deletion) ------------------------------
 
@@ -299,13 +300,13 @@ class SessionDB:
 
     # --- messages: the handle remembers what it read and wrote (see hermes_state_seen) ---------
 
-    append_message = _writes(seen.APPEND_MESSAGE, "transcript", spool=_TRANSCRIPT)
+    append_message = _writes(seen.APPEND_MESSAGE, _TRANSCRIPT)
     get_messages = _reads(seen.GET_MESSAGES)
     get_messages_as_conversation = _reads(seen.GET_CONVERSATION)
     get_resume_conversations = _reads(seen.GET_RESUME_CONVERSATIONS)
     get_ancestor_display_prefix = _reads(messages.get_ancestor_display_prefix)
-    set_latest_user_api_content = _writes(messages.set_latest_user_api_content, "transcript")
-    replace_messages = _writes(seen.REPLACE_MESSAGES, "transcript", spool=_TRANSCRIPT)
+    set_latest_user_api_content = _writes(messages.set_latest_user_api_content, _TRANSCRIPT_EDIT)
+    replace_messages = _writes(seen.REPLACE_MESSAGES, _TRANSCRIPT)
 
     has_archived_messages = _reads(messages.has_archived_messages)
     has_platform_message_id = _reads(messages.has_platform_message_id)
@@ -313,8 +314,8 @@ class SessionDB:
     # --- rewind and context windows -----------------------------------------------------------
 
     list_recent_user_messages = _reads(rewind.list_recent_user_messages)
-    rewind_to_message = _writes(seen.REWIND_TO_MESSAGE, "transcript")
-    restore_rewound = _writes(seen.RESTORE_REWOUND, "transcript")
+    rewind_to_message = _writes(seen.REWIND_TO_MESSAGE, _TRANSCRIPT_EDIT)
+    restore_rewound = _writes(seen.RESTORE_REWOUND, _TRANSCRIPT_EDIT)
     get_messages_around = _reads(context_window.get_messages_around)
     get_anchored_view = _reads(context_window.get_anchored_view)
 
@@ -345,11 +346,8 @@ class SessionDB:
 
     # --- compression --------------------------------------------------------------------------
 
-    archive_and_compact = _writes(seen.ARCHIVE_AND_COMPACT, "transcript", spool=_COMPACTION)
-    publish_compression_child = _writes(
-        compression.publish_compression_child, "transcript",
-        spool=quarantine.Spool(session="child_session_id"),
-    )
+    archive_and_compact = _writes(seen.ARCHIVE_AND_COMPACT, _COMPACTION)
+    publish_compression_child = _writes(compression.publish_compression_child, _CHILD_TRANSCRIPT)
     try_acquire_compression_lock = _writes(compression.try_acquire_compression_lock)
     refresh_compression_lock = _writes(compression.refresh_compression_lock)
     release_compression_lock = _writes(
@@ -429,9 +427,7 @@ class SessionDB:
 
     ingress_owner_marker = staticmethod(arguments.operation(gateway.ingress_owner_marker))
     find_owned_input = _reads(gateway.find_owned_input)
-    persist_exception_input = _writes(
-        gateway.persist_exception_input, "transcript", spool=_TRANSCRIPT
-    )
+    persist_exception_input = _writes(gateway.persist_exception_input, _TRANSCRIPT)
 
 
 @arguments.operation

@@ -30,6 +30,7 @@ from typing import (
     Any,
     Literal,
     NewType,
+    TypeGuard,
     TypeVar,
     Union,
     cast,
@@ -122,6 +123,10 @@ def _is_stream(value: object) -> bool:
         value, _NOT_COLLECTIONS)
 
 
+def _is_collection(value: object) -> TypeGuard[Iterable[Any]]:
+    return isinstance(value, Iterable) and not isinstance(value, _NOT_COLLECTIONS)
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     """What one parameter takes: values of ``types``, or None (the sibling says what None
@@ -153,21 +158,26 @@ class _Rule:
         if isinstance(value, self.types):
             self._check_scalar(value)
             return value
-        if self.choices and any(type(value) is type(c) and value == c for c in self.choices):
-            return value
-        if self.stream and _is_stream(value):
+        if self._is_choice(value) or (self.stream and _is_stream(value)):
             return value
         if self.items is not None and isinstance(value, str):
             self.items.check(value)  # one string for a collection: its sibling says what it means
             return value
-        if (self.items is not None and isinstance(value, Iterable)
-                and not isinstance(value, _NOT_COLLECTIONS)):
+        if self.items is not None and _is_collection(value):
             # Checked items, as the sibling gets them (an id too large for SQLite as its text).
             return [self.items.check(item) for item in value]
+        raise self._refusal(value)
+
+    def _is_choice(self, value: object) -> bool:
+        return any(type(value) is type(choice) and value == choice for choice in self.choices)
+
+    def _refusal(self, value: object) -> InvalidInputError:
+        """The error of a value this rule does not take: a wrong value when it has the type of
+        a choice, else a wrong type."""
         if any(type(value) is type(choice) for choice in self.choices):
-            raise InvalidInputError(
+            return InvalidInputError(
                 f"{self.name} must be {self.spelled}, got {shown(value)}", argument=self.name)
-        raise InvalidTypeError(
+        return InvalidTypeError(
             f"{self.name} must be {self.spelled}, got {type(value).__name__}",
             argument=self.name)
 
@@ -251,18 +261,23 @@ class _Shape:
             self.unbounded = self.unbounded or Checked.UNBOUNDED in marks
         elif origin is abc.Callable:
             self.callable = True
-        elif not isinstance(origin, type):
+        elif isinstance(origin, type):
+            self._take_class(name, origin, get_args(member))
+        else:
             self.open = True  # a hint this module does not know: its sibling's to check
-        elif issubclass(origin, (os.PathLike, PurePath)):
+
+    def _take_class(self, name: str, cls: type, args: tuple[Any, ...]) -> None:
+        """Add what a member that is a class (``args``: its parameters) takes."""
+        if issubclass(cls, (os.PathLike, PurePath)):
             self.path = True
-        elif is_typeddict(origin) or issubclass(origin, Mapping):
+        elif is_typeddict(cls) or issubclass(cls, Mapping):
             self.mapping = True
-        elif issubclass(origin, IO):
+        elif issubclass(cls, IO):
             self.stream = True
-        elif issubclass(origin, Iterable) and not issubclass(origin, (bytes, bytearray)):
-            self._take_collection(name, get_args(member))
-        elif _instances_checkable(origin):
-            self.types.add(origin)
+        elif issubclass(cls, Iterable) and not issubclass(cls, (bytes, bytearray)):
+            self._take_collection(name, args)
+        elif _instances_checkable(cls):
+            self.types.add(cls)
         else:
             self.open = True
 

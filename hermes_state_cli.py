@@ -871,31 +871,8 @@ def _mode(path: Path) -> str:
 
 
 def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
-    try:
-        db = SessionDB(path, read_only=True)
-    except StateDbUnavailableError as exc:
-        report["unavailable"] = exc.reason
-        if exc.reason == "uninitialized" and not path.exists():
-            # A fresh home: nothing is wrong, the first writer creates the store.
-            report["notes"].append(
-                "no store yet: the first program that writes to it creates it")
-            return
-        problems.append(f"store unavailable ({exc.reason}): {exc}")
-        nxt.append(_advice(exc, path) or "")
-        return
-    except StateDbCorruptError as exc:
-        problems.append(_condition(exc, path) if _not_sqlite(path) else f"store damaged: {exc}")
-        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
-        nxt.append(_advice(exc, path) or "")
-        return
-    try:
-        with db:
-            report.update(db.quick_health())
-            report["fts"] = db.fts_status()
-    except StateDbCorruptError as exc:  # a check that cannot even run on the damaged file
-        problems.append(f"store damaged: {exc}")
-        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
-        nxt.append(_recover_hint(path))
+    db = _doctor_open(path, report, problems, nxt)
+    if db is None or not _doctor_health(db, path, report, problems, nxt):
         return
     if report["quick_check"] != ["ok"]:
         problems.append(_check_problem("quick_check", report["quick_check"]))
@@ -906,15 +883,64 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
     else:
         _doctor_fts_check(path, report, problems, nxt)
     report["full_text"] = fulltext.detected()
-    fts = report["fts"]
-    if fts["stale"] and fulltext.UNAVAILABLE_REASON in fts["stale"]:
-        if fulltext.detected() == fulltext.FULL:
+    _doctor_index_state(path, report["fts"], report["notes"], problems, nxt)
+
+
+def _doctor_open(
+    path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> SessionDB | None:
+    """The store opened read-only; None, with what is wrong recorded, when it cannot be (a
+    fresh home without a store is nothing wrong)."""
+    try:
+        return SessionDB(path, read_only=True)
+    except StateDbUnavailableError as exc:
+        report["unavailable"] = exc.reason
+        if exc.reason == "uninitialized" and not path.exists():
+            # A fresh home: nothing is wrong, the first writer creates the store.
             report["notes"].append(
+                "no store yet: the first program that writes to it creates it")
+            return None
+        problems.append(f"store unavailable ({exc.reason}): {exc}")
+        nxt.append(_advice(exc, path) or "")
+    except StateDbCorruptError as exc:
+        problems.append(_condition(exc, path) if _not_sqlite(path) else f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
+        nxt.append(_advice(exc, path) or "")
+    return None
+
+
+def _doctor_health(
+    db: SessionDB, path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]
+) -> bool:
+    """Put the store's quick health and index status in ``report`` (``db`` closed after);
+    False when the file is too damaged for the checks to run."""
+    try:
+        with db:
+            report.update(db.quick_health())
+            report["fts"] = db.fts_status()
+    except StateDbCorruptError as exc:
+        problems.append(f"store damaged: {exc}")
+        problems.extend(str(note) for note in getattr(exc, "__notes__", []))
+        nxt.append(_recover_hint(path))
+        return False
+    return True
+
+
+def _doctor_index_state(
+    path: Path, fts: dict[str, Any], notes: list[str], problems: list[str], nxt: list[str]
+) -> None:
+    """What the full-text indexes' status says: detached by a process without FTS5 or
+    missing rows a process without trigrams wrote (notes: the next open mends them), detached
+    for damage (a problem), or a rebuild under way (a note)."""
+    full = fulltext.detected() == fulltext.FULL
+    if fts["stale"] and fulltext.UNAVAILABLE_REASON in fts["stale"]:
+        if full:
+            notes.append(
                 "the full-text indexes were detached by a process whose SQLite has no FTS5 "
                 "(searches scan the stored messages); the next writable open with no other "
                 f"process on the store rebuilds them, or `{PROG} --db {path} sessions repair`")
-    elif fts.get("trigram_stale") and fulltext.detected() == fulltext.FULL:
-        report["notes"].append(
+    elif fts.get("trigram_stale") and full:
+        notes.append(
             "the trigram index misses rows a process without the trigram tokenizer wrote "
             "(substring searches scan the stored messages); the next writable open with no "
             f"other process on the store rebuilds it, or `{PROG} --db {path} sessions repair`")
@@ -927,7 +953,7 @@ def _doctor_store(path: Path, report: dict[str, Any], problems: list[str], nxt: 
         nxt.append(f"{STOP_USERS}; `{PROG} sessions repair --check-only`; "
                    f"`{PROG} sessions repair`")
     elif fts["rebuild_high_water"] is not None:
-        report["notes"].append(
+        notes.append(
             "an FTS rebuild is under way (" + (
                 "not started" if fts["rebuild_progress"] is None
                 else f"indexed up to message id {fts['rebuild_progress']}")
@@ -1093,25 +1119,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.clear_quarantine:
         return cmd_clear_quarantine(args)
     path = _resolve_db(args)
-    report: dict[str, Any] = {
-        "home": home_paths.display_hermes_home(maintenance.store_home(path)),
-        "database": str(path),
-        "sqlite_version": sqlite3.sqlite_version,
-        "wal_reset_exposed": dbconn.wal_reset_exposed(),
-        "files": {p.name: _mode(p) for p in (path, *db_files.sidecar_paths(path))},
-        "in_use_by": describe_lock_holders(path),
-        "notes": [],
-    }
-    journal = db_files.journal_path(path)
-    if journal.exists():  # only while maintenance runs, or after it was interrupted
-        report["files"][journal.name] = _mode(journal)
+    report = _doctor_facts(path)
     problems: list[str] = []
     nxt: list[str] = []
-    if report["wal_reset_exposed"]:
-        report["notes"].append(
-            f"SQLite {sqlite3.sqlite_version} is inside the WAL-reset bug range (fixed in "
-            "3.51.3, 3.50.7, 3.44.6): automatic checkpoints are off and only a writer holding "
-            "the write lock checkpoints; upgrading SQLite removes the exposure")
     checks = [_doctor_quarantine, _doctor_store, _doctor_wal, _doctor_replica]
     if args.full:
         checks.append(_doctor_full)
@@ -1131,17 +1141,44 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     else:
-        _print_lines(fmt.doctor_lines(report))
-        print(f"replica: {_replica_line(report['replica'])}")
-        for note in report["notes"]:
-            print(f"note: {note}")
-        for problem in problems:
-            print(f"! {problem}")
-        for step in report["next"]:
-            print(f"next: {step}")
-        if not problems:
-            print("ok")
+        _print_doctor(report)
     return 1 if problems else 0
+
+
+def _doctor_facts(path: Path) -> dict[str, Any]:
+    """What doctor reports before any check: the home, the files and their modes, the
+    SQLite version and its WAL-reset exposure, the processes holding the store."""
+    report: dict[str, Any] = {
+        "home": home_paths.display_hermes_home(maintenance.store_home(path)),
+        "database": str(path),
+        "sqlite_version": sqlite3.sqlite_version,
+        "wal_reset_exposed": dbconn.wal_reset_exposed(),
+        "files": {p.name: _mode(p) for p in (path, *db_files.sidecar_paths(path))},
+        "in_use_by": describe_lock_holders(path),
+        "notes": [],
+    }
+    journal = db_files.journal_path(path)
+    if journal.exists():  # only while maintenance runs, or after it was interrupted
+        report["files"][journal.name] = _mode(journal)
+    if report["wal_reset_exposed"]:
+        report["notes"].append(
+            f"SQLite {sqlite3.sqlite_version} is inside the WAL-reset bug range (fixed in "
+            "3.51.3, 3.50.7, 3.44.6): automatic checkpoints are off and only a writer holding "
+            "the write lock checkpoints; upgrading SQLite removes the exposure")
+    return report
+
+
+def _print_doctor(report: dict[str, Any]) -> None:
+    _print_lines(fmt.doctor_lines(report))
+    print(f"replica: {_replica_line(report['replica'])}")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    for problem in report["problems"]:
+        print(f"! {problem}")
+    for step in report["next"]:
+        print(f"next: {step}")
+    if not report["problems"]:
+        print("ok")
 
 
 # The retention rule of snapshots when --keep is not given: keep the newest N of them.

@@ -1,12 +1,14 @@
 """How the ``SessionDB`` facade turns a sibling function into a method.
 
 :func:`read_method` and :func:`write_method` drop the connection, keep the signature for type
-checkers, and check arguments first. A method's policy is named where the facade lists it: the
-write kind, a quarantine :class:`~hermes_state_quarantine.Spool`, a
-:class:`~hermes_state_seen.Seen`, an :class:`~hermes_state_deletion.AfterCommit`, a
-:class:`Fallback`. Method bodies hold none. A write method refuses a handle that takes no
-writes, checks its arguments, runs its function as one ``hermes_state_writes.write``, spools on
-corruption, then records what it saw; docs/api.md ("How a call flows") traces one call."""
+checkers, and bind a table entry to its path: a read runs on the handle's connection
+(``hermes_state_lifecycle.read``); a write follows the write path, whose policy reads top to
+bottom in ``hermes_state_writes.call``. An entry names its function and, for a write, its
+:class:`~hermes_state_writes.WritePolicy`; the function is a plain sibling, a
+:class:`~hermes_state_seen.Seen` (the handle remembers what the call saw) or an
+:class:`~hermes_state_deletion.AfterCommit` (work done once committed). A :class:`Fallback`
+says what a method answers instead of a store error. docs/api.md ("How a call flows") traces
+one call."""
 
 from __future__ import annotations
 
@@ -14,16 +16,14 @@ import functools
 import inspect
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast
 
 import hermes_state_arguments as arguments
 import hermes_state_deletion as deletion
 import hermes_state_errors as errors
 import hermes_state_fts as fts
-import hermes_state_quarantine as quarantine
 import hermes_state_search as search
 import hermes_state_seen as seen
 import hermes_state_writes as writes
@@ -32,9 +32,9 @@ __all__ = [
     "Fallback",
     "Handle",
     "Method",
-    "SKIPPED_WHEN_LOCKED",
     "STORE_ERRORS",
     "Sibling",
+    "WRITE",
     "WITHOUT_DAMAGED_INDEX",
     "handle_method",
     "lenient",
@@ -48,20 +48,12 @@ T_co = TypeVar("T_co", covariant=True)
 P = ParamSpec("P")
 
 
-class Handle(Protocol):
+class Handle(writes.Store, Protocol):
     """What a generated method needs of the handle it is called on (``SessionDB``)."""
 
-    path: Path
-    profile_home: Path
     _seen: seen.SeenThrough
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
-
-    def _write(
-        self, fn: Callable[[sqlite3.Connection], T], kind: writes.WriteKind = ...
-    ) -> T: ...
-
-    def _check_writable(self) -> None: ...
 
 
 # A generated method: the sibling function's own parameters and result, the connection dropped.
@@ -93,13 +85,6 @@ def lenient(answer: Callable[[], T]) -> Fallback[T]:
     """For callers that probe the store and switch a feature off on failure: a store error is
     answered with ``answer()``."""
     return Fallback(STORE_ERRORS, "answered without the store", lambda db, a, k: answer())
-
-
-# An activity stamp whose patience ran out is skipped (the write wrapper has already logged the
-# lock holders) rather than an error reaching the code that made the observation.
-SKIPPED_WHEN_LOCKED: Fallback[None] = Fallback(
-    (errors.StateDbLockedError,), "skipped: the store stayed locked", lambda db, a, k: None
-)
 
 
 def _search_without_index(
@@ -164,71 +149,71 @@ def _finish(
     return method
 
 
-def _parts(
-    fn: Callable[..., Any],
-) -> tuple[seen.Seen[..., Any, Any] | None, Callable[..., Any], Callable[..., Any]]:
-    """(hook, like, run) of a factory's function: a Seen, or a plain sibling function."""
+# How one call of a table entry's function runs on a handle (see hermes_state_writes.Work).
+Bind = Callable[[Handle, writes.Args, writes.Kwargs], writes.Work[Any, Any]]
+
+
+def _bound(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Bind]:
+    """(the public function it stands for, how one call of it runs on a handle) of a table
+    entry's function: a ``Seen`` keeps the handle's marks, an ``AfterCommit`` finishes once
+    committed, a plain sibling runs as it is."""
     if isinstance(fn, seen.Seen):
-        return fn, fn.like, fn.run
+        hook = fn
+
+        def remembering(db: Handle, args: writes.Args, kwargs: writes.Kwargs) -> Any:
+            session_id = hook.prepare(args, kwargs)
+            return writes.Work(
+                lambda conn: hook.within(db._seen, conn, session_id, args, kwargs),
+                lambda done: hook.record(db._seen, session_id, *done))
+
+        return hook.like, remembering
+    like: Callable[..., Any] = fn
+    run: Callable[..., Any] = fn
+    finish: Callable[[Any], Any] = _same
     if isinstance(fn, deletion.AfterCommit):
-        return None, fn.like, fn.run
-    return None, fn, fn
+        like, run, finish = fn.like, fn.run, fn.finish
+
+    def plain(db: Handle, args: writes.Args, kwargs: writes.Kwargs) -> Any:
+        return writes.Work(lambda conn: run(conn, *args, **kwargs), finish)
+
+    return like, plain
+
+
+def _same(result: Any) -> Any:
+    return result
 
 
 def read_method(fn: Sibling[P, T], *, fallback: Fallback[T] | None = None) -> Method[P, T]:
     """A method that runs the sibling function ``fn(conn, ...)`` as a read, once
     its arguments passed ``hermes_state_arguments``' check."""
-    hook, like, run = _parts(fn)
+    like, bind = _bound(fn)
     check = arguments.checker(like)
 
     def method(self: Handle, /, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = check(args, kwargs)
-        if hook is None:
-            return self._read(lambda conn: run(conn, *args, **kwargs))
-        session_id = hook.prepare(args, kwargs)
-        result, note = self._read(
-            lambda conn: hook.within(self._seen, conn, session_id, args, kwargs))
-        return hook.record(self._seen, session_id, result, note)
+        work = bind(self, args, kwargs)
+        return work.finish(self._read(work.run))
 
     return cast("Method[P, T]", _finish(method, like, fallback))
 
 
+#: The policy of a write the table names no other for: 20 s of patience, nothing spooled.
+WRITE = writes.WritePolicy()
+
+
 def write_method(
     fn: Sibling[P, T],
-    kind: writes.WriteKind = "write",
+    policy: writes.WritePolicy = WRITE,
     *,
-    spool: quarantine.Spool | None = None,
     fallback: Fallback[T] | None = None,
 ) -> Method[P, T]:
-    """A method that runs ``fn(conn, ...)`` as one write of ``kind`` (see
-    the handle's ``_write``) once its arguments passed ``hermes_state_arguments``' check. A
-    store that takes no writes says so first: with ``spool``, the messages of a write refused
-    because the file is corrupt are spooled, whatever their values, and the raised
-    :class:`StateDbCorruptError` names the file in ``spooled_to``. An
-    :class:`~hermes_state_deletion.AfterCommit` finishes once committed."""
-    hook, like, run = _parts(fn)
-    signature, check = inspect.signature(like), arguments.checker(like)
-    finish = fn.finish if isinstance(fn, deletion.AfterCommit) else None
+    """A method that runs ``fn(conn, ...)`` down the write path under ``policy``
+    (``hermes_state_writes.call``)."""
+    like, bind = _bound(fn)
+    function = writes.Function(
+        like.__name__, inspect.signature(like), arguments.checker(like), bind)
 
     def method(self: Handle, /, *args: Any, **kwargs: Any) -> Any:
-        # A retried transaction calls fn again: one-shot iterators must survive that.
-        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
-        kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        try:
-            self._check_writable()
-            args, kwargs = check(args, kwargs)
-            if hook is not None:
-                session_id = hook.prepare(args, kwargs)
-                result, note = self._write(
-                    lambda conn: hook.within(self._seen, conn, session_id, args, kwargs), kind)
-            else:
-                result = self._write(lambda conn: run(conn, *args, **kwargs), kind)
-        except errors.StateDbCorruptError as exc:
-            if spool is not None:
-                spool.keep(exc, signature, args, kwargs, self.profile_home)
-            raise
-        if finish is not None:
-            return finish(result)
-        return result if hook is None else hook.record(self._seen, session_id, result, note)
+        return writes.call(self, policy, function, args, kwargs)
 
     return cast("Method[P, T]", _finish(method, like, fallback))

@@ -1252,20 +1252,12 @@ def _assemble(
         excluded.setdefault(name, {"found": 0, "present": False})
     for name, report in [*plan.copy.items(), *plan.excluded.items()]:
         _table_notes(src, name, report, bounds)
-    version = None
-    if src.primary.sql is not None:
-        with contextlib.suppress(sqlite3.Error, HermesStateError):
-            version = read_version(src.primary.sql)
-    found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
-    lost_values = [t.get("lost") for t in tables.values()]
-    unverified = [f"{name}: {problem}" for name, t in tables.items()
-                  for problem in t.get("unverified", [])]
     return {
         "source": str(src_path),
         "output": str(out_path) if out_path is not None else None,
         "inspect_only": out_path is None,
         "source_in_use": holders,
-        "schema_version": version,
+        "schema_version": _schema_version(src),
         "schema_read_by": plan.schema_method,
         "page_size": src.primary.image.page_size,
         "pages": src.primary.image.page_count,
@@ -1278,6 +1270,30 @@ def _assemble(
         "excluded": excluded,
         "rebuilt": list(_REBUILT),
         "placeholder_sessions": placeholders,
+        **_totals(tables, excluded, plan),
+        "checks": checks,
+    }
+
+
+def _schema_version(src: _Source) -> int | None:
+    """The source's schema version, when SQLite can read it."""
+    if src.primary.sql is None:
+        return None
+    with contextlib.suppress(sqlite3.Error, HermesStateError):
+        return read_version(src.primary.sql)
+    return None
+
+
+def _totals(
+    tables: dict[str, dict[str, Any]], excluded: dict[str, dict[str, Any]], plan: _Plan
+) -> dict[str, Any]:
+    """The report's figures over every table: rows found and lost, whether the copy is
+    complete and verified, and whether anything at all could be read."""
+    found = sum(t["found"] for t in tables.values()) + sum(t["found"] for t in excluded.values())
+    lost_values = [t.get("lost") for t in tables.values()]
+    unverified = [f"{name}: {problem}" for name, t in tables.items()
+                  for problem in t.get("unverified", [])]
+    return {
         "rows_found": found,
         "rows_lost": None if None in lost_values else sum(v or 0 for v in lost_values),
         "complete": all(t.get("lost") == 0 for t in tables.values()),
@@ -1285,7 +1301,6 @@ def _assemble(
         "output_verified": all(t.get("output_verified", True) for t in tables.values()),
         "unverified": unverified,
         "readable": found > 0 or not any(r.damaged for r in plan.reports()),
-        "checks": checks,
     }
 
 

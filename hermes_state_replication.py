@@ -427,16 +427,7 @@ def replicate(
         prefix=temp_prefix(mark), dir=db_path.parent
     ) as tmp:
         remove_abandoned_temps(db_path.parent, mark)  # a killed replicator's configuration
-        config = Path(tmp) / "litestream.yml"
-        config.write_text(litestream_config(db_path, url, sync_interval=sync_interval),
-                          encoding="utf-8")
-        proc = subprocess.Popen(
-            [str(binary), "replicate", "-no-expand-env", "-config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=_stderr_fd(),
-            start_new_session=True,
-            preexec_fn=_die_with_supervisor(),
-        )
+        proc = _start_litestream(binary, db_path, url, sync_interval, Path(tmp))
         record: dict[str, Any] = {
             "url": url,
             "sync_interval_s": sync_interval,
@@ -448,20 +439,48 @@ def replicate(
             "stopped_at": None,
             "stopped_because": None,
         }
-        try:
-            _write_record(db_path, record)
-            if on_start is not None:
-                on_start(record)
-            _supervise(proc, db_path, stop or threading.Event())
-        except BaseException as exc:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            record.update(stopped_at=time.time(), stopped_because=_stop_reason(exc))
-            _write_record(db_path, record)
-            raise
-        record.update(stopped_at=time.time(), stopped_because="stopped")
+        _run_recorded(proc, db_path, record, stop or threading.Event(), on_start)
+
+
+def _start_litestream(
+    binary: Path, db_path: Path, url: str, sync_interval: float, tmp: Path
+) -> subprocess.Popen[bytes]:
+    """Litestream replicating ``db_path`` to ``url``, its configuration written in ``tmp``."""
+    config = tmp / "litestream.yml"
+    config.write_text(litestream_config(db_path, url, sync_interval=sync_interval),
+                      encoding="utf-8")
+    return subprocess.Popen(
+        [str(binary), "replicate", "-no-expand-env", "-config", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=_stderr_fd(),
+        start_new_session=True,
+        preexec_fn=_die_with_supervisor(),
+    )
+
+
+def _run_recorded(
+    proc: subprocess.Popen[bytes],
+    db_path: Path,
+    record: dict[str, Any],
+    stop: threading.Event,
+    on_start: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """Supervise Litestream while the store's record says it runs, then record why it
+    stopped; ended by an error, Litestream is killed first."""
+    try:
         _write_record(db_path, record)
+        if on_start is not None:
+            on_start(record)
+        _supervise(proc, db_path, stop)
+    except BaseException as exc:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        record.update(stopped_at=time.time(), stopped_because=_stop_reason(exc))
+        _write_record(db_path, record)
+        raise
+    record.update(stopped_at=time.time(), stopped_because="stopped")
+    _write_record(db_path, record)
 
 
 def _stop_reason(exc: BaseException) -> str:
@@ -596,56 +615,16 @@ def restore_from_replica(
     if timestamp is not None and timestamp.tzinfo is None:
         raise ReplicationError("a restore timestamp needs its time zone", reason="bad_timestamp")
     when = None if timestamp is None else timestamp.astimezone(datetime.UTC)
-    target = Path(output if output is not None else db_path).expanduser().absolute()
-    check_test_isolation(target)
-    refuse_symlinks(target)
-    if output is not None and any(p.exists() for p in (target, *sidecar_paths(target))):
-        raise ReplicationError(f"{target} exists; a restore never overwrites it",
-                               reason="output_exists", path=target)
-    if output is None:
-        _refuse_held(target)
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target = _restore_target(db_path, output)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.restore-", dir=target.parent))
     try:
         restored = work / "state.db"
-        args = ["restore", "-no-expand-env", "-o", str(restored)]
-        if when is not None:
-            args += ["-timestamp", _rfc3339(when)]
         say("restoring from the replica", 0, None)
-        done = _run_litestream([*args, url], timeout=_COMMAND_TIMEOUT_S * 10)
-        if done.returncode != 0 or not restored.is_file():
-            raise ReplicationError(
-                f"litestream could not restore from {url}: {_last_line(done.stderr)}",
-                reason="restore_failed",
-                detail=done.stderr.strip(),
-            )
+        _litestream_restore(url, restored, when)
         say("checking the restored copy", 0, None)
-        with translated_errors(restored):
-            conn = connect(restored, "rw")
-            try:
-                report, problems, notes = _judge(conn)
-                if not problems:
-                    conn.execute("PRAGMA journal_mode = DELETE")
-            finally:
-                conn.close()
-        if problems:
-            kept = _keep_rejected(restored, target)
-            raise StateDbCorruptError(
-                f"the copy restored from {url} fails its checks ({'; '.join(problems[:3])}); "
-                f"nothing was replaced, the copy is kept as {kept}",
-                path=kept,
-            )
+        report, notes = _checked_copy(restored, target, url)
         os.chmod(restored, 0o600)
-        result: dict[str, Any] = {
-            "restored_to": str(target),
-            "replica": url,
-            "timestamp": None if when is None else _rfc3339(when),
-            "row_counts": report["row_counts"],
-            "integrity": report["integrity"],
-            "fts_integrity": report["fts_integrity"],
-            "schema_version": report["schema_version"],
-            "notes": notes,
-        }
+        result = _restore_report(target, url, when, report, notes)
         if output is not None:
             _publish_new(restored, target)
         else:
@@ -658,6 +637,72 @@ def restore_from_replica(
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _restore_report(target: Path, url: str, when: datetime.datetime | None,
+                    report: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """What a restore reports of the copy it checked (see :func:`restore_from_replica`)."""
+    return {
+        "restored_to": str(target),
+        "replica": url,
+        "timestamp": None if when is None else _rfc3339(when),
+        "row_counts": report["row_counts"],
+        "integrity": report["integrity"],
+        "fts_integrity": report["fts_integrity"],
+        "schema_version": report["schema_version"],
+        "notes": notes,
+    }
+
+
+def _restore_target(db_path: Path, output: Path | None) -> Path:
+    """Where a restore goes, its directory made: ``output``, which must not exist, else the
+    store, which no other process may hold."""
+    target = Path(output if output is not None else db_path).expanduser().absolute()
+    check_test_isolation(target)
+    refuse_symlinks(target)
+    if output is not None and any(p.exists() for p in (target, *sidecar_paths(target))):
+        raise ReplicationError(f"{target} exists; a restore never overwrites it",
+                               reason="output_exists", path=target)
+    if output is None:
+        _refuse_held(target)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return target
+
+
+def _litestream_restore(url: str, restored: Path, when: datetime.datetime | None) -> None:
+    """Litestream's copy of the replica (as of ``when``, else its latest state) at
+    ``restored``."""
+    args = ["restore", "-no-expand-env", "-o", str(restored)]
+    if when is not None:
+        args += ["-timestamp", _rfc3339(when)]
+    done = _run_litestream([*args, url], timeout=_COMMAND_TIMEOUT_S * 10)
+    if done.returncode != 0 or not restored.is_file():
+        raise ReplicationError(
+            f"litestream could not restore from {url}: {_last_line(done.stderr)}",
+            reason="restore_failed",
+            detail=done.stderr.strip(),
+        )
+
+
+def _checked_copy(restored: Path, target: Path, url: str) -> tuple[dict[str, Any], list[str]]:
+    """(health report, notes) of the restored copy, put in rollback-journal mode; a copy that
+    fails its checks is kept beside ``target`` and :class:`StateDbCorruptError` names it."""
+    with translated_errors(restored):
+        conn = connect(restored, "rw")
+        try:
+            report, problems, notes = _judge(conn)
+            if not problems:
+                conn.execute("PRAGMA journal_mode = DELETE")
+        finally:
+            conn.close()
+    if problems:
+        kept = _keep_rejected(restored, target)
+        raise StateDbCorruptError(
+            f"the copy restored from {url} fails its checks ({'; '.join(problems[:3])}); "
+            f"nothing was replaced, the copy is kept as {kept}",
+            path=kept,
+        )
+    return report, notes
 
 
 # --- status ------------------------------------------------------------------------------------

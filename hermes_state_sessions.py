@@ -374,29 +374,43 @@ def update_token_counts(
     fallback route (a later update's) is kept on its usage row only, and an update that
     counts nothing never changes the session's route. A usage row without a route of its own
     takes the session's, and without a model the session's model."""
-    given_tokens = {
-        "input_tokens": input_tokens, "output_tokens": output_tokens,
-        "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
-        "reasoning_tokens": reasoning_tokens, "api_call_count": api_call_count,
-    }
-    given_costs = {"estimated_cost_usd": estimated_cost_usd, "actual_cost_usd": actual_cost_usd}
-    given_labels = {
-        "cost_status": cost_status, "cost_source": cost_source,
-        "pricing_version": pricing_version, "billing_provider": billing_provider,
-        "billing_base_url": billing_base_url, "billing_mode": billing_mode,
-    }
-    tokens = {f: _check_count(f, given_tokens[f]) for f in TOKEN_FIELDS}
-    costs = {f: _check_cost(f, given_costs[f]) for f in COST_FIELDS}
-    labels = {
-        f: given_labels[f] for f in (*LABEL_FIELDS, *ROUTE_FIELDS) if given_labels[f] is not None
-    }
+    counts = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+              reasoning_tokens, api_call_count)
+    tokens = {f: _check_count(f, n) for f, n in zip(TOKEN_FIELDS, counts, strict=True)}
+    costs = {f: _check_cost(f, c) for f, c in zip(
+        COST_FIELDS, (estimated_cost_usd, actual_cost_usd), strict=True)}
+    labels = _given(LABEL_FIELDS, (cost_status, cost_source, pricing_version))
+    route = _given(ROUTE_FIELDS, (billing_provider, billing_base_url, billing_mode))
     row = conn.execute(SESSION_ROUTE_SQL, (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(session_id)
-    given_route: dict[str, Any] = {f: labels.pop(f) for f in ROUTE_FIELDS if f in labels}
-    if given_route and any(tokens.values()) and not row[4]:
-        given_route = {f: given_route.get(f) for f in ROUTE_FIELDS}  # the first accounted
-        labels.update(given_route)
+    session_model, *session_route, accounted = row
+    if route and any(tokens.values()) and not accounted:
+        route = {f: route.get(f) for f in ROUTE_FIELDS}  # the first accounted: all three
+        labels.update(route)
+    _add_to_session(conn, session_id, tokens, costs, labels, model, absolute=absolute)
+    usage_route = {**dict(zip(ROUTE_FIELDS, session_route, strict=True)), **route}
+    usage_key = (session_model if model is None else model, *usage_route.values(), task)
+    _add_to_usage(conn, session_id, usage_key, tokens, costs, absolute=absolute)
+
+
+def _given(fields: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
+    """The fields given a value (not None)."""
+    return {f: v for f, v in zip(fields, values, strict=True) if v is not None}
+
+
+def _add_to_session(
+    conn: sqlite3.Connection,
+    session_id: str,
+    tokens: dict[str, int],
+    costs: dict[str, float | None],
+    labels: dict[str, Any],
+    model: str | None,
+    *,
+    absolute: bool,
+) -> None:
+    """Add the figures to the session's totals (``absolute``: set them; a cost not given stays
+    as it is), set the given labels, and the model while the session has none."""
     sets = [f"{f} = ?" if absolute else f"{f} = {f} + ?" for f in TOKEN_FIELDS]
     params: list[Any] = list(tokens.values())
     for f, value in costs.items():
@@ -411,21 +425,23 @@ def update_token_counts(
         params.append(clean_optional(model))
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
 
-    route = [given_route.get(f, row[i + 1]) for i, f in enumerate(ROUTE_FIELDS)]
-    usage_model = model if model is not None else row[0]
+
+def _add_to_usage(
+    conn: sqlite3.Connection,
+    session_id: str,
+    key: tuple[Any, ...],
+    tokens: dict[str, int],
+    costs: dict[str, float | None],
+    *,
+    absolute: bool,
+) -> None:
+    """Add the figures to (``absolute``: set them on) the usage row of ``key``: (model, the
+    three route fields, task), each None stored as ''."""
     stamp = now()
     conn.execute(
         _usage_sql(absolute),
-        (
-            session_id,
-            clean_optional(usage_model) or "",
-            *(clean_optional(v) or "" for v in route),
-            clean_optional(task) or "",
-            *tokens.values(),
-            *costs.values(),
-            stamp,
-            stamp,
-        ),
+        (session_id, *(clean_optional(v) or "" for v in key), *tokens.values(),
+         *costs.values(), stamp, stamp),
     )
 
 

@@ -947,53 +947,73 @@ def _publish(
     raised by ``on_commit``) deletes it again and a killed process's sessions are deleted by
     the next import. Between two chunks the lock stays free ``pause_s`` seconds."""
     chunks = _chunks(plan, PUBLISH_CHUNK_MESSAGES if chunk_messages is None else chunk_messages)
-    key = JOURNAL_PREFIX + uuid.uuid4().hex
-    holder = lock_holder_name("import")
+    journal = _PublishJournal() if len(chunks) > 1 else None  # one transaction needs none
     total = sum(item.messages for item in plan)
     done = 0
-
-    def chunk(conn: sqlite3.Connection, number: int) -> _Outcome:
-        part = _Outcome()
-        for item in chunks[number]:
-            _write_session(conn, item, part)
-        if len(chunks) > 1:
-            if number == len(chunks) - 1:
-                conn.execute(DELETE_META_SQL, (key,))
-            else:
-                journal = stored(conn)
-                for item in chunks[number]:
-                    journal.sessions.append(item.rec.id)
-                    journal.written[item.rec.id] = _fingerprint(conn, item.rec.id)
-                set_meta(conn, key, journal.value())
-        return part
-
-    def stored(conn: sqlite3.Connection) -> _Journal:
-        # What the committed chunks wrote: the journal, never this process's own tally, which an
-        # interrupt landing just after a commit would leave one chunk short.
-        row = conn.execute(META_SQL, (key,)).fetchone()
-        journal = None if row is None else _journal(row[0])
-        return _Journal(holder, []) if journal is None else journal
-
-    def forget(conn: sqlite3.Connection) -> list[dict[str, str]]:
-        return _undo_journal(conn, key, stored(conn))[1]
-
     try:
         for number, items in enumerate(chunks):
             if number:
                 time.sleep(pause_s)
-            part = write(functools.partial(chunk, number=number))
+            last = number == len(chunks) - 1
+            part = write(functools.partial(_write_chunk, items=items, journal=journal, last=last))
             before, done = done, done + sum(item.messages for item in items)
             if on_commit is not None:
                 on_commit(done, total)
             _merge(outcome, part)
-            if progress is not None and len(chunks) > 1 and (
-                done // PROGRESS_EVERY > before // PROGRESS_EVERY or number == len(chunks) - 1
+            if progress is not None and journal is not None and (
+                done // PROGRESS_EVERY > before // PROGRESS_EVERY or last
             ):
                 progress("importing messages", done, total)
     except BaseException as exc:
-        if len(chunks) > 1:
-            _note_kept(exc, write(forget))
+        if journal is not None:
+            _note_kept(exc, write(journal.undo))
         raise
+
+
+def _write_chunk(
+    conn: sqlite3.Connection, items: list[_Planned], journal: _PublishJournal | None, last: bool
+) -> _Outcome:
+    """Write one chunk's sessions, and keep the journal: the chunk's sessions added to it,
+    or, with the ``last`` chunk, the journal removed (the import is whole)."""
+    part = _Outcome()
+    for item in items:
+        _write_session(conn, item, part)
+    if journal is not None and last:
+        journal.remove(conn)
+    elif journal is not None:
+        journal.add(conn, items)
+    return part
+
+
+class _PublishJournal:
+    """The journal of an import published in several transactions: a meta row naming the
+    sessions the committed chunks wrote, with their fingerprints, held by this process."""
+
+    def __init__(self) -> None:
+        self.key = JOURNAL_PREFIX + uuid.uuid4().hex
+        self.holder = lock_holder_name("import")
+
+    def stored(self, conn: sqlite3.Connection) -> _Journal:
+        """What the committed chunks wrote: the journal, never this process's own tally, which
+        an interrupt landing just after a commit would leave one chunk short."""
+        row = conn.execute(META_SQL, (self.key,)).fetchone()
+        journal = None if row is None else _journal(row[0])
+        return _Journal(self.holder, []) if journal is None else journal
+
+    def add(self, conn: sqlite3.Connection, items: list[_Planned]) -> None:
+        journal = self.stored(conn)
+        for item in items:
+            journal.sessions.append(item.rec.id)
+            journal.written[item.rec.id] = _fingerprint(conn, item.rec.id)
+        set_meta(conn, self.key, journal.value())
+
+    def remove(self, conn: sqlite3.Connection) -> None:
+        conn.execute(DELETE_META_SQL, (self.key,))
+
+    def undo(self, conn: sqlite3.Connection) -> list[dict[str, str]]:
+        """Delete what the committed chunks wrote; the sessions kept, as others wrote to
+        them since (see :func:`_undo_journal`)."""
+        return _undo_journal(conn, self.key, self.stored(conn))[1]
 
 
 def _note_kept(exc: BaseException, kept: list[dict[str, str]]) -> None:
@@ -1492,6 +1512,35 @@ def _report(outcome: _Outcome) -> dict[str, Any]:
     return report
 
 
+def _record_limit(max_record_bytes: object, chunk_messages: object) -> int:
+    """The longest line a stream import takes, once both of its sizes passed their checks."""
+    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
+    if chunk_messages is not None:
+        integer("chunk_messages", chunk_messages, minimum=1)
+    if limit >= sys.maxsize:
+        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
+    return limit
+
+
+def _spooled_records(
+    spool: sqlite3.Connection, sessions: list[tuple[int, dict[str, Any]]]
+) -> Callable[[], Iterator[_Incoming]]:
+    """The records of a spooled stream: each session line's row with its usage rows, and its
+    messages read from the spool line by line when the import gets to them."""
+
+    def spooled(block: int, kind: str) -> Iterator[tuple[Where, Any]]:
+        rows = spool.execute(SPOOL_BLOCK_SQL, (block, kind))
+        return (({"line": n}, json.loads(b)) for n, b in rows)
+
+    def records() -> Iterator[_Incoming]:
+        for block, session in sessions:
+            yield _Incoming({"line": block}, session,
+                            functools.partial(spooled, block, "message"),
+                            list(spooled(block, "usage")))
+
+    return records
+
+
 def import_jsonl(
     store: Store,
     fp: IO[Any],
@@ -1521,11 +1570,7 @@ def import_jsonl(
     ``title_conflicts`` (imported without the title another session holds),
     ``parent_missing`` (imported as a root: the parent is neither stored nor imported, or
     the link would close a cycle), ``messages_imported`` and ``errors`` (empty)."""
-    limit = integer("max_record_bytes", max_record_bytes, minimum=1)
-    if chunk_messages is not None:
-        integer("chunk_messages", chunk_messages, minimum=1)
-    if limit >= sys.maxsize:
-        raise InvalidInputError(f"max_record_bytes must be below {sys.maxsize}, got {limit}")
+    limit = _record_limit(max_record_bytes, chunk_messages)
     remove_abandoned_temps(None, SPOOL_PREFIX)  # spools of imports killed mid-way
     with tempfile.TemporaryDirectory(prefix=temp_prefix(SPOOL_PREFIX)) as tmp:
         spool_path = Path(tmp) / "spool.db"
@@ -1537,18 +1582,8 @@ def import_jsonl(
                 errors = _Errors()
                 sessions = _spool_jsonl(fp, spool, errors, progress, limit)
                 errors.raise_any()
-
-                def spooled(block: int, kind: str) -> Iterator[tuple[Where, Any]]:
-                    rows = spool.execute(SPOOL_BLOCK_SQL, (block, kind))
-                    return (({"line": n}, json.loads(b)) for n, b in rows)
-
-                def records() -> Iterator[_Incoming]:
-                    for block, session in sessions:
-                        yield _Incoming({"line": block}, session,
-                                        functools.partial(spooled, block, "message"),
-                                        list(spooled(block, "usage")))
-
-                outcome = _import(*_store_io(store), records, on_conflict, errors, progress,
+                outcome = _import(*_store_io(store), _spooled_records(spool, sessions),
+                                  on_conflict, errors, progress,
                                   pause_s=store.timing.import_pause_s,
                                   chunk_messages=chunk_messages,
                                   on_commit=on_commit)

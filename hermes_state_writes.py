@@ -1,7 +1,16 @@
-"""The write policy: how long a write waits for the lock, how it backs off, and what an error
-does to it.
+"""The write path: what one write method's call does, top to bottom, and how long a write waits
+for the lock, how it backs off, and what an error does to it.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction, so contention surfaces at its start. A lock
+A call of a write method, in order (:func:`call`; the facade's table names each method's
+:class:`WritePolicy` beside it, and ``hermes_state_methods`` binds the entry to this path):
+refuse a closed, read-only or quarantined handle (:func:`check_writable`); check the
+arguments; run the function as one write (:func:`write`); on a corrupt file, spool the
+messages the call carries (the policy's :class:`~hermes_state_quarantine.Spool`); once
+committed, the function's own after-commit work (:class:`Work`).
+
+One write (:func:`write`): under the handle's lock and the writers' turnstile, one
+``BEGIN IMMEDIATE`` transaction, so contention surfaces at its start; after the commit, the
+checkpoint policy (:class:`Checkpoints`). :func:`retrying` wraps the whole attempt. A lock
 error retries the whole transaction after a random pause, so writers do not retry in
 lockstep. The patience depends on the :data:`WriteKind`: 20 s for a write, 60 s for a
 transcript, 0.5 s for an activity stamp, which is then skipped.
@@ -10,25 +19,22 @@ transcript, 0.5 s for an activity stamp, which is then skipped.
 once; other damage quarantines the file. ``MemoryError`` counts as index damage only when the
 index is to blame. Every 50th commit is followed by a PASSIVE checkpoint.
 
-One write, in order (:func:`write`): under the handle's lock, refuse a closed, read-only or
-quarantined handle (:func:`check_writable`); run the function in its transaction; after the
-commit, the checkpoint policy (:class:`Checkpoints`). :func:`retrying` wraps the whole attempt.
-
 The figures are the seed's named constants, gathered in a frozen :class:`Timing`; a handle
 takes another with ``SessionDB(path, timing=Timing(...))``."""
 
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 import hermes_state_fulltext as fulltext
 import hermes_state_replication as replication
@@ -36,16 +42,23 @@ import hermes_state_schema as schema
 from hermes_state_connect import transaction
 from hermes_state_home import append_error_log
 from hermes_state_errors import HermesStateError, InvalidInputError, InvalidTypeError
-from hermes_state_errors import ReplicationError, StateDbClosedError, StateDbLockedError
+from hermes_state_errors import ReplicationError, StateDbClosedError, StateDbCorruptError
+from hermes_state_errors import StateDbLockedError
 from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, translate
 from hermes_state_fts import damage_is_fts_only, detach_index, optimize_indexes
 from hermes_state_impact import drop_index, missing_index_object
-from hermes_state_quarantine import Watch
+from hermes_state_quarantine import Spool, Watch
 from hermes_state_turnstile import Turnstile
 from hermes_state_lockowners import describe_lock_holders
 
 __all__ = [
     "WriteKind",
+    "WritePolicy",
+    "Work",
+    "Function",
+    "Args",
+    "Kwargs",
+    "call",
     "Timing",
     "timing_of",
     "RetryPolicy",
@@ -266,9 +279,10 @@ def passive_checkpoint(
     return busy, log_frames, checkpointed
 
 
-# --- the retry loop ---------------------------------------------------------------------------
+# --- one call of a write method ------------------------------------------------------------
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 # The pauses between attempts are random so that contending writers do not retry in lockstep.
 _JITTER = random.Random()
@@ -295,65 +309,95 @@ class Store(Protocol):
                may_drop_index: bool = ...) -> T: ...
 
 
-def retrying(
-    store: Store,
-    attempt: Callable[[bool, bool], T],
-    kind: WriteKind,
-    *,
-    drop_search_index: Callable[[], None] | None,
-) -> T:
-    """``attempt(detach_index, waited)`` until it succeeds or the verdict on its error ends
-    it; ``waited``: an earlier attempt met the lock taken (see hermes_state_turnstile).
+@dataclass(frozen=True)
+class WritePolicy:
+    """A write method's policy, declared beside it in the facade's table: the :data:`WriteKind`
+    that sets its patience (an ``"activity"`` stamp whose patience ran out is skipped, logged,
+    and answers None), and for a write that carries a transcript the :class:`Spool` that keeps
+    its messages when the file turns out corrupt."""
 
-    ``drop_search_index`` (None: not this time) drops the search index once, when the error
-    says one of its tables is gone: its triggers then fail every write of messages, so the
-    rest of it is dropped too and the write goes through; the next writable open creates it
-    anew (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may
-    not drop again, so a drop that meets the same error ends, typed, instead of recursing.
+    kind: WriteKind = "write"
+    spool: Spool | None = None
 
-    An error saying this SQLite lacks FTS5 (the triggers of an index another process with FTS5
-    put back meanwhile) detaches the indexes in a write of their own, once, and the write goes
-    through without them (see hermes_state_fulltext)."""
-    policy = store.timing.policy(kind)
-    start, attempts, detach_index, kept_waiting = time.monotonic(), 1, False, False
-    detach_unavailable = True
-    while True:
-        try:
-            return attempt(detach_index, kept_waiting)
-        except (sqlite3.Error, MemoryError) as exc:
-            if detach_unavailable and fulltext.is_unavailable_error(exc):
-                logger.warning("%s; detaching the full-text indexes of %s", exc, store.path)
-                write(store, schema.detach_unavailable, may_drop_index=False)
-                detach_unavailable = False
-                continue
-            if drop_search_index is not None and missing_index_object(exc):
-                logger.warning("search index incomplete (%s); dropping it from %s until "
-                               "the next open", exc, store.path)
-                drop_search_index()
-                drop_search_index = None
-                continue
-            verdict = classify(exc, index_detached=detach_index,
-                               fts_only=lambda exc: fts_only(store, exc))
-            if verdict is Verdict.RETRY:
-                waited = time.monotonic() - start
-                pause = delay(waited, policy, _JITTER)
-                if pause is None:
-                    raise locked_error(store.path, store.profile_home, waited, attempts) from exc
-                store.write_retries += 1
-                kept_waiting = True
-                logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
-                             store.path, attempts, pause)
-                time.sleep(pause)
-            elif verdict is Verdict.DETACH_INDEX:
-                logger.warning("FTS index damaged (%s); detaching it from %s", exc, store.path)
-                detach_index = True
-            else:
-                if verdict is Verdict.QUARANTINE:
-                    store._watch.enter(exc)
-                if isinstance(exc, sqlite3.Error):
-                    raise translate(exc, store.path) from exc
-                raise
-            attempts += 1
+
+@dataclass(frozen=True)
+class Work(Generic[U, T]):
+    """One call's work, its arguments bound: ``run(conn)`` inside the write transaction (again
+    when the transaction is retried), then ``finish(done)`` once it committed, which gives the
+    method's result."""
+
+    run: Callable[[sqlite3.Connection], U]
+    finish: Callable[[U], T]
+
+
+#: A call's positional and keyword arguments, as a method receives them.
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Function(Generic[T]):
+    """A write method's sibling function as :func:`call` runs it (``hermes_state_methods``
+    binds it): its ``name``, its ``signature`` (the connection first: a spool binds the call
+    to it), the ``check`` of its arguments, and ``work(store, args, kwargs)``, one call's
+    :class:`Work`."""
+
+    name: str
+    signature: inspect.Signature
+    check: Callable[[Args, Kwargs], tuple[Args, Kwargs]]
+    work: Callable[[Any, Args, Kwargs], Work[Any, T]]
+
+
+def call(store: Store, policy: WritePolicy, function: Function[T], args: Args,
+         kwargs: Kwargs) -> T | None:
+    """One call of a write method, in order: a handle that takes no writes refuses it (before
+    its arguments are looked at); the arguments are checked; the function runs as one
+    :func:`write` of the policy's kind; a write refused because the file is corrupt spools the
+    messages it carries, whatever their values, and the raised :class:`StateDbCorruptError`
+    names the file in ``spooled_to``; once committed, the function's after-commit work gives
+    the result. An activity stamp that stayed locked answers None instead."""
+    args, kwargs = _replayable(args, kwargs)
+    try:
+        check_writable(store)
+        args, kwargs = function.check(args, kwargs)
+        work = function.work(store, args, kwargs)
+        done = write(store, work.run, policy.kind)
+    except StateDbCorruptError as exc:
+        if policy.spool is not None:
+            policy.spool.keep(exc, function.signature, args, kwargs, store.profile_home)
+        raise
+    except StateDbLockedError as exc:
+        if policy.kind != "activity":
+            raise
+        # The write path has already logged the lock holders; the observation is dropped.
+        logger.warning("%s on %s skipped: the store stayed locked: %s",
+                       function.name, store.path, exc)
+        return None
+    return work.finish(done)
+
+
+def _replayable(args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+    """The arguments with every one-shot iterator made a list: a retried transaction calls
+    the function again."""
+    return (tuple(list(a) if isinstance(a, Iterator) else a for a in args),
+            {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()})
+
+
+def check_open(store: Store) -> None:
+    """:class:`StateDbClosedError` once the handle is closed."""
+    if store._closed:
+        raise StateDbClosedError(f"SessionDB for {store.path} is closed")
+
+
+def check_writable(store: Store) -> None:
+    """Refuse a write on a closed or read-only handle, and on a quarantined one (after taking
+    on a quarantine another handle of this process met). A method asks before its arguments
+    are checked; each attempt asks again under the handle's lock."""
+    check_open(store)
+    if store.read_only:
+        raise HermesStateError(f"SessionDB for {store.path} is read-only")
+    store._watch.adopt()
+    store._watch.refuse_writes()
 
 
 def write(
@@ -363,8 +407,11 @@ def write(
     *,
     may_drop_index: bool = True,
 ) -> T:
-    """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction under the retry policy of
-    ``kind`` (see :func:`retrying`); after the commit, the checkpoint policy."""
+    """Run ``fn(conn)`` as one write: each attempt, under the handle's lock, passes the
+    writers' turnstile (hermes_state_turnstile; an attempt that was kept waiting holds it),
+    asks :func:`check_writable` again and runs ``fn`` in one ``BEGIN IMMEDIATE`` transaction;
+    after the commit, the checkpoint policy. :func:`retrying` repeats the attempt under the
+    patience of ``kind`` and judges its errors (damage quarantines the file)."""
 
     def attempt(detach: bool, waited: bool) -> T:
         with store._lock, store._turnstile.turn(waited):
@@ -397,20 +444,93 @@ def outside_transaction(store: Store, fn: Callable[[sqlite3.Connection], T]) -> 
                     drop_search_index=lambda: write(store, drop_index, may_drop_index=False))
 
 
-def check_open(store: Store) -> None:
-    """:class:`StateDbClosedError` once the handle is closed."""
-    if store._closed:
-        raise StateDbClosedError(f"SessionDB for {store.path} is closed")
+def retrying(
+    store: Store,
+    attempt: Callable[[bool, bool], T],
+    kind: WriteKind,
+    *,
+    drop_search_index: Callable[[], None] | None,
+) -> T:
+    """``attempt(detach_index, waited)`` until it succeeds or the verdict on its error ends
+    it; ``waited``: an earlier attempt met the lock taken (see hermes_state_turnstile). Before
+    any verdict, an error one of the :class:`_Repairs` mends is mended once and the attempt
+    made again."""
+    policy = store.timing.policy(kind)
+    start, attempts, detach_index, kept_waiting = time.monotonic(), 1, False, False
+    repairs = _Repairs(store, drop_search_index)
+    while True:
+        try:
+            return attempt(detach_index, kept_waiting)
+        except (sqlite3.Error, MemoryError) as exc:
+            if repairs.mended(exc):
+                continue
+            verdict = classify(exc, index_detached=detach_index,
+                               fts_only=lambda exc: fts_only(store, exc))
+            if verdict is Verdict.RETRY:
+                _pause(store, policy, time.monotonic() - start, attempts, exc)
+                kept_waiting = True
+            elif verdict is Verdict.DETACH_INDEX:
+                logger.warning("FTS index damaged (%s); detaching it from %s", exc, store.path)
+                detach_index = True
+            else:
+                _give_up(store, verdict, exc)
+            attempts += 1
 
 
-def check_writable(store: Store) -> None:
-    """Refuse a write on a closed or read-only handle, and on a quarantined one (after taking
-    on a quarantine another handle of this process met)."""
-    check_open(store)
-    if store.read_only:
-        raise HermesStateError(f"SessionDB for {store.path} is read-only")
-    store._watch.adopt()
-    store._watch.refuse_writes()
+class _Repairs:
+    """What a write mends once, in a write of its own, before it tries again.
+
+    ``drop_search_index`` (None: not this time) drops the search index when the error says
+    one of its tables is gone: its triggers then fail every write of messages, so the rest of
+    it is dropped too and the write goes through; the next writable open creates it anew
+    (searches rank with FTS5 meanwhile). The handle's drop is itself a write that may not drop
+    again, so a drop that meets the same error ends, typed, instead of recursing.
+
+    An error saying this SQLite lacks FTS5 (the triggers of an index another process with FTS5
+    put back meanwhile) detaches the indexes, and the write goes through without them (see
+    hermes_state_fulltext)."""
+
+    def __init__(self, store: Store, drop_search_index: Callable[[], None] | None) -> None:
+        self.store = store
+        self.drop_search_index = drop_search_index
+        self.detach_unavailable = True
+
+    def mended(self, exc: BaseException) -> bool:
+        """Whether ``exc`` was mended (the attempt is to be made again)."""
+        if self.detach_unavailable and fulltext.is_unavailable_error(exc):
+            logger.warning("%s; detaching the full-text indexes of %s", exc, self.store.path)
+            write(self.store, schema.detach_unavailable, may_drop_index=False)
+            self.detach_unavailable = False
+            return True
+        if self.drop_search_index is not None and missing_index_object(exc):
+            logger.warning("search index incomplete (%s); dropping it from %s until "
+                           "the next open", exc, self.store.path)
+            self.drop_search_index()
+            self.drop_search_index = None
+            return True
+        return False
+
+
+def _pause(store: Store, policy: RetryPolicy, waited: float, attempts: int,
+           exc: BaseException) -> None:
+    """Sleep before the next attempt of a write kept waiting ``waited`` seconds;
+    :class:`StateDbLockedError` once its patience ran out."""
+    pause = delay(waited, policy, _JITTER)
+    if pause is None:
+        raise locked_error(store.path, store.profile_home, waited, attempts) from exc
+    store.write_retries += 1
+    logger.debug("write to %s busy (attempt %d); retrying in %.3f s",
+                 store.path, attempts, pause)
+    time.sleep(pause)
+
+
+def _give_up(store: Store, verdict: Verdict, exc: BaseException) -> NoReturn:
+    """End the write with ``exc``, typed; a file found damaged is quarantined first."""
+    if verdict is Verdict.QUARANTINE:
+        store._watch.enter(exc)
+    if isinstance(exc, sqlite3.Error):
+        raise translate(exc, store.path) from exc
+    raise exc
 
 
 def fts_only(store: Store, exc: BaseException) -> bool:
