@@ -930,8 +930,8 @@ def ingress_owner_marker(
 
     With a platform message id it is ``ingress:v1:msg:<sha256 hex>`` over platform, profile,
     scope, chat, thread and message id, so a redelivered event maps to the same marker;
-    without one, ``ingress:v1:turn:<uuid4 hex>``, fresh for every turn. Deterministic for a platform message id (None and ``""`` count as the same empty part,
-    an int as its decimal string); a fresh random marker for a keyless turn.
+    without one, ``ingress:v1:turn:<uuid4 hex>``, fresh for every turn. In the digest None and
+    ``""`` count as the same empty part, an int as its decimal string.
     """
     _check_text("platform", platform)
     if platform_message_id is None or platform_message_id == "":

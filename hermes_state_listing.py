@@ -319,8 +319,8 @@ def search_sessions_by_id(
     if not needle or arguments.integer("limit", limit) <= 0:
         return []
     candidates = list_sessions_rich(
-        conn, limit=min(4 * limit, arguments.INT64_MAX), offset=0, include_archived=include_archived,
-        order_by_last_active=True, id_query=needle,
+        conn, limit=min(4 * limit, arguments.INT64_MAX), offset=0,
+        include_archived=include_archived, order_by_last_active=True, id_query=needle,
     )
 
     def rank(row: dict[str, Any]) -> int:

@@ -554,9 +554,9 @@ def _previous_store_backfills(conn: sqlite3.Connection, stamp: int, /) -> None:
     ``sessions/sessions.json`` beside the file fills routing and display columns that are
     still NULL; before 20 each session with token totals and no per-model usage row gets one
     from them. Each fills only what is missing, so a file this library wrote at such a stamp
-    (or any file run twice) keeps every value it has. (Its step 16, tagging children that look like subagent runs
-    ``_delegate_from`` by a guess, is not taken: a tagged child is deleted with its parent, and
-    a guess must not make a deletion take more; a file at 16 or later has its tags already.)"""
+    (or any file run twice) keeps every value it has. (Its step 16, tagging children that look
+    like subagent runs ``_delegate_from`` by a guess, is not taken: a tagged child is deleted
+    with its parent, and a guess must not make a deletion take more.)"""
     if stamp < 18:
         for params in _gateway_index_rows(conn):
             conn.execute(_GATEWAY_BACKFILL_SQL, params)
