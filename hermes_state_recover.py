@@ -140,19 +140,18 @@ class _TableShape:
             if i == self.ipk:
                 if value is not None:
                     return False
-                continue
-            if value is None:
+            elif value is None:
                 if self.required[i]:
                     return False
-                continue
-            affinity = self.affinities[i]
-            if affinity == "TEXT" and not isinstance(value, str):
-                return False
-            if affinity == "INTEGER" and not isinstance(value, int):
-                return False
-            if affinity == "REAL" and not isinstance(value, (int, float)):
+            elif not isinstance(value, _AFFINITY_TYPES.get(self.affinities[i], object)):
                 return False
         return True
+
+
+# The Python types a value of each column affinity must have to fit (others take any).
+_AFFINITY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "TEXT": str, "INTEGER": int, "REAL": (int, float),
+}
 
 
 def _shape_from_sql(name: str, sql: str | None) -> _TableShape | None:
@@ -606,22 +605,15 @@ def _orphan_rows(
     candidates = [r for r in damaged if r.shape.rowid]
     if not candidates:
         return
-    for root in plan.index_roots:
-        ff.walk_index(src.image, root, claimed)
-    for root in plan.table_roots:
-        for _ in ff.walk_table(src.image, root, claimed):
-            pass
-    freelist, _complete = ff.freelist_pages(src.image)
-    claimed |= freelist
+    _claim_reachable(src.image, plan, claimed)
     for _pgno, cells, _bad in ff.iter_orphan_leaves(src.image, claimed):
         try:
             records = [(c.rowid, ff.decode_record(c.payload, src.image.encoding)) for c in cells]
         except ff.PageError:
             continue
-        owners = [r for r in candidates if all(r.shape.fits(v) for _, v in records)]
-        if len(owners) != 1:
+        owner = _sole_owner(candidates, records)
+        if owner is None:
             continue
-        owner = owners[0]
         owner.orphan_pages += 1
         floor = owner.last_sql_rowid
         for rowid, values in records:
@@ -629,6 +621,25 @@ def _orphan_rows(
                 continue
             owner.page_rowids.add(rowid)
             yield owner, rowid, owner.shape.row(rowid, values)
+
+
+def _sole_owner(
+    candidates: list[_TableReport], records: list[tuple[int, list[Any]]]
+) -> _TableReport | None:
+    """The one table whose shape every record fits; None when none or several do."""
+    owners = [r for r in candidates if all(r.shape.fits(v) for _, v in records)]
+    return owners[0] if len(owners) == 1 else None
+
+
+def _claim_reachable(image: ff.DatabaseImage, plan: _Plan, claimed: set[int]) -> None:
+    """Add to ``claimed`` every page a b-tree of the plan or the freelist reaches."""
+    for root in plan.index_roots:
+        ff.walk_index(image, root, claimed)
+    for root in plan.table_roots:
+        for _ in ff.walk_table(image, root, claimed):
+            pass
+    freelist, _complete = ff.freelist_pages(image)
+    claimed |= freelist
 
 
 def _loss(report: _TableReport, sequence: int | None, doubts: list[str]) -> dict[str, Any]:
@@ -650,6 +661,17 @@ def _loss(report: _TableReport, sequence: int | None, doubts: list[str]) -> dict
     ranges = [p for p in report.bad_pages if p.cells is None]
     if not ranges:
         return {"lost": cells, "lost_exact": True, "lost_basis": "unreadable cells"}
+    return {
+        "lost": _missing_rowids(report, ranges, sequence) + cells,
+        "lost_exact": False,
+        "lost_basis": "rowids missing from the key ranges of unreadable pages "
+        "(an upper bound: rows deleted before the damage count too)",
+    }
+
+
+def _missing_rowids(report: _TableReport, ranges: list[ff.BadPage], sequence: int | None) -> int:
+    """Rowids missing from the key ranges of the unreadable pages ``ranges`` (a range open
+    at the top ends at the highest rowid known: the sequence, or one read)."""
     rowids = sorted(report.page_rowids)
     top = max(sequence or 0, rowids[-1] if rowids else 0, report.last_sql_rowid or 0)
     gaps = 0
@@ -659,12 +681,7 @@ def _loss(report: _TableReport, sequence: int | None, doubts: list[str]) -> dict
         if high > low:
             held = bisect.bisect_right(rowids, high) - bisect.bisect_right(rowids, low)
             gaps += max(0, (high - low) - held)
-    return {
-        "lost": gaps + cells,
-        "lost_exact": False,
-        "lost_basis": "rowids missing from the key ranges of unreadable pages "
-        "(an upper bound: rows deleted before the damage count too)",
-    }
+    return gaps
 
 
 class _Writer:
@@ -751,10 +768,7 @@ class _Merge:
              rows: Iterable[tuple[int | None, list[Any]]]) -> None:
         """Offer ``rows`` of ``read`` (the table as ``view`` holds it) to ``target``."""
         newest = view == self.newest
-        seen = self.seen.setdefault(target.name, set())
         tally = target.views.setdefault(view, _ViewTally())
-        high = self.bounds.get(target.name)
-        check_low = not target.unknown
         batch: list[tuple[int | None, list[Any]]] = []
         for rowid, values in rows:
             tally.read += 1
@@ -762,25 +776,8 @@ class _Merge:
                 target.found += 1
                 if target.found % 10000 == 0:
                     self.say(f"reading {target.name}", target.found, target.source_count)
-            if target.name == "state_meta" and values and values[0] in _FTS_MARKERS:
-                if newest:
-                    target.skipped += 1
+            if not self._admit(target, read, newest, rowid, values):
                 continue
-            if rowid is None:
-                if not newest:
-                    continue  # a row without a rowid cannot be matched across views
-            elif rowid in seen:
-                if newest:
-                    target.duplicates += 1
-                continue
-            elif (check_low and rowid <= 0) or (high is not None and rowid > high):
-                if len(target.impossible) < _IDS_KEPT:
-                    target.impossible.append(rowid)
-                target.impossible_count += 1
-                read.page_rowids.discard(rowid)
-                continue
-            else:
-                seen.add(rowid)  # taken now, so a second copy in this batch is a duplicate
             if not newest:
                 tally.only_here += 1
                 target.found += 1
@@ -789,6 +786,37 @@ class _Merge:
                 self._flush(target, tally, newest, batch)
                 batch = []
         self._flush(target, tally, newest, batch)
+
+    def _admit(self, target: _TableReport, read: _TableReport, newest: bool,
+               rowid: int | None, values: list[Any]) -> bool:
+        """Whether a row goes on to the output, taking its rowid if so. Not: the FTS
+        markers, a rowid already taken (a duplicate), an impossible rowid (set aside), a
+        row without a rowid from an older view (it cannot be matched across views)."""
+        if target.name == "state_meta" and values and values[0] in _FTS_MARKERS:
+            if newest:
+                target.skipped += 1
+            return False
+        if rowid is None:
+            return newest
+        seen = self.seen.setdefault(target.name, set())
+        if rowid in seen:
+            if newest:
+                target.duplicates += 1
+            return False
+        if self._impossible(target, rowid):
+            if len(target.impossible) < _IDS_KEPT:
+                target.impossible.append(rowid)
+            target.impossible_count += 1
+            read.page_rowids.discard(rowid)
+            return False
+        seen.add(rowid)  # taken now, so a second copy in this batch is a duplicate
+        return True
+
+    def _impossible(self, target: _TableReport, rowid: int) -> bool:
+        """No row of the table can have ``rowid``: ≤ 0 (unless the table is unknown), or
+        above the table's sane sequence."""
+        high = self.bounds.get(target.name)
+        return (not target.unknown and rowid <= 0) or (high is not None and rowid > high)
 
     def _flush(self, target: _TableReport, tally: _ViewTally, newest: bool,
                batch: list[tuple[int | None, list[Any]]]) -> None:
@@ -846,17 +874,29 @@ def _salvage(view: _View, vplan: _Plan, plan: _Plan, merge: _Merge, say: Progres
                               "match the newest schema; its rows there were not read")
             continue
         targets[read.name] = target
-        rows = _sql_rows(view, read) if read is target else _sql_rows_not_in(
-            view, read, merge.seen.get(read.name, set()))
-        merge.copy(target, read, view.name, rows)
-        if read.error is not None:
-            where = "" if read is target else f" ({view.name})"
-            say(f"reading {read.name} page by page{where}", target.found, None)
-            merge.copy(target, read, view.name, _page_rows(view, read, claimed))
+        _salvage_table(view, read, target, claimed, merge, say)
     damaged = [r for r in vplan.reports() if r.damaged and r.name in targets]
-    if not damaged:
-        return
-    say("searching unreferenced pages", 0, None)
+    if damaged:
+        say("searching unreferenced pages", 0, None)
+        _salvage_orphans(view, vplan, targets, damaged, claimed, merge)
+
+
+def _salvage_table(view: _View, read: _TableReport, target: _TableReport, claimed: set[int],
+                   merge: _Merge, say: Progress) -> None:
+    """Read one table of ``view`` into the merge: through SQLite (from an older view, only
+    rows the merge has not taken), then page by page where SQLite stopped."""
+    rows = _sql_rows(view, read) if read is target else _sql_rows_not_in(
+        view, read, merge.seen.get(read.name, set()))
+    merge.copy(target, read, view.name, rows)
+    if read.error is not None:
+        where = "" if read is target else f" ({view.name})"
+        say(f"reading {read.name} page by page{where}", target.found, None)
+        merge.copy(target, read, view.name, _page_rows(view, read, claimed))
+
+
+def _salvage_orphans(view: _View, vplan: _Plan, targets: dict[str, _TableReport],
+                     damaged: list[_TableReport], claimed: set[int], merge: _Merge) -> None:
+    """Copy the rows of the pages no tree reaches, in batches per owning table."""
     pending: dict[str, tuple[_TableReport, list[tuple[int | None, list[Any]]]]] = {}
     for owner, rowid, values in _orphan_rows(view, vplan, claimed, damaged):
         batch = pending.setdefault(owner.name, (owner, []))[1]
@@ -894,6 +934,18 @@ def _earlier_delegations_table(out: sqlite3.Connection, plan: _Plan) -> None:
     out.execute(report.sql)
 
 
+def _carry_sequences(out: sqlite3.Connection, plan: _Plan) -> None:
+    """Raise each copied table's ``sqlite_sequence`` to the source's, so no id is reused."""
+    for name, seq in plan.source_seq.items():
+        if name not in plan.copy or not table_exists(out, name):
+            continue
+        row = out.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            out.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
+        elif row[0] < seq:
+            out.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = ?", (seq, name))
+
+
 def _finish_output(
     out: sqlite3.Connection, plan: _Plan, say: Progress, defer_index: bool = False
 ) -> tuple[list[str], dict[str, Any]]:
@@ -905,14 +957,7 @@ def _finish_output(
             PLACEHOLDER_SESSION_SQL,
             [(sid, t0 if t0 is not None else now, t1, n or 0) for sid, t0, t1, n in orphans],
         )
-        for name, seq in plan.source_seq.items():
-            if name not in plan.copy or not table_exists(out, name):
-                continue
-            row = out.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                out.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
-            elif row[0] < seq:
-                out.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = ?", (seq, name))
+        _carry_sequences(out, plan)
         reshape_delegations(out)
         restore_data_invariants(out)
         outbox = plan.copy.get("delivery_obligations")
@@ -1017,6 +1062,26 @@ def _new_output(output: str | os.PathLike[str] | None, src_path: Path) -> Path:
     return out_path
 
 
+def _open_output(partial: Path, plan: _Plan, notes: list[str]) -> sqlite3.Connection:
+    """The output under construction at ``partial``, with the tables ``plan`` copies (a
+    table it cannot create is dropped from the plan, with a note)."""
+    prepare_db_file(partial)
+    out = connect(partial, "rw")
+    out.execute("PRAGMA journal_mode = MEMORY")
+    out.execute("PRAGMA synchronous = OFF")
+    ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
+    for statement in split_sql(ddl):
+        out.execute(statement)
+    _earlier_delegations_table(out, plan)
+    for report in [r for r in plan.copy.values() if r.unknown]:
+        try:  # a table this schema does not know is copied with its own definition
+            out.execute(report.sql or "")
+        except sqlite3.Error as exc:
+            del plan.copy[report.name]
+            notes.append(f"table {report.name} was not copied: {exc}")
+    return out
+
+
 def _recover(
     src: _Source, src_path: Path, out_path: Path | None, tmp: Path, say: Progress,
     defer_index: bool = False,
@@ -1026,22 +1091,7 @@ def _recover(
         raise foreign_database_error(src_path, plan.foreign)
     older = [(view, _plan(view)) for view in src.views[1:]]
     partial = tmp / "output.db"
-    out: sqlite3.Connection | None = None
-    if out_path is not None:
-        prepare_db_file(partial)
-        out = connect(partial, "rw")
-        out.execute("PRAGMA journal_mode = MEMORY")
-        out.execute("PRAGMA synchronous = OFF")
-        ddl = TABLES_SQL + (DELIVERY_OBLIGATIONS_SQL if "delivery_obligations" in plan.copy else "")
-        for statement in split_sql(ddl):
-            out.execute(statement)
-        _earlier_delegations_table(out, plan)
-        for report in [r for r in plan.copy.values() if r.unknown]:
-            try:  # a table this schema does not know is copied with its own definition
-                out.execute(report.sql or "")
-            except sqlite3.Error as exc:
-                del plan.copy[report.name]
-                src.notes.append(f"table {report.name} was not copied: {exc}")
+    out = _open_output(partial, plan, src.notes) if out_path is not None else None
     bounds = _rowid_bounds([plan, *(p for _, p in older)])
     merge = _Merge(_Writer(out), _Writer(None), bounds, src.primary.name, say)
     try:
@@ -1309,19 +1359,8 @@ def _table_notes(src: _Source, name: str, report: _TableReport, bounds: Mapping[
     """The report's notes on where a table's rows came from and what was set aside."""
     primary = src.primary.name
     for view, tally in report.views.items():
-        if view == primary or not tally.only_here:
-            continue
-        refused = f" ({tally.refused} refused: a newer row holds their key)" if (
-            tally.refused) else ""
-        ids = ", ".join(str(i) for i in tally.ids[:10])
-        why = {
-            VIEW_FILE: "the -wal's version of their pages differs; they may include rows "
-                       "deleted after the last checkpoint",
-            VIEW_TORN: "no restored page holds them; they may be content the interrupted "
-                       "transaction never committed: check them",
-        }.get(view, "no verified content holds them: check them")
-        src.notes.append(f"{name}: {tally.only_here} rows only {_VIEW_WORDS[view]} holds, "
-                         f"{tally.copied} kept{refused} ({why}; ids {ids})")
+        if view != primary and tally.only_here:
+            src.notes.append(_only_here_note(name, view, tally))
     if report.impossible_count:
         limit = f"above its sequence {bounds[name]} or " if name in bounds else ""
         ids = ", ".join(str(i) for i in report.impossible[:10])
@@ -1332,3 +1371,22 @@ def _table_notes(src: _Source, name: str, report: _TableReport, bounds: Mapping[
                          f"inconsistent ({report.error}); the rest was read page by page")
 
 
+
+
+# Why rows only an older view holds may differ from the newest, by view.
+_ONLY_HERE_WHY = {
+    VIEW_FILE: "the -wal's version of their pages differs; they may include rows "
+               "deleted after the last checkpoint",
+    VIEW_TORN: "no restored page holds them; they may be content the interrupted "
+               "transaction never committed: check them",
+}
+
+
+def _only_here_note(name: str, view: str, tally: _ViewTally) -> str:
+    """The note on a table's rows only an older ``view`` holds."""
+    refused = f" ({tally.refused} refused: a newer row holds their key)" if (
+        tally.refused) else ""
+    ids = ", ".join(str(i) for i in tally.ids[:10])
+    why = _ONLY_HERE_WHY.get(view, "no verified content holds them: check them")
+    return (f"{name}: {tally.only_here} rows only {_VIEW_WORDS[view]} holds, "
+            f"{tally.copied} kept{refused} ({why}; ids {ids})")
