@@ -158,6 +158,11 @@ class _Rule:
         if isinstance(value, self.types):
             self._check_scalar(value)
             return value
+        return self._check_other(value)
+
+    def _check_other(self, value: Any) -> Any:
+        """A value not of the rule's types: one of its choices, a stream, a collection of its
+        items (or one string for it), else refused."""
         if self._is_choice(value) or (self.stream and _is_stream(value)):
             return value
         if self.items is not None and isinstance(value, str):
@@ -291,11 +296,8 @@ class _Shape:
         else:
             self.items.append(item)
 
-    def rule(self, name: str, spelled: str) -> _Rule | None:
-        """The rule of a parameter whose hint's members were all taken; None when one of them
-        takes anything."""
-        if self.open:
-            return None
+    def _taken(self) -> set[type]:
+        """The types the rule takes as they are (collections and streams aside)."""
         taken = set(self.types)
         if self.ids and not (self.items or self.path):
             taken.add(int)  # an id given as a number (one number is no collection, no file)
@@ -305,6 +307,14 @@ class _Shape:
             taken.add(cast(type, Mapping))
         if self.callable:
             taken.add(cast(type, abc.Callable))
+        return taken
+
+    def rule(self, name: str, spelled: str) -> _Rule | None:
+        """The rule of a parameter whose hint's members were all taken; None when one of them
+        takes anything."""
+        if self.open:
+            return None
+        taken = self._taken()
         kinds = set(self.items)
         items = next(iter(kinds)) if len(kinds) == 1 else None
         stream = self.stream or len(kinds) > 1  # collections of differing items: unread
