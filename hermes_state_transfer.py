@@ -392,31 +392,57 @@ _COLUMN_CODES = {"model_config": "invalid-model-config"}
 
 def _value_problem(name: str, declared: str, notnull: int, value: Any) -> _Problem | None:
     """Why ``value`` cannot be stored in column ``name`` of SQL type ``declared``, or None."""
-    own = _COLUMN_CODES.get(name)
-    invalid = own or "invalid-field"
-    too_big = own or "out-of-range"
-    bad_text = own or "unsupported-text"
     if value is None:
-        return _Problem(invalid, f"{name} may not be null") if notnull else None
-    if declared == "TEXT":
-        if not isinstance(value, str):
-            return _Problem(invalid, f"{name} must be text, got {type(value).__name__}")
-        if not _encodable(value):
-            return _Problem(bad_text,
-                            f"{name} is not valid Unicode text (it holds a lone surrogate)")
-    elif declared == "INTEGER":
-        if not isinstance(value, int):
-            return _Problem(invalid, f"{name} must be an integer, got {type(value).__name__}")
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            return _Problem(too_big, f"{name} {value} is outside SQLite's 64-bit integer range")
-    elif declared == "REAL":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return _Problem(invalid, f"{name} must be a number, got {type(value).__name__}")
-        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
-            return _Problem(too_big, f"{name} {value} is outside SQLite's 64-bit integer range")
-        if not math.isfinite(value):
-            return _Problem(invalid, f"{name} must be finite, got {value!r}")
+        return _Problem(_code(name, "invalid-field"), f"{name} may not be null") if (
+            notnull) else None
+    problem = _TYPE_PROBLEMS.get(declared)
+    return problem(name, value) if problem is not None else None
+
+
+def _code(name: str, general: str) -> str:
+    """The problem code of column ``name``: its own, if it has one, else ``general``."""
+    return _COLUMN_CODES.get(name, general)
+
+
+def _text_problem(name: str, value: Any) -> _Problem | None:
+    if not isinstance(value, str):
+        return _Problem(_code(name, "invalid-field"),
+                        f"{name} must be text, got {type(value).__name__}")
+    if not _encodable(value):
+        return _Problem(_code(name, "unsupported-text"),
+                        f"{name} is not valid Unicode text (it holds a lone surrogate)")
     return None
+
+
+def _integer_problem(name: str, value: Any) -> _Problem | None:
+    if not isinstance(value, int):
+        return _Problem(_code(name, "invalid-field"),
+                        f"{name} must be an integer, got {type(value).__name__}")
+    return _range_problem(name, value)
+
+
+def _real_problem(name: str, value: Any) -> _Problem | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _Problem(_code(name, "invalid-field"),
+                        f"{name} must be a number, got {type(value).__name__}")
+    if isinstance(value, int):
+        return _range_problem(name, value)
+    if not math.isfinite(value):
+        return _Problem(_code(name, "invalid-field"), f"{name} must be finite, got {value!r}")
+    return None
+
+
+def _range_problem(name: str, value: int) -> _Problem | None:
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        return _Problem(_code(name, "out-of-range"),
+                        f"{name} {value} is outside SQLite's 64-bit integer range")
+    return None
+
+
+# What a value of each declared SQL type must be (other types take anything).
+_TYPE_PROBLEMS: dict[str, Callable[[str, Any], _Problem | None]] = {
+    "TEXT": _text_problem, "INTEGER": _integer_problem, "REAL": _real_problem,
+}
 
 
 @functools.cache
@@ -724,8 +750,19 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
         fields = message_fields(message)
         kept = {k: v for k, v in fields.items() if k in _MESSAGE_DEFAULTS}
         insert_message(conn, sid, kept, count=False)
+    _insert_usage(conn, sid, [usage for _, usage in rec.usage])
+    (outcome.replaced if item.action == "replace" else outcome.imported).append(sid)
+    outcome.messages += item.messages
+    if item.ignored_fields:
+        outcome.ignored_fields[sid] = item.ignored_fields
+    if item.ignored_message_fields:
+        outcome.ignored_message_fields[sid] = item.ignored_message_fields
+
+
+def _insert_usage(conn: sqlite3.Connection, sid: str, rows: list[Mapping[str, Any]]) -> None:
+    """Insert the session's usage rows (the store's columns of each)."""
     usage_columns = _table_columns("session_model_usage")
-    for _, usage in rec.usage:
+    for usage in rows:
         cells = {k: usage[k] for k in usage_columns if k in usage}
         cells["session_id"] = sid
         conn.execute(
@@ -733,12 +770,6 @@ def _write_session(conn: sqlite3.Connection, item: _Planned, outcome: _Outcome) 
             f" VALUES ({', '.join('?' * len(cells))})",
             list(cells.values()),
         )
-    (outcome.replaced if item.action == "replace" else outcome.imported).append(sid)
-    outcome.messages += item.messages
-    if item.ignored_fields:
-        outcome.ignored_fields[sid] = item.ignored_fields
-    if item.ignored_message_fields:
-        outcome.ignored_message_fields[sid] = item.ignored_message_fields
 
 
 def _publishable_row(
@@ -842,28 +873,8 @@ def _undo_journal(
     that is not the import's, which the delete would take along or detach), and one a worker
     has taken into use are kept, and so is every session of the import above a kept one."""
     kept: dict[str, str] = {}
-    doomed: set[str] = set()
-    for sid in journal.sessions:
-        printed = journal.written.get(sid)
-        if conn.execute(SESSION_ROW_SQL, (sid,)).fetchone() is None:
-            continue
-        if printed is not None and _fingerprint(conn, sid) != printed:
-            kept[sid] = "written to by another writer since the import wrote it"
-        else:
-            doomed.add(sid)
-    while doomed:
-        ids = json.dumps(sorted(doomed))
-        outsiders = {child: parent for child, parent in conn.execute(CHILDREN_SQL, (ids,))
-                     if child not in doomed}
-        closure = set(deletion_closure(conn, doomed)) - doomed
-        for child in closure:
-            outsiders.setdefault(child, _anchor(conn, child, doomed))
-        anchors = {parent: child for child, parent in outsiders.items() if parent in doomed}
-        if not anchors:
-            break
-        for parent, child in anchors.items():
-            doomed.discard(parent)
-            kept[parent] = f"session {child} was created under it since the import wrote it"
+    doomed = _unchanged_since(conn, journal, kept)
+    _spare_parents(conn, doomed, kept)
     removed: list[str] = []
     for sid in reversed(journal.sessions):
         if sid not in doomed:
@@ -875,6 +886,41 @@ def _undo_journal(
             kept[sid] = "a worker has taken it into use"
     conn.execute(DELETE_META_SQL, (key,))
     return removed, [{"session_id": sid, "reason": why} for sid, why in kept.items()]
+
+
+def _unchanged_since(conn: sqlite3.Connection, journal: _Journal, kept: dict[str, str]
+                     ) -> set[str]:
+    """The sessions of the journal that still exist as the import wrote them; those written
+    to since go to ``kept``, with the reason."""
+    unchanged: set[str] = set()
+    for sid in journal.sessions:
+        printed = journal.written.get(sid)
+        if conn.execute(SESSION_ROW_SQL, (sid,)).fetchone() is None:
+            continue
+        if printed is not None and _fingerprint(conn, sid) != printed:
+            kept[sid] = "written to by another writer since the import wrote it"
+        else:
+            unchanged.add(sid)
+    return unchanged
+
+
+def _spare_parents(conn: sqlite3.Connection, doomed: set[str], kept: dict[str, str]) -> None:
+    """Move from ``doomed`` to ``kept`` every session a session outside it hangs under
+    (a child, or a delegate by its marker), until none does: sparing one may leave another
+    session under it outside."""
+    while doomed:
+        ids = json.dumps(sorted(doomed))
+        outsiders = {child: parent for child, parent in conn.execute(CHILDREN_SQL, (ids,))
+                     if child not in doomed}
+        closure = set(deletion_closure(conn, doomed)) - doomed
+        for child in closure:
+            outsiders.setdefault(child, _anchor(conn, child, doomed))
+        anchors = {parent: child for child, parent in outsiders.items() if parent in doomed}
+        if not anchors:
+            return
+        for parent, child in anchors.items():
+            doomed.discard(parent)
+            kept[parent] = f"session {child} was created under it since the import wrote it"
 
 
 def _anchor(conn: sqlite3.Connection, child: str, doomed: set[str]) -> str | None:
@@ -1085,19 +1131,27 @@ def _list_records(sessions: list[Any], errors: _Errors, limited: bool) -> list[_
             total_bytes += size
             if _too_large(record, len(messages), size, where, errors):
                 continue
-        session = {k: v for k, v in record.items()
-                   if k not in ("messages", "model_usage", *_LIST_RUNTIME_COLUMNS)}
-        if session.get("source") is None:
-            session["source"] = LIST_DEFAULT_SOURCE
-        rows = [({"index": index}, m) for m in messages]
-        records.append(_Incoming(where, session, functools.partial(iter, rows),
-                                 [({"index": index}, u) for u in usage]))
+        records.append(_list_incoming(where, index, record, messages, usage))
     if limited and (total_messages > LIST_MAX_MESSAGES or total_bytes > LIST_MAX_BYTES):
         raise InvalidInputError(
             f"the import holds {total_messages} messages and {total_bytes} bytes: at most "
             f"{LIST_MAX_MESSAGES} messages and {LIST_MAX_BYTES} bytes at once"
         )
     return records
+
+
+def _list_incoming(
+    where: Where, index: int, record: Mapping[str, Any], messages: list[Any], usage: list[Any]
+) -> _Incoming:
+    """The session of list record ``index``: its columns (no source: the default one) and
+    its messages and usage rows, each located by the index."""
+    session = {k: v for k, v in record.items()
+               if k not in ("messages", "model_usage", *_LIST_RUNTIME_COLUMNS)}
+    if session.get("source") is None:
+        session["source"] = LIST_DEFAULT_SOURCE
+    rows = [({"index": index}, m) for m in messages]
+    return _Incoming(where, session, functools.partial(iter, rows),
+                     [({"index": index}, u) for u in usage])
 
 
 def _list_record_shape(
@@ -1316,28 +1370,7 @@ def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
     not begin with ``[`` or ``{`` (after white space), is larger, or is not JSON raises
     :class:`ImportRejectedError` naming it, having read no more than ``limit`` and a byte."""
     limit = min(integer("limit", limit, minimum=1), sys.maxsize - 1)
-    pieces: list[Any] = []
-    size, begun = 0, False
-    while size <= limit:
-        piece = fp.read(min(_JSON_PIECE, limit + 1 - size))
-        if not isinstance(piece, (str, bytes, bytearray)):
-            raise InvalidInputError(f"{stream_name(fp)} gave {type(piece).__name__}, not text")
-        if not piece:
-            break
-        if not begun and piece.strip():
-            lead = piece[: len(piece) - len(piece.lstrip())]
-            if piece[len(lead):len(lead) + 1] not in ("[", "{", b"[", b"{"):
-                before = "".join(p if isinstance(p, str) else bytes(p).decode("utf-8", "replace")
-                                 for p in [*pieces, lead])
-                line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
-                raise _not_json(fp, line, column, "Expecting value")
-            begun = True
-        pieces.append(piece)
-        size += len(piece)
-    if size > limit:
-        raise _too_long(fp, 1, limit, "the JSON export (a single record)")
-    data = pieces[0][:0].join(pieces) if pieces else ""
-    del pieces
+    data = _json_text(fp, limit)
     try:
         return json.loads(data)
     except json.JSONDecodeError as exc:
@@ -1350,6 +1383,38 @@ def read_json_export(fp: IO[Any], limit: int = MAX_JSON_EXPORT_BYTES) -> Any:
         raise ImportRejectedError([{"line": 1, "code": "not-json", "error": (
             f"{stream_name(fp)}: not JSON ({exc or 'nested too deeply'}); nothing was imported"
         )}]) from None
+
+
+def _json_text(fp: IO[Any], limit: int) -> str | bytes:
+    """The whole text of ``fp``, refused once it is longer than ``limit`` or does not begin
+    as JSON (``[`` or ``{`` after white space)."""
+    pieces: list[Any] = []
+    size, begun = 0, False
+    while size <= limit:
+        piece = fp.read(min(_JSON_PIECE, limit + 1 - size))
+        if not isinstance(piece, (str, bytes, bytearray)):
+            raise InvalidInputError(f"{stream_name(fp)} gave {type(piece).__name__}, not text")
+        if not piece:
+            break
+        if not begun and piece.strip():
+            _check_json_start(fp, pieces, piece)
+            begun = True
+        pieces.append(piece)
+        size += len(piece)
+    if size > limit:
+        raise _too_long(fp, 1, limit, "the JSON export (a single record)")
+    return pieces[0][:0].join(pieces) if pieces else ""
+
+
+def _check_json_start(fp: object, pieces: list[Any], piece: Any) -> None:
+    """Refuse a stream whose first text after white space (in ``piece``, after the blank
+    ``pieces``) is not ``[`` or ``{``, naming where it is."""
+    lead = piece[: len(piece) - len(piece.lstrip())]
+    if piece[len(lead):len(lead) + 1] not in ("[", "{", b"[", b"{"):
+        before = "".join(p if isinstance(p, str) else bytes(p).decode("utf-8", "replace")
+                         for p in [*pieces, lead])
+        line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+        raise _not_json(fp, line, column, "Expecting value")
 
 
 def _not_json(fp: object, line: int, column: int, why: str) -> ImportRejectedError:
