@@ -180,32 +180,7 @@ def _other_file_advice(command: str | None, exc: BaseException, db: Path) -> str
 def _advice(exc: BaseException, db: Path) -> str | None:
     """What to do next after ``exc``: the library states conditions, the CLI advises."""
     if isinstance(exc, StateDbUnavailableError):
-        if exc.reason == "busy":
-            return "another process held a lock for the whole read budget; retry, or run " \
-                f"`{PROG} doctor` to see who holds it"
-        if exc.reason == "hot_journal":
-            return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
-                "any writable open does), then checks the store and repairs it if it must"
-        if exc.reason == "foreign":
-            return "the path names another application's SQLite database (left as it was); " \
-                "point --db, --home or --profile at a session store"
-        if exc.reason == "incompatible":
-            version = exc.schema_version
-            if version is not None and version > schema_sql.SCHEMA_VERSION:
-                return "the store was written by a newer hermes; upgrade hermes-state"
-            return "the store is older than this library reads: the next writable open (by the " \
-                "program that writes this home) upgrades the store in place; if it cannot, run " \
-                f"`{PROG} sessions recover --inspect-only`"
-        if exc.reason == "read_only_directory":
-            return "ask the store's owner to open it once (that creates the -shm beside it), " \
-                "or copy the file somewhere you may write and browse the copy with --db"
-        if exc.reason == "truncated":
-            return "open it with nothing that writes (the first read would delete the -wal); " \
-                f"copy both files aside, then restore a snapshot " \
-                f"(`{PROG} restore <snapshot>`)"
-        return "there is no session store here yet: the first program that writes to it " \
-            f"creates it (or `{PROG} sessions import`); if one should be there, check " \
-            f"--db, --home or --profile, or run `{PROG} sessions recover --inspect-only`"
+        return _unavailable_advice(exc, db)
     if isinstance(exc, StateDbCorruptError):
         if _not_sqlite(db):
             return "point --db, --home or --profile at a session store; if this file was " \
@@ -220,6 +195,36 @@ def _advice(exc: BaseException, db: Path) -> str | None:
     if isinstance(exc, ReplicationError):
         return _replication_advice(exc, db)
     return None
+
+
+def _unavailable_advice(exc: StateDbUnavailableError, db: Path) -> str:
+    """What to do when the store cannot be opened, by the reason the library gives."""
+    if exc.reason == "busy":
+        return "another process held a lock for the whole read budget; retry, or run " \
+            f"`{PROG} doctor` to see who holds it"
+    if exc.reason == "hot_journal":
+        return f"`{PROG} --db {db} sessions repair` rolls the interrupted write back (as " \
+            "any writable open does), then checks the store and repairs it if it must"
+    if exc.reason == "foreign":
+        return "the path names another application's SQLite database (left as it was); " \
+            "point --db, --home or --profile at a session store"
+    if exc.reason == "incompatible":
+        version = exc.schema_version
+        if version is not None and version > schema_sql.SCHEMA_VERSION:
+            return "the store was written by a newer hermes; upgrade hermes-state"
+        return "the store is older than this library reads: the next writable open (by the " \
+            "program that writes this home) upgrades the store in place; if it cannot, run " \
+            f"`{PROG} sessions recover --inspect-only`"
+    if exc.reason == "read_only_directory":
+        return "ask the store's owner to open it once (that creates the -shm beside it), " \
+            "or copy the file somewhere you may write and browse the copy with --db"
+    if exc.reason == "truncated":
+        return "open it with nothing that writes (the first read would delete the -wal); " \
+            f"copy both files aside, then restore a snapshot " \
+            f"(`{PROG} restore <snapshot>`)"
+    return "there is no session store here yet: the first program that writes to it " \
+        f"creates it (or `{PROG} sessions import`); if one should be there, check " \
+        f"--db, --home or --profile, or run `{PROG} sessions recover --inspect-only`"
 
 
 def _replication_advice(exc: ReplicationError, db: Path) -> str | None:
@@ -358,6 +363,23 @@ def _message_text(message: dict[str, Any]) -> str:
     return json.dumps(calls, ensure_ascii=False) if calls else ""
 
 
+def _show_header(session: dict[str, Any], messages: int, shown: int) -> None:
+    """The session's lines above its messages: who, when, tokens and cost, how many."""
+    for key in ("id", "title", "source", "model", "parent_session_id", "user_id"):
+        print(f"{key}: {fmt.flatten(session.get(key)) or '-'}")
+    print(f"started: {fmt.when(session.get('started_at'))}  ended: "
+          f"{fmt.when(session.get('ended_at'))} ({session.get('end_reason') or '-'})")
+    costs = [f"{fmt.money(session.get(key))} {kind}"
+             for key, kind in (("estimated_cost_usd", "estimated"), ("actual_cost_usd", "actual"))
+             if fmt.money(session.get(key)) != "-"]
+    cost = ", ".join(costs) or "unknown"
+    print(f"tokens: {session.get('input_tokens') or 0:,} in, "
+          f"{session.get('output_tokens') or 0:,} out  cost: {cost}")
+    showing = "" if shown == messages else f" (the last {shown:,})"
+    print(f"messages: {messages:,}{showing}")
+    print()
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with _read_only(args) as db:
         session_id = _resolve_session(db, args.session)
@@ -369,19 +391,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         _print_json({**(session or {}), "messages": shown})
         return 0
     assert session is not None
-    for key in ("id", "title", "source", "model", "parent_session_id", "user_id"):
-        print(f"{key}: {fmt.flatten(session.get(key)) or '-'}")
-    print(f"started: {fmt.when(session.get('started_at'))}  ended: "
-          f"{fmt.when(session.get('ended_at'))} ({session.get('end_reason') or '-'})")
-    costs = [f"{fmt.money(session.get(key))} {kind}"
-             for key, kind in (("estimated_cost_usd", "estimated"), ("actual_cost_usd", "actual"))
-             if fmt.money(session.get(key)) != "-"]
-    cost = ", ".join(costs) or "unknown"
-    print(f"tokens: {session.get('input_tokens') or 0:,} in, "
-          f"{session.get('output_tokens') or 0:,} out  cost: {cost}")
-    showing = "" if len(shown) == len(messages) else f" (the last {len(shown):,})"
-    print(f"messages: {len(messages):,}{showing}")
-    print()
+    _show_header(session, len(messages), len(shown))
     # Numbered 1..n within the session (as shown: --include-inactive counts archived rows);
     # --json carries each message's store-wide id.
     for n, m in enumerate(shown, start=first + 1):
@@ -466,32 +476,50 @@ def cmd_export(args: argparse.Namespace) -> int:
             ids = [_resolve_session(db, key) for key in args.sessions]
         with _output_file(args.output) as out:
             if args.format == "json":
-                progress("reading sessions", 0, None)
-                if ids is None:
-                    data = db.export_all(source=args.source)
-                elif args.lineage:
-                    data = [s for i in _lineage_trees(db, ids)
-                            if (s := db.export_session(i)) is not None]
-                else:
-                    data = [s for i in ids if (s := db.export_session(i)) is not None]
-                out.write("[")
-                for n, session in enumerate(data, start=1):
-                    out.write(",\n" if n > 1 else "\n")
-                    out.write(json.dumps(session, ensure_ascii=False, indent=1))
-                    if n % 100 == 0 or n == len(data):
-                        progress("writing sessions", n, len(data))
-                out.write("\n]\n")
+                _export_json(db, ids, args, out, progress)
                 return 0
-            messages = 0
-            for line in db.iter_export_jsonl(ids, source=args.source, lineage=args.lineage):
-                out.write(line)
-                if line.startswith('{"kind":"message"'):
-                    messages += 1
-                    if messages % 10000 == 0:
-                        progress("exporting messages", messages, None)
+            messages = _export_jsonl(db, ids, args, out, progress)
     if messages >= 10000:
         progress("exported messages", messages, None)
     return 0
+
+
+def _json_sessions(db: SessionDB, ids: list[str] | None, args: argparse.Namespace
+                   ) -> list[dict[str, Any]]:
+    """The sessions a JSON export holds: every one (of ``--source``), or those named, with
+    their whole trees under ``--lineage``."""
+    if ids is None:
+        return db.export_all(source=args.source)
+    if args.lineage:
+        ids = _lineage_trees(db, ids)
+    return [s for i in ids if (s := db.export_session(i)) is not None]
+
+
+def _export_json(db: SessionDB, ids: list[str] | None, args: argparse.Namespace,
+                 out: IO[str], progress: _Progress) -> None:
+    """Write the sessions (every one when ``ids`` is None) as one JSON list."""
+    progress("reading sessions", 0, None)
+    data = _json_sessions(db, ids, args)
+    out.write("[")
+    for n, session in enumerate(data, start=1):
+        out.write(",\n" if n > 1 else "\n")
+        out.write(json.dumps(session, ensure_ascii=False, indent=1))
+        if n % 100 == 0 or n == len(data):
+            progress("writing sessions", n, len(data))
+    out.write("\n]\n")
+
+
+def _export_jsonl(db: SessionDB, ids: list[str] | None, args: argparse.Namespace,
+                  out: IO[str], progress: _Progress) -> int:
+    """Write the sessions as JSON Lines; how many message lines were written."""
+    messages = 0
+    for line in db.iter_export_jsonl(ids, source=args.source, lineage=args.lineage):
+        out.write(line)
+        if line.startswith('{"kind":"message"'):
+            messages += 1
+            if messages % 10000 == 0:
+                progress("exporting messages", messages, None)
+    return messages
 
 
 def _detect_format(fh: IO[bytes], hint: str | None, name: str) -> str:
@@ -714,11 +742,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0 if deleted else 1
 
 
-def _recover_text(report: dict[str, Any]) -> None:
-    print(f"source: {report['source']} (schema version {report['schema_version']}, "
-          f"read by {report['schema_read_by']})")
-    if len(report.get("views", [])) > 1:
-        print(f"read: {', '.join(report['views'])} (a row comes from the first that holds it)")
+def _recover_table_text(report: dict[str, Any]) -> None:
+    """A recover's table of tables: rows found, copied and lost, and how each was read."""
     print(f"{'table':<24}{'found':>9}{'copied':>9}{'lost':>9}  method")
     for name, t in report["tables"].items():
         lost = "?" if t["lost"] is None else f"{'' if t['lost_exact'] else '~'}{t['lost']}"
@@ -726,6 +751,14 @@ def _recover_text(report: dict[str, Any]) -> None:
         print(f"{name:<24}{t['found']:>9}{copied:>9}{lost:>9}  {t['method']}")
     for name, t in report["excluded"].items():
         print(f"{name:<24}{t['found']:>9}{'-':>9}{'':>9}  excluded (runtime ledger, not copied)")
+
+
+def _recover_text(report: dict[str, Any]) -> None:
+    print(f"source: {report['source']} (schema version {report['schema_version']}, "
+          f"read by {report['schema_read_by']})")
+    if len(report.get("views", [])) > 1:
+        print(f"read: {', '.join(report['views'])} (a row comes from the first that holds it)")
+    _recover_table_text(report)
     if report["placeholder_sessions"]:
         print(f"placeholder sessions (row lost, messages kept): "
               f"{', '.join(report['placeholder_sessions'])}")
@@ -767,6 +800,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _recover_text(report)
         if report.get("next"):
             print(f"next: {report['next']}")
+    return _recover_status(report)
+
+
+def _recover_status(report: dict[str, Any]) -> int:
+    """A recover's exit status, warning on what makes it a failure or leaves it in doubt."""
     if not report["readable"]:
         _warn("nothing could be read from the source; restore a snapshot "
               f"(`{PROG} restore <snapshot>`) if there is one")
@@ -822,41 +860,50 @@ def cmd_repair(args: argparse.Namespace) -> int:
         _print_json(report)
     if args.check_only:
         if not args.json:
-            _health_text(report)
-            for problem in report.get("problems", []):
-                if problem.startswith("integrity_check"):  # said above, a line per finding
-                    problem = _check_problem("integrity_check", report["integrity"])
-                print(f"! {problem}")
-            if _unrepairable(report):
-                print("repair cannot mend this: it rebuilds indexes, not damaged rows")
-                print(f"next: {_recover_hint(db)}")
-            elif not report.get("healthy"):
-                print(f"next: {STOP_USERS}; then `{PROG} --db {db} sessions repair`")
-            if report.get("in_use_by"):
-                print(f"in use by: {'; '.join(report['in_use_by'])}")
+            _check_only_text(report, db)
         return 0 if report.get("healthy") else 1
     healthy_already = bool(report.get("before", {}).get("healthy"))
-    ok = bool(report.get("promoted")) or healthy_already
     if not args.json:
-        if report.get("rolled_back_journal"):
-            print("rolled back an interrupted write (hot journal): the store is as it was "
-                  "before that write")
-        if healthy_already:
-            print("healthy: nothing to repair")
-        elif report.get("promoted"):
-            print(f"repaired and promoted; backup: {report.get('backup')}")
-            _health_text(report["after"])
-        elif _record_damaged(report):
-            print("repair failed: the record is damaged ("
-                  f"{_check_problem('integrity_check', report['before']['integrity'])}); "
-                  "repair rebuilds indexes, not damaged rows: run recover")
-            print(f"kept unchanged: {', '.join(report.get('kept', []))}")
-            print(f"next: {_recover_hint(db)}")
-        else:
-            print(f"repair failed: {report.get('error') or report.get('problems')}")
-            print(f"kept unchanged: {', '.join(report.get('kept', []))}")
-            print(f"next: {_recover_hint(db)}")
-    return 0 if ok else 1
+        _repair_text(report, db, healthy_already)
+    return 0 if report.get("promoted") or healthy_already else 1
+
+
+def _check_only_text(report: dict[str, Any], db: Path) -> None:
+    """What ``repair --check-only`` found, and what to do next."""
+    _health_text(report)
+    for problem in report.get("problems", []):
+        if problem.startswith("integrity_check"):  # said above, a line per finding
+            problem = _check_problem("integrity_check", report["integrity"])
+        print(f"! {problem}")
+    if _unrepairable(report):
+        print("repair cannot mend this: it rebuilds indexes, not damaged rows")
+        print(f"next: {_recover_hint(db)}")
+    elif not report.get("healthy"):
+        print(f"next: {STOP_USERS}; then `{PROG} --db {db} sessions repair`")
+    if report.get("in_use_by"):
+        print(f"in use by: {'; '.join(report['in_use_by'])}")
+
+
+def _repair_text(report: dict[str, Any], db: Path, healthy_already: bool) -> None:
+    """What a repair did, and (when it failed) what to do next."""
+    if report.get("rolled_back_journal"):
+        print("rolled back an interrupted write (hot journal): the store is as it was "
+              "before that write")
+    if healthy_already:
+        print("healthy: nothing to repair")
+        return
+    if report.get("promoted"):
+        print(f"repaired and promoted; backup: {report.get('backup')}")
+        _health_text(report["after"])
+        return
+    if _record_damaged(report):
+        print("repair failed: the record is damaged ("
+              f"{_check_problem('integrity_check', report['before']['integrity'])}); "
+              "repair rebuilds indexes, not damaged rows: run recover")
+    else:
+        print(f"repair failed: {report.get('error') or report.get('problems')}")
+    print(f"kept unchanged: {', '.join(report.get('kept', []))}")
+    print(f"next: {_recover_hint(db)}")
 
 
 # --- doctor, backup, restore --------------------------------------------------------------
@@ -1103,6 +1150,15 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
     integrity = health.get("integrity") or ["ok"]
     if integrity != ["ok"]:
         _record(path, problems, "integrity_check fails")
+    _add_new_problems(report, health, problems)
+    if not health.get("healthy") and not nxt:
+        nxt.append(f"{STOP_USERS}; `{PROG} sessions repair`")
+
+
+def _add_new_problems(report: dict[str, Any], health: dict[str, Any], problems: list[str]
+                      ) -> None:
+    """Add to ``problems`` those of the health report that doctor's own checks did not
+    already state."""
     checked = any(problem.startswith("quick_check") for problem in problems)
     seen = {table for table, error in (report.get("fts_integrity") or {}).items() if error}
     for problem in health.get("problems", []):
@@ -1111,8 +1167,6 @@ def _doctor_full(path: Path, report: dict[str, Any], problems: list[str], nxt: l
         # integrity_check repeats what quick_check already listed: the damage is said once.
         if problem not in problems and not (checked and problem.startswith("integrity_check")):
             problems.append(problem)
-    if not health.get("healthy") and not nxt:
-        nxt.append(f"{STOP_USERS}; `{PROG} sessions repair`")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -1297,7 +1351,13 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
         args, db, [previous] if previous else [])
     if args.json:
         _print_json(report)
-        return 0
+    else:
+        _replica_restore_text(report)
+    return 0
+
+
+def _replica_restore_text(report: dict[str, Any]) -> None:
+    """What a restore from a replica did: where to, as of when, and the checks' results."""
     as_of = f" as of {report['timestamp']}" if report["timestamp"] else ""
     print(f"restored {report['restored_to']} from {report['replica']}{as_of}")
     _say_previous(report)
@@ -1308,7 +1368,6 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
     print(f"row counts: {fmt.counts(report['row_counts'])}")
     for note in report["notes"]:
         print(f"note: {note}")
-    return 0
 
 
 # --- replicate ----------------------------------------------------------------------------
@@ -1317,20 +1376,7 @@ def _restore_from_replica(args: argparse.Namespace) -> int:
 def cmd_replicate(args: argparse.Namespace) -> int:
     path = _resolve_db(args)
     if args.forget:
-        state = replication.litestream_dir(path)
-        freed = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) \
-            if state.is_dir() and not state.is_symlink() else 0
-        forgotten = replication.forget_replica(path)
-        if args.json:
-            _print_json({"database": str(path), "forgotten": forgotten,
-                         "removed": str(state) if freed or forgotten else None,
-                         "freed_bytes": freed})
-        elif forgotten:
-            print(f"{path}: replica forgotten; Litestream's state beside it removed "
-                  f"({fmt.size(freed)} freed)")
-        else:
-            print(f"{path}: no replica configured")
-        return 0
+        return _forget_replica(args, path)
     url = replication.replica_url(args.url)
     interval = replication.parse_interval(args.sync_interval)
     SessionDB(path, read_only=True).close()  # an initialised, current, readable store
@@ -1344,6 +1390,24 @@ def cmd_replicate(args: argparse.Namespace) -> int:
             f"{record['litestream']} (pid {record['litestream_pid']}); Ctrl-C stops"),
     )
     _warn("replication stopped")
+    return 0
+
+
+def _forget_replica(args: argparse.Namespace, path: Path) -> int:
+    """``replicate --forget``: drop the store's replica and Litestream's state beside it."""
+    state = replication.litestream_dir(path)
+    freed = sum(f.stat().st_size for f in state.rglob("*") if f.is_file()) \
+        if state.is_dir() and not state.is_symlink() else 0
+    forgotten = replication.forget_replica(path)
+    if args.json:
+        _print_json({"database": str(path), "forgotten": forgotten,
+                     "removed": str(state) if freed or forgotten else None,
+                     "freed_bytes": freed})
+    elif forgotten:
+        print(f"{path}: replica forgotten; Litestream's state beside it removed "
+              f"({fmt.size(freed)} freed)")
+    else:
+        print(f"{path}: no replica configured")
     return 0
 
 
@@ -1758,15 +1822,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _NotConfirmed as exc:
         return _fail(args, exc, 2, str(exc))
     except (HermesStateError, OSError, ValueError) as exc:
-        try:
-            db: Path | None = _resolve_db(args)
-        except HermesStateError:
-            db = None
-        message = "\n".join([_condition(exc, db or Path.cwd()),
-                             *map(str, getattr(exc, "__notes__", []))])
-        advice = None if db is None else (
-            _other_file_advice(args.command, exc, db) or _advice(exc, db))
-        return _fail(args, exc, 1, message, advice)
+        return _failed(args, exc)
+
+
+def _failed(args: argparse.Namespace, exc: BaseException) -> int:
+    """Report a command's failure: the condition (and the notes the library added to it),
+    and the advice for the store the command names."""
+    try:
+        db: Path | None = _resolve_db(args)
+    except HermesStateError:
+        db = None
+    message = "\n".join([_condition(exc, db or Path.cwd()),
+                         *map(str, getattr(exc, "__notes__", []))])
+    advice = None if db is None else (
+        _other_file_advice(args.command, exc, db) or _advice(exc, db))
+    return _fail(args, exc, 1, message, advice)
 
 
 if __name__ == "__main__":
