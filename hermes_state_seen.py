@@ -273,22 +273,40 @@ class Seen(Generic[P, U, T]):
             return result, (mark.newest, before, live_digest(conn, session_id, mark.newest))
         result = self.run(conn, *args, **kwargs)
         if self.kind == "read":
-            note: dict[str, tuple[int, Digest]] = {}
-            for read_id, newest in self.newest(session_id, result).items():
-                known = mark if read_id == session_id else seen.mark(read_id)
-                through = max(newest, 0 if known is None else known.newest)
-                note[read_id] = (through, live_digest(conn, read_id, through))
-            return result, note
+            return result, self._read_note(seen, conn, session_id, mark, result)
         if self.kind == "append":
-            row_id = cast("tuple[int, int | None]", result)[0]
-            live = conn.execute(ROW_LIVE_SQL, (row_id,)).fetchone()
-            first = live_digest(conn, session_id, row_id) if mark is None else None
-            return result, (first, bool(live and live[0]))
+            return result, self._append_note(conn, session_id, mark, result)
         if self.kind == "rewrite":
-            ids = list(self.newest(session_id, result).values())
-            last = max(ids) if ids else None if mark is None else mark.newest
-            return result, None if last is None else (last, live_digest(conn, session_id, last))
+            return result, self._rewrite_note(conn, session_id, mark, result)
         return result, None
+
+    def _read_note(self, seen: SeenThrough, conn: sqlite3.Connection, session_id: str,
+                   mark: Mark | None, result: U) -> dict[str, tuple[int, Digest]]:
+        """What a read records of each session it read: the newest id it returned (or the
+        one already known, if later) and the digest through it."""
+        note: dict[str, tuple[int, Digest]] = {}
+        for read_id, newest in self.newest(session_id, result).items():
+            known = mark if read_id == session_id else seen.mark(read_id)
+            through = max(newest, 0 if known is None else known.newest)
+            note[read_id] = (through, live_digest(conn, read_id, through))
+        return note
+
+    def _append_note(self, conn: sqlite3.Connection, session_id: str, mark: Mark | None,
+                     result: U) -> tuple[Digest | None, bool]:
+        """What an append records: the digest through the new row (a first write of the
+        session only) and whether the row is live."""
+        row_id = cast("tuple[int, int | None]", result)[0]
+        live = conn.execute(ROW_LIVE_SQL, (row_id,)).fetchone()
+        first = live_digest(conn, session_id, row_id) if mark is None else None
+        return first, bool(live and live[0])
+
+    def _rewrite_note(self, conn: sqlite3.Connection, session_id: str, mark: Mark | None,
+                      result: U) -> tuple[int, Digest] | None:
+        """What a rewrite records: the newest id it wrote (else the one known) and the
+        digest through it; None when there is neither."""
+        ids = list(self.newest(session_id, result).values())
+        last = max(ids) if ids else None if mark is None else mark.newest
+        return None if last is None else (last, live_digest(conn, session_id, last))
 
     def record(self, seen: SeenThrough, session_id: str, result: U, note: Note) -> T:
         """Once the read returned or the write committed: record ``note``; the method's
