@@ -216,24 +216,30 @@ def _known_span(suffix: str) -> tuple[int, int] | None:
     return None
 
 
+# The roles a locked range of the store's files plays (other files' ranges play none).
+_ROLES_BY_SUFFIX = {"-shm": _shm_roles, "": _db_roles}
+
+
+def _roles_named(roles: list[_Role], write: bool) -> str:
+    """The roles, named as a lock on them is: said shared or exclusive where the role's
+    name alone does not tell."""
+    kind = ", ".join(role.name for role in roles)
+    if not write and any(role.name != "SHARED" for role in roles):
+        return f"shared {kind}"
+    if write and any(role.shareable for role in roles):
+        return f"exclusive {kind}"
+    return kind
+
+
 def _classify(suffix: str, lock: ProcLock) -> tuple[str, int]:
     """What the locked range means to SQLite, and how much it matters (lower first)."""
     write = lock.mode == "WRITE"
-    if suffix == "-shm":
-        roles = _shm_roles(lock.start, lock.end, write)
-    elif suffix == "":
-        roles = _db_roles(lock.start, lock.end, write)
-    else:
-        roles = []
-    mode_word = "exclusive" if write else "shared"
+    find_roles = _ROLES_BY_SUFFIX.get(suffix)
+    roles = find_roles(lock.start, lock.end, write) if find_roles is not None else []
     span = _span(lock.start, lock.end)
     if not roles:
-        return f"{mode_word} byte-range {span}", _RANK_OTHER
-    kind = ", ".join(role.name for role in roles)
-    if not write and any(role.name != "SHARED" for role in roles):
-        kind = f"shared {kind}"
-    elif write and any(role.shareable for role in roles):
-        kind = f"exclusive {kind}"
+        return f"{'exclusive' if write else 'shared'} byte-range {span}", _RANK_OTHER
+    kind = _roles_named(roles, write)
     known = _known_span(suffix)
     if known is not None and (lock.start < known[0] or lock.end is None or lock.end > known[1]):
         kind = f"{kind} (byte-range {span})"
