@@ -93,6 +93,12 @@ def find_session_by_origin(
     if chat is None or (thread_id is not None and thread is None):
         return None
     rows = conn.execute(ORIGIN_CANDIDATES_SQL, (str(platform), chat, thread, thread)).fetchall()
+    return _origin_choice(rows, user_id)
+
+
+def _origin_choice(rows: list[tuple[Any, Any]], user_id: str | None) -> str | None:
+    """The session among the candidate ``rows`` (id, sender; newest first) that the origin
+    names, as :func:`find_session_by_origin` says."""
     if user_id is not None:
         sender = str(user_id)
         for session_id, row_user in rows:
