@@ -568,35 +568,44 @@ def _gateway_index_rows(conn: sqlite3.Connection) -> list[dict[str, object]]:
     """The gateway's ``sessions.json`` (under ``sessions/`` beside the database file) as
     parameters of :data:`_GATEWAY_BACKFILL_SQL`; none when it is absent or not an index (it is
     a best-effort source: a session it does not name keeps its columns as they are)."""
+    data = _gateway_index(conn)
+    rows = [_gateway_row(str(key), entry) for key, entry in data.items()]
+    return [row for row in rows if row is not None]
+
+
+def _gateway_index(conn: sqlite3.Connection) -> dict[object, object]:
+    """The contents of the gateway's ``sessions.json``; empty when absent or no index."""
     row = conn.execute("SELECT file FROM pragma_database_list WHERE name = 'main'").fetchone()
     if not row or not row[0]:
-        return []
+        return {}
     index = Path(row[0]).parent / "sessions" / "sessions.json"
     try:
         data = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    if not isinstance(data, dict):
-        return []
-    rows: list[dict[str, object]] = []
-    for key, entry in data.items():
-        if str(key).startswith("_") or not isinstance(entry, dict):
-            continue
-        session_id = entry.get("session_id")
-        if not isinstance(session_id, str) or not session_id:
-            continue
-        origin = entry.get("origin") if isinstance(entry.get("origin"), dict) else None
-        rows.append({
-            "id": session_id,
-            "session_key": _text_or_none(entry.get("session_key")) or str(key),
-            "chat_id": _text_or_none(origin.get("chat_id")) if origin else None,
-            "chat_type": _text_or_none(entry.get("chat_type")),
-            "thread_id": _text_or_none(origin.get("thread_id")) if origin else None,
-            "display_name": _text_or_none(entry.get("display_name")),
-            "origin_json": json.dumps(origin, ensure_ascii=False) if origin else None,
-            "finalized": bool(entry.get("expiry_finalized") or entry.get("memory_flushed")),
-        })
-    return rows
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _gateway_row(key: str, entry: object) -> dict[str, object] | None:
+    """The backfill parameters of one entry of the index; None for an entry that is not a
+    session's."""
+    if key.startswith("_") or not isinstance(entry, dict):
+        return None
+    session_id = entry.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        return None
+    given = entry.get("origin")
+    origin: dict[object, object] = given if isinstance(given, dict) else {}
+    return {
+        "id": session_id,
+        "session_key": _text_or_none(entry.get("session_key")) or key,
+        "chat_id": _text_or_none(origin.get("chat_id")),
+        "chat_type": _text_or_none(entry.get("chat_type")),
+        "thread_id": _text_or_none(origin.get("thread_id")),
+        "display_name": _text_or_none(entry.get("display_name")),
+        "origin_json": json.dumps(origin, ensure_ascii=False) if origin else None,
+        "finalized": bool(entry.get("expiry_finalized") or entry.get("memory_flushed")),
+    }
 
 
 def _text_or_none(value: object) -> str | None:
