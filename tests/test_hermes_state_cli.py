@@ -211,7 +211,7 @@ def test_prune_narrows_by_every_filter_of_the_vocabulary_it_is_given(
 
 
 def test_prune_has_an_option_for_every_filter_of_the_vocabulary() -> None:
-    from hermes_state_cli import PRUNE_FILTER_OPTIONS
+    from hermes_state_cli_sessions import PRUNE_FILTER_OPTIONS
     from hermes_state_deletion import PRUNE_FILTERS
 
     assert set(PRUNE_FILTER_OPTIONS) == set(PRUNE_FILTERS) - {"source"}

@@ -22,6 +22,7 @@ from conftest import file_state, subprocess_env
 from state_helpers import as_json, columns
 
 import hermes_state_cli
+import hermes_state_cli_sessions
 from hermes_state import SessionDB
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ def test_search_has_the_output_formats_of_list(logs: list[str]) -> None:
     assert [json.loads(line) for line in jsonl.stdout.splitlines()] == hits
     table = cli("sessions", "search", "ERESOLVE", "--format", "csv")
     parsed = list(csv.DictReader(io.StringIO(table.stdout)))
-    assert list(parsed[0]) == list(hermes_state_cli.SEARCH_CSV_FIELDS)
+    assert list(parsed[0]) == list(hermes_state_cli_sessions.SEARCH_CSV_FIELDS)
     assert [(r["session_id"], r["snippet"]) for r in parsed] == [
         (h["session_id"], h["snippet"]) for h in hits]
     both = cli("sessions", "search", "x", "--json", "--format", "csv")

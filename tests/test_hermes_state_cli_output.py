@@ -21,7 +21,8 @@ import hermes_state
 from conftest import subprocess_env
 from state_helpers import as_json, columns
 from hermes_state import SessionDB
-from hermes_state_cli import LIST_CSV_FIELDS, build_parser
+from hermes_state_cli import build_parser
+from hermes_state_cli_sessions import LIST_CSV_FIELDS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TITLES = [

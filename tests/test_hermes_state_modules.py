@@ -88,12 +88,14 @@ def test_the_check_sees_a_private_crossing(tmp_path: Path) -> None:
 
 def test_the_command_line_uses_no_private_attribute_of_the_store() -> None:
     """doctor reads health through SessionDB's public methods, not ``db._read``."""
-    tree = ast.parse((REPO_ROOT / "hermes_state_cli.py").read_text(encoding="utf-8"))
-    private = [
-        f"line {node.lineno}: .{node.attr}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and node.attr.startswith("_")
-        and not node.attr.startswith("__")
-    ]
+    private = []
+    for path in sorted(REPO_ROOT.glob("hermes_state_cli*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        private += [
+            f"{path.name}:{node.lineno}: .{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ]
     assert private == []
