@@ -813,11 +813,18 @@ def auto_archive_idle_sessions(
             continue
         members = conversation_members(conn, session_id)
         seen |= members
-        if not members <= idle.keys():
-            continue  # part of the conversation is still active
-        if all(idle[m][0] for m in members) or any(idle[m][1] for m in members):
-            continue  # already archived, or pinned
-        if any(_has_live_work(conn, m) for m in members):
-            continue
-        archived += conn.execute(AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
+        if _archivable(conn, members, idle):
+            archived += conn.execute(AUTO_ARCHIVE_SQL, (json.dumps(sorted(members)),)).rowcount
     return archived
+
+
+def _archivable(
+    conn: sqlite3.Connection, members: set[str], idle: Mapping[str, tuple[bool, bool]]
+) -> bool:
+    """A conversation the idle clean-up archives: every member idle (``idle``: archived,
+    pinned, of each idle session), not all archived already, none pinned, no live work."""
+    if not members <= idle.keys():
+        return False  # part of the conversation is still active
+    if all(idle[m][0] for m in members) or any(idle[m][1] for m in members):
+        return False  # already archived, or pinned
+    return not any(_has_live_work(conn, m) for m in members)
