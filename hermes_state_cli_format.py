@@ -394,6 +394,15 @@ def check_findings(rows: Sequence[str]) -> list[str]:
             if line.strip() and not line.startswith("*** in database")]
 
 
+def _search_index_state(report: Mapping[str, Any]) -> str:
+    """The search index's state as doctor found it: damaged tables first, then its status."""
+    state = _fts_line(report["fts"])
+    damaged = [t for t, error in (report.get("fts_integrity") or {}).items() if error]
+    if damaged:
+        state = f"damaged ({', '.join(damaged)})" + ("" if state == "ok" else f"; {state}")
+    return state
+
+
 def doctor_lines(report: Mapping[str, Any]) -> list[str]:
     """``doctor``'s findings in words, a line each (its problems and advice follow apart). A
     check that could not run on a damaged file is missing from the report and from here."""
@@ -416,11 +425,7 @@ def doctor_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append("quick check: " + (
             "ok" if check == ["ok"] else f"{plural(len(check_findings(check)), 'problem')} found"))
     if "fts" in report:
-        state = _fts_line(report["fts"])
-        damaged = [t for t, error in (report.get("fts_integrity") or {}).items() if error]
-        if damaged:
-            state = f"damaged ({', '.join(damaged)})" + ("" if state == "ok" else f"; {state}")
-        lines.append(f"search index: {state}")
+        lines.append(f"search index: {_search_index_state(report)}")
     holders = report["in_use_by"]
     lines.append(f"in use by: {'; '.join(holders) if holders else 'none seen'}")
     return lines
