@@ -754,26 +754,36 @@ def replica_status(db_path: Path, *, timeout: float = 20.0) -> dict[str, Any] | 
     status["store_changed_at"] = changed = _store_changed_at(db_path)
     status.update(replica_txid=None, replica_time=None, behind_s=None, error=None)
     try:
-        done = _run_litestream(["ltx", "-no-expand-env", "-level", "all", "-json",
-                                str(record.get("url"))], timeout=timeout)
-        if done.returncode != 0:
-            raise ReplicationError(_last_line(done.stderr) or f"status {done.returncode}",
-                                   reason="litestream_failed", detail=done.stderr)
-        files = json.loads(done.stdout)
+        files = _replica_files(str(record.get("url")), timeout)
     except (ReplicationError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
         status["error"] = f"the replica could not be listed: {exc}"
         return status
-    if files:
-        newest = max(datetime.datetime.fromisoformat(f["timestamp"]).timestamp() for f in files)
-        status["replica_txid"] = max(int(f["max_txid"], 16) for f in files)
-        status["replica_time"] = newest
-        restored = record.get("restored_changed_at")
-        if changed is not None and isinstance(restored, (int, float)) and changed <= restored:
-            status["behind_s"] = 0.0  # brought back from the replica, not written since
-        elif changed is not None:
-            # The listing gives whole seconds: the newest state lies within the second after.
-            status["behind_s"] = max(0.0, changed - newest - 1.0)
-    else:
+    if not files:
         status["error"] = "the replica holds nothing yet"
+        return status
+    newest = max(datetime.datetime.fromisoformat(f["timestamp"]).timestamp() for f in files)
+    status["replica_txid"] = max(int(f["max_txid"], 16) for f in files)
+    status["replica_time"] = newest
+    if changed is not None:
+        status["behind_s"] = _behind(changed, newest, record.get("restored_changed_at"))
     return status
+
+
+def _replica_files(url: str, timeout: float) -> Any:
+    """Litestream's listing of every level of the replica at ``url`` (its JSON)."""
+    done = _run_litestream(["ltx", "-no-expand-env", "-level", "all", "-json", url],
+                           timeout=timeout)
+    if done.returncode != 0:
+        raise ReplicationError(_last_line(done.stderr) or f"status {done.returncode}",
+                               reason="litestream_failed", detail=done.stderr)
+    return json.loads(done.stdout)
+
+
+def _behind(changed: float, newest: float, restored: object) -> float:
+    """How long the store (last changed at ``changed``) has held commits the replica (newest
+    state at ``newest``) has not; 0 when it was ``restored`` from it and not written since."""
+    if isinstance(restored, (int, float)) and changed <= restored:
+        return 0.0  # brought back from the replica, not written since
+    # The listing gives whole seconds: the newest state lies within the second after.
+    return max(0.0, changed - newest - 1.0)
 
