@@ -130,30 +130,35 @@ class DatabaseImage:
         except BaseException:
             self.close()
             raise
-        self.header_valid = False
-        self.page_size = page_size or 4096
-        self.usable_size = self.page_size
-        self.encoding = "utf-8"
-        self.freelist_trunk = 0
-        self.freelist_count = 0
-        if len(header) == 100 and header[:16] == HEADER_MAGIC:
-            raw = _u16(header, 16)
-            declared = 65536 if raw == 1 else raw
-            reserved = header[20]
-            encoding = _ENCODINGS.get(_u32(header, 56))
-            if 512 <= declared <= 65536 and declared & (declared - 1) == 0 and encoding:
-                self.header_valid = True
-                self.page_size = declared
-                self.usable_size = declared - reserved
-                self.encoding = encoding
-                self.freelist_trunk = _u32(header, 32)
-                self.freelist_count = _u32(header, 36)
+        self._take_header(header, page_size or 4096)
         self.page_count = size // self.page_size
         if db_pages is not None:
             self.page_count = db_pages
         elif self._frames:
             self.page_count = max(self.page_count, max(self._frames))
         self.lock_page = _PENDING_BYTE // self.page_size + 1
+
+    def _take_header(self, header: bytes, fallback_page_size: int) -> None:
+        """The page size, encoding and freelist the 100-byte ``header`` declares; where it
+        is damaged (``header_valid`` False), ``fallback_page_size``, UTF-8 and no freelist."""
+        self.header_valid = False
+        self.page_size = fallback_page_size
+        self.usable_size = self.page_size
+        self.encoding = "utf-8"
+        self.freelist_trunk = 0
+        self.freelist_count = 0
+        if len(header) != 100 or header[:16] != HEADER_MAGIC:
+            return
+        raw = _u16(header, 16)
+        declared = 65536 if raw == 1 else raw
+        encoding = _ENCODINGS.get(_u32(header, 56))
+        if 512 <= declared <= 65536 and declared & (declared - 1) == 0 and encoding:
+            self.header_valid = True
+            self.page_size = declared
+            self.usable_size = declared - header[20]  # less the bytes reserved per page
+            self.encoding = encoding
+            self.freelist_trunk = _u32(header, 32)
+            self.freelist_count = _u32(header, 36)
 
     def close(self) -> None:
         for name in ("_fd", "_wal_fd"):
@@ -530,16 +535,17 @@ def ordinary_tables(rows: list[tuple[Any, ...]]) -> dict[str, int]:
     not virtual tables and not the shadow tables a virtual table keeps its data in."""
     virtual = {r[1] for r in rows if r[0] == "table" and isinstance(r[4], str)
                and r[4].lstrip().upper().startswith("CREATE VIRTUAL")}
-    tables = {}
-    for kind, name, _tbl, root, sql in rows:
-        if kind != "table" or not isinstance(root, int) or root <= 0 or not isinstance(sql, str):
-            continue
-        if name.startswith("sqlite_") or name in virtual:
-            continue
-        if any(name.startswith(v + "_") for v in virtual):
-            continue
-        tables[name] = root
-    return tables
+    return {row[1]: row[3] for row in rows if _ordinary(row, virtual)}
+
+
+def _ordinary(row: tuple[Any, ...], virtual: set[str]) -> bool:
+    """An ``sqlite_master`` row of a table with a root page and its SQL that is not SQLite's
+    own, not one of the ``virtual`` tables, nor one of their shadow tables."""
+    kind, name, _tbl, root, sql = row
+    if kind != "table" or not isinstance(root, int) or root <= 0 or not isinstance(sql, str):
+        return False
+    return not (name.startswith("sqlite_") or name in virtual
+                or any(name.startswith(v + "_") for v in virtual))
 
 
 def table_rowids(img: DatabaseImage, root: int) -> set[int]:
