@@ -1202,16 +1202,8 @@ def replacement_fields(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
     clock = now()
     out = []
     for index, message in enumerate(message_list(messages)):
-        fields = {key: value for key, value in message_fields(message).items()
-                  if key in MESSAGE_FIELDS or not key.startswith("_")}
-        unknown = sorted(set(fields) - set(MESSAGE_FIELDS))
-        if unknown:
-            raise InvalidInputError(f"messages[{index}] has unknown fields: {', '.join(unknown)}")
-        role = fields.get("role")
-        if role is None:
-            role = fields["role"] = "unknown"
-        elif not isinstance(role, str) or not role:
-            raise InvalidInputError(f"messages[{index}].role must be a non-empty string")
+        fields = _known_fields(message, index)
+        role = fields["role"]
         stamp = _stamp(fields.get("timestamp"), index)
         fields["timestamp"] = clock if stamp is None else stamp
         clock = max(clock, fields["timestamp"]) + _STAMP_STEP_S
@@ -1224,6 +1216,22 @@ def replacement_fields(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, 
             fields["tool_calls"] = _tool_calls(fields["tool_calls"])
         out.append(fields)
     return out
+
+
+def _known_fields(message: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The fields of ``messages[index]`` the store keeps, with its role (``'unknown'`` when
+    it has none); an unknown field or a role that is no text is refused."""
+    fields = {key: value for key, value in message_fields(message).items()
+              if key in MESSAGE_FIELDS or not key.startswith("_")}
+    unknown = sorted(set(fields) - set(MESSAGE_FIELDS))
+    if unknown:
+        raise InvalidInputError(f"messages[{index}] has unknown fields: {', '.join(unknown)}")
+    role = fields.get("role")
+    if role is None:
+        fields["role"] = "unknown"
+    elif not isinstance(role, str) or not role:
+        raise InvalidInputError(f"messages[{index}].role must be a non-empty string")
+    return fields
 
 
 # The rows a replacement removes: the live ones, and with :every_row also the archived and
