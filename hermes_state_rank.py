@@ -78,6 +78,7 @@ __all__ = [
     "conjunction",
     "match_count",
     "top_k",
+    "Postings",
     "ASCII_ROW_SQL",
     "ROW_TEXT_SQL",
     "WORD_ABSENT_SQL",
@@ -238,9 +239,12 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
 # The postings from a cursor's next one on: the rest of its token's rows (in row order, as the
 # cursor reads them), then the tokens after it.
+# The postings from a cursor's next one on, counted no further than ?4 (a count past what the
+# proof may read tells no more than that limit does).
 LEFT_SQL = """
-SELECT (SELECT count(*) FROM search_impact_vocab WHERE term = ? AND doc >= ?)
-     + (SELECT count(*) FROM search_impact_vocab WHERE term > ? AND term < ?)
+SELECT count(*) FROM (
+    SELECT 1 FROM search_impact_vocab WHERE term = ?1 AND doc >= ?2
+    UNION ALL SELECT 1 FROM search_impact_vocab WHERE term > ?1 AND term < ?3 LIMIT ?4)
 """
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
 CANDIDATES_SQL = """
@@ -367,7 +371,7 @@ WAITING_ROWS_BY = ("estimate", "text", "fts5")
 RANKING = Ranking()
 
 
-class _Cursor:
+class Postings:
     """A word's postings, best first: (token, row id) pairs."""
 
     def __init__(self, conn: sqlite3.Connection, term: str, ranking: Ranking) -> None:
@@ -396,15 +400,17 @@ class _Cursor:
             return THRESHOLD
         return 1.0 - int(self.next[0].rsplit("_", 3)[1]) / KEY_SCALE
 
-    def left(self, reach: float) -> int:
-        """How many postings not read yet have a reference impact of ``reach`` or more."""
+    def left(self, reach: float, most: int = -1) -> int:
+        """How many postings not read yet have a reference impact of ``reach`` or more; past
+        ``most`` (unless negative), some number above it."""
         if self.next is None:
             return 0
         end = f"{self.term}_{math.floor((1.0 - reach) * KEY_SCALE) + 1:04d}"
         token, row_id = self.next
         if token >= end:
             return 0
-        return int(self.conn.execute(LEFT_SQL, (token, row_id, token, end)).fetchone()[0])
+        limit = most + 1 if most >= 0 else -1
+        return int(self.conn.execute(LEFT_SQL, (token, row_id, end, limit)).fetchone()[0])
 
     def take(self) -> list[tuple[str, int]]:
         """The next postings, more each time (the first reads are the likeliest to suffice)."""
@@ -586,11 +592,12 @@ class _Walk:
         return True
 
     def _resolve_by_fts5(self, ids: Sequence[int]) -> None:
-        """FTS5's own scores for the rows among ``ids`` that pass the filters, in one pass."""
-        if ids := sorted(self.passing(ids)):
-            args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
+        """FTS5's own scores for ``ids``, in one pass; the filters are checked only for the
+        rows that can still enter the top (see :meth:`propose`)."""
+        if ids:
+            args = (self.conj.match, min(ids), max(ids), json.dumps(sorted(ids)))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
-                self.offer(-bm25, row_id)
+                self.propose(-bm25, row_id)
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
@@ -931,7 +938,7 @@ def _start(
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     weight = {w: sum(idf_of[q] for q in conj.words if q == w) for w in distinct}
-    cursors = {w: _Cursor(conn, w, ranking) for w in distinct}
+    cursors = {w: Postings(conn, w, ranking) for w in distinct}
     return _Proof(walk, cursors, weight, budget, count, ranking)
 
 
@@ -940,7 +947,7 @@ class _Proof:
     """The postings of a query's words read best first until the top is proven."""
 
     walk: _Walk
-    cursors: dict[str, _Cursor]
+    cursors: dict[str, Postings]
     weight: dict[str, float]  # each distinct word's idf, times its repeats
     budget: float  # the rows the proof may handle (a share of those FTS5 would score)
     count: _Counter
@@ -1012,8 +1019,12 @@ class _Proof:
         # so far, the row it finds.
         self.foresee_at = 2 * self.read
         per_posting = 1.0 + self.settled / self.read
-        ahead = self.cursors[word].left(reach) * per_posting + self.walk.pending_rows()
-        return ahead <= self.budget
+        room = self.budget - self.walk.pending_rows()
+        if room < 0:
+            return False
+        # Counted no further than the budget allows: a larger count decides the same.
+        most = math.floor(room / per_posting) if math.isfinite(room) else -1
+        return self.cursors[word].left(reach, most) * per_posting <= room
 
     def read_batch(self, word: str, kth: float | None) -> bool:
         """Read the word's next postings and score (or set waiting) the rows they find; False

@@ -1136,7 +1136,7 @@ def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path)
         tokens = {t for (t,) in conn.execute(
             "SELECT term FROM search_impact_vocab WHERE term >= 'alpha_' AND term < 'alpha`'")}
         assert len(tokens) == 1 and posted > rank.RANKING.first_batch_postings  # one token
-        cursor = rank._Cursor(conn, "alpha", rank.RANKING)
+        cursor = rank.Postings(conn, "alpha", rank.RANKING)
         read = 0
         while cursor.next is not None:
             assert cursor.left(impact.THRESHOLD) == posted - read
