@@ -1,26 +1,26 @@
 """FTS5's own computations, reproduced in Python bit for bit: unicode61's tokens and ``bm25()``.
 
-**Tokens.** ``messages_fts`` uses the unicode61 tokenizer: ASCII letters and digits are token
-characters, folded to lower case, and every other ASCII byte separates tokens. Other characters
-are decided and folded one code point at a time from SQLite's own Unicode tables, which need not
-be Python's; so each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and only the characters unicode61 changes are replaced in a text, each at once (in text of
-many, those of the big scripts FTS5 was found to keep whole are passed over by a pattern:
-:func:`changing_characters`). :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of
-a blob another client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
-be read from a column's folded text without splitting it (:func:`folded_text`,
-:func:`text_frequency`): a word is found by a pattern over the text.
+**Tokens.** ``messages_fts`` uses the unicode61 tokenizer. ASCII letters and digits are token
+characters, folded to lower case; every other ASCII byte separates tokens. Other characters
+are decided one code point at a time from SQLite's own Unicode tables, which need not be
+Python's. So each new character is asked of FTS5 itself, once per process (:func:`_learn`),
+and only the characters unicode61 changes are replaced in a text. In long text, the scripts
+FTS5 keeps whole are passed over by one pattern (:func:`changing_characters`).
+:func:`column_tokens` gives exactly FTS5's tokens of a column; :func:`fts5_text` reads a blob
+another client stored as FTS5 reads it. :func:`text_frequency` counts a word in folded text
+without splitting it into tokens.
 
 **The score.** For phrases p₁…pₙ FTS5 scores a row
 
     score = Σᵢ idfᵢ · fᵢ·(k₁+1) / (fᵢ + k₁·(1 − b + b·D/avgdl)),   k₁ = 1.2, b = 0.75,
 
 fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in
-tokens (all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½))
-(at least 10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that, in
-the same floating-point order, from N and the token total of the index's own averages record
-(:func:`read_stats`); :func:`formula_matches_fts5` checks it against this SQLite once per
-process, and a SQLite that scores differently never takes the library's own ranking.
+tokens, avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½)) (at least
+10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` is the one definition: it
+computes that in FTS5's floating-point order, from the index's own averages record
+(:func:`read_stats`). :func:`bm25_sql` writes the same in SQL. :func:`formula_matches_fts5`
+checks it against this SQLite once per process; a SQLite that scores differently never takes
+the library's own ranking.
 """
 
 from __future__ import annotations
@@ -40,30 +40,30 @@ logger = logging.getLogger("hermes_state")
 
 __all__ = [
     "K1",
-    "B",
-    "ColumnValue",
-    "fts5_text",
-    "TEXT_COLUMNS",
-    "TEXT_BYTES_SQL",
-    "column_tokens",
     "LIKELY_KEPT",
     "SCAN_FROM",
-    "changing_characters",
-    "with_changes",
-    "row_counts",
-    "folded_text",
-    "folded_origins",
-    "ascii_lower",
-    "text_frequency",
+    "TEXT_BYTES_SQL",
+    "TEXT_COLUMNS",
+    "B",
     "Bm25Stats",
-    "varints",
-    "read_stats",
+    "ColumnValue",
+    "ascii_lower",
     "bm25_score",
     "bm25_sql",
     "bm25_sql_params",
-    "phrase_match",
+    "changing_characters",
+    "column_tokens",
     "count_matches",
+    "folded_origins",
+    "folded_text",
     "formula_matches_fts5",
+    "fts5_text",
+    "phrase_match",
+    "read_stats",
+    "row_counts",
+    "text_frequency",
+    "varints",
+    "with_changes",
 ]
 
 K1 = 1.2
@@ -172,6 +172,7 @@ LIKELY_KEPT = (
     (0xAC00, 0xD7A3),  # Hangul syllables
 )
 _KEPT_RUN = 16
+# Text with fewer non-ASCII characters than this is looked up a character at a time.
 SCAN_FROM = 256
 
 

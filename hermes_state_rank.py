@@ -1,56 +1,46 @@
-"""Exact BM25 ranking of word queries over the whole history, fast for common words.
+"""Exact BM25 ranking of word queries, proven from the search impact index.
 
-**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: each of the query's
-words is a phrase of it, and a row's score is :func:`hermes_state_bm25.bm25_score`,
-the one place the score is defined (FTS5's ``bm25()`` is its oracle). :func:`top_k` either
-proves the best rows from the search impact index (:mod:`hermes_state_impact`: each row's
-postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
-returns None, and the caller ranks with FTS5: the answer is the same either way.
+**The order** is FTS5's own ``bm25()`` over ``messages_fts``, ties by message id. The score is
+:func:`hermes_state_bm25.bm25_score`, the one place it is defined; FTS5's ``bm25()`` is its
+oracle. :func:`top_k` proves the best rows, or returns None and the caller ranks with FTS5.
+Both ways give the same rows in the same order; only the cost differs.
 
-**When FTS5 ranks at once** (:func:`conjunction`, :func:`_top_k`): a quoted phrase of several
-words (FTS5 finds its matches by their positions, which the index does not keep, and counting
-them for the idf would cost half of FTS5's own ranking); several words in an index of at most
-:attr:`Ranking.fts5_index_rows` rows, or indexed together in fewer rows than wanted, or
-matching at most :attr:`Ranking.exact_rank_rows` rows (read no further than one past that); a
-single word whose first :attr:`Ranking.single_word_probe_postings` postings leave it that
-rare; a word repeated; many rows changed since the last batch; a damaged or partial index.
+**Why a proof.** FTS5 scores every matching row before it sorts. A common word matches much
+of the history, but its best rows are few: short messages, and long ones that repeat it. The
+impact index (:mod:`hermes_state_impact`) lists each word's postings best first, so the top
+is proven after reading a small part of them.
 
-**The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
-from their text, and for several words the rows indexed under every one of them (SQLite
-scores those with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when the rest
-provably cannot enter the top). Any other row has a word below the threshold, which bounds it.
-:meth:`_Proof.run` then reads postings best first, the word with the highest bound first,
-until the k-th best row passing the filters beats the best score a row not found yet can have
-(:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown waits with its best
-case (in a query of two words, a row found under one word alone waits on its posting of that
-word) and is scored only if that best case can still enter the top: from its text, or with
-others in one FTS5 pass, whichever reads less (the rows' tokens, the rows of the words'
-lists), the likeliest few from their text first.
-Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
-bounds allow for the difference (impact at most x under A is at most x under avgdl when
-A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+**How** (:class:`_Proof`). Rows the index does not hold yet are scored from their text. For
+several words, the rows indexed under every word are scored next; SQLite hands back the best
+few when the rest provably cannot enter the top. Then each word's postings are read best first
+(:class:`Postings`) until the k-th best row that passes the filters beats the best score an
+unread row can have (:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown
+waits with its best case. It is scored only if that best case can still enter the top: from
+its text, or with the others in one FTS5 pass, whichever reads less.
 
-**Giving up.** What each way costs is counted, not timed. A proof of several words may
-handle (read a posting, settle a row, score one from its text or by FTS5) at most
-:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query (at most those of
-its rarest word): it gives up once
-the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
-reading a word down to the depth it needs would, foreseen after a first batch and whenever
-the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
+**When FTS5 ranks instead.** Costs are counted in rows, never timed. FTS5 ranks at once a
+quoted phrase of several words (the index keeps no positions), several words in a small index
+(:attr:`Ranking.fts5_index_rows`) or matching few rows (:attr:`Ranking.exact_rank_rows`), a
+rare single word, a repeated word, many unindexed rows, and a damaged or partial index. A
+proof gives up when it would handle more than :attr:`Ranking.proof_share` of the rows FTS5
+would score.
 
-**Counts.** Each word's count (its idf) and the whole query's, when read to the end, are kept
-per file (:class:`_Counter`): a count of the rows at or below the batch boundary stays exact
-while no such row changes (the triggers count every change of one in ``search_row_changes``),
-so a query asked again counts only the rows past the boundary it was counted to.
+**Bounds.** Scores use the current avgdl; the index's keys use the avgdl A it was built with.
+An impact x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)) with
+r = A/avgdl. Every bound carries a relative slack for last-bit rounding.
 
-Every knob is a field of :class:`Ranking`, passed by the caller (``search_messages(...,
-ranking=...)``); none changes the order.
+**Counts.** A word's count (its idf) is cached per file for the rows at or below the batch
+boundary, and stays exact while ``search_row_changes`` does not move: the triggers count every
+change to such a row. A query asked again counts only the rows past the boundary.
+
+Every knob is a field of :class:`Ranking`, passed by the caller; none changes the order.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -60,28 +50,52 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_state_bm25 import K1, Bm25Stats, bm25_score, bm25_sql, bm25_sql_params
-from hermes_state_bm25 import column_tokens, count_matches
-from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
-from hermes_state_bm25 import fts5_text, phrase_match, read_stats, text_frequency, varints
+from hermes_state_bm25 import (
+    K1,
+    TEXT_BYTES_SQL,
+    TEXT_COLUMNS,
+    Bm25Stats,
+    bm25_score,
+    bm25_sql,
+    bm25_sql_params,
+    column_tokens,
+    count_matches,
+    folded_text,
+    formula_matches_fts5,
+    fts5_text,
+    phrase_match,
+    read_stats,
+    text_frequency,
+    varints,
+)
 from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
-from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
-from hermes_state_impact import IndexMismatch, IndexState, consistent, index_error
-from hermes_state_impact import least_frequency, notice_damage, read_state
+from hermes_state_impact import (
+    INDEX_FAULTS,
+    KEY_SCALE,
+    MAX_TERM_CHARS,
+    THRESHOLD,
+    IndexMismatch,
+    IndexState,
+    consistent,
+    index_error,
+    least_frequency,
+    notice_damage,
+    read_state,
+)
 
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
-    "Ranking",
+    "ASCII_ROW_SQL",
     "RANKING",
+    "ROW_TEXT_SQL",
+    "WORD_ABSENT_SQL",
     "Conjunction",
+    "Postings",
+    "Ranking",
     "conjunction",
     "match_count",
     "top_k",
-    "Postings",
-    "ASCII_ROW_SQL",
-    "ROW_TEXT_SQL",
-    "WORD_ABSENT_SQL",
 ]
 
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
@@ -879,14 +893,21 @@ def _top_k(
         # Rows indexed under every word of the query (cheap to list, from the impact index
         # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
         # such a query (most often a rare one) before anything is counted.
+        # The list is read past the first page only once a proof is due.
         expression = " AND ".join(f'"{t}"' for t in distinct)
-        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        if len(everywhere) < wanted:
-            return None
-        # Then the matches, read no further than the limit: FTS5 ranks a few thousand rows
-        # faster than any proof (and it counts each word for its idf as a proof would).
-        if count.at_most(conj.match, ranking.exact_rank_rows):
-            return None
+        rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
+        try:
+            everywhere = [r[0] for r in rows.fetchmany(wanted)]
+            if len(everywhere) < wanted:
+                return None
+            # Then the matches, read no further than the limit: FTS5 ranks a few thousand
+            # rows faster than any proof (and it counts each word for its idf as a proof
+            # would).
+            if count.at_most(conj.match, ranking.exact_rank_rows):
+                return None
+            everywhere += [r[0] for r in rows]
+        finally:
+            rows.close()
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
@@ -1032,9 +1053,9 @@ class _Proof:
         walk, ranking = self.walk, self.ranking
         postings = self.cursors[word].take()
         probe = ranking.single_word_probe_postings
-        if self.single and self.read < probe <= self.read + len(postings):
-            if self.count.at_most(walk.conj.match, ranking.exact_rank_rows):
-                return False
+        if (self.single and self.read < probe <= self.read + len(postings)
+                and self.count.at_most(walk.conj.match, ranking.exact_rank_rows)):
+            return False
         self.read += len(postings)
         walk.handled += len(postings)
         fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
@@ -1101,4 +1122,4 @@ NEAR_TIE = 1e-12
 
 
 def _near_tie(scores: Sequence[float]) -> bool:
-    return any(a != b and abs(a - b) <= NEAR_TIE * abs(a) for a, b in zip(scores, scores[1:]))
+    return any(a != b and abs(a - b) <= NEAR_TIE * abs(a) for a, b in itertools.pairwise(scores))

@@ -34,13 +34,13 @@ from typing import Any
 
 import hermes_state
 import hermes_state_impact as impact
-from hermes_state_bm25 import column_tokens
 import hermes_state_messages as messages
 import hermes_state_replication as replication
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
 from hermes_state import ReplicationError, SessionDB, recover_state_db
+from hermes_state_bm25 import column_tokens
 
-__all__ = ["main", "Figure"]
+__all__ = ["Figure", "main"]
 
 
 @dataclass
@@ -427,7 +427,7 @@ SELECT content FROM messages WHERE id = ? AND role IN ('user', 'assistant') AND 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _baseline(query: str, source: list[str] | None) -> tuple[str, str, tuple]:
@@ -509,15 +509,15 @@ def _first_calls(path: str, classes: dict[str, tuple[list[str], list[str] | None
             out[key] = []
             for n, query in enumerate(qs):
                 timed, oracle, params = _baseline(query, source)
-                search = lambda q=query: db.search_messages(q, source_filter=source)  # noqa: E731
+                search = lambda q=query, s=source: db.search_messages(q, source_filter=s)
                 base_first = n % 2 == 1  # who reads the query's pages first alternates
-                base = lambda: raw.execute(timed, params).fetchall()  # noqa: E731
+                base = lambda t=timed, p=params: raw.execute(t, p).fetchall()
                 if base_first:
                     base_ms, base_cpu, _ = _timed_cpu(base)
                 first_ms, first_cpu, hits = _timed_cpu(search)
                 if not base_first:
                     base_ms, base_cpu, _ = _timed_cpu(base)
-                previous_ms = (_timed(lambda: _previous_search(raw, params[0]))[0]
+                previous_ms = (_timed(lambda m=params[0]: _previous_search(raw, m))[0]
                                if key in WORD_CLASSES else None)
                 warm_ms = min(_timed(search)[0] for _ in range(warm_repeats))
                 out[key].append({
@@ -745,8 +745,7 @@ def bench_transfer_and_recovery(stores: Stores, size: int) -> list[Figure]:
         export = d / "export.jsonl"
         start = time.perf_counter()
         with SessionDB(path, read_only=True) as db, open(export, "w", encoding="utf-8") as fh:
-            for line in db.iter_export_jsonl():
-                fh.write(line)
+            fh.writelines(db.iter_export_jsonl())
         rate("export JSONL (streaming)", time.perf_counter() - start,
              mb=round(export.stat().st_size / 1e6, 1))
 
@@ -937,7 +936,7 @@ def bench_replication(corpus: list[CorpusSession], repeats: int, n_messages: int
     batch, sessions = append_batch(corpus, n_messages)
     figures = []
     for label, extra in (("", ()), (", --leave-checkpoints", ("--leave-checkpoints",))):
-        on, off, ratios = paired(lambda: _replicated_append_rate(sessions, batch, *extra),
+        on, off, ratios = paired(lambda e=extra: _replicated_append_rate(sessions, batch, *e),
                                  lambda: _replicated_append_rate(sessions, batch, "off"),
                                  repeats)
         # The median of the paired ratios: on a shared machine it drifts less than the

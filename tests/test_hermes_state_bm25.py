@@ -8,10 +8,10 @@ from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from state_helpers import TRICKY
 
 import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
-from state_helpers import TRICKY
 
 bm25_docs = st.lists(
     st.tuples(*[st.lists(st.sampled_from(["alpha", "beta", "Gamma", "delta", "café",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from state_helpers import TRICKY, assert_search_index_exact, raw
 
 import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
@@ -26,7 +27,6 @@ import hermes_state_rank as rank
 import hermes_state_search as search
 from bench.corpus import generate_corpus, query_terms
 from hermes_state import SessionDB
-from state_helpers import TRICKY, assert_search_index_exact, raw
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
@@ -204,6 +204,10 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
             got, statements = traced_search(db, query, ranking=ranking)
             assert got == fts5_order(db, query), query
             by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
+            # Rows scored in one FTS5 pass have their filters checked only if they can still
+            # enter the top: those failing them never do.
+            got, _ = traced_search(db, query, ranking=ranking, source_filter=["telegram"])
+            assert got == fts5_order(db, query, source_filter=["telegram"]), query
     assert (by_fts5 > 0) == (route == "fts5")
 
 
@@ -415,7 +419,7 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
         {"role": "user", "content": f"session {TRICKY[n % len(TRICKY)] * 2 if n % 3 else 'w1'}"}
         for n in range(300)])
     for query in ("session", "session cafe", "cafe"):
-        got, reads = impact_reads(db, query, ranking=ranking, limit=50)
+        got, _ = impact_reads(db, query, ranking=ranking, limit=50)
         assert got == fts5_order(db, query, 50), query
     assert impact_reads(db, "session", limit=50)[1]
 
@@ -486,8 +490,8 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
         got, statements = traced_search(db, query, source_filter=sources, ranking=fts5)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
-        assert got == [r[0] for r in on_file(db, 
-            lambda c: c.execute(oracle, (match, *params, 20)).fetchall())], sources
+        assert got == [r[0] for r in on_file(
+            db, lambda c, o=oracle, p=params: c.execute(o, (match, *p, 20)).fetchall())], sources
         rankings = [s for s in statements if f"bm25({table})" in s]
         assert len(rankings) == passes, (sources, rankings)
     assert set(ids(db.search_messages(query, source_filter=["telegram"], ranking=fts5))) == set(
@@ -1013,11 +1017,11 @@ def test_cached_counts_follow_every_change_another_client_makes(
         ("UPDATE messages SET content = 'nothing here', tool_calls = NULL WHERE id = ?",
          low[1]),
         ("DELETE FROM messages WHERE id = ?", low[2]),
-        ("INSERT INTO messages (id, session_id, role, content, timestamp)"
-         " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)", low[2]),
+        (("INSERT INTO messages (id, session_id, role, content, timestamp)"
+          " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)"), low[2]),
         ("UPDATE messages SET id = (SELECT max(id) + 1 FROM messages) WHERE id = ?", low[3]),
-        ("INSERT INTO messages (session_id, role, content, timestamp)"
-         " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0", 1),
+        (("INSERT INTO messages (session_id, role, content, timestamp)"
+          " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0"), 1),
     ]
     for sql, arg in changes:
         conn = writer(db_path)
@@ -1140,6 +1144,8 @@ def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path)
         read = 0
         while cursor.next is not None:
             assert cursor.left(impact.THRESHOLD) == posted - read
+            # Counted no further than one past a limit the rest exceeds.
+            assert cursor.left(impact.THRESHOLD, 5) == min(posted - read, 6)
             assert cursor.left(cursor.bound() + 0.001) == 0  # none reach past the next one
             read += len(cursor.take())
         assert read == posted and cursor.left(impact.THRESHOLD) == 0
