@@ -385,6 +385,12 @@ WAITING_ROWS_BY = ("estimate", "text", "fts5")
 RANKING = Ranking()
 
 
+def _posted(token: str) -> tuple[int, int]:
+    """A posting token's frequency and row length (``term_kkkk_f_D``)."""
+    _, _, f, length = token.rsplit("_", 3)
+    return int(f), int(length)
+
+
 class Postings:
     """A word's postings, best first: (token, row id) pairs."""
 
@@ -657,12 +663,11 @@ class _Walk:
         :meth:`score_rows`, without reading them."""
         kth = self.kth()
         for token, row_id in postings:
-            _, _, f, n = token.rsplit("_", 3)
-            length = int(n)
+            f, length = _posted(token)
             least = least_frequency(length, self.index.avgdl)
             if least == 1:
                 continue  # a row this short would have indexed the other word: it lacks it
-            best = self.score([float(f) if w == word else float(least - 1)
+            best = self.score([f if w == word else float(least - 1)
                                for w in self.conj.words], length)
             if kth is None or best >= kth:
                 heapq.heappush(self.pending, (-best, row_id))
@@ -732,8 +737,7 @@ class _Walk:
             postings: dict[str, tuple[int, int]] = {}
             for word, token in zip(self.words, tokens, strict=True):
                 if token:
-                    _, _, f, n = token.split(" ", 1)[0].rsplit("_", 3)
-                    postings[word] = (int(f), int(n))
+                    postings[word] = _posted(token.split(" ", 1)[0])
             length = next(iter(postings.values()))[1] if postings else 0
             least = least_frequency(length, self.index.avgdl)
             settled = True
@@ -766,8 +770,8 @@ class _Walk:
         last, score = "", 0.0
         for token, row_id in postings:
             if token != last:
-                _, _, f, length = token.rsplit("_", 3)
-                score = self.score([float(f)] * len(self.conj.words), int(length))
+                f, length = _posted(token)
+                score = self.score([f] * len(self.conj.words), length)
                 last = token
             if kth is None or score >= kth:
                 self.propose(score, row_id)
@@ -1108,11 +1112,10 @@ def _token_best(
     have: it was not indexed under every word, so another word is below the
     threshold — for a row this short, absent — and the others, (weight, best share) each, have
     not been read down to it."""
-    _, _, f, length = token.rsplit("_", 3)
-    n = int(length)
+    f, n = _posted(token)
     least = least_frequency(n, walk.index.avgdl)
     low_share = walk.share(least - 1, n) if least > 1 else -math.inf
-    best = weight * walk.share(float(f), n)
+    best = weight * walk.share(f, n)
     return (best + sum(high for _, high in others)
             - min(high - w * low_share for w, high in others))
 
