@@ -120,11 +120,12 @@ COUNT_PAST_SQL = """
 SELECT (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2),
        (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 """
-# The same, read no further than ?4 rows.
+# The same, read no further than ?4 rows, and the last row read (a later count goes on
+# from there).
 COUNT_PAST_UP_TO_SQL = """
-SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4)),
-       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+SELECT n, last, (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+FROM (SELECT count(*) AS n, max(rowid) AS last FROM (
+          SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4))
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -151,6 +152,9 @@ class _Counter:
         self.conn = conn
         self.boundary = index.indexed
         self.counted: dict[str, int] = {}
+        # Counts stopped at a limit: (the last row read, the rows past the cached boundary
+        # counted up to it), at or below the batch boundary.
+        self.partial: dict[str, tuple[int, int]] = {}
         self.key = self._key()
         # No cache for a file without a name (in memory) or without the change count (an
         # index of an older release that only a read-only handle sees: the next writable open
@@ -196,14 +200,22 @@ class _Counter:
     def _count(self, expression: str, limit: int | None) -> int:
         """The rows matching ``expression``; past a ``limit``, some number above it."""
         upto, rows = self._cached(expression) or (0, 0)
-        most = -1 if limit is None else max(limit - rows + 1, 0)
-        sql = COUNT_PAST_SQL if limit is None else COUNT_PAST_UP_TO_SQL
-        args = (expression, upto, self.boundary) + (() if limit is None else (most,))
-        past, unflushed = (int(v) for v in self.conn.execute(sql, args).fetchone())
+        if limit is None:
+            last, read = self.partial.pop(expression, (upto, 0))
+            args = (expression, last, self.boundary)
+            past, unflushed = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
+            past += read
+        else:
+            most = max(limit - rows + 1, 0)
+            up_to = (expression, upto, self.boundary, most)
+            n, end, flushed = self.conn.execute(COUNT_PAST_UP_TO_SQL, up_to).fetchone()
+            past, unflushed = int(n), int(flushed)
+            if past >= most and end is not None and end <= self.boundary:
+                self.partial[expression] = (int(end), past)
         below = past - unflushed
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
-        whole = limit is None or past < most
+        whole = limit is None or past < max(limit - rows + 1, 0)
         if whole and self.file and below and self._key() == self.key:
             with _COUNTS_LOCK:
                 entry = _COUNTS.get(self.file)
@@ -335,9 +347,12 @@ class Ranking:
     # anything is counted (there the proof's fixed costs, each word's count and the cut of the
     # rows indexed under every word, come to what FTS5's ranking of all the matches costs).
     fts5_index_rows: int = 25_000
-    # Rows matching a query of several words up to which FTS5 ranks them itself: its count is
-    # cheap, and ranking that many costs about what a proof does.
+    # A query of several words one of which matches at most this many rows is ranked by FTS5
+    # (no more rows match them all, and ranking that many costs about what a proof does).
     exact_rank_rows: int = 12_000
+    # ...as is one with fewer than this many times the rows wanted indexed under every word:
+    # its best rows are then mostly rows a word's postings leave open, scored one by one.
+    everywhere_per_wanted: int = 4
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
     single_word_probe_postings: int = 1024
@@ -901,13 +916,15 @@ def _top_k(
         expression = " AND ".join(f'"{t}"' for t in distinct)
         rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
         try:
-            everywhere = [r[0] for r in rows.fetchmany(wanted)]
-            if len(everywhere) < wanted:
+            least = ranking.everywhere_per_wanted * wanted
+            everywhere = [r[0] for r in rows.fetchmany(least)]
+            if len(everywhere) < least:
                 return None
-            # Then the matches, read no further than the limit: FTS5 ranks a few thousand
-            # rows faster than any proof (and it counts each word for its idf as a proof
-            # would).
-            if count.at_most(conj.match, ranking.exact_rank_rows):
+            # Then each word's matches, read no further than the limit (a proof goes on
+            # counting from there for the idf): with a word that rare, few rows match them
+            # all, and FTS5 ranks a few thousand rows faster than any proof.
+            if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows)
+                   for w in distinct):
                 return None
             everywhere += [r[0] for r in rows]
         finally:

@@ -166,7 +166,7 @@ def test_the_top_20_are_fts5s_own_bm25_order(
     corpus: SessionDB, filters: dict[str, Any]
 ) -> None:
     # Small enough that this corpus's common words take the impact index's route.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     through_index = 0
     for query in QUERIES:
         got, reads = impact_reads(corpus, query, ranking=ranking, **filters)
@@ -196,7 +196,8 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 ) -> None:
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, score_waiting_by=route)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+                           score_waiting_by=route)
     terms = query_terms(seed=1)
     by_fts5 = 0
     with SessionDB(bench_store, read_only=True) as db:
@@ -295,7 +296,8 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     passes, likeliest = {}, rank.RANKING.head_rows
     with SessionDB(bench_store, read_only=True) as db:
         for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
-            ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, head_rows=head)
+            ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1,
+                                   exact_rank_rows=0, head_rows=head)
             passes[head] = 0
             for query in queries:
                 for offset in (0, 5):
@@ -317,7 +319,8 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
 
     def walks(share: float) -> tuple[int, int]:
-        ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, score_waiting_by="fts5",
+        ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+                               score_waiting_by="fts5",
                                proof_share=share)
         by_fts5 = settles = 0
         with SessionDB(bench_store, read_only=True) as db:
@@ -363,7 +366,7 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
                                       "timestamp": float(n)})
         for session, messages in rows.items():
             db.replace_messages(session, messages)
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     with SessionDB(tmp_path / "state.db") as db:
         scored = 0
         for query in NESTED_WORD_QUERIES:
@@ -380,7 +383,7 @@ def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
 ) -> None:
     # Such a row holds the other word below the threshold: its own posting gives its best
     # case, and only the rows indexed under both words have their postings read.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     walked = 0
     with SessionDB(bench_store, read_only=True) as db:
         for query in query_terms(seed=1)["en_2term"]:
@@ -398,7 +401,7 @@ def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> 
 
 
 def test_deep_pages_stay_exact(corpus: SessionDB) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     for query in ("session", "gateway config", "deploy"):
         assert ids(corpus.search_messages(
             query, limit=100, offset=150, ranking=ranking)) == fts5_order(
@@ -411,7 +414,8 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
 ) -> None:
     """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
     two tokens tie, and ties go by id, wherever the second token comes from."""
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=10, single_word_probe_postings=10**6)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10,
+                           single_word_probe_postings=10**6)
     db.create_session("s1", "cli")
     long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
                  for n in range(200)]  # so that the short rows below stand out
@@ -823,7 +827,7 @@ def as_earlier_index_table(path: Path) -> None:
 def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
     db_path: Path
 ) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     r = random.Random(21)
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
@@ -921,7 +925,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     """Searches rank as FTS5 does (never as substring hits), the library's writes and other
     clients' go on, and a writable open after the damage was found replaces the index."""
     # The impact index's routes, on 300 rows.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=10)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
     conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
@@ -1038,7 +1042,8 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
 ) -> None:
     """Counting a phrase reads every row holding its words: a query asked again counts
     only the rows written since, whatever the words."""
-    ranking = rank.Ranking(fts5_index_rows=0)  # counted, however small the corpus
+    # Counted, however small the corpus.
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1)
     for query in ("session gateway", "config token", "gateway config", "retry cache"):
         corpus.search_messages(query, ranking=ranking)
         got, statements = traced_search(corpus, query, ranking=ranking)
@@ -1108,7 +1113,7 @@ def test_a_phrase_of_several_words_is_ranked_by_fts5_before_anything_is_counted(
     """FTS5 counts a phrase's matches for its idf as it ranks them: counting them first (half
     the work of its ranking) or reading the impact index would only add to it."""
     # No count is small enough to decide.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     for query in ('"session gateway"', '"gateway config" token'):
         got, statements = traced_search(corpus, query, ranking=ranking)
         assert got == fts5_order(corpus, query), query
@@ -1123,6 +1128,36 @@ def test_a_query_matching_fewer_rows_than_a_page_is_not_counted(corpus: SessionD
         expected = fts5_order(corpus, query, 50)
         assert 0 < len(expected) < 50 and got[:len(expected)] == expected, query
         assert not [s for s in statements if counts_matches(s)], query
+
+
+def test_several_words_few_rows_index_together_are_ranked_by_fts5_before_any_count(
+    corpus: SessionDB,
+) -> None:
+    """Fewer rows indexed under every word than the ranking asks for: the best rows are
+    mostly rows a word's postings leave open, and FTS5 ranks at once, in its own order."""
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=10**6)
+    for query in ("session gateway", "config token", "worker session", "retry cache"):
+        got, statements = traced_search(corpus, query, ranking=ranking)
+        assert got == fts5_order(corpus, query), query
+        assert not [s for s in statements if counts_matches(s)], query
+        assert not [s for s in statements if "FROM search_impact_vocab" in s], query
+
+
+def test_a_count_stopped_at_the_limit_goes_on_from_the_last_row_it_read(db: SessionDB) -> None:
+    """Each word of a query is counted no further than the limit that would send the query
+    to FTS5; a proof then needs its whole count (its idf), and counts on from the last row
+    the first count read instead of reading those rows again. The order is FTS5's."""
+    db.create_session("s1", "cli")
+    for n in range(3 * impact.FLUSH_ROWS):
+        text = ("alpha beta", f"alpha w{n} and more words", f"beta w{n} and other words")[n % 3]
+        db.append_message("s1", role="user", content=text)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    got, statements = traced_search(db, "alpha beta", ranking=ranking)
+    assert got == fts5_order(db, "alpha beta")
+    counted = " ".join(s for s in statements if counts_matches(s))
+    boundary = on_file(db, impact.index_health)["indexed"]
+    starts = {int(n) for n in re.findall(r"rowid > (\d+)", counted)}
+    assert starts - {0, boundary}, counted  # a count that went on from a row of the list
 
 
 def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
