@@ -19,11 +19,12 @@ waits with its best case. It is scored only if that best case can still enter th
 its text, or with the others in one FTS5 pass, whichever reads less.
 
 **When FTS5 ranks instead.** Costs are counted in rows, never timed. FTS5 ranks at once a
-quoted phrase of several words (the index keeps no positions), several words in a small index
-(:attr:`Ranking.fts5_index_rows`) or matching few rows (:attr:`Ranking.exact_rank_rows`), a
-rare single word, a repeated word, many unindexed rows, and a damaged or partial index. A
-proof gives up when it would handle more than :attr:`Ranking.proof_share` of the rows FTS5
-would score.
+quoted phrase of several words (the index keeps no positions); several words in a small
+index (:attr:`Ranking.fts5_index_rows`), one of which matches few rows
+(:attr:`Ranking.exact_rank_rows`), or few of whose rows are indexed under all of them
+(:attr:`Ranking.everywhere_per_wanted`); a rare single word, a repeated word, many unindexed
+rows, and a damaged or partial index. A proof gives up when it would handle more than
+:attr:`Ranking.proof_share` of the rows FTS5 would score.
 
 **Bounds.** Scores use the current avgdl; the index's keys use the avgdl A it was built with.
 An impact x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)) with
@@ -31,7 +32,8 @@ r = A/avgdl. Every bound carries a relative slack for last-bit rounding.
 
 **Counts.** A word's count (its idf) is cached per file for the rows at or below the batch
 boundary, and stays exact while ``search_row_changes`` does not move: the triggers count every
-change to such a row. A query asked again counts only the rows past the boundary.
+change to such a row. A query asked again counts only the rows past the boundary; a count
+stopped at a limit goes on from the last row it read.
 
 Every knob is a field of :class:`Ranking`, passed by the caller; none changes the order.
 """
