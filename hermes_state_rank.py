@@ -911,26 +911,10 @@ def _top_k(
     count = _Counter(conn, index)
     everywhere: list[int] = []
     if not single:
-        # Rows indexed under every word of the query (cheap to list, from the impact index
-        # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
-        # such a query (most often a rare one) before anything is counted.
-        # The list is read past the first page only once a proof is due.
-        expression = " AND ".join(f'"{t}"' for t in distinct)
-        rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
-        try:
-            least = ranking.everywhere_per_wanted * wanted
-            everywhere = [r[0] for r in rows.fetchmany(least)]
-            if len(everywhere) < least:
-                return None
-            # Then each word's matches, read no further than the limit (a proof goes on
-            # counting from there for the idf): with a word that rare, few rows match them
-            # all, and FTS5 ranks a few thousand rows faster than any proof.
-            if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows)
-                   for w in distinct):
-                return None
-            everywhere += [r[0] for r in rows]
-        finally:
-            rows.close()
+        found = _indexed_under_all(conn, distinct, wanted, count, ranking)
+        if found is None:
+            return None
+        everywhere = found
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
@@ -945,6 +929,30 @@ def _top_k(
         return proof.ranked(unseen, stats)
     finally:
         proof.close()
+
+
+def _indexed_under_all(
+    conn: sqlite3.Connection, words: Sequence[str], wanted: int, count: _Counter,
+    ranking: Ranking,
+) -> list[int] | None:
+    """The rows indexed under every one of several ``words``, or None when FTS5 ranks them
+    faster than a proof: fewer such rows than :attr:`Ranking.everywhere_per_wanted` times
+    the rows wanted (the best rows are then mostly rows a word's postings leave open), or a
+    word matching at most :attr:`Ranking.exact_rank_rows` rows (no more match them all; its
+    count stops there, and a proof's count goes on from the last row it read). The list is
+    read past its first rows only once a proof is due."""
+    expression = " AND ".join(f'"{w}"' for w in words)
+    rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
+    try:
+        least = ranking.everywhere_per_wanted * wanted
+        found = [r[0] for r in rows.fetchmany(least)]
+        if len(found) < least:
+            return None
+        if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows) for w in words):
+            return None
+        return found + [r[0] for r in rows]
+    finally:
+        rows.close()
 
 
 def _start(
