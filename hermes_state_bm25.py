@@ -1,26 +1,26 @@
 """FTS5's own computations, reproduced in Python bit for bit: unicode61's tokens and ``bm25()``.
 
-**Tokens.** ``messages_fts`` uses the unicode61 tokenizer: ASCII letters and digits are token
-characters, folded to lower case, and every other ASCII byte separates tokens. Other characters
-are decided and folded one code point at a time from SQLite's own Unicode tables, which need not
-be Python's; so each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and only the characters unicode61 changes are replaced in a text, each at once (in text of
-many, those of the big scripts FTS5 was found to keep whole are passed over by a pattern:
-:func:`_changing`). :func:`column_tokens` gives exactly the tokens FTS5 makes of a column (of
-a blob another client stored, once read as FTS5 reads it: :func:`fts5_text`). Frequencies can also
-be read from a column's folded text without splitting it (:func:`folded_text`,
-:func:`text_frequency`): a word is found by a pattern over the text.
+**Tokens.** ``messages_fts`` uses the unicode61 tokenizer. ASCII letters and digits are token
+characters, folded to lower case; every other ASCII byte separates tokens. Other characters
+are decided one code point at a time from SQLite's own Unicode tables, which need not be
+Python's. So each new character is asked of FTS5 itself, once per process (:func:`_learn`),
+and only the characters unicode61 changes are replaced in a text. In long text, the scripts
+FTS5 keeps whole are passed over by one pattern (:func:`changing_characters`).
+:func:`column_tokens` gives exactly FTS5's tokens of a column; :func:`fts5_text` reads a blob
+another client stored as FTS5 reads it. :func:`text_frequency` counts a word in folded text
+without splitting it into tokens.
 
 **The score.** For phrases p₁…pₙ FTS5 scores a row
 
     score = Σᵢ idfᵢ · fᵢ·(k₁+1) / (fᵢ + k₁·(1 − b + b·D/avgdl)),   k₁ = 1.2, b = 0.75,
 
 fᵢ the instances of pᵢ in the row's three columns (weight 1 each), D the row's length in
-tokens (all columns), avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½))
-(at least 10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` computes exactly that, in
-the same floating-point order, from N and the token total of the index's own averages record
-(:func:`read_stats`); :func:`formula_matches_fts5` checks it against this SQLite once per
-process, and a SQLite that scores differently never takes the library's own ranking.
+tokens, avgdl the mean length over the index, idfᵢ = ln((N − nᵢ + ½)/(nᵢ + ½)) (at least
+10⁻⁶) for N rows of which nᵢ contain pᵢ. :func:`bm25_score` is the one definition: it
+computes that in FTS5's floating-point order, from the index's own averages record
+(:func:`read_stats`). :func:`bm25_sql` writes the same in SQL. :func:`formula_matches_fts5`
+checks it against this SQLite once per process; a SQLite that scores differently never takes
+the library's own ranking.
 """
 
 from __future__ import annotations
@@ -40,26 +40,30 @@ logger = logging.getLogger("hermes_state")
 
 __all__ = [
     "K1",
-    "B",
-    "ColumnValue",
-    "fts5_text",
-    "TEXT_COLUMNS",
+    "LIKELY_KEPT",
+    "SCAN_FROM",
     "TEXT_BYTES_SQL",
-    "column_tokens",
-    "row_counts",
-    "folded_text",
-    "folded_origins",
-    "ascii_lower",
-    "text_frequency",
+    "TEXT_COLUMNS",
+    "B",
     "Bm25Stats",
-    "varints",
-    "read_stats",
+    "ColumnValue",
+    "ascii_lower",
     "bm25_score",
     "bm25_sql",
     "bm25_sql_params",
-    "phrase_match",
+    "changing_characters",
+    "column_tokens",
     "count_matches",
+    "folded_origins",
+    "folded_text",
     "formula_matches_fts5",
+    "fts5_text",
+    "phrase_match",
+    "read_stats",
+    "row_counts",
+    "text_frequency",
+    "varints",
+    "with_changes",
 ]
 
 K1 = 1.2
@@ -150,9 +154,9 @@ def _learn(chars: Iterable[str]) -> None:
 # Ranges where unicode61 likely keeps every character as it is (a token character folding to
 # itself): letters of scripts without case, small letters without diacritics. For speed only:
 # a range is asked of FTS5 as one token before it is trusted, halved until its parts are kept
-# whole or shorter than :data:`_KEPT_RUN` (:func:`_changing`); what is left goes by
+# whole or shorter than :data:`_KEPT_RUN` (:func:`changing_characters`); what is left goes by
 # :data:`_CHARS`.
-_LIKELY_KEPT = (
+LIKELY_KEPT = (
     (0x0430, 0x044F),  # Cyrillic а–я
     (0x03B1, 0x03C9),  # Greek α–ω
     (0x05D0, 0x05EA),  # Hebrew
@@ -168,15 +172,16 @@ _LIKELY_KEPT = (
     (0xAC00, 0xD7A3),  # Hangul syllables
 )
 _KEPT_RUN = 16
-_SCAN_FROM = 256
+# Text with fewer non-ASCII characters than this is looked up a character at a time.
+SCAN_FROM = 256
 
 
 @functools.cache
-def _changing() -> re.Pattern[str]:
-    """A non-ASCII character unicode61 may change: any but the runs of :data:`_LIKELY_KEPT`
+def changing_characters() -> re.Pattern[str]:
+    """A non-ASCII character unicode61 may change: any but the runs of :data:`LIKELY_KEPT`
     that this SQLite's unicode61 keeps whole, asked once per process."""
     kept: list[tuple[int, int]] = []
-    todo = list(_LIKELY_KEPT)
+    todo = list(LIKELY_KEPT)
     while todo:
         docs = ["a" + "".join(map(chr, range(lo, hi + 1))) + "a" for lo, hi in todo]
         with _PROBE_LOCK:
@@ -201,7 +206,7 @@ def _changes(raw: bytes) -> dict[str, str]:
     it is, with what it makes of it (see :data:`_CHARS`)."""
     chars = raw.translate(None, _ASCII_BYTES).decode()
     # A few are looked up one by one; in many, the pattern finds those that may change.
-    found = set(chars if len(chars) < _SCAN_FROM else _changing().findall(chars))
+    found = set(chars if len(chars) < SCAN_FROM else changing_characters().findall(chars))
     if not found:
         return {}
     unknown = [ch for ch in found if ord(ch) not in _CHARS]
@@ -210,7 +215,7 @@ def _changes(raw: bytes) -> dict[str, str]:
     return {ch: _CHARS[ord(ch)] for ch in found if _CHARS[ord(ch)] != ch}
 
 
-def _changed(text: str, changes: dict[str, str]) -> str:
+def with_changes(text: str, changes: dict[str, str]) -> str:
     """``text`` with ``changes`` made, one code point at a time."""
     if any(ch in changes for made in changes.values() for ch in made):
         # A change makes a character that is changed too: a replacement would change it again.
@@ -275,7 +280,7 @@ def column_tokens(text: str | None) -> list[str]:
         return text.encode().translate(_ASCII_FOLD).decode().split()
     raw = text.encode()
     # Every separator is a space then, and no character left is one that str.split splits at.
-    return _changed(raw.translate(_ASCII_FOLD_KEEP).decode(), _changes(raw)).split()
+    return with_changes(raw.translate(_ASCII_FOLD_KEEP).decode(), _changes(raw)).split()
 
 
 def row_counts(text: str) -> tuple[Counter[str], int]:
@@ -300,7 +305,7 @@ def folded_text(text: str) -> str:
     """The text with every character that unicode61 folds or separates replaced by what it
     makes of it, ASCII separators kept: every non-ASCII character left is then a token
     character folding to itself, and the tokens are the runs of ``[a-z0-9]`` and non-ASCII."""
-    return ascii_lower(text if text.isascii() else _changed(text, _changes(text.encode())))
+    return ascii_lower(text if text.isascii() else with_changes(text, _changes(text.encode())))
 
 
 def ascii_lower(text: str) -> str:

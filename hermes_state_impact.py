@@ -1,57 +1,44 @@
 """The search impact index: each message's high-impact postings, kept beside ``messages_fts``.
 
-**Why an index of its own.** FTS5 computes ``bm25()`` for every matching row before it sorts,
-about 1 µs a row: 100 ms for a word in half of 200,000 messages. But a row's place depends on
-its *impact* for each phrase, f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl): the best rows
-for a common word are its short messages and the long ones that repeat it. So the library
-keeps, for each message, its high-impact postings: every term (ASCII letters and
-digits, folded as FTS5 folds them) whose impact under the index's reference length A reaches
-:data:`THRESHOLD` — all of a short message, the repeated words of a long one, about one
-posting in seven. A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
-kkkk = ⌊(1 − impact)·10⁴⌋, beside the plain token ``term``: within a term the keyed tokens
-sort best first, so the table's ``fts5vocab`` instance view reads a term's postings, with their
-rows, in falling impact and can stop early; f and D give each row's exact share; and rows
-indexed under every word of a query are one FTS5 AND of the plain tokens.
-:mod:`hermes_state_rank` proves the best rows of a query from it (its docstring tells how).
+**Why.** FTS5 computes ``bm25()`` for every matching row before it sorts: 100 ms for a word
+in half of 200,000 messages. But a row's place depends on its *impact* for each word,
+f/(f + K(D)) with K(D) = k₁·(1 − b + b·D/avgdl). So each message keeps its high-impact
+postings: every term whose impact under the index's reference length A reaches
+:data:`THRESHOLD`. That is every word of a short message and the repeated words of a long
+one, about one posting in seven. :mod:`hermes_state_rank` proves the best rows from them.
 
-**Coverage.** Messages are indexed in batches, from their stored text: at every
-:data:`CHECK_EVERY`-th id an insert of the library looks whether :data:`FLUSH_ROWS` messages
-wait past the batch boundary (``indexed``) and indexes them (:func:`after_insert`), so an
-append writes nothing for the index in between (FTS5 writes a segment per commit, which would
-cost more than one message's postings). Rows past the boundary are the next batch's, whoever
-wrote them; triggers queue the rows at or below it that are inserted (an id in a gap), changed
-or moved, and the ids of deleted ones (``search_impact_queue``, ``search_impact_gone``).
-Searches score the matching rows past the boundary and a few queued rows from their text
-(:attr:`hermes_state_rank.Ranking.max_unflushed_scored`, ``queue_scan_limit``);
-with more, they rank with FTS5 until the batches and :func:`drain_queue` — a chunk per batch
-check — have indexed them.
+**Layout.** A posting is the token ``term_kkkk_f_D`` of ``search_impact_fts``, with
+kkkk = ⌊(1 − impact)·10⁴⌋, beside the plain token ``term``. Within a term the keyed tokens
+sort best first, so the ``fts5vocab`` instance view reads a term's postings in falling impact
+and can stop early. f and D give each row's exact share. The rows indexed under every word of
+a query are one FTS5 AND of the plain tokens. ``search_impact`` holds the same postings per
+row.
 
-**Creation and fill.** The index is derived data, like the FTS indexes: a file that lacks any
-part of it (a fresh one, one written before it existed, a recovered or repaired copy), or whose
-virtual tables an earlier version declared otherwise, gets it whole and empty at open
-(:func:`create_index`, the version unchanged), with a fill due for every message up to the
-highest id (``fill_high_water``). The fill runs like an FTS rebuild:
-in the background of a writable open, under the cross-process admission lock, in chunks of
-:data:`FILL_CHUNK_ROWS` existing rows above ``fill_progress`` (a keyset over the ids, from
-the smallest 64-bit id while it is unset), each
-chunk one write transaction (:func:`fill_when_admitted`, :func:`fill_chunk`). Rows above the
-high water are kept by the batches; a row below it that a drain indexed first is left
-as it is. Until the fill is done searches rank with FTS5 and sort by time without the blocks.
+**Coverage.** Messages are indexed in batches, from their stored text: every
+:data:`CHECK_EVERY`-th id an insert looks whether :data:`FLUSH_ROWS` messages wait past the
+batch boundary (``indexed``) and indexes them (:func:`after_insert`). An append in between
+writes nothing for the index, because FTS5 writes a segment per commit. Triggers queue the
+rows at or below the boundary that are inserted, changed or deleted; :func:`drain_queue`
+indexes them a chunk per batch check. Searches score the rows not indexed yet from their text,
+or rank with FTS5 when there are many.
 
-**Consistency and damage.** Every index has an epoch, in ``search_impact_state``, in each row
-of ``search_impact`` and as the token ``_epoch_<n>`` inside ``search_impact_fts``; a search
-checks that they agree, so a copy of the file that kept one table without the other (a salvage
-that skips virtual tables) is never trusted; nor is a state row holding what the library
-never writes, or a row indexed in the FTS5 table without its postings. Errors from the impact
-index never reach a canonical write: the index is marked damaged and left alone, searches rank
-with FTS5, and the next writable open replaces it with an empty one of a new epoch and fills
-it (:func:`reset_index`). A search that finds it damaged or inconsistent says so, for its
-file (:func:`notice_damage`); the process's next write of a message to that file, from any
-handle or thread, then marks it (:func:`damage_noticed`). A table or trigger of it dropped
-under an open handle is found by the handle's write that meets it
-(:func:`missing_index_object`), or by a search's check of its objects and then the next write
-(:func:`mark_index_damaged`): either drops the rest, whose triggers would fail every write of
-messages, and the next writable open creates the index anew.
+**Creation and fill.** The index is derived data, like the FTS indexes. A file that lacks any
+part of it, or declares its tables otherwise, gets it whole and empty at open
+(:func:`create_index`), with a fill due up to the highest id. The fill runs like an FTS
+rebuild: in the background of a writable open, under the admission lock, a chunk of
+:data:`FILL_CHUNK_ROWS` rows per write transaction (:func:`fill_chunk`). Until it is done,
+searches rank with FTS5.
+
+**Consistency and damage.** Every index has an epoch, stored in ``search_impact_state``, in
+each row of ``search_impact`` and as the token ``_epoch_<n>`` in ``search_impact_fts``. A
+search checks that they agree, so a copy that kept one table without the other is never
+trusted. Errors from the index never reach a canonical write: the index is marked damaged,
+searches rank with FTS5, and the next writable open replaces it (:func:`reset_index`). A
+search that finds damage says so for its file (:func:`notice_damage`); the process's next
+write of a message there marks it (:func:`damage_noticed`). A table or trigger dropped under
+an open handle is found by the write that meets it (:func:`missing_index_object`) or by a
+search (:func:`mark_index_damaged`); either drops the rest, whose triggers would fail every
+write of messages.
 """
 
 from __future__ import annotations
@@ -70,66 +57,86 @@ from pathlib import Path
 from typing import Any
 
 from hermes_state_arguments import INT64_MAX, INT64_MIN
-from hermes_state_bm25 import B, K1, TEXT_BYTES_SQL, ColumnValue, fts5_text, read_stats
-from hermes_state_bm25 import row_counts
-from hermes_state_schema_sql import IMPACT_DEFAULT_AVGDL, SEARCH_INDEX_SQL, SEARCH_TRIGGER_NAMES
+from hermes_state_bm25 import (
+    K1,
+    TEXT_BYTES_SQL,
+    B,
+    ColumnValue,
+    fts5_text,
+    read_stats,
+    row_counts,
+)
 from hermes_state_common import OnStore
-from hermes_state_connect import split_sql
-from hermes_state_schema_sql import SEARCH_TRIGGERS_SQL, TIME_BLOCK_SHIFT
-from hermes_state_connect import table_exists, transaction
-from hermes_state_errors import is_corruption_error, is_sqlite_lock_error, missing_table
-from hermes_state_errors import unnamed_cause
-from hermes_state_fts import CHUNK_END_SQL, RebuildStep, admission_lock, next_chunk_start
-from hermes_state_fts import run_chunks
+from hermes_state_connect import split_sql, table_exists, transaction
+from hermes_state_errors import (
+    is_corruption_error,
+    is_sqlite_lock_error,
+    missing_table,
+    unnamed_cause,
+)
+from hermes_state_fts import (
+    CHUNK_END_SQL,
+    RebuildStep,
+    admission_lock,
+    next_chunk_start,
+    run_chunks,
+)
+from hermes_state_schema_sql import (
+    IMPACT_DEFAULT_AVGDL,
+    SEARCH_INDEX_SQL,
+    SEARCH_TRIGGER_NAMES,
+    SEARCH_TRIGGERS_SQL,
+    TIME_BLOCK_SHIFT,
+)
 
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
-    "THRESHOLD",
-    "KEY_SCALE",
-    "MAX_TERM_CHARS",
-    "CHECK_EVERY",
-    "FLUSH_ROWS",
-    "MAX_FLUSH_ROWS",
-    "least_frequency",
-    "impact_postings",
-    "index_text",
-    "INDEX_TABLES",
-    "INDEX_VIRTUAL_TABLES",
-    "INDEX_OBJECTS",
-    "IndexState",
-    "read_state",
-    "IndexMismatch",
-    "INDEX_FAULTS",
-    "index_error",
-    "missing_index_object",
-    "notice_damage",
-    "damage_noticed",
-    "mark_index_damaged",
-    "after_insert",
-    "drain_queue",
-    "missing_objects",
-    "drop_index",
-    "create_index",
-    "ensure_index",
-    "declared_otherwise",
-    "DECLARATIONS_SQL",
-    "reset_index",
-    "fill_chunk",
-    "needs_maintenance",
-    "index_whole",
-    "fill_when_admitted",
-    "time_ranges",
-    "consistent",
-    "index_problem",
-    "index_health",
     "ADD_ROW_SQL",
     "AFTER_INSERT_SQL",
+    "CHECK_EVERY",
+    "DECLARATIONS_SQL",
     "DRAIN_PER_WRITE",
+    "FLUSH_ROWS",
     "FTS_ADD_SQL",
+    "INDEX_FAULTS",
+    "INDEX_OBJECTS",
+    "INDEX_TABLES",
+    "INDEX_VIRTUAL_TABLES",
+    "KEY_SCALE",
+    "MAX_FLUSH_ROWS",
+    "MAX_TERM_CHARS",
     "SET_INDEXED_SQL",
+    "THRESHOLD",
     "TIME_BLOCK_SQL",
     "UNFLUSHED_SQL",
+    "IndexMismatch",
+    "IndexState",
+    "after_insert",
+    "consistent",
+    "create_index",
+    "damage_noticed",
+    "declared_otherwise",
+    "drain_queue",
+    "drop_index",
+    "ensure_index",
+    "fill_chunk",
+    "fill_when_admitted",
+    "impact_postings",
+    "index_error",
+    "index_health",
+    "index_problem",
+    "index_text",
+    "index_whole",
+    "least_frequency",
+    "mark_index_damaged",
+    "missing_index_object",
+    "missing_objects",
+    "needs_maintenance",
+    "notice_damage",
+    "read_state",
+    "reset_index",
+    "time_ranges",
 ]
 
 THRESHOLD = 0.7

@@ -1,56 +1,48 @@
-"""Exact BM25 ranking of word queries over the whole history, fast for common words.
+"""Exact BM25 ranking of word queries, proven from the search impact index.
 
-**The order** is ``messages_fts``'s own ``bm25()``, ties by message id: each of the query's
-words is a phrase of it, and a row's score is :func:`hermes_state_bm25.bm25_score`,
-the one place the score is defined (FTS5's ``bm25()`` is its oracle). :func:`top_k` either
-proves the best rows from the search impact index (:mod:`hermes_state_impact`: each row's
-postings whose impact reaches :data:`~hermes_state_impact.THRESHOLD`, read best first) or
-returns None, and the caller ranks with FTS5: the answer is the same either way.
+**The order** is FTS5's own ``bm25()`` over ``messages_fts``, ties by message id. The score is
+:func:`hermes_state_bm25.bm25_score`, the one place it is defined; FTS5's ``bm25()`` is its
+oracle. :func:`top_k` proves the best rows, or returns None and the caller ranks with FTS5.
+Both ways give the same rows in the same order; only the cost differs.
 
-**When FTS5 ranks at once** (:func:`conjunction`, :func:`_top_k`): a quoted phrase of several
-words (FTS5 finds its matches by their positions, which the index does not keep, and counting
-them for the idf would cost half of FTS5's own ranking); several words in an index of at most
-:attr:`Ranking.fts5_index_rows` rows, or indexed together in fewer rows than wanted, or
-matching at most :attr:`Ranking.exact_rank_rows` rows (read no further than one past that); a
-single word whose first :attr:`Ranking.single_word_probe_postings` postings leave it that
-rare; a word repeated; many rows changed since the last batch; a damaged or partial index.
+**Why a proof.** FTS5 scores every matching row before it sorts. A common word matches much
+of the history, but its best rows are few: short messages, and long ones that repeat it. The
+impact index (:mod:`hermes_state_impact`) lists each word's postings best first, so the top
+is proven after reading a small part of them.
 
-**The proof** (:class:`_Proof`). :func:`_start` scores the rows the index does not hold yet
-from their text, and for several words the rows indexed under every one of them (SQLite
-scores those with :func:`hermes_state_bm25.bm25_sql` and hands back the best few when the rest
-provably cannot enter the top). Any other row has a word below the threshold, which bounds it.
-:meth:`_Proof.run` then reads postings best first, the word with the highest bound first,
-until the k-th best row passing the filters beats the best score a row not found yet can have
-(:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown waits with its best
-case (in a query of two words, a row found under one word alone waits on its posting of that
-word) and is scored only if that best case can still enter the top: from its text, or with
-others in one FTS5 pass, whichever reads less (the rows' tokens, the rows of the words'
-lists), the likeliest few from their text first.
-Scores use the current avgdl; the index's keys use the avgdl A it was built with, and the
-bounds allow for the difference (impact at most x under A is at most x under avgdl when
-A ≥ avgdl, else x/(x + r·(1 − x)), r = A/avgdl).
+**How** (:class:`_Proof`). Rows the index does not hold yet are scored from their text. For
+several words, the rows indexed under every word are scored next; SQLite hands back the best
+few when the rest provably cannot enter the top. Then each word's postings are read best first
+(:class:`Postings`) until the k-th best row that passes the filters beats the best score an
+unread row can have (:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown
+waits with its best case. It is scored only if that best case can still enter the top: from
+its text, or with the others in one FTS5 pass, whichever reads less.
 
-**Giving up.** What each way costs is counted, not timed. A proof of several words may
-handle (read a posting, settle a row, score one from its text or by FTS5) at most
-:attr:`Ranking.proof_share` of the rows FTS5 would score to rank the query (at most those of
-its rarest word): it gives up once
-the rows it has handled and those waiting reach that, or (:meth:`_Proof.worth_reading`) when
-reading a word down to the depth it needs would, foreseen after a first batch and whenever
-the postings read have doubled; past :class:`Ranking`'s caps FTS5 ranks too.
+**When FTS5 ranks instead.** Costs are counted in rows, never timed. FTS5 ranks at once a
+quoted phrase of several words (the index keeps no positions); several words in a small
+index (:attr:`Ranking.fts5_index_rows`), one of which matches few rows
+(:attr:`Ranking.exact_rank_rows`), or few of whose rows are indexed under all of them
+(:attr:`Ranking.everywhere_per_wanted`); a rare single word, a repeated word, many unindexed
+rows, and a damaged or partial index. A proof gives up when it would handle more than
+:attr:`Ranking.proof_share` of the rows FTS5 would score.
 
-**Counts.** Each word's count (its idf) and the whole query's, when read to the end, are kept
-per file (:class:`_Counter`): a count of the rows at or below the batch boundary stays exact
-while no such row changes (the triggers count every change of one in ``search_row_changes``),
-so a query asked again counts only the rows past the boundary it was counted to.
+**Bounds.** Scores use the current avgdl; the index's keys use the avgdl A it was built with.
+An impact x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)) with
+r = A/avgdl. Every bound carries a relative slack for last-bit rounding.
 
-Every knob is a field of :class:`Ranking`, passed by the caller (``search_messages(...,
-ranking=...)``); none changes the order.
+**Counts.** A word's count (its idf) is cached per file for the rows at or below the batch
+boundary, and stays exact while ``search_row_changes`` does not move: the triggers count every
+change to such a row. A query asked again counts only the rows past the boundary; a count
+stopped at a limit goes on from the last row it read.
+
+Every knob is a field of :class:`Ranking`, passed by the caller; none changes the order.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -60,27 +52,52 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_state_bm25 import K1, Bm25Stats, bm25_score, bm25_sql, bm25_sql_params
-from hermes_state_bm25 import column_tokens, count_matches
-from hermes_state_bm25 import TEXT_BYTES_SQL, TEXT_COLUMNS, folded_text, formula_matches_fts5
-from hermes_state_bm25 import fts5_text, phrase_match, read_stats, text_frequency, varints
+from hermes_state_bm25 import (
+    K1,
+    TEXT_BYTES_SQL,
+    TEXT_COLUMNS,
+    Bm25Stats,
+    bm25_score,
+    bm25_sql,
+    bm25_sql_params,
+    column_tokens,
+    count_matches,
+    folded_text,
+    formula_matches_fts5,
+    fts5_text,
+    phrase_match,
+    read_stats,
+    text_frequency,
+    varints,
+)
 from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
-from hermes_state_impact import INDEX_FAULTS, KEY_SCALE, MAX_TERM_CHARS, THRESHOLD
-from hermes_state_impact import IndexMismatch, IndexState, consistent, index_error
-from hermes_state_impact import least_frequency, notice_damage, read_state
+from hermes_state_impact import (
+    INDEX_FAULTS,
+    KEY_SCALE,
+    MAX_TERM_CHARS,
+    THRESHOLD,
+    IndexMismatch,
+    IndexState,
+    consistent,
+    index_error,
+    least_frequency,
+    notice_damage,
+    read_state,
+)
 
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
-    "Ranking",
+    "ASCII_ROW_SQL",
     "RANKING",
+    "ROW_TEXT_SQL",
+    "WORD_ABSENT_SQL",
     "Conjunction",
+    "Postings",
+    "Ranking",
     "conjunction",
     "match_count",
     "top_k",
-    "ASCII_ROW_SQL",
-    "ROW_TEXT_SQL",
-    "WORD_ABSENT_SQL",
 ]
 
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
@@ -105,11 +122,12 @@ COUNT_PAST_SQL = """
 SELECT (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2),
        (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 """
-# The same, read no further than ?4 rows.
+# The same, read no further than ?4 rows, and the last row read (a later count goes on
+# from there).
 COUNT_PAST_UP_TO_SQL = """
-SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4)),
-       (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+SELECT n, last, (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
+FROM (SELECT count(*) AS n, max(rowid) AS last FROM (
+          SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4))
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -136,6 +154,9 @@ class _Counter:
         self.conn = conn
         self.boundary = index.indexed
         self.counted: dict[str, int] = {}
+        # Counts stopped at a limit: (the last row read, the rows past the cached boundary
+        # counted up to it), at or below the batch boundary.
+        self.partial: dict[str, tuple[int, int]] = {}
         self.key = self._key()
         # No cache for a file without a name (in memory) or without the change count (an
         # index of an older release that only a read-only handle sees: the next writable open
@@ -181,14 +202,22 @@ class _Counter:
     def _count(self, expression: str, limit: int | None) -> int:
         """The rows matching ``expression``; past a ``limit``, some number above it."""
         upto, rows = self._cached(expression) or (0, 0)
-        most = -1 if limit is None else max(limit - rows + 1, 0)
-        sql = COUNT_PAST_SQL if limit is None else COUNT_PAST_UP_TO_SQL
-        args = (expression, upto, self.boundary) + (() if limit is None else (most,))
-        past, unflushed = (int(v) for v in self.conn.execute(sql, args).fetchone())
+        if limit is None:
+            last, read = self.partial.pop(expression, (upto, 0))
+            args = (expression, last, self.boundary)
+            past, unflushed = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
+            past += read
+        else:
+            most = max(limit - rows + 1, 0)
+            up_to = (expression, upto, self.boundary, most)
+            n, end, flushed = self.conn.execute(COUNT_PAST_UP_TO_SQL, up_to).fetchone()
+            past, unflushed = int(n), int(flushed)
+            if past >= most and end is not None and end <= self.boundary:
+                self.partial[expression] = (int(end), past)
         below = past - unflushed
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
-        whole = limit is None or past < most
+        whole = limit is None or past < max(limit - rows + 1, 0)
         if whole and self.file and below and self._key() == self.key:
             with _COUNTS_LOCK:
                 entry = _COUNTS.get(self.file)
@@ -238,9 +267,12 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
 # The postings from a cursor's next one on: the rest of its token's rows (in row order, as the
 # cursor reads them), then the tokens after it.
+# The postings from a cursor's next one on, counted no further than ?4 (a count past what the
+# proof may read tells no more than that limit does).
 LEFT_SQL = """
-SELECT (SELECT count(*) FROM search_impact_vocab WHERE term = ? AND doc >= ?)
-     + (SELECT count(*) FROM search_impact_vocab WHERE term > ? AND term < ?)
+SELECT count(*) FROM (
+    SELECT 1 FROM search_impact_vocab WHERE term = ?1 AND doc >= ?2
+    UNION ALL SELECT 1 FROM search_impact_vocab WHERE term > ?1 AND term < ?3 LIMIT ?4)
 """
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
 CANDIDATES_SQL = """
@@ -317,9 +349,12 @@ class Ranking:
     # anything is counted (there the proof's fixed costs, each word's count and the cut of the
     # rows indexed under every word, come to what FTS5's ranking of all the matches costs).
     fts5_index_rows: int = 25_000
-    # Rows matching a query of several words up to which FTS5 ranks them itself: its count is
-    # cheap, and ranking that many costs about what a proof does.
+    # A query of several words one of which matches at most this many rows is ranked by FTS5
+    # (no more rows match them all, and ranking that many costs about what a proof does).
     exact_rank_rows: int = 12_000
+    # ...as is one with fewer than this many times the rows wanted indexed under every word:
+    # its best rows are then mostly rows a word's postings leave open, scored one by one.
+    everywhere_per_wanted: int = 4
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
     single_word_probe_postings: int = 1024
@@ -367,7 +402,13 @@ WAITING_ROWS_BY = ("estimate", "text", "fts5")
 RANKING = Ranking()
 
 
-class _Cursor:
+def _posted(token: str) -> tuple[int, int]:
+    """A posting token's frequency and row length (``term_kkkk_f_D``)."""
+    _, _, f, length = token.rsplit("_", 3)
+    return int(f), int(length)
+
+
+class Postings:
     """A word's postings, best first: (token, row id) pairs."""
 
     def __init__(self, conn: sqlite3.Connection, term: str, ranking: Ranking) -> None:
@@ -396,15 +437,17 @@ class _Cursor:
             return THRESHOLD
         return 1.0 - int(self.next[0].rsplit("_", 3)[1]) / KEY_SCALE
 
-    def left(self, reach: float) -> int:
-        """How many postings not read yet have a reference impact of ``reach`` or more."""
+    def left(self, reach: float, most: int = -1) -> int:
+        """How many postings not read yet have a reference impact of ``reach`` or more; past
+        ``most`` (unless negative), some number above it."""
         if self.next is None:
             return 0
         end = f"{self.term}_{math.floor((1.0 - reach) * KEY_SCALE) + 1:04d}"
         token, row_id = self.next
         if token >= end:
             return 0
-        return int(self.conn.execute(LEFT_SQL, (token, row_id, token, end)).fetchone()[0])
+        limit = most + 1 if most >= 0 else -1
+        return int(self.conn.execute(LEFT_SQL, (token, row_id, end, limit)).fetchone()[0])
 
     def take(self) -> list[tuple[str, int]]:
         """The next postings, more each time (the first reads are the likeliest to suffice)."""
@@ -586,11 +629,12 @@ class _Walk:
         return True
 
     def _resolve_by_fts5(self, ids: Sequence[int]) -> None:
-        """FTS5's own scores for the rows among ``ids`` that pass the filters, in one pass."""
-        if ids := sorted(self.passing(ids)):
-            args = (self.conj.match, min(ids), max(ids), json.dumps(ids))
+        """FTS5's own scores for ``ids``, in one pass; the filters are checked only for the
+        rows that can still enter the top (see :meth:`propose`)."""
+        if ids:
+            args = (self.conj.match, min(ids), max(ids), json.dumps(sorted(ids)))
             for row_id, bm25 in self.conn.execute(RESOLVE_SQL, args):
-                self.offer(-bm25, row_id)
+                self.propose(-bm25, row_id)
 
     def _likeliest(self, n: int) -> list[int]:
         """Up to ``n`` of the pending rows with the highest best cases that pass the filters,
@@ -636,12 +680,11 @@ class _Walk:
         :meth:`score_rows`, without reading them."""
         kth = self.kth()
         for token, row_id in postings:
-            _, _, f, n = token.rsplit("_", 3)
-            length = int(n)
+            f, length = _posted(token)
             least = least_frequency(length, self.index.avgdl)
             if least == 1:
                 continue  # a row this short would have indexed the other word: it lacks it
-            best = self.score([float(f) if w == word else float(least - 1)
+            best = self.score([f if w == word else float(least - 1)
                                for w in self.conj.words], length)
             if kth is None or best >= kth:
                 heapq.heappush(self.pending, (-best, row_id))
@@ -711,8 +754,7 @@ class _Walk:
             postings: dict[str, tuple[int, int]] = {}
             for word, token in zip(self.words, tokens, strict=True):
                 if token:
-                    _, _, f, n = token.split(" ", 1)[0].rsplit("_", 3)
-                    postings[word] = (int(f), int(n))
+                    postings[word] = _posted(token.split(" ", 1)[0])
             length = next(iter(postings.values()))[1] if postings else 0
             least = least_frequency(length, self.index.avgdl)
             settled = True
@@ -745,8 +787,8 @@ class _Walk:
         last, score = "", 0.0
         for token, row_id in postings:
             if token != last:
-                _, _, f, length = token.rsplit("_", 3)
-                score = self.score([float(f)] * len(self.conj.words), int(length))
+                f, length = _posted(token)
+                score = self.score([f] * len(self.conj.words), length)
                 last = token
             if kth is None or score >= kth:
                 self.propose(score, row_id)
@@ -869,17 +911,10 @@ def _top_k(
     count = _Counter(conn, index)
     everywhere: list[int] = []
     if not single:
-        # Rows indexed under every word of the query (cheap to list, from the impact index
-        # alone): too few, and the best rows cannot be proven from the index; FTS5 ranks
-        # such a query (most often a rare one) before anything is counted.
-        expression = " AND ".join(f'"{t}"' for t in distinct)
-        everywhere = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (expression,))]
-        if len(everywhere) < wanted:
+        found = _indexed_under_all(conn, distinct, wanted, count, ranking)
+        if found is None:
             return None
-        # Then the matches, read no further than the limit: FTS5 ranks a few thousand rows
-        # faster than any proof (and it counts each word for its idf as a proof would).
-        if count.at_most(conj.match, ranking.exact_rank_rows):
-            return None
+        everywhere = found
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
@@ -894,6 +929,30 @@ def _top_k(
         return proof.ranked(unseen, stats)
     finally:
         proof.close()
+
+
+def _indexed_under_all(
+    conn: sqlite3.Connection, words: Sequence[str], wanted: int, count: _Counter,
+    ranking: Ranking,
+) -> list[int] | None:
+    """The rows indexed under every one of several ``words``, or None when FTS5 ranks them
+    faster than a proof: fewer such rows than :attr:`Ranking.everywhere_per_wanted` times
+    the rows wanted (the best rows are then mostly rows a word's postings leave open), or a
+    word matching at most :attr:`Ranking.exact_rank_rows` rows (no more match them all; its
+    count stops there, and a proof's count goes on from the last row it read). The list is
+    read past its first rows only once a proof is due."""
+    expression = " AND ".join(f'"{w}"' for w in words)
+    rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
+    try:
+        least = ranking.everywhere_per_wanted * wanted
+        found = [r[0] for r in rows.fetchmany(least)]
+        if len(found) < least:
+            return None
+        if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows) for w in words):
+            return None
+        return found + [r[0] for r in rows]
+    finally:
+        rows.close()
 
 
 def _start(
@@ -931,7 +990,7 @@ def _start(
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     weight = {w: sum(idf_of[q] for q in conj.words if q == w) for w in distinct}
-    cursors = {w: _Cursor(conn, w, ranking) for w in distinct}
+    cursors = {w: Postings(conn, w, ranking) for w in distinct}
     return _Proof(walk, cursors, weight, budget, count, ranking)
 
 
@@ -940,7 +999,7 @@ class _Proof:
     """The postings of a query's words read best first until the top is proven."""
 
     walk: _Walk
-    cursors: dict[str, _Cursor]
+    cursors: dict[str, Postings]
     weight: dict[str, float]  # each distinct word's idf, times its repeats
     budget: float  # the rows the proof may handle (a share of those FTS5 would score)
     count: _Counter
@@ -1012,8 +1071,12 @@ class _Proof:
         # so far, the row it finds.
         self.foresee_at = 2 * self.read
         per_posting = 1.0 + self.settled / self.read
-        ahead = self.cursors[word].left(reach) * per_posting + self.walk.pending_rows()
-        return ahead <= self.budget
+        room = self.budget - self.walk.pending_rows()
+        if room < 0:
+            return False
+        # Counted no further than the budget allows: a larger count decides the same.
+        most = math.floor(room / per_posting) if math.isfinite(room) else -1
+        return self.cursors[word].left(reach, most) * per_posting <= room
 
     def read_batch(self, word: str, kth: float | None) -> bool:
         """Read the word's next postings and score (or set waiting) the rows they find; False
@@ -1021,9 +1084,9 @@ class _Proof:
         walk, ranking = self.walk, self.ranking
         postings = self.cursors[word].take()
         probe = ranking.single_word_probe_postings
-        if self.single and self.read < probe <= self.read + len(postings):
-            if self.count.at_most(walk.conj.match, ranking.exact_rank_rows):
-                return False
+        if (self.single and self.read < probe <= self.read + len(postings)
+                and self.count.at_most(walk.conj.match, ranking.exact_rank_rows)):
+            return False
         self.read += len(postings)
         walk.handled += len(postings)
         fresh = [(token, row_id) for token, row_id in postings if row_id not in walk.seen]
@@ -1076,11 +1139,10 @@ def _token_best(
     have: it was not indexed under every word, so another word is below the
     threshold — for a row this short, absent — and the others, (weight, best share) each, have
     not been read down to it."""
-    _, _, f, length = token.rsplit("_", 3)
-    n = int(length)
+    f, n = _posted(token)
     least = least_frequency(n, walk.index.avgdl)
     low_share = walk.share(least - 1, n) if least > 1 else -math.inf
-    best = weight * walk.share(float(f), n)
+    best = weight * walk.share(f, n)
     return (best + sum(high for _, high in others)
             - min(high - w * low_share for w, high in others))
 
@@ -1090,4 +1152,4 @@ NEAR_TIE = 1e-12
 
 
 def _near_tie(scores: Sequence[float]) -> bool:
-    return any(a != b and abs(a - b) <= NEAR_TIE * abs(a) for a, b in zip(scores, scores[1:]))
+    return any(a != b and abs(a - b) <= NEAR_TIE * abs(a) for a, b in itertools.pairwise(scores))

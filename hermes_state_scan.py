@@ -1,38 +1,29 @@
 """Search without a full-text index: the same rows, read from a scan of the canonical rows.
 
-A handle at full-text level ``"none"`` (an SQLite without FTS5, or one opened so: see
-hermes_state_fulltext), and any handle on a file whose index such a handle detached, answers
-searches here. The query is the one :func:`hermes_state_search.plan_search` makes for the
-indexes; this module evaluates its expressions itself, row by row, on the tokens the indexes
-would hold:
+A handle at full-text level ``"none"`` (an SQLite without FTS5, or one opened so), and any
+handle on a file whose index such a handle detached, answers searches here. The query is the
+plan :func:`hermes_state_search.plan_search` makes for the indexes; this module evaluates it
+row by row, on the tokens the indexes would hold.
 
-* **Tokens.** A row is read as ``messages_fts`` reads it — its content, tool name and tool
-  calls, each a column of unicode61 tokens (``hermes_state_bm25.column_tokens``) — and as
-  ``messages_fts_cjk`` reads it: its ``search_cjk`` text (computed here, from the row, by
-  ``hermes_state_fts.cjk_index_text``), whose CJK runs are spelled as bigrams. A phrase
-  matches when it is a run of consecutive tokens of one of those four columns (its last token a
-  prefix, for ``word*``); terms of an alternative may match in different columns; a negated
-  conjunction leaves a row out wherever the row holds it. That is what the indexed routes
-  find, the word glued to CJK text (``Python入門``) included.
-* **Candidates.** SQLite hands over only rows that may match: every row holding non-ASCII text
-  (unicode61 folds ``Café`` to ``cafe``, which no LIKE sees), and the ASCII rows holding, as a
-  substring, a token of a positive phrase. So the scan reads every row once in SQL and
-  tokenizes, in Python, the rows that may hold a term; all the filters apply in SQL first.
-* **Order.** The routes come in the indexed order: rows found by the words in
-  ``messages_fts``'s own columns, then rows found by them only glued to CJK text, then rows of
-  the CJK alternatives (newest first when a CJK run of the query is shorter than three
-  characters), then rows holding the CJK text inside a longer word. Within a route, rows are
-  ranked by the BM25 formula FTS5 uses (k₁ = 1.2, b = 0.75, columns weighted 1), with N and
-  each phrase's document count exact (every row holding a phrase is a candidate); the mean
-  row length is estimated from the rows' stored length in characters, scaled by the tokens
-  per character of the candidates, since the rows the scan does not tokenize are not counted.
-  So the rows found are the indexed search's rows, and the relevance order is FTS5's wherever
-  the estimate does not swap two close scores. ``sort="newest"``/``"oldest"`` is exact: by
-  message time, ties by route and score, then id, rows without a time last.
+* **Tokens.** A row is read as ``messages_fts`` reads it (content, tool name and tool calls,
+  each a column of unicode61 tokens) and as ``messages_fts_cjk`` reads it (its ``search_cjk``
+  text, computed here, CJK runs spelled as bigrams). A phrase matches a run of consecutive
+  tokens of one column, its last token a prefix for ``word*``. Terms of one alternative may
+  match in different columns; a negated conjunction leaves a row out wherever the row holds
+  it. So a word glued to CJK text (``Python入門``) is found, as the indexed routes find it.
+* **Candidates.** SQLite hands over only rows that may match: every row holding non-ASCII
+  text (unicode61 folds ``Café`` to ``cafe``, which no LIKE sees), and the ASCII rows holding
+  a token of a positive phrase as a substring. The filters apply in SQL first; Python
+  tokenizes only the candidates.
+* **Order.** The routes come in the indexed order (see :mod:`hermes_state_search`). Within a
+  route, rows rank by FTS5's BM25 formula with N and each phrase's row count exact; the mean
+  row length is estimated from the stored length in characters, scaled by the candidates'
+  tokens per character. So the rows are the indexed search's rows, in FTS5's order wherever
+  the estimate does not swap two close scores. ``sort="newest"``/``"oldest"`` is exact.
 * **Substrings.** When no row matches as words, the rows of user and assistant text holding
-  the query's text inside a word are found as the trigram index finds them, by LIKE over the
-  canonical content (:func:`substring_rows`), newest first. A build with FTS5 but without the
-  trigram tokenizer uses the same function for those routes.
+  the query's text inside a word are found by LIKE over the canonical content
+  (:func:`substring_rows`), newest first, as the trigram index finds them. A build without
+  the trigram tokenizer uses the same function for those routes.
 """
 
 from __future__ import annotations
@@ -55,9 +46,9 @@ __all__ = [
     "UNTIMED_KEY",
     "Group",
     "Plan",
+    "in_time_order",
     "scans",
     "split_on",
-    "in_time_order",
     "substring_rows",
     "time_key",
     "word_rows",

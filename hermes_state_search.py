@@ -1,104 +1,70 @@
 """Message search: from user text to queries on the three FTS5 indexes, and snippets.
 
-User text never reaches FTS5 as typed. :func:`sanitize_fts5_query` reduces it to a small query
-language that is always valid FTS5 and that keeps the meaning of the plain queries people type:
+**The query language.** User text never reaches FTS5 as typed. :func:`sanitize_fts5_query`
+reduces it to a small language that is always valid FTS5 and keeps the meaning of plain
+queries:
 
 * A *term* is a balanced ``"quoted phrase"`` or a run of non-space characters. Punctuation and
-  FTS5 syntax (``* ^ : ( ) { } [ ] + , ; ~ -`` ...) at the edges of a word are dropped; a word
-  that still holds punctuation inside is searched as a phrase of its parts (``chat-send`` →
-  ``"chat-send"``, ``gateway/run.py`` → ``"gateway/run.py"``, ``it's`` → ``"it's"``), which
-  also takes away any ``column:`` filter (``col:term`` → ``"col:term"``). A trailing ``*`` (a
-  run of them counts as one) makes a word a prefix query (``deploy*``, ``"gateway/run" *``);
-  a ``*`` at the start of a word is dropped. Unbalanced quotes, control characters and lone
-  surrogates are removed; a term without a letter or digit (``***``, emoji) is dropped. ``^``,
-  ``NEAR()`` and grouping parentheses are not offered.
-* ``AND``, ``OR`` and ``NOT`` (upper case only) stay operators when they stand between two
-  terms; a dangling one is dropped (``hello AND`` → ``hello``) and of several in a row the last
-  one wins (``a AND NOT b`` → ``a NOT b``). Lower-case ``and``/``or``/``not`` are plain words.
-  The result means what FTS5 says it means: adjacent terms (implicit AND) bind tightest, then
-  ``NOT``, then ``AND``, then ``OR``; so ``a NOT b c`` is a ∧ ¬(b ∧ c).
-* Only the first :data:`MAX_INPUT_CHARS` (2,048) characters of the input are read, which
-  bounds the work per query; at most :data:`MAX_QUERY_TERMS` terms and :data:`MAX_QUERY_CHARS`
-  characters are kept. Whole terms are dropped from the end; a single term longer than the cap
-  (a compound, once quoted) is cut and searched as a prefix (``"...cut text" *``), so the text
-  it was cut from still matches.
+  FTS5 syntax at the edges of a word are dropped. A word with punctuation inside is a phrase
+  of its parts (``chat-send`` → ``"chat-send"``, ``gateway/run.py``, ``it's``), which also
+  takes away any ``column:`` filter. A trailing ``*`` makes a prefix query (``deploy*``,
+  ``"gateway/run" *``); a leading one is dropped. Unbalanced quotes, control characters and
+  lone surrogates are removed; a term without a letter or digit is dropped. ``^``, ``NEAR()``
+  and parentheses are not offered.
+* ``AND``, ``OR`` and ``NOT`` (upper case only) are operators between two terms; a dangling
+  one is dropped, and of several in a row the last wins. Lower-case ``and``/``or``/``not``
+  are words. Precedence is FTS5's: adjacent terms bind tightest, then ``NOT``, ``AND``,
+  ``OR`` (``a NOT b c`` is a ∧ ¬(b ∧ c)).
+* Only the first :data:`MAX_INPUT_CHARS` characters are read; at most :data:`MAX_QUERY_TERMS`
+  terms and :data:`MAX_QUERY_CHARS` characters are kept, whole terms dropped from the end. A
+  single term over the cap is cut and searched as a prefix, so its text still matches.
 
-:func:`plan_search` turns the same terms into one :class:`SearchPlan` per query, with a route
-for each index. The query is read as an OR of *alternatives* (FTS5 gives OR the lowest
-precedence); each alternative goes to one index (a Latin one to a second one as well):
+**Routes** (:func:`plan_search`). The query is an OR of *alternatives*; each goes to one index:
 
-* ``messages_fts`` (``fts_match``): alternatives whose positive terms hold no CJK text. This is
-  the sanitized query itself when the query has no CJK at all.
-* ``messages_fts_cjk`` (``cjk_match``): alternatives with CJK text in a positive term. CJK runs
-  are spelled the way ``search_cjk`` indexes them (see ``hermes_state_fts``): a run of one
-  character ``X`` is the prefix query ``"X" *``, two characters are the token ``"AB"``, longer
-  runs the phrase of their bigrams ``"AB BC CD"``. A run followed, inside the same term, by more
-  text ends there in any matching row, so it is spelled with its trailing character as well
-  (``東京b`` → ``"東京 京 b"``). Latin terms, quoted phrases and the operators carry over as they
-  are; Latin text keeps word semantics on both indexes (``c京d`` does not find ``abc京def``,
-  ``abc京def`` does). Only rows holding CJK text are in this index, which is why alternatives
-  without CJK stay on ``messages_fts`` (``東京 OR python`` gives both routes).
-  A CJK term that only ever appears after ``NOT`` in an otherwise Latin alternative stays on
-  ``messages_fts``, as a negation (see below).
+* ``messages_fts`` (``fts_match``): alternatives whose positive terms hold no CJK text.
+* ``messages_fts_cjk`` (``cjk_match``): alternatives with CJK text in a positive term, spelled
+  as ``search_cjk`` indexes it: one character ``X`` is the prefix ``"X" *``, two are the token
+  ``"AB"``, longer runs the phrase of their bigrams ``"AB BC CD"``; a run followed by more
+  text in the same term carries its trailing character (``東京b`` → ``"東京 京 b"``). A CJK
+  term that appears only after ``NOT`` in a Latin alternative stays on ``messages_fts``.
 * The Latin alternatives also go to ``messages_fts_cjk`` (``latin_cjk_match``): unicode61
-  reads a CJK run and the Latin letters touching it as one token, so in ``日本語のUI設計`` or
-  ``Python入門`` the word is not a token of ``messages_fts``, but it is one of ``search_cjk``.
-* A negated term leaves a row out when either index finds it there: ``messages_fts`` does not
-  see a word glued to CJK text (nor a CJK term inside a longer run), and ``messages_fts_cjk``
-  does not see the tool name of a row an earlier version spelled (see
-  ``hermes_state_fts.CJK_SPELLING``), so each route also asks the other index, row by row, for
-  the rows it may not read whole (``fts_where``, ``latin_cjk_where``, ``cjk_where``). The
-  required terms of one alternative are found by one index; ``messages_fts_cjk`` reads all the
-  text of a row holding CJK, so a row with one of them in its tool name and another glued to
-  CJK text is found there (once an earlier version's rows are respelled).
-* LIKE (``like_groups``): the whole query as an OR of :class:`LikeGroup`, each an AND of
-  ``LIKE '%text%' ESCAPE '\\'`` patterns (``%``, ``_`` and ``\\`` are literal, and a word
-  keeps the ``%`` and ``_`` at its edges there: ``50%`` finds ``50% off``, not ``500``) and
-  of negated conjunctions, with exactly the boolean meaning above but substring semantics
-  (``cat`` also finds ``concatenate``; case folding is ASCII-only). It serves the canonical-row
-  fallback while the indexes are stale, and substring search through ``messages_fts_trigram``
-  (non-tool rows only). SQLite hands a LIKE to a virtual table only when it has no ESCAPE
-  clause, and the trigram index must only ever see literals of at least 3 characters: SQLite
-  3.40 counts bytes, so ``'%東京%'`` silently finds nothing, and a short pattern beside another
-  one can crash it. So each group also carries ``index_patterns``: plain ``'%piece%'`` patterns
-  for the pieces of ≥ 3 characters between ``%``/``_`` in its required terms. They drive the
-  index; the escaped patterns then filter exactly. A group without one cannot use the trigram
-  index, so it finds no substring rows there (``ph`` finds the word ph, not ``graph``); only
-  the canonical LIKE scan of a stale or refusing index, which has no word route, serves it.
+  reads a CJK run and the Latin letters touching it as one token, so ``Python入門`` holds the
+  word ``python`` for ``search_cjk`` only.
+* A negated term leaves a row out when either index finds it there: each route asks the
+  other index, row by row, for the rows it may not read whole (``fts_where``,
+  ``latin_cjk_where``, ``cjk_where``).
+* LIKE (``like_groups``): the same boolean query with substring semantics (``cat`` finds
+  ``concatenate``; ASCII case folding), ``%``, ``_`` and ``\\`` literal, a word keeping those
+  at its edges (``50%`` finds ``50% off``). It serves the canonical fallback while the
+  indexes are stale, and substring search through ``messages_fts_trigram``. That index is
+  driven by plain ``'%piece%'`` patterns of at least 3 characters (``index_patterns``; SQLite
+  3.40 counts bytes and can crash on shorter ones); the escaped patterns then filter exactly.
 
-A query with no usable term (empty, whitespace, operators or symbols only) has no plan: the
-search returns nothing. A plan that is one Latin alternative of required terms, none of them a
-prefix, also carries its ``conjunction``: what ``hermes_state_rank`` ranks through the impact
-index.
+A query with no usable term has no plan and finds nothing. A plan that is one Latin
+alternative of required terms, none a prefix, carries its ``conjunction``: what
+:mod:`hermes_state_rank` ranks through the impact index.
 
-:func:`search_messages` answers every query in one order, of which ``offset``/``limit`` is a
-slice (pages never overlap or leave a gap):
+**One order** (:func:`search_messages`), of which ``offset``/``limit`` is a slice:
 
-* Relevance (``sort=None``): the rows ``messages_fts`` finds, in the order its own ``bm25()``
-  gives under the same filters, ties by id (through the impact index when the plan has a
-  conjunction and the proof is cheap, else FTS5 ranks them: the order is the same); then rows
-  only ``messages_fts_cjk`` finds for the Latin words (glued to CJK text), by that index's
-  ``bm25()``; then the CJK alternatives' rows, by ``bm25()`` — newest first when a CJK run is
-  shorter than three characters, which the index matches by substring, as LIKE would — then
-  their rows holding the CJK text inside a longer word (trigram index), newest first. A later
-  route is only asked once the earlier ones are exhausted before ``offset + limit``.
+* Relevance: the rows ``messages_fts`` finds, in its own ``bm25()`` order under the same
+  filters, ties by id (through the impact index or by FTS5: the order is the same); then rows
+  only ``messages_fts_cjk`` finds for the Latin words; then the CJK alternatives' rows by
+  ``bm25()``, newest first for a CJK run under three characters (matched by substring); then
+  rows holding the CJK text inside a longer word, newest first. A later route is asked only
+  when the earlier ones run out before ``offset + limit``.
 * ``sort="newest"``/``"oldest"``: the same rows merged by message time, ties by relevance then
-  id, rows without a time (not a number: an older store's NULL, text another client stored)
-  after every timed one in both directions; a query made of short CJK runs alone stays newest
-  first. Time order reads blocks of 4,096 ids in the order of their time bounds
-  (``search_time_blocks``) and stops at the first block that cannot hold a row as new (old) as
-  the last one kept.
-* Substring hits: only when none of the above finds a row, the rows holding the query's text
-  inside a word (user and assistant text, through the trigram index), newest first, each
-  marked ``"match": "substring"``; as are all hits of the canonical LIKE fallback while the
-  indexes are stale.
+  id, rows without a numeric time last. Blocks of 4,096 ids are read in the order of their
+  time bounds (``search_time_blocks``) until no later block can hold a row as new (old).
+* Substring hits: only when no route finds a row, the rows holding the text inside a word,
+  newest first, marked ``"match": "substring"``.
 
-A handle without FTS5, and any handle on a file whose index such a handle detached, answers
-from :mod:`hermes_state_scan` instead: the same plan evaluated on a scan of the canonical rows.
+A handle without FTS5, or on a file whose index such a handle detached, answers from
+:mod:`hermes_state_scan`: the same plan evaluated on a scan of the canonical rows.
 
-Snippets are cut from the column that holds the match (content, else tool calls, else tool
-name) by :func:`make_snippet`, centred on it: word hits mark whole words (a prefix marks the
-whole word it begins), CJK and substring hits the text wherever it occurs.
+**Snippets** (:func:`make_snippet`) are cut from the column that holds the match (content,
+else tool calls, else tool name), centred on it. Word hits mark whole words (a prefix marks
+the word it begins); CJK and substring hits mark the text wherever it occurs. Word boundaries
+are read from the characters around a match, so a new query compiles no large pattern.
 """
 
 from __future__ import annotations
@@ -132,30 +98,36 @@ from hermes_state_errors import (
     is_corruption_error,
     is_sqlite_lock_error,
 )
-from hermes_state_fts import CJK_CHAR_CLASS, cjk_bigrams, damage_is_fts_only, has_cjk, index_state
-from hermes_state_fts import iter_cjk_runs
+from hermes_state_fts import (
+    CJK_CHAR_CLASS,
+    cjk_bigrams,
+    damage_is_fts_only,
+    has_cjk,
+    index_state,
+    iter_cjk_runs,
+)
 
 __all__ = [
-    "MAX_QUERY_TERMS",
-    "MAX_QUERY_CHARS",
+    "BLOCK_HITS_SQL",
+    "ELLIPSIS",
+    "MATCH_END",
+    "MATCH_START",
     "MAX_INPUT_CHARS",
+    "MAX_QUERY_CHARS",
+    "MAX_QUERY_TERMS",
     "MAX_ROWS",
     "SNIPPET_WIDTH",
-    "MATCH_START",
-    "MATCH_END",
-    "ELLIPSIS",
+    "SORTS",
     "LikeGroup",
-    "SearchPlan",
-    "sanitize_fts5_query",
-    "plan_search",
     "Marker",
+    "SearchPlan",
     "make_snippet",
-    "snippet_pattern",
-    "sort_order",
+    "plan_search",
+    "sanitize_fts5_query",
     "search_filters",
     "search_messages",
-    "SORTS",
-    "BLOCK_HITS_SQL",
+    "snippet_pattern",
+    "sort_order",
 ]
 
 MAX_QUERY_TERMS = 32

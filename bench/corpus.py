@@ -192,12 +192,7 @@ automatically manually explicitly implicitly immediately eventually rarely
 """)
 
 _EN_STOPWORDS = frozenset(
-    """a an the and or but if then else of to in on at by for with from into onto as is are was
-    were be been being it its this that these those there here so not no yes do does did done
-    can could should would will shall may might must have has had i you he she we they me my
-    your our their them us what which who whom when where why how all any each every some such
-    than too very also just only now out up down over under again once about after before
-    while per via let lets s t ll ve re d m don isn didn doesn couldn won wasn""".split()
+    ["a", "an", "the", "and", "or", "but", "if", "then", "else", "of", "to", "in", "on", "at", "by", "for", "with", "from", "into", "onto", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "there", "here", "so", "not", "no", "yes", "do", "does", "did", "done", "can", "could", "should", "would", "will", "shall", "may", "might", "must", "have", "has", "had", "i", "you", "he", "she", "we", "they", "me", "my", "your", "our", "their", "them", "us", "what", "which", "who", "whom", "when", "where", "why", "how", "all", "any", "each", "every", "some", "such", "than", "too", "very", "also", "just", "only", "now", "out", "up", "down", "over", "under", "again", "once", "about", "after", "before", "while", "per", "via", "let", "lets", "s", "t", "ll", "ve", "re", "d", "m", "don", "isn", "didn", "doesn", "couldn", "won", "wasn"]
 )
 
 # Identifier parts: verb_noun, verbNoun, ModifierNounSuffix.
@@ -297,8 +292,7 @@ _IRREGULAR_VERBS = {
     "feed": ("fed", "fed"), "throw": ("threw", "thrown"),
 }
 _DOUBLING_VERBS = frozenset(
-    "stop drop commit skip log map ship plan wrap zip pin tag submit scan trim swap run set "
-    "get put cut begin forget debug".split()
+    ["stop", "drop", "commit", "skip", "log", "map", "ship", "plan", "wrap", "zip", "pin", "tag", "submit", "scan", "trim", "swap", "run", "set", "get", "put", "cut", "begin", "forget", "debug"]
 )
 
 # --- Chinese ---------------------------------------------------------------------------------
@@ -824,7 +818,7 @@ Picker = Callable[[], str]
 class _Zipf:
     """Draws from ``items`` with weight ``1 / (rank + 2) ** exponent``."""
 
-    __slots__ = ("items", "cum", "total")
+    __slots__ = ("cum", "items", "total")
 
     def __init__(self, items: Sequence[Any], exponent: float = 1.0) -> None:
         self.items = tuple(items)
@@ -1689,7 +1683,7 @@ def _fit_length(natural: int, remaining: int) -> int:
 class _Planned:
     """The parts of session ``index`` that do not depend on the size of the corpus."""
 
-    __slots__ = ("r", "natural", "jitter", "source", "model", "id_suffix")
+    __slots__ = ("id_suffix", "jitter", "model", "natural", "r", "source")
 
     def __init__(self, seed: int, index: int) -> None:
         r = self.r = random.Random(f"hermes-bench:{seed}:{index}")

@@ -154,8 +154,8 @@ def measure(path: Path, repeats: int) -> dict[str, dict[str, float] | str]:
              ("cwd_prefix", "compact_rows", "min_message_count"),
              lambda: rich(order_by_last_active=True, limit=50, cwd_prefix="/src/hermes",
                           compact_rows=True, min_message_count=4)),
-            ("list_sessions_rich(include_children=True, order_by_last_active=True, "
-             "project_compression_tips=False)", ("include_children",),
+            (("list_sessions_rich(include_children=True, order_by_last_active=True, "
+              "project_compression_tips=False)"), ("include_children",),
              lambda: rich(include_children=True, order_by_last_active=True,
                           project_compression_tips=False, limit=50)),
             ("session_count()", (), lambda: db.session_count()),

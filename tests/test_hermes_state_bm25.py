@@ -8,10 +8,10 @@ from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from state_helpers import TRICKY
 
 import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
-from state_helpers import TRICKY
 
 bm25_docs = st.lists(
     st.tuples(*[st.lists(st.sampled_from(["alpha", "beta", "Gamma", "delta", "café",
@@ -93,13 +93,13 @@ def test_the_librarys_tokens_are_fts5s_own(text: str) -> None:
 # unicode61 may change (shorter text is looked up a character at a time): letters of the
 # ranges it trusts and their neighbours, CJK and Latin punctuation, letters with case and
 # diacritics, combining marks, Greek final sigma, astral characters, ASCII words.
-_SCRIPTS = [chr(c) for lo, hi in bm25._LIKELY_KEPT
+_SCRIPTS = [chr(c) for lo, hi in bm25.LIKELY_KEPT
             for c in (lo - 1, lo, (lo + hi) // 2, hi, hi + 1)]
 _SCRIPTS += list("東京都は日本の首都です。、「」（）・ー〜！？　ㄱ가힣ÄäÉéßΣσςПпж\u0301\u3099ﬁＡａ😀")
 scripts_text = st.lists(
     st.one_of(st.sampled_from(_SCRIPTS), st.sampled_from(["a", "Word", " ", "-", "7", "\n"]),
               st.characters(blacklist_categories=("Cs",))),
-    min_size=bm25._SCAN_FROM, max_size=3 * bm25._SCAN_FROM).map("".join)
+    min_size=bm25.SCAN_FROM, max_size=3 * bm25.SCAN_FROM).map("".join)
 
 
 @settings(max_examples=60, deadline=None)
@@ -115,7 +115,7 @@ def test_long_text_of_many_scripts_has_fts5s_tokens_and_exact_postings(text: str
 def test_every_character_the_scan_passes_over_is_one_unicode61_keeps_as_it_is() -> None:
     """Each non-ASCII code point the pattern does not match is a token character folding to
     itself (the pattern passes over none beyond U+FFFF)."""
-    changing = bm25._changing()
+    changing = bm25.changing_characters()
     passed = [chr(c) for c in range(128, 0x10000)
               if not 0xD800 <= c <= 0xDFFF and not changing.match(chr(c))]
     assert len(passed) > 30_000  # the CJK, Hangul and kana ranges, at least
@@ -132,8 +132,8 @@ def test_every_character_python_splits_at_is_a_unicode61_separator() -> None:
 
 
 def test_changes_that_make_changed_characters_are_made_one_code_point_at_a_time() -> None:
-    assert bm25._changed("ÄÖÄ", {"Ä": "Ö", "Ö": "o"}) == "ÖoÖ"
-    assert bm25._changed("ÄÖÄ", {"Ä": "a", "Ö": ""}) == "aa"
+    assert bm25.with_changes("ÄÖÄ", {"Ä": "Ö", "Ö": "o"}) == "ÖoÖ"
+    assert bm25.with_changes("ÄÖÄ", {"Ä": "a", "Ö": ""}) == "aa"
 
 
 # Blobs another client may store: UTF-8 text, cut and spliced sequences, lone continuation

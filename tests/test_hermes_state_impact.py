@@ -15,11 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from state_helpers import (
+    assert_search_index_exact,
+    in_transaction,
+    raw,
+    strip_search_index,
+)
 
 import hermes_state_impact as impact
 from hermes_state import SessionDB, recover_state_db, repair_state_db
 from hermes_state_schema_sql import SCHEMA_VERSION
-from state_helpers import assert_search_index_exact, in_transaction, raw, strip_search_index
 
 SEEDS = [1, 2, 3]
 WORDS = ["session", "gateway", "config", "token", "worker", "retry", "deploy", "zebra"]
@@ -232,7 +237,7 @@ def test_a_fill_beside_other_writers_indexes_every_row_once(
         while in_transaction(db_path, lambda c: impact.fill_chunk(c, 40)) is not None:
             time.sleep(0.005)  # chunks interleave with the writers' transactions
         for proc in writers:
-            out, err = proc.communicate(timeout=60)
+            _, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
         drain(db)
         assert_searches_exact(db)

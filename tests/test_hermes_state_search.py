@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from state_helpers import Connections, raw, spell_as_earlier_version
 
 import hermes_state_search as search

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from state_helpers import TRICKY, assert_search_index_exact, raw
 
 import hermes_state_bm25 as bm25
 import hermes_state_impact as impact
@@ -26,7 +27,6 @@ import hermes_state_rank as rank
 import hermes_state_search as search
 from bench.corpus import generate_corpus, query_terms
 from hermes_state import SessionDB
-from state_helpers import TRICKY, assert_search_index_exact, raw
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
@@ -166,7 +166,7 @@ def test_the_top_20_are_fts5s_own_bm25_order(
     corpus: SessionDB, filters: dict[str, Any]
 ) -> None:
     # Small enough that this corpus's common words take the impact index's route.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     through_index = 0
     for query in QUERIES:
         got, reads = impact_reads(corpus, query, ranking=ranking, **filters)
@@ -196,7 +196,8 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 ) -> None:
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, score_waiting_by=route)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+                           score_waiting_by=route)
     terms = query_terms(seed=1)
     by_fts5 = 0
     with SessionDB(bench_store, read_only=True) as db:
@@ -204,6 +205,10 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
             got, statements = traced_search(db, query, ranking=ranking)
             assert got == fts5_order(db, query), query
             by_fts5 += any("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
+            # Rows scored in one FTS5 pass have their filters checked only if they can still
+            # enter the top: those failing them never do.
+            got, _ = traced_search(db, query, ranking=ranking, source_filter=["telegram"])
+            assert got == fts5_order(db, query, source_filter=["telegram"]), query
     assert (by_fts5 > 0) == (route == "fts5")
 
 
@@ -291,7 +296,8 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     passes, likeliest = {}, rank.RANKING.head_rows
     with SessionDB(bench_store, read_only=True) as db:
         for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
-            ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, head_rows=head)
+            ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1,
+                                   exact_rank_rows=0, head_rows=head)
             passes[head] = 0
             for query in queries:
                 for offset in (0, 5):
@@ -313,7 +319,8 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
 
     def walks(share: float) -> tuple[int, int]:
-        ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0, score_waiting_by="fts5",
+        ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+                               score_waiting_by="fts5",
                                proof_share=share)
         by_fts5 = settles = 0
         with SessionDB(bench_store, read_only=True) as db:
@@ -359,7 +366,7 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
                                       "timestamp": float(n)})
         for session, messages in rows.items():
             db.replace_messages(session, messages)
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     with SessionDB(tmp_path / "state.db") as db:
         scored = 0
         for query in NESTED_WORD_QUERIES:
@@ -376,7 +383,7 @@ def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
 ) -> None:
     # Such a row holds the other word below the threshold: its own posting gives its best
     # case, and only the rows indexed under both words have their postings read.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     walked = 0
     with SessionDB(bench_store, read_only=True) as db:
         for query in query_terms(seed=1)["en_2term"]:
@@ -394,7 +401,7 @@ def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> 
 
 
 def test_deep_pages_stay_exact(corpus: SessionDB) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     for query in ("session", "gateway config", "deploy"):
         assert ids(corpus.search_messages(
             query, limit=100, offset=150, ranking=ranking)) == fts5_order(
@@ -407,7 +414,8 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
 ) -> None:
     """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
     two tokens tie, and ties go by id, wherever the second token comes from."""
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=10, single_word_probe_postings=10**6)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10,
+                           single_word_probe_postings=10**6)
     db.create_session("s1", "cli")
     long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
                  for n in range(200)]  # so that the short rows below stand out
@@ -415,7 +423,7 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
         {"role": "user", "content": f"session {TRICKY[n % len(TRICKY)] * 2 if n % 3 else 'w1'}"}
         for n in range(300)])
     for query in ("session", "session cafe", "cafe"):
-        got, reads = impact_reads(db, query, ranking=ranking, limit=50)
+        got, _ = impact_reads(db, query, ranking=ranking, limit=50)
         assert got == fts5_order(db, query, 50), query
     assert impact_reads(db, "session", limit=50)[1]
 
@@ -486,8 +494,8 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
         got, statements = traced_search(db, query, source_filter=sources, ranking=fts5)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
-        assert got == [r[0] for r in on_file(db, 
-            lambda c: c.execute(oracle, (match, *params, 20)).fetchall())], sources
+        assert got == [r[0] for r in on_file(
+            db, lambda c, o=oracle, p=params: c.execute(o, (match, *p, 20)).fetchall())], sources
         rankings = [s for s in statements if f"bm25({table})" in s]
         assert len(rankings) == passes, (sources, rankings)
     assert set(ids(db.search_messages(query, source_filter=["telegram"], ranking=fts5))) == set(
@@ -819,7 +827,7 @@ def as_earlier_index_table(path: Path) -> None:
 def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
     db_path: Path
 ) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=40)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
     r = random.Random(21)
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
@@ -917,7 +925,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     """Searches rank as FTS5 does (never as substring hits), the library's writes and other
     clients' go on, and a writable open after the damage was found replaces the index."""
     # The impact index's routes, on 300 rows.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=10)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
     conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
@@ -1013,11 +1021,11 @@ def test_cached_counts_follow_every_change_another_client_makes(
         ("UPDATE messages SET content = 'nothing here', tool_calls = NULL WHERE id = ?",
          low[1]),
         ("DELETE FROM messages WHERE id = ?", low[2]),
-        ("INSERT INTO messages (id, session_id, role, content, timestamp)"
-         " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)", low[2]),
+        (("INSERT INTO messages (id, session_id, role, content, timestamp)"
+          " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)"), low[2]),
         ("UPDATE messages SET id = (SELECT max(id) + 1 FROM messages) WHERE id = ?", low[3]),
-        ("INSERT INTO messages (session_id, role, content, timestamp)"
-         " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0", 1),
+        (("INSERT INTO messages (session_id, role, content, timestamp)"
+          " SELECT 's1', 'user', 'session gateway zebra', 0 WHERE ? > 0"), 1),
     ]
     for sql, arg in changes:
         conn = writer(db_path)
@@ -1034,7 +1042,8 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
 ) -> None:
     """Counting a phrase reads every row holding its words: a query asked again counts
     only the rows written since, whatever the words."""
-    ranking = rank.Ranking(fts5_index_rows=0)  # counted, however small the corpus
+    # Counted, however small the corpus.
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1)
     for query in ("session gateway", "config token", "gateway config", "retry cache"):
         corpus.search_messages(query, ranking=ranking)
         got, statements = traced_search(corpus, query, ranking=ranking)
@@ -1104,7 +1113,7 @@ def test_a_phrase_of_several_words_is_ranked_by_fts5_before_anything_is_counted(
     """FTS5 counts a phrase's matches for its idf as it ranks them: counting them first (half
     the work of its ranking) or reading the impact index would only add to it."""
     # No count is small enough to decide.
-    ranking = rank.Ranking(fts5_index_rows=0, exact_rank_rows=0)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
     for query in ('"session gateway"', '"gateway config" token'):
         got, statements = traced_search(corpus, query, ranking=ranking)
         assert got == fts5_order(corpus, query), query
@@ -1119,6 +1128,36 @@ def test_a_query_matching_fewer_rows_than_a_page_is_not_counted(corpus: SessionD
         expected = fts5_order(corpus, query, 50)
         assert 0 < len(expected) < 50 and got[:len(expected)] == expected, query
         assert not [s for s in statements if counts_matches(s)], query
+
+
+def test_several_words_few_rows_index_together_are_ranked_by_fts5_before_any_count(
+    corpus: SessionDB,
+) -> None:
+    """Fewer rows indexed under every word than the ranking asks for: the best rows are
+    mostly rows a word's postings leave open, and FTS5 ranks at once, in its own order."""
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=10**6)
+    for query in ("session gateway", "config token", "worker session", "retry cache"):
+        got, statements = traced_search(corpus, query, ranking=ranking)
+        assert got == fts5_order(corpus, query), query
+        assert not [s for s in statements if counts_matches(s)], query
+        assert not [s for s in statements if "FROM search_impact_vocab" in s], query
+
+
+def test_a_count_stopped_at_the_limit_goes_on_from_the_last_row_it_read(db: SessionDB) -> None:
+    """Each word of a query is counted no further than the limit that would send the query
+    to FTS5; a proof then needs its whole count (its idf), and counts on from the last row
+    the first count read instead of reading those rows again. The order is FTS5's."""
+    db.create_session("s1", "cli")
+    for n in range(3 * impact.FLUSH_ROWS):
+        text = ("alpha beta", f"alpha w{n} and more words", f"beta w{n} and other words")[n % 3]
+        db.append_message("s1", role="user", content=text)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    got, statements = traced_search(db, "alpha beta", ranking=ranking)
+    assert got == fts5_order(db, "alpha beta")
+    counted = " ".join(s for s in statements if counts_matches(s))
+    boundary = on_file(db, impact.index_health)["indexed"]
+    starts = {int(n) for n in re.findall(r"rowid > (\d+)", counted)}
+    assert starts - {0, boundary}, counted  # a count that went on from a row of the list
 
 
 def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
@@ -1136,10 +1175,12 @@ def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path)
         tokens = {t for (t,) in conn.execute(
             "SELECT term FROM search_impact_vocab WHERE term >= 'alpha_' AND term < 'alpha`'")}
         assert len(tokens) == 1 and posted > rank.RANKING.first_batch_postings  # one token
-        cursor = rank._Cursor(conn, "alpha", rank.RANKING)
+        cursor = rank.Postings(conn, "alpha", rank.RANKING)
         read = 0
         while cursor.next is not None:
             assert cursor.left(impact.THRESHOLD) == posted - read
+            # Counted no further than one past a limit the rest exceeds.
+            assert cursor.left(impact.THRESHOLD, 5) == min(posted - read, 6)
             assert cursor.left(cursor.bound() + 0.001) == 0  # none reach past the next one
             read += len(cursor.take())
         assert read == posted and cursor.left(impact.THRESHOLD) == 0
