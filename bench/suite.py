@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import multiprocessing
@@ -469,6 +470,10 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return (time.perf_counter() - start) * 1e3, result
 
 
+def _fetch_all(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
 def _timed_cpu(call: Callable[[], Any]) -> tuple[float, float, Any]:
     """(wall ms, CPU ms of the calling thread, result): on a shared machine the wall clock
     moves with the load, the thread's CPU time much less."""
@@ -509,9 +514,9 @@ def _first_calls(path: str, classes: dict[str, tuple[list[str], list[str] | None
             out[key] = []
             for n, query in enumerate(qs):
                 timed, oracle, params = _baseline(query, source)
-                search = lambda q=query, s=source: db.search_messages(q, source_filter=s)
+                search = functools.partial(db.search_messages, query, source_filter=source)
                 base_first = n % 2 == 1  # who reads the query's pages first alternates
-                base = lambda t=timed, p=params: raw.execute(t, p).fetchall()
+                base = functools.partial(_fetch_all, raw, timed, params)
                 if base_first:
                     base_ms, base_cpu, _ = _timed_cpu(base)
                 first_ms, first_cpu, hits = _timed_cpu(search)
