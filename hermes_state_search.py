@@ -541,22 +541,20 @@ def plan_search(query: object) -> SearchPlan | None:
         prefixes.update((t.text, None) for t in positive if t.prefix)
         if any(has_cjk(t.text) for t in positive):
             cjk.append(alternative)
-            words = [t for t in positive if not has_cjk(t.text)]
-            cjk_groups.append(replace(
-                groups[-1], words=_render(words, _render_cjk_term) if words else None))
-            cjk_short = cjk_short or any(
-                len(run.group(0)) < 3 for t in positive for run in iter_cjk_runs(t.text))
+            cjk_group, short = _cjk_route(groups[-1], positive)
+            cjk_groups.append(cjk_group)
+            cjk_short = cjk_short or short
         else:
             latin.append(alternative)
             if len(alternatives) == 1 and not negated and not any(t.prefix for t in positive):
                 conj = rank.conjunction(t.text for t in positive)
     return SearchPlan(
         query=_render(items),
-        fts_match=" OR ".join(_render(alt) for alt in latin) or None,
-        cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in cjk) or None,
+        fts_match=_any_of(latin),
+        cjk_match=_any_of(cjk, _render_cjk_term),
         like_groups=tuple(groups),
         needles=tuple(needles),
-        latin_cjk_match=" OR ".join(_render(alt, _render_cjk_term) for alt in latin) or None,
+        latin_cjk_match=_any_of(latin, _render_cjk_term),
         prefixes=tuple(prefixes),
         conjunction=conj,
         cjk_short=cjk_short,
@@ -565,6 +563,21 @@ def plan_search(query: object) -> SearchPlan | None:
         latin_cjk_where=_negations_where(latin, _CJK_VIEW),
         cjk_where=_literal_where(cjk, cjk_groups, _negations_where(cjk, _CJK_VIEW)),
     )
+
+
+def _cjk_route(group: LikeGroup, positive: list[_Term]) -> tuple[LikeGroup, bool]:
+    """An alternative's group for the CJK route, its terms without CJK text as words, and
+    whether one of its CJK runs is shorter than a trigram."""
+    words = [t for t in positive if not has_cjk(t.text)]
+    short = any(len(run.group(0)) < 3 for t in positive for run in iter_cjk_runs(t.text))
+    return replace(group, words=_render(words, _render_cjk_term) if words else None), short
+
+
+def _any_of(
+    alternatives: list[list[_Item]], render_term: _RenderTerm = _render_term
+) -> str | None:
+    """A MATCH that any of ``alternatives`` satisfies; None when there are none."""
+    return " OR ".join(_render(alt, render_term) for alt in alternatives) or None
 
 
 def _literal_where(
