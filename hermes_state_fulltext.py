@@ -98,7 +98,8 @@ def resolve(requested: object) -> str:
 
 
 # What a build without FTS5 (or without the trigram tokenizer) says when a statement needs it:
-# creating an index, or writing a row whose triggers feed one.
+# creating an index, or writing a row whose triggers feed one. SQLite's result code for both is
+# SQLITE_ERROR, shared with every syntax error, so here the text is the only difference.
 _UNAVAILABLE_MESSAGES = ("no such module: fts5", "no such tokenizer: trigram")
 
 
