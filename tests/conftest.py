@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +31,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # ``suppress_health_check`` list ``too_slow`` there too.
 settings.register_profile("suite", suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
+
+# Tests press Ctrl-C (SIGINT) on the command line they start. A shell that runs the suite in the
+# background ignores SIGINT, and every child would inherit that: a handler (reset to the default
+# in a child) lets them be interrupted as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
