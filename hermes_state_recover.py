@@ -825,7 +825,7 @@ class _Merge:
         sink = self.counter if target.excluded else self.writer
         inserted, refused = sink.write(target, [values for _, values in batch])
         if refused:  # a refused row gives its rowid back: an older view's version may fit
-            seen = self.seen[target.name]
+            seen = self.seen.setdefault(target.name, set())
             kept = set(inserted)
             seen.difference_update(
                 rowid for i, (rowid, _) in enumerate(batch) if i not in kept and rowid is not None)

@@ -350,6 +350,23 @@ def test_a_table_this_schema_does_not_know_is_copied_with_its_own_definition(
     assert count(tmp_path / "out.db", "plugin_notes") == 2
 
 
+def test_a_row_of_a_table_without_rowids_the_output_refuses_is_counted_not_fatal(
+    store: list[str], db_path: Path, tmp_path: Path
+) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.executescript(
+        "CREATE TABLE extra (k TEXT PRIMARY KEY, v INTEGER CHECK (v > 0)) WITHOUT ROWID;"
+        "PRAGMA ignore_check_constraints = ON;"
+        "INSERT INTO extra VALUES ('bad', -1), ('good', 1);"
+    )
+    conn.close()
+    report = recover_state_db(db_path, tmp_path / "out.db")
+    extra = report["tables"]["extra"]
+    assert (extra["copied"], extra["rejected"]) == (1, 1)
+    assert count(tmp_path / "out.db", "extra") == 1
+    assert count(tmp_path / "out.db", "messages") == count(db_path, "messages")
+
+
 # --- interrupted transactions and damaged sidecars --------------------------------------------
 
 SEEDS = [1, 2, 3]
