@@ -122,12 +122,13 @@ COUNT_PAST_SQL = """
 SELECT (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2),
        (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 """
-# The same, read no further than ?4 rows, and the last row read (a later count goes on
-# from there).
+# The same, read no further than ?4 rows, and the last row read (a later count of the same
+# search, in the same read transaction, goes on from there).
 COUNT_PAST_UP_TO_SQL = """
 SELECT n, last, (SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?3)
 FROM (SELECT count(*) AS n, max(rowid) AS last FROM (
-          SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2 LIMIT ?4))
+          SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2
+          ORDER BY rowid LIMIT ?4))
 """
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
@@ -154,9 +155,11 @@ class _Counter:
         self.conn = conn
         self.boundary = index.indexed
         self.counted: dict[str, int] = {}
-        # Counts stopped at a limit: (the last row read, the rows past the cached boundary
-        # counted up to it), at or below the batch boundary.
-        self.partial: dict[str, tuple[int, int]] = {}
+        # Counts stopped at a limit: the cached (boundary, rows) they started from, the last
+        # row read and the rows counted past that boundary up to it (at or below the batch
+        # boundary). A later whole count goes on from there on the same base, whatever the
+        # process-wide cache holds by then.
+        self.partial: dict[str, tuple[int, int, int, int]] = {}
         self.key = self._key()
         # No cache for a file without a name (in memory) or without the change count (an
         # index of an older release that only a read-only handle sees: the next writable open
@@ -201,9 +204,13 @@ class _Counter:
 
     def _count(self, expression: str, limit: int | None) -> int:
         """The rows matching ``expression``; past a ``limit``, some number above it."""
-        upto, rows = self._cached(expression) or (0, 0)
+        if limit is None and expression in self.partial:
+            upto, rows, last, read = self.partial.pop(expression)
+        else:
+            upto, rows = self._cached(expression) or (0, 0)
+            last, read = upto, 0
+        most: int | None = None
         if limit is None:
-            last, read = self.partial.pop(expression, (upto, 0))
             args = (expression, last, self.boundary)
             past, unflushed = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
             past += read
@@ -213,11 +220,11 @@ class _Counter:
             n, end, flushed = self.conn.execute(COUNT_PAST_UP_TO_SQL, up_to).fetchone()
             past, unflushed = int(n), int(flushed)
             if past >= most and end is not None and end <= self.boundary:
-                self.partial[expression] = (int(end), past)
+                self.partial[expression] = (upto, rows, int(end), past)
         below = past - unflushed
         # Each statement reads its own snapshot: the count is kept only if no row at or below
         # the boundary changed around it (the boundary only grows within an epoch).
-        whole = limit is None or past < max(limit - rows + 1, 0)
+        whole = most is None or past < most
         if whole and self.file and below and self._key() == self.key:
             with _COUNTS_LOCK:
                 entry = _COUNTS.get(self.file)
@@ -266,9 +273,8 @@ def conjunction(texts: Iterable[str]) -> Conjunction | None:
 # table, over the word's tokens (term_kkkk_f_D sorts by falling impact).
 VOCAB_SQL = "SELECT term, doc FROM search_impact_vocab WHERE term >= ? AND term < ?"
 # The postings from a cursor's next one on: the rest of its token's rows (in row order, as the
-# cursor reads them), then the tokens after it.
-# The postings from a cursor's next one on, counted no further than ?4 (a count past what the
-# proof may read tells no more than that limit does).
+# cursor reads them), then the tokens after it; counted no further than ?4 (a count past what
+# the proof may read tells no more than that limit does).
 LEFT_SQL = """
 SELECT count(*) FROM (
     SELECT 1 FROM search_impact_vocab WHERE term = ?1 AND doc >= ?2
