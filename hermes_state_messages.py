@@ -858,7 +858,8 @@ def _turns(
     ``message_uid`` and the runtime ``_``-keys; display metadata stays out. Optional keys
     appear only when the row has a value: ``reasoning`` only when non-empty, ``observed`` only
     when true; reasoning and ``codex_*`` items, and ``finish_reason``, only on assistant turns."""
-    pairing = _ResultPairing()
+    caller_uids: dict[str, Any] = {}
+    seen_results: dict[str, int] = {}
     for (
         row_id, role, content, api_content, tool_calls, tool_call_id, tool_name,
         finish_reason, reasoning, reasoning_content, reasoning_details,
@@ -871,58 +872,46 @@ def _turns(
             "content": content if api_content is None else api_content,
             "timestamp": timestamp,
         }
-        _put_decoded(turn, tool_calls=tool_calls)
-        _put(turn, tool_call_id=tool_call_id, tool_name=tool_name,
-             effect_disposition=effect_disposition, message_id=platform_message_id)
+        if tool_calls is not None:
+            turn["tool_calls"] = decode_json(tool_calls)
+        if tool_call_id is not None:
+            turn["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            turn["tool_name"] = tool_name
+        if effect_disposition is not None:
+            turn["effect_disposition"] = effect_disposition
+        if platform_message_id is not None:
+            turn["message_id"] = platform_message_id
         if observed:
             turn["observed"] = True
         if role == "assistant":
-            _put(turn, finish_reason=finish_reason, reasoning=reasoning or None,
-                 reasoning_content=reasoning_content)
-            _put_decoded(turn, reasoning_details=reasoning_details,
-                         codex_reasoning_items=codex_reasoning_items,
-                         codex_message_items=codex_message_items)
+            if finish_reason is not None:
+                turn["finish_reason"] = finish_reason
+            if reasoning:
+                turn["reasoning"] = reasoning
+            if reasoning_content is not None:
+                turn["reasoning_content"] = reasoning_content
+            if reasoning_details is not None:
+                turn["reasoning_details"] = decode_json(reasoning_details)
+            if codex_reasoning_items is not None:
+                turn["codex_reasoning_items"] = decode_json(codex_reasoning_items)
+            if codex_message_items is not None:
+                turn["codex_message_items"] = decode_json(codex_message_items)
         turn["message_uid"] = message_uid
-        _put_decoded(turn, _absorbed_message_uids=absorbed)
+        if absorbed is not None:
+            turn["_absorbed_message_uids"] = decode_json(absorbed)
         if call_uids is not None:
-            turn["_tool_call_uids"] = pairing.issued(decode_json(call_uids))
+            caller_uids = decode_json(call_uids)
+            seen_results = {}
+            turn["_tool_call_uids"] = caller_uids
         if role == "tool" and tool_call_id is not None:
-            call_uid = pairing.result(tool_call_id, call_uid)
-        _put(turn, _tool_call_uid=call_uid)
+            occurrence = seen_results.get(tool_call_id, 0)
+            seen_results[tool_call_id] = occurrence + 1
+            if call_uid is None and isinstance(caller_uids, dict):
+                call_uid = _pick_uid(caller_uids.get(tool_call_id), occurrence)
+        if call_uid is not None:
+            turn["_tool_call_uid"] = call_uid
         yield row_id, turn
-
-
-def _put(turn: dict[str, Any], **values: Any) -> None:
-    """Add to ``turn`` each of ``values`` the row holds (not None)."""
-    turn.update((key, value) for key, value in values.items() if value is not None)
-
-
-def _put_decoded(turn: dict[str, Any], **encoded: Any) -> None:
-    """Add to ``turn`` each of the JSON ``encoded`` values the row holds, decoded."""
-    turn.update((key, decode_json(value)) for key, value in encoded.items() if value is not None)
-
-
-class _ResultPairing:
-    """Which uid a tool result replays as when its row carries none: the one the latest
-    assistant turn issued for its call id; a call id answered more than once takes the
-    issued uids in turn (see :func:`_pick_uid`)."""
-
-    def __init__(self) -> None:
-        self.uids: Any = {}
-        self.answered: dict[str, int] = {}
-
-    def issued(self, uids: Any) -> Any:
-        """An assistant turn issued ``uids`` (call id -> uid): results pair with them now."""
-        self.uids, self.answered = uids, {}
-        return uids
-
-    def result(self, tool_call_id: str, given: str | None) -> str | None:
-        """The uid of the next result of ``tool_call_id``: ``given``, else the issued one."""
-        occurrence = self.answered.get(tool_call_id, 0)
-        self.answered[tool_call_id] = occurrence + 1
-        if given is None and isinstance(self.uids, dict):
-            return _pick_uid(self.uids.get(tool_call_id), occurrence)
-        return given
 
 
 _Read = list[tuple[str, int, dict[str, Any]]]
