@@ -672,7 +672,8 @@ def _bootstrap(conn: sqlite3.Connection, /) -> None:
     reshape_delegations(conn)
     if "messages.message_uid" in _reconcile_columns(conn):
         restore_data_invariants(conn)  # owed whatever the stamp says (see the module doc)
-    _previous_store_backfills(conn, stamp or 0)
+    if stamp is not None:  # an empty file is created whole, owing nothing
+        _previous_store_backfills(conn, stamp)
 
 
 def _complete_current(conn: sqlite3.Connection, /) -> None:
