@@ -33,7 +33,6 @@ from hermes_state_errors import (
 __all__ = [
     "PROG",
     "STOP_USERS",
-    "SQLITE_MAGIC",
     "home_dir",
     "resolve_db",
     "print_json",

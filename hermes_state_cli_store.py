@@ -49,7 +49,6 @@ from hermes_state_cli_common import (
 __all__ = [
     "cmd_recover",
     "cmd_repair",
-    "cmd_clear_quarantine",
     "cmd_doctor",
     "KEEP_ENV",
     "cmd_backup",

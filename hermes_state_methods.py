@@ -34,7 +34,6 @@ __all__ = [
     "Method",
     "STORE_ERRORS",
     "Sibling",
-    "WRITE",
     "WITHOUT_DAMAGED_INDEX",
     "handle_method",
     "lenient",
