@@ -10,10 +10,8 @@ advice) in ``hermes_state_cli_common``.
 Each command works on one database (``--db``, else ``--profile`` under ``--home``). Read-only
 commands never create, migrate or repair it. ``--json`` prints one document, failures
 included. Exit status: 0 success, 1 failure or problem found, 2 bad usage. Advice on what to
-do next lives in the command line, never in the library's exception messages.
-
-Commands that delete list what they will delete, ask, and delete only the listed ids. A stdin
-that is not a terminal refuses without ``--yes``. See docs/operations.md."""
+do next lives in the command line, never in the library's exception messages. See
+docs/operations.md."""
 
 from __future__ import annotations
 

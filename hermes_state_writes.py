@@ -284,10 +284,6 @@ def passive_checkpoint(
 T = TypeVar("T")
 U = TypeVar("U")
 
-# The pauses between attempts are random so that contending writers do not retry in lockstep.
-_JITTER = random.Random()
-
-
 class Store(Protocol):
     """What the write path needs of a handle (``SessionDB``)."""
 
@@ -442,6 +438,12 @@ def outside_transaction(store: Store, fn: Callable[[sqlite3.Connection], T]) -> 
 
     return retrying(store, attempt, "write",
                     drop_search_index=lambda: write(store, drop_index, may_drop_index=False))
+
+
+# --- the retry loop of one write -----------------------------------------------------------
+
+# The pauses between attempts are random so that contending writers do not retry in lockstep.
+_JITTER = random.Random()
 
 
 def retrying(

@@ -192,7 +192,12 @@ automatically manually explicitly implicitly immediately eventually rarely
 """)
 
 _EN_STOPWORDS = frozenset(
-    ["a", "an", "the", "and", "or", "but", "if", "then", "else", "of", "to", "in", "on", "at", "by", "for", "with", "from", "into", "onto", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "there", "here", "so", "not", "no", "yes", "do", "does", "did", "done", "can", "could", "should", "would", "will", "shall", "may", "might", "must", "have", "has", "had", "i", "you", "he", "she", "we", "they", "me", "my", "your", "our", "their", "them", "us", "what", "which", "who", "whom", "when", "where", "why", "how", "all", "any", "each", "every", "some", "such", "than", "too", "very", "also", "just", "only", "now", "out", "up", "down", "over", "under", "again", "once", "about", "after", "before", "while", "per", "via", "let", "lets", "s", "t", "ll", "ve", "re", "d", "m", "don", "isn", "didn", "doesn", "couldn", "won", "wasn"]
+    """a an the and or but if then else of to in on at by for with from into onto as is are was
+    were be been being it its this that these those there here so not no yes do does did done
+    can could should would will shall may might must have has had i you he she we they me my
+    your our their them us what which who whom when where why how all any each every some such
+    than too very also just only now out up down over under again once about after before
+    while per via let lets s t ll ve re d m don isn didn doesn couldn won wasn""".split()
 )
 
 # Identifier parts: verb_noun, verbNoun, ModifierNounSuffix.
@@ -292,7 +297,8 @@ _IRREGULAR_VERBS = {
     "feed": ("fed", "fed"), "throw": ("threw", "thrown"),
 }
 _DOUBLING_VERBS = frozenset(
-    ["stop", "drop", "commit", "skip", "log", "map", "ship", "plan", "wrap", "zip", "pin", "tag", "submit", "scan", "trim", "swap", "run", "set", "get", "put", "cut", "begin", "forget", "debug"]
+    "stop drop commit skip log map ship plan wrap zip pin tag submit scan trim swap run set "
+    "get put cut begin forget debug".split()
 )
 
 # --- Chinese ---------------------------------------------------------------------------------
