@@ -27,8 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hermes_state_connect as dbconn
 import hermes_state_messages as messages
 from bench.corpus import CorpusSession, generate_corpus
+from bench.suite import direct
 from hermes_state import SessionDB
 
 __all__ = ["build_store", "main"]
@@ -69,52 +71,54 @@ def build_store(path: Path, n_sessions: int, seed: int = 7) -> dict[str, int]:
         batch.append((row, texts[made % len(texts)], n_messages))
         made += 1
 
-    with SessionDB(path, rebuild_fts=False) as db:
-        while made < n_sessions:
-            t = start + r.random() * span
-            sid = f"{time.strftime('%Y%m%d_%H%M%S', time.gmtime(t))}_{r.getrandbits(24):06x}"
-            kind = r.random()
-            base = {"id": sid, "source": r.choice(("cli", "telegram", "discord", "tui")),
-                    "started_at": t, "cwd": r.choice(PROJECTS) + r.choice(("", "/api", "/ui")),
-                    "model": "anthropic/claude-sonnet-4.6",
-                    "archived": int(r.random() < 0.03)}
-            if r.random() < 0.5:
-                base["title"] = f"{r.choice(('AN-94', 'Deploy', 'Fix', 'Plan'))} {sid[-6:]}"
-            if kind < 0.05:
-                job = r.choice(CRON_JOBS)
-                base.update(id=f"cron_{job}_{sid}", source="cron", title=None)
-                add(base, 4)
-                shapes["cron"] += 1
-                continue
-            n_segments = r.randint(2, 4) if kind < 0.25 else 1
-            parent = None
-            for segment in range(n_segments):
-                row = dict(base)
-                if segment:
-                    row.update(id=f"{sid}_c{segment}", parent_session_id=parent,
-                               started_at=t + 3600.0 * segment, title=None)
-                    shapes["continuation"] += 1
-                else:
-                    shapes["root"] += 1
-                    shapes["archived"] += base["archived"]
-                if segment < n_segments - 1:
-                    row.update(ended_at=row["started_at"] + 3000.0, end_reason="compression")
-                add(row, r.randint(3, 10))
-                parent = row["id"]
-            if 0.25 <= kind < 0.35:
-                add({"id": f"{sid}_d", "source": "subagent", "started_at": t + 60.0,
-                     "parent_session_id": sid, "archived": base["archived"],
-                     "model_config": json.dumps({"_delegate_from": sid})}, 4)
-                shapes["delegate"] += 1
-            elif 0.35 <= kind < 0.40:
-                add({"id": f"{sid}_b", "source": base["source"], "started_at": t + 120.0,
-                     "parent_session_id": sid, "archived": base["archived"],
-                     "model_config": json.dumps({"_branched_from": sid})}, 4)
-                shapes["branch"] += 1
-        rows = batch[:n_sessions]
+    SessionDB(path, rebuild_fts=False).close()  # a new store, loaded below
+    while made < n_sessions:
+        t = start + r.random() * span
+        sid = f"{time.strftime('%Y%m%d_%H%M%S', time.gmtime(t))}_{r.getrandbits(24):06x}"
+        kind = r.random()
+        base = {"id": sid, "source": r.choice(("cli", "telegram", "discord", "tui")),
+                "started_at": t, "cwd": r.choice(PROJECTS) + r.choice(("", "/api", "/ui")),
+                "model": "anthropic/claude-sonnet-4.6",
+                "archived": int(r.random() < 0.03)}
+        if r.random() < 0.5:
+            base["title"] = f"{r.choice(('AN-94', 'Deploy', 'Fix', 'Plan'))} {sid[-6:]}"
+        if kind < 0.05:
+            job = r.choice(CRON_JOBS)
+            base.update(id=f"cron_{job}_{sid}", source="cron", title=None)
+            add(base, 4)
+            shapes["cron"] += 1
+            continue
+        n_segments = r.randint(2, 4) if kind < 0.25 else 1
+        parent = None
+        for segment in range(n_segments):
+            row = dict(base)
+            if segment:
+                row.update(id=f"{sid}_c{segment}", parent_session_id=parent,
+                           started_at=t + 3600.0 * segment, title=None)
+                shapes["continuation"] += 1
+            else:
+                shapes["root"] += 1
+                shapes["archived"] += base["archived"]
+            if segment < n_segments - 1:
+                row.update(ended_at=row["started_at"] + 3000.0, end_reason="compression")
+            add(row, r.randint(3, 10))
+            parent = row["id"]
+        if 0.25 <= kind < 0.35:
+            add({"id": f"{sid}_d", "source": "subagent", "started_at": t + 60.0,
+                 "parent_session_id": sid, "archived": base["archived"],
+                 "model_config": json.dumps({"_delegate_from": sid})}, 4)
+            shapes["delegate"] += 1
+        elif 0.35 <= kind < 0.40:
+            add({"id": f"{sid}_b", "source": base["source"], "started_at": t + 120.0,
+                 "parent_session_id": sid, "archived": base["archived"],
+                 "model_config": json.dumps({"_branched_from": sid})}, 4)
+            shapes["branch"] += 1
+    rows = batch[:n_sessions]
+    with direct(path) as conn:
         for i in range(0, len(rows), 250):
-            chunk = rows[i:i + 250]
-            db._write(lambda c, chunk=chunk: [_insert(c, *item) for item in chunk], "transcript")
+            with dbconn.transaction(conn):
+                for item in rows[i:i + 250]:
+                    _insert(conn, *item)
     shapes["sessions"] = len(rows)
     return shapes
 

@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import hermes_state
+import hermes_state_connect as dbconn
 import hermes_state_impact as impact
 import hermes_state_messages as messages
 import hermes_state_replication as replication
+import hermes_state_schema_sql as schema_sql
 from bench.corpus import CorpusSession, content_bytes, generate_corpus, query_terms
 from hermes_state import ReplicationError, SessionDB, recover_state_db
 from hermes_state_bm25 import column_tokens
@@ -72,9 +74,23 @@ def raw_connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, timeout=1.0)
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA journal_mode = WAL")
-    if hermes_state.common.wal_reset_exposed():
+    if dbconn.wal_reset_exposed():
         conn.execute("PRAGMA wal_autocheckpoint = 0")
     return conn
+
+
+@contextmanager
+def direct(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection of the library's own kind (the one a handle opens) on the store at
+    ``path``, to load a benchmark's store faster than call by call: the library's functions
+    the loaders run keep the indexes as a handle's writes do. What it wrote is checkpointed
+    when it closes, as a handle's periodic checkpoints would have done."""
+    conn = dbconn.connect(path, "rw")
+    try:
+        yield conn
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        conn.close()
 
 
 def fresh_store(path: Path, sessions: list[CorpusSession]) -> None:
@@ -121,12 +137,11 @@ def raw_append_rate(sessions: list[CorpusSession], batch: list, *, triggers: boo
             text = dict(zip(messages._COLUMNS, values))
             postings, _ = impact.impact_postings(text["content"], text["tool_name"],
                                                text["tool_calls"], avgdl)
-            block = (n >> hermes_state.common.TIME_BLOCK_SHIFT, row.timestamp, row.timestamp)
+            block = (n >> schema_sql.TIME_BLOCK_SHIFT, row.timestamp, row.timestamp)
             rows.append((sid, values, row.tool_call_count, (n, epoch, postings),
                          (n, impact.index_text(postings)) if postings else None, block))
         if not triggers:
-            for name in (*hermes_state.common.FTS_TRIGGER_NAMES,
-                         *hermes_state.common.SEARCH_TRIGGER_NAMES):
+            for name in (*schema_sql.FTS_TRIGGER_NAMES, *schema_sql.SEARCH_TRIGGER_NAMES):
                 prep.execute(f"DROP TRIGGER {name}")
             prep.commit()
         prep.close()
@@ -179,7 +194,8 @@ def append_cpu_kept_and_stopped(
     fresh_store(root / "kept.db", sessions)
     fresh_store(root / "stopped.db", sessions)
     with SessionDB(root / "kept.db") as kept, SessionDB(root / "stopped.db") as stopped:
-        stopped._write(impact.mark_index_damaged)
+        with direct(root / "stopped.db") as conn, dbconn.transaction(conn):
+            impact.mark_index_damaged(conn)
         spent = {id(kept): 0.0, id(stopped): 0.0}
         for turn, start in enumerate(range(0, len(batch), impact.FLUSH_ROWS)):
             for db in (kept, stopped) if turn % 2 == 0 else (stopped, kept):
@@ -297,10 +313,10 @@ def bench_conversation(repeats: int, n_messages: int = 20_000) -> Figure:
         path = d / "state.db"
         with SessionDB(path) as db:
             db.create_session("long", "cli")
-            rows = [m for s in corpus for m in s.messages][:n_messages]
-            db._write(lambda c: [messages.insert_message(c, "long", m.as_append_kwargs())
-                                 for m in rows], "transcript")
-            db._write(lambda c: None)
+        rows = [m for s in corpus for m in s.messages][:n_messages]
+        with direct(path) as conn, dbconn.transaction(conn):
+            for m in rows:
+                messages.insert_message(conn, "long", m.as_append_kwargs())
 
         def ours() -> float:
             with SessionDB(path, rebuild_fts=False) as db:
@@ -349,10 +365,12 @@ class Stores:
             corpus = generate_corpus(size, seed=1)
             nbytes = 0
             start = time.perf_counter()
-            with SessionDB(path) as db:
+            SessionDB(path).close()  # a new store, loaded a session per transaction
+            with direct(path) as conn:
                 for session in corpus:
                     nbytes += content_bytes([session])
-                    db._write(lambda c, s=session: load_session(c, s), "transcript")
+                    with dbconn.transaction(conn):
+                        load_session(conn, session)
             self._built[size] = (path, nbytes, time.perf_counter() - start)
         return self._built[size]
 
@@ -622,8 +640,6 @@ def bench_search(stores: Stores, size: int, repeats: int) -> list[Figure]:
 
 def bench_size(stores: Stores, size: int) -> Figure:
     path, nbytes, _ = stores.get(size)
-    with SessionDB(path) as db:
-        db._write(lambda c: None)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     per_table = dict(conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
