@@ -21,7 +21,6 @@ import os
 import random
 import sqlite3
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import hermes_state_connect as dbconn
 import hermes_state_messages as messages
 from bench.corpus import CorpusSession, generate_corpus
-from bench.suite import direct
+from bench.suite import direct, scratch_dir
 from hermes_state import SessionDB
 
 __all__ = ["build_store", "main"]
@@ -203,14 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, help="build (or reuse) the store at this path")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))
-    path = args.store or Path(tempfile.mkdtemp(prefix="hermes-bench-")) / "listing.db"
-    shapes: dict[str, int] | None = None
-    if not path.exists():
-        t0 = time.perf_counter()
-        shapes = build_store(path, args.sessions)
-        shapes["build_s"] = round(time.perf_counter() - t0)
-    results = measure(path, args.repeats)
+    with scratch_dir() as scratch:  # the home, and the store unless --store keeps it
+        (scratch / "home").mkdir()
+        os.environ.setdefault("HERMES_HOME", str(scratch / "home"))
+        path = args.store or scratch / "listing.db"
+        shapes: dict[str, int] | None = None
+        if not path.exists():
+            t0 = time.perf_counter()
+            shapes = build_store(path, args.sessions)
+            shapes["build_s"] = round(time.perf_counter() - t0)
+        results = measure(path, args.repeats)
     if args.json:
         print(json.dumps({"store": shapes, "results": results}, indent=2))
         return 0

@@ -1044,9 +1044,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="corpus sizes (messages) for B3/B5/B8; B7 uses the largest")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HERMES_HOME", tempfile.mkdtemp(prefix="hermes-bench-home-"))
     sizes = [int(x) for x in args.sizes.split(",")]
-    figures = run({x.strip() for x in args.only.split(",")}, args.repeats, sizes)
+    with scratch_dir() as home:
+        os.environ.setdefault("HERMES_HOME", str(home))  # never the real store
+        figures = run({x.strip() for x in args.only.split(",")}, args.repeats, sizes)
     if args.json:
         print(json.dumps([asdict(f) for f in figures], indent=2))
     else:
