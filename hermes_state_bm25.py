@@ -4,8 +4,8 @@
 characters, folded to lower case; every other ASCII byte separates tokens. Other characters
 are decided one code point at a time from SQLite's own Unicode tables, which need not be
 Python's. So each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and only the characters unicode61 changes are replaced in a text. In long text, the scripts
-FTS5 keeps whole are passed over by one pattern (:func:`changing_characters`).
+and only the characters unicode61 changes are replaced in a text: a text's set of characters,
+less those known to be kept as they are, is all there is to look at.
 :func:`column_tokens` gives exactly FTS5's tokens of a column; :func:`fts5_text` reads a blob
 another client stored as FTS5 reads it. :func:`text_frequency` counts a word in folded text
 without splitting it into tokens.
@@ -40,8 +40,6 @@ logger = logging.getLogger("hermes_state")
 
 __all__ = [
     "K1",
-    "LIKELY_KEPT",
-    "SCAN_FROM",
     "TEXT_BYTES_SQL",
     "TEXT_COLUMNS",
     "B",
@@ -51,7 +49,6 @@ __all__ = [
     "bm25_score",
     "bm25_sql",
     "bm25_sql_params",
-    "changing_characters",
     "column_tokens",
     "count_matches",
     "folded_origins",
@@ -116,6 +113,12 @@ def _probe_terms(docs: Sequence[str]) -> list[list[str]]:
     return terms
 
 
+# The characters unicode61 keeps as they are (a token character folding to itself), of those
+# looked up so far: a text's characters less these are the ones to look at. Replaced, never
+# changed in place, so a reader needs no lock.
+_kept: frozenset[str] = frozenset()
+
+
 def _without_fts5(ch: str) -> str:
     """What unicode61 makes of ``ch`` as far as Python's Unicode tables tell, for an SQLite
     without FTS5 to ask: letters, digits and private use are kept, folded to lower case
@@ -132,6 +135,7 @@ def _without_fts5(ch: str) -> str:
 def _learn(chars: Iterable[str]) -> None:
     """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s (by
     :func:`_without_fts5` on an SQLite without FTS5)."""
+    global _kept
     with _PROBE_LOCK:
         todo = [ch for ch in chars if ord(ch) not in _CHARS]
         if not todo:
@@ -140,73 +144,22 @@ def _learn(chars: Iterable[str]) -> None:
             made = _probe_terms([" ".join(f"a{ch}a" for ch in todo)])[0]
         except sqlite3.OperationalError:
             _CHARS.update((ord(ch), _without_fts5(ch)) for ch in todo)
-            return
-        terms = iter(made)
-        for ch in todo:
-            term = next(terms)
-            if term == "a":  # a separator: "a", "a"
-                next(terms)
-                _CHARS[ord(ch)] = " "
-            else:
-                _CHARS[ord(ch)] = term[1:-1]
-
-
-# Ranges where unicode61 likely keeps every character as it is (a token character folding to
-# itself): letters of scripts without case, small letters without diacritics. For speed only:
-# a range is asked of FTS5 as one token before it is trusted, halved until its parts are kept
-# whole or shorter than :data:`_KEPT_RUN` (:func:`changing_characters`); what is left goes by
-# :data:`_CHARS`.
-LIKELY_KEPT = (
-    (0x0430, 0x044F),  # Cyrillic а–я
-    (0x03B1, 0x03C9),  # Greek α–ω
-    (0x05D0, 0x05EA),  # Hebrew
-    (0x0620, 0x064A),  # Arabic
-    (0x0905, 0x0939),  # Devanagari
-    (0x0E01, 0x0E30),  # Thai
-    (0x3041, 0x3096),  # Hiragana
-    (0x309D, 0x309F),
-    (0x30A1, 0x30FA),  # Katakana
-    (0x30FC, 0x30FF),
-    (0x4E00, 0x76FF),  # CJK Unified Ideographs, in two: FTS5 cuts a token past 32 KB
-    (0x7700, 0x9FFF),
-    (0xAC00, 0xD7A3),  # Hangul syllables
-)
-_KEPT_RUN = 16
-# Text with fewer non-ASCII characters than this is looked up a character at a time.
-SCAN_FROM = 256
-
-
-@functools.cache
-def changing_characters() -> re.Pattern[str]:
-    """A non-ASCII character unicode61 may change: any but the runs of :data:`LIKELY_KEPT`
-    that this SQLite's unicode61 keeps whole, asked once per process."""
-    kept: list[tuple[int, int]] = []
-    todo = list(LIKELY_KEPT)
-    while todo:
-        docs = ["a" + "".join(map(chr, range(lo, hi + 1))) + "a" for lo, hi in todo]
-        with _PROBE_LOCK:
-            try:
-                made = _probe_terms(docs)
-            except sqlite3.OperationalError:  # no FTS5 to ask: every character is looked up
-                break
-        halves: list[tuple[int, int]] = []
-        for (lo, hi), doc, terms in zip(todo, docs, made):
-            if terms == [doc]:
-                kept.append((lo, hi))
-            elif hi - lo >= _KEPT_RUN:
-                middle = (lo + hi) // 2
-                halves += [(lo, middle), (middle + 1, hi)]
-        todo = halves
-    ranges = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in sorted(kept))
-    return re.compile(f"[^\\x00-\\x7f{ranges}]")
+        else:
+            terms = iter(made)
+            for ch in todo:
+                term = next(terms)
+                if term == "a":  # a separator: "a", "a"
+                    next(terms)
+                    _CHARS[ord(ch)] = " "
+                else:
+                    _CHARS[ord(ch)] = term[1:-1]
+        _kept = _kept | {ch for ch in todo if _CHARS[ord(ch)] == ch}
 
 
 def _changes(raw: bytes) -> dict[str, str]:
     """Each non-ASCII character of the text encoded as ``raw`` that unicode61 does not keep as
     it is, with what it makes of it (see :data:`_CHARS`)."""
-    chars = raw.translate(None, _ASCII_BYTES).decode()
-    # A few are looked up one by one; in many, the pattern finds those that may change.
-    found = set(chars if len(chars) < SCAN_FROM else changing_characters().findall(chars))
+    found = set(raw.translate(None, _ASCII_BYTES).decode()) - _kept
     if not found:
         return {}
     unknown = [ch for ch in found if ord(ch) not in _CHARS]

@@ -4,8 +4,11 @@ written is found, the result shape, ranking, filters and pagination on every rou
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import sqlite3
+import subprocess
+import sys
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -890,17 +893,18 @@ SMALL_CLASS = 1_000
 
 
 def _class_sizes(pattern: str) -> list[int]:
-    """How many code points each (not negated) character class of ``pattern`` lists."""
+    """How many code points each character class of ``pattern`` covers."""
     sizes: list[int] = []
 
     def walk(items: Any) -> None:
         for op, arg in items:
             name = str(op)
             if name == "IN":
-                sizes.append(sum(hi - lo + 1 if str(kind) == "RANGE" else 1
-                                 for kind, value in arg if str(kind) in ("RANGE", "LITERAL")
-                                 for lo, hi in [value if str(kind) == "RANGE"
-                                                else (value, value)]))
+                listed = sum(hi - lo + 1 if str(kind) == "RANGE" else 1
+                             for kind, value in arg if str(kind) in ("RANGE", "LITERAL")
+                             for lo, hi in [value if str(kind) == "RANGE" else (value, value)])
+                negated = any(str(kind) == "NEGATE" for kind, _ in arg)
+                sizes.append(0x110000 - listed if negated else listed)
             for value in arg if isinstance(arg, (list, tuple)) else ():
                 if isinstance(value, re._parser.SubPattern):  # type: ignore[attr-defined]
                     walk(value)
@@ -941,3 +945,44 @@ def test_a_new_query_compiles_no_large_character_class(
     assert large == []
     # At most a pattern per term for the snippet and one for its frequency in a row's text.
     assert len(compiled) <= 2 * len(query.split()), compiled
+
+
+# A fresh process's first search, which meets long text of other scripts: it prints each
+# pattern compiled for it.
+FIRST_SEARCH = """
+import json, re, sys
+from hermes_state import SessionDB
+compiled = []
+real = re._compile
+def counting(pattern, flags):
+    if isinstance(pattern, str):
+        compiled.append(pattern)
+    return real(pattern, flags)
+with SessionDB(sys.argv[1], read_only=True) as db:
+    db.search_messages("warm the process up")
+    re._compile = counting
+    re.purge()
+    hits = db.search_messages(sys.argv[2])
+print(json.dumps([len(hits), compiled]))
+"""
+
+
+@pytest.mark.parametrize("query", ["peer", "peer review"])
+def test_a_first_search_meeting_long_text_of_other_scripts_compiles_no_large_class(
+    tmp_path: Path, query: str
+) -> None:
+    """Text with many characters of other scripts is folded as unicode61 folds it: the
+    characters it may change are found without a class over Unicode compiled for them."""
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s1", "cli")
+        long_text = "东京的同行评审 Überprüfung рецензия коллег " * 40
+        for n in range(30):
+            add(db, "s1", f"peer review {n}: {long_text}")
+            add(db, "s1", f"a short note {n}", role="assistant")
+    out = subprocess.run([sys.executable, "-c", FIRST_SEARCH, str(path), query],
+                         capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).parent.parent).stdout
+    found, compiled = json.loads(out)
+    assert found == 20
+    assert [p for p in compiled if any(size > SMALL_CLASS for size in _class_sizes(p))] == []
