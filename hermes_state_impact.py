@@ -16,7 +16,8 @@ row.
 
 **Coverage.** Messages are indexed in batches, from their stored text: every
 :data:`CHECK_EVERY`-th id an insert looks whether :data:`FLUSH_ROWS` messages wait past the
-batch boundary (``indexed``) and indexes them (:func:`after_insert`). An append in between
+batch boundary (``indexed``) and indexes them (:func:`after_insert`), carrying on the kept
+counts of common words (:func:`_keep_word_counts`). An append in between
 writes nothing for the index, because FTS5 writes a segment per commit. Triggers queue the
 rows at or below the boundary that are inserted, changed or deleted; :func:`drain_queue`
 indexes them a chunk per batch check. Searches score the rows not indexed yet from their text,
@@ -51,6 +52,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,7 @@ from hermes_state_bm25 import (
     B,
     ColumnValue,
     fts5_text,
+    phrase_match,
     read_stats,
     row_counts,
 )
@@ -170,13 +173,17 @@ def impact_postings(
 
 
 def _postings_of(
-    content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float
+    content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float,
+    terms_seen: Counter[str] | None = None,
 ) -> tuple[str, str, int]:
-    """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none)."""
+    """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none);
+    each of the row's terms counts once in ``terms_seen``."""
     text = "\n".join(filter(None, map(fts5_text, (content, tool_name, tool_calls))))
     if not text:
         return "", "", 0
     counts, length = row_counts(text)
+    if terms_seen is not None:
+        terms_seen.update(counts.keys())
     least = least_frequency(length, avgdl)
     # A short row posts every word, a long row only its repeated words.
     posted = counts.items() if least == 1 else [(t, f) for t, f in counts.items() if f >= least]
@@ -205,7 +212,8 @@ def _postings_of(
 # The plain tables, the virtual tables and the triggers: a file lacking any of them has its
 # whole index created anew (see :func:`create_index`).
 INDEX_TABLES = ("search_impact_state", "search_impact", "search_impact_queue",
-                "search_impact_gone", "search_time_blocks", "search_row_changes")
+                "search_impact_gone", "search_time_blocks", "search_row_changes",
+                "search_word_counts")
 INDEX_VIRTUAL_TABLES = ("search_impact_fts", "search_impact_vocab")
 INDEX_OBJECTS = (*INDEX_TABLES, *INDEX_VIRTUAL_TABLES, *SEARCH_TRIGGER_NAMES)
 _FTS_SHADOWS = ("search_impact_fts_data", "search_impact_fts_idx", "search_impact_fts_docsize",
@@ -418,10 +426,82 @@ SELECT m.id, {TEXT_BYTES_SQL}, m.timestamp FROM messages m WHERE m.id > ? ORDER 
 
 
 def _flush(conn: sqlite3.Connection, index: IndexState) -> None:
-    """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them."""
+    """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them, and
+    keep the counts of the words common among them."""
     rows = _index_read(conn, UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS))
-    if rows and _write_postings(conn, index, rows):
+    terms_seen: Counter[str] = Counter()
+    if rows and _write_postings(conn, index, rows, terms_seen):
         conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
+        _keep_word_counts(conn, index, terms_seen, len(rows), rows[-1][0])
+
+
+# A word in at least this share of a batch's rows gets its count kept (see search_word_counts):
+# a common word, whose whole list FTS5 would walk to count it.
+COMMON_IN_BATCH = 1 / 4
+# New counts a batch takes, in rows of the lists they walk (at least one word a batch): the
+# words wait, commonest first, for later batches.
+NEW_COUNT_ROWS = 65_536
+# The change count and the kept counts' stamp; and whether FTS5 holds each row of the batch
+# (?1, ?2] (a row another client moved to a new id stays in FTS5 under its old one) and is
+# neither stale nor rebuilding.
+KEEP_STATE_SQL = """
+SELECT (SELECT changes FROM search_row_changes), counted_changes, counted_upto,
+       (SELECT count(*) FROM messages_fts_docsize WHERE id > ?1 AND id <= ?2) = ?3
+       AND NOT EXISTS (SELECT 1 FROM state_meta
+                       WHERE key IN ('fts_stale', 'fts_rebuild_high_water'))
+FROM search_impact_state
+"""
+CLEAR_COUNTS_SQL = "DELETE FROM search_word_counts"
+KEPT_WORDS_SQL = "SELECT term FROM search_word_counts"
+ADD_TO_COUNT_SQL = "UPDATE search_word_counts SET matching = matching + ? WHERE term = ?"
+MATCHING_UP_TO_SQL = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ? AND rowid <= ?"
+NEW_COUNT_SQL = "INSERT INTO search_word_counts (term, matching) VALUES (?, ?)"
+COUNTED_SQL = "UPDATE search_impact_state SET counted_changes = ?, counted_upto = ?"
+
+
+def _keep_word_counts(
+    conn: sqlite3.Connection, index: IndexState, terms_seen: Counter[str], rows: int,
+    boundary: int,
+) -> None:
+    """Carry the kept word counts over a batch just indexed (the ``rows`` past
+    ``index.indexed`` up to ``boundary``): each kept word adds the batch's rows holding it, by
+    the batch's own tokens (FTS5's). Counts kept for other rows (a row below the boundary
+    changed since, or a batch went uncounted) start over. The commonest words of the batch
+    not kept yet are counted by FTS5, :data:`NEW_COUNT_ROWS` a batch. A failure leaves the
+    counts as they were: a search counts what they do not hold."""
+    common = [t for t, n in terms_seen.items()
+              if n >= 2 and n >= rows * COMMON_IN_BATCH and t.isascii()
+              and len(t) <= MAX_TERM_CHARS]
+    common.sort(key=terms_seen.__getitem__, reverse=True)
+    try:
+        with transaction(conn):  # a savepoint in the caller's transaction
+            changes, counted, upto, whole = conn.execute(
+                KEEP_STATE_SQL, (index.indexed, boundary, rows)).fetchone()
+            kept: set[str] = set()
+            if (counted, upto) == (changes, index.indexed) and whole:
+                kept = {term for (term,) in conn.execute(KEPT_WORDS_SQL)}
+                conn.executemany(ADD_TO_COUNT_SQL,
+                                 [(terms_seen[t], t) for t in kept if t in terms_seen])
+            else:
+                conn.execute(CLEAR_COUNTS_SQL)
+                if not whole:
+                    conn.execute(COUNTED_SQL, (None, None))
+                    return
+            walked = 0
+            for term in common:
+                if walked >= NEW_COUNT_ROWS:
+                    break
+                if term in kept:
+                    continue
+                matching = conn.execute(MATCHING_UP_TO_SQL,
+                                        (phrase_match((term,)), index.indexed)).fetchone()[0]
+                walked += matching
+                conn.execute(NEW_COUNT_SQL, (term, matching + terms_seen[term]))
+            conn.execute(COUNTED_SQL, (changes, boundary))
+    except sqlite3.Error as exc:
+        if is_sqlite_lock_error(exc):
+            raise
+        logger.debug("word counts not kept for this batch (%s)", exc)
 
 
 def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Any] | None:
@@ -439,6 +519,7 @@ def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> l
 def _write_postings(
     conn: sqlite3.Connection, index: IndexState,
     rows: Sequence[tuple[int, ColumnValue, ColumnValue, ColumnValue, float | None]],
+    terms_seen: Counter[str] | None = None,
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
     into the blocks (a time that is not a number bounds none), all or nothing; False (the
@@ -449,7 +530,8 @@ def _write_postings(
     blocks: dict[int, tuple[float, float]] = {}
     try:
         for row_id, content, tool_name, tool_calls, stamp in rows:
-            text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl)
+            text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl,
+                                            terms_seen)
             postings.append((row_id, index.epoch, text))
             if text:
                 fts_rows.append((row_id, indexed))
@@ -642,7 +724,7 @@ def _start(conn: sqlite3.Connection, avgdl: float) -> int:
     """A new, empty epoch with its fill due (the caller's transaction); returns the epoch."""
     epoch = int.from_bytes(os.urandom(4), "big") % 2_000_000_000 + 1
     for name in ("search_impact", "search_impact_queue", "search_impact_gone",
-                 "search_time_blocks"):
+                 "search_time_blocks", "search_word_counts"):
         conn.execute(f"DELETE FROM {name}")
     conn.execute(START_SQL, (epoch, avgdl))
     conn.execute(FTS_ADD_SQL, (0, EPOCH_TOKEN.format(epoch=epoch)))

@@ -30,9 +30,10 @@ rows, and a damaged or partial index. A proof gives up when it would handle more
 An impact x under A is at most x under avgdl when A ≥ avgdl, else x/(x + r·(1 − x)) with
 r = A/avgdl. Every bound carries a relative slack for last-bit rounding.
 
-**Counts.** A word's count (its idf) is cached per file for the rows at or below the batch
-boundary, and stays exact while ``search_row_changes`` does not move: the triggers count every
-change to such a row. A query asked again counts only the rows past the boundary; a count
+**Counts.** A word's count (its idf) for the rows at or below the batch boundary stays exact
+while ``search_row_changes`` does not move: the triggers count every change to such a row. The
+index keeps the counts of common words (``search_word_counts``), and each process caches the
+counts it made, per file: only the rows past the count's boundary are counted. A count
 stopped at a limit goes on from the last row it read.
 
 Every knob is a field of :class:`Ranking`, passed by the caller; none changes the order.
@@ -130,6 +131,10 @@ FROM (SELECT count(*) AS n, max(rowid) AS last FROM (
           SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?1 AND rowid > ?2
           ORDER BY rowid LIMIT ?4))
 """
+KEPT_COUNT_SQL = """
+SELECT s.epoch, s.counted_changes, s.counted_upto, w.matching
+FROM search_impact_state AS s JOIN search_word_counts AS w ON w.term = ?
+"""
 FILE_SQL = "PRAGMA database_list"
 MAX_CACHED_COUNTS = 4096
 MAX_CACHED_FILES = 64
@@ -192,15 +197,32 @@ class _Counter:
         return self.counted[expression] <= limit
 
     def _cached(self, expression: str) -> tuple[int, int] | None:
-        """(boundary, rows) of the file's cached count of ``expression``, if it holds."""
-        if not self.file:
+        """(boundary, rows) of the count of ``expression`` that holds for the most rows: the
+        process's cache of this file, or the count the index keeps of a common word."""
+        found = [self._kept(expression)]
+        if self.file:
+            with _COUNTS_LOCK:
+                entry = _COUNTS.get(self.file)
+                if entry is not None and entry.key == self.key:
+                    found.append(entry.counts.get(expression))
+        held = [c for c in found if c is not None and c[0] <= self.boundary]
+        return max(held) if held else None
+
+    def _kept(self, expression: str) -> tuple[int, int] | None:
+        """(upto, rows) of the index's kept count of a single word, if it holds (see
+        ``search_word_counts``)."""
+        term = expression[1:-1]
+        if self.key is None or expression != phrase_match((term,)) or '"' in term:
             return None
-        with _COUNTS_LOCK:
-            entry = _COUNTS.get(self.file)
-            if entry is None or entry.key != self.key:
-                return None
-            cached = entry.counts.get(expression)
-        return cached if cached and cached[0] <= self.boundary else None
+        try:
+            row = self.conn.execute(KEPT_COUNT_SQL, (term,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if is_sqlite_lock_error(exc):
+                raise
+            return None  # an index of an earlier release, without the table
+        if row is None or (row[0], row[1]) != self.key or row[2] is None:
+            return None
+        return int(row[2]), int(row[3])
 
     def _count(self, expression: str, limit: int | None) -> int:
         """The rows matching ``expression``; past a ``limit``, some number above it."""

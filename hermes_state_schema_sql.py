@@ -415,7 +415,9 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 # search_impact_queue (messages written below the batch boundary by another client, or
 # changed) and search_impact_gone (deleted messages whose postings may still be indexed).
 # search_time_blocks bounds the message times of each block of 4,096 ids up to the boundary,
-# for searches sorted by time.
+# for searches sorted by time. search_word_counts holds, for words common in some batch, how
+# many rows of messages_fts up to the state's counted_upto match the word (its idf without
+# walking its whole list): true while search_row_changes's count is counted_changes.
 IMPACT_DEFAULT_AVGDL = 256.0
 TIME_BLOCK_SHIFT = 12
 SEARCH_INDEX_SQL = """
@@ -426,7 +428,9 @@ CREATE TABLE IF NOT EXISTS search_impact_state (
     indexed INTEGER NOT NULL,
     fill_high_water INTEGER,
     fill_progress INTEGER,
-    damaged INTEGER NOT NULL DEFAULT 0
+    damaged INTEGER NOT NULL DEFAULT 0,
+    counted_changes INTEGER,
+    counted_upto INTEGER
 );
 CREATE TABLE IF NOT EXISTS search_impact (
     id INTEGER PRIMARY KEY,
@@ -450,6 +454,10 @@ CREATE TABLE IF NOT EXISTS search_row_changes (
     changes INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO search_row_changes (id, changes) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS search_word_counts (
+    term TEXT PRIMARY KEY,
+    matching INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 SEARCH_TRIGGER_NAMES = ("search_impact_on_insert", "search_impact_on_update",

@@ -41,6 +41,7 @@ EXPECTED_TABLES = {
     "search_impact_gone",
     "search_time_blocks",
     "search_row_changes",
+    "search_word_counts",
 }
 
 SESSION_COLUMNS = """

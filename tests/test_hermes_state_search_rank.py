@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from state_helpers import TRICKY, assert_search_index_exact, raw
 
 import hermes_state_bm25 as bm25
+import hermes_state_connect as dbconn
+import hermes_state_fts as fts
 import hermes_state_impact as impact
 import hermes_state_rank as rank
 import hermes_state_search as search
@@ -902,6 +904,9 @@ IMPACT_DAMAGE = {
     "state dropped": "DROP TABLE search_impact_state",
     "time blocks dropped": "DROP TABLE search_time_blocks",
     "change count dropped": "DROP TABLE search_row_changes",
+    "word counts dropped": "DROP TABLE search_word_counts",
+    "word count text": "UPDATE search_word_counts SET matching = 'many'",
+    "word counts' boundary text": "UPDATE search_impact_state SET counted_upto = 'x'",
     "FTS5 table's config emptied": "DELETE FROM search_impact_fts_config",
     "postings emptied, their FTS5 rows kept": "DELETE FROM search_impact",
     "reference length 0": "UPDATE search_impact_state SET avgdl = 0",
@@ -1151,6 +1156,11 @@ def test_a_count_stopped_at_the_limit_goes_on_from_the_last_row_it_read(db: Sess
     for n in range(3 * impact.FLUSH_ROWS):
         text = ("alpha beta", f"alpha w{n} and more words", f"beta w{n} and other words")[n % 3]
         db.append_message("s1", role="user", content=text)
+    # A row below the boundary changed: the counts the index keeps no longer hold, and the
+    # words are counted from the first row.
+    conn = writer(db.db_path)
+    conn.execute("UPDATE messages SET content = 'alpha beta again' WHERE id = 1")
+    conn.close()
     ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
     got, statements = traced_search(db, "alpha beta", ranking=ranking)
     assert got == fts5_order(db, "alpha beta")
@@ -1158,6 +1168,98 @@ def test_a_count_stopped_at_the_limit_goes_on_from_the_last_row_it_read(db: Sess
     boundary = on_file(db, impact.index_health)["indexed"]
     starts = {int(n) for n in re.findall(r"rowid > (\d+)", counted)}
     assert starts - {0, boundary}, counted  # a count that went on from a row of the list
+
+
+def kept_counts(db_path: Path) -> dict[str, tuple[int, int]]:
+    """The word counts the index keeps that hold now, each (upto, rows), checked against
+    FTS5's own count of the rows matching the word up to that id."""
+    held = {}
+    with raw(db_path) as conn:
+        changes, counted, upto = conn.execute(
+            "SELECT c.changes, s.counted_changes, s.counted_upto"
+            " FROM search_row_changes AS c, search_impact_state AS s").fetchone()
+        if counted != changes or upto is None:
+            return held
+        for term, rows in conn.execute("SELECT term, matching FROM search_word_counts"):
+            true = conn.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?"
+                                " AND rowid <= ?", (bm25.phrase_match((term,)), upto))
+            assert true.fetchone()[0] == rows, term
+            held[term] = (upto, rows)
+    return held
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_counts_kept_for_common_words_are_fts5s_through_every_change(
+    db: SessionDB, db_path: Path, seed: int
+) -> None:
+    """Each batch carries on the counts of the words common in it; whatever another client
+    changes (an update, a delete, an insert into a gap, a row moved past the boundary, which
+    FTS5 keeps under its old id), a count that still claims to hold is FTS5's."""
+    r = random.Random(seed)
+    db.create_session("s1", "cli")
+    for n in range(6 * impact.FLUSH_ROWS):
+        db.append_message("s1", **_message(r, n))
+    assert {"session", "gateway", "config"} <= set(kept_counts(db_path))
+    ids_ = [row[0] for row in writer(db_path).execute("SELECT id FROM messages ORDER BY id")]
+    low = r.sample(ids_[: len(ids_) // 2], 3)
+    for sql, arg in [
+        ("UPDATE messages SET content = 'session gateway config zebra' WHERE id = ?", low[0]),
+        ("DELETE FROM messages WHERE id = ?", low[1]),
+        (("INSERT INTO messages (id, session_id, role, content, timestamp)"
+          " VALUES (?, 's1', 'user', 'zebra session gateway config', 0)"), low[1]),
+        ("UPDATE messages SET id = (SELECT max(id) + 1 FROM messages) WHERE id = ?", low[2]),
+    ]:
+        conn = writer(db_path)
+        conn.execute(sql, (arg,))
+        conn.close()
+        assert kept_counts(db_path) == {}, sql  # none holds past a change below the boundary
+        for n in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):
+            db.append_message("s1", "user", f"session gateway config {n}")
+        kept_counts(db_path)
+    for _ in range(4 * impact.FLUSH_ROWS):
+        db.append_message("s1", "user", "session gateway config")
+    assert {"session", "gateway", "config"} <= set(kept_counts(db_path))
+    assert counts(db) == true_counts(db_path)
+
+
+def test_no_word_count_is_kept_while_the_full_text_index_is_rebuilt(
+    db: SessionDB, db_path: Path
+) -> None:
+    """A rebuilding FTS5 index lacks rows a new count would walk: no batch keeps counts until
+    it is whole again, and those kept then are FTS5's."""
+    db.create_session("s1", "cli")
+    for n in range(2 * impact.FLUSH_ROWS):
+        db.append_message("s1", "user", f"session gateway {n}")
+    assert {"session", "gateway"} <= set(kept_counts(db_path))
+    with raw(db_path, write=True) as rebuilder, dbconn.transaction(rebuilder):
+        assert fts.start_rebuild(rebuilder) == 2 * impact.FLUSH_ROWS
+    for n in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):
+        db.append_message("s1", "user", f"session gateway config {n}")
+    assert kept_counts(db_path) == {}
+    db.close()
+    with SessionDB(db_path) as reopened:  # finishes the rebuild
+        reopened.wait_for_index(30)
+        assert reopened.fts_status()["rebuild_high_water"] is None
+        for n in range(2 * impact.FLUSH_ROWS):
+            reopened.append_message("s1", "user", f"session gateway config again {n}")
+    assert {"session", "gateway", "config"} <= set(kept_counts(db_path))
+
+
+def test_a_first_search_counts_common_words_only_past_the_count_the_index_keeps(
+    db: SessionDB,
+) -> None:
+    """A process that never searched the file counts a common word only in the rows past the
+    batch boundary: the index keeps its count up to there."""
+    db.create_session("s1", "cli")
+    for n in range(3 * impact.FLUSH_ROWS):
+        text = ("alpha beta", f"alpha w{n} and more words", f"beta w{n} and other words")[n % 3]
+        db.append_message("s1", role="user", content=text)
+    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    got, statements = traced_search(db, "alpha beta", ranking=ranking)
+    assert got == fts5_order(db, "alpha beta")
+    counted = " ".join(s for s in statements if counts_matches(s))
+    boundary = on_file(db, impact.index_health)["indexed"]
+    assert counted and {int(n) for n in re.findall(r"rowid > (\d+)", counted)} == {boundary}
 
 
 def test_the_count_of_postings_left_leaves_out_those_already_read(db_path: Path) -> None:
