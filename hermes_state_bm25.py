@@ -55,6 +55,7 @@ __all__ = [
     "folded_text",
     "formula_matches_fts5",
     "fts5_text",
+    "learn_characters",
     "phrase_match",
     "read_stats",
     "row_counts",
@@ -154,6 +155,15 @@ def _learn(chars: Iterable[str]) -> None:
                 else:
                     _CHARS[ord(ch)] = term[1:-1]
         _kept = _kept | {ch for ch in todo if _CHARS[ord(ch)] == ch}
+
+
+def learn_characters(texts: Iterable[str | None]) -> None:
+    """Ask FTS5 at once about every character of ``texts`` it was not asked about yet: one
+    probe for a page of texts instead of one for each text that holds a new character."""
+    found = set().union(*(t for t in texts if t and not t.isascii())) - _kept
+    unknown = [ch for ch in found if ord(ch) not in _CHARS]
+    if unknown:
+        _learn(unknown)
 
 
 def _changes(raw: bytes) -> dict[str, str]:

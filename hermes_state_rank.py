@@ -66,6 +66,7 @@ from hermes_state_bm25 import (
     folded_text,
     formula_matches_fts5,
     fts5_text,
+    learn_characters,
     phrase_match,
     read_stats,
     text_frequency,
@@ -599,9 +600,11 @@ class _Walk:
         sql = ROW_TEXT_SQL.format(filters=self.filters, ascii=ASCII_ROW_SQL,
                                   lacking=" OR ".join([WORD_ABSENT_SQL] * len(self.words)))
         words = [word for word in self.words for _ in TEXT_COLUMNS]
-        for row_id, content, tool_name, tool_calls, sizes in self.conn.execute(
-                sql, (json.dumps(list(ids)), *self.params, *words)):
-            texts = tuple(map(fts5_text, (content, tool_name, tool_calls)))
+        rows = [(row_id, tuple(map(fts5_text, (content, tool_name, tool_calls))), sizes)
+                for row_id, content, tool_name, tool_calls, sizes in self.conn.execute(
+                    sql, (json.dumps(list(ids)), *self.params, *words))]
+        learn_characters(text for _, texts, _ in rows for text in texts)
+        for row_id, texts, sizes in rows:
             if sizes is not None:
                 folded = [folded_text(t) for t in texts if t]
                 frequencies = [text_frequency(folded, w) for w in self.conj.words]

@@ -90,6 +90,7 @@ from hermes_state_bm25 import (
     column_tokens,
     folded_origins,
     folded_text,
+    learn_characters,
 )
 from hermes_state_common import clean_text, escape_like
 from hermes_state_errors import (
@@ -1205,14 +1206,15 @@ def _hits(
     neighbours = {r[0]: {"role": r[1], "content": _column_text(r[2])} for r in conn.execute(
         CONTEXT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(sorted(around))))}
     marker = snippet_pattern(plan, words=kind == WORD)
+    texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
+    learn_characters(text for three in texts.values() for text in three)
     hits = []
     for row_id in ids:
         row = rows.get(row_id)
         if row is None:
             continue
-        _, session_id, role, timestamp, content, tool_name, tool_calls, source, model, \
-            started, before, after = row
-        content, tool_name, tool_calls = map(_column_text, (content, tool_name, tool_calls))
+        _, session_id, role, timestamp, _, _, _, source, model, started, before, after = row
+        content, tool_name, tool_calls = texts[row_id]
         context = []
         if before is not None:
             context.append(dict(neighbours[before]))

@@ -116,6 +116,15 @@ def test_text_of_many_scripts_has_fts5s_tokens_and_exact_postings(text: str) -> 
     assert_postings_exact(thrice, theirs * 3, avgdl=8.0)
 
 
+@settings(max_examples=30, deadline=None)
+@given(texts=st.lists(scripts_text, min_size=1, max_size=6))
+def test_characters_learned_for_a_page_of_texts_at_once_give_fts5s_tokens(
+    texts: list[str],
+) -> None:
+    bm25.learn_characters([*texts, None, ""])
+    assert [bm25.column_tokens(t) for t in texts] == [fts5_tokens(t) for t in texts]
+
+
 def test_every_character_python_splits_at_is_a_unicode61_separator() -> None:
     """Tokens are the folded text split at whitespace: no character FTS5 keeps in a token
     is one ``str.split`` splits at."""
