@@ -16,8 +16,8 @@ row.
 
 **Coverage.** Messages are indexed in batches, from their stored text: every
 :data:`CHECK_EVERY`-th id an insert looks whether :data:`FLUSH_ROWS` messages wait past the
-batch boundary (``indexed``) and indexes them (:func:`after_insert`), carrying on the kept
-counts of common words (:func:`_keep_word_counts`). An append in between
+batch boundary (``indexed``) and indexes them (:func:`after_insert`), and keeps the counts
+of common words (:func:`_keep_word_counts`). An append in between
 writes nothing for the index, because FTS5 writes a segment per commit. Triggers queue the
 rows at or below the boundary that are inserted, changed or deleted; :func:`drain_queue`
 indexes them a chunk per batch check. Searches score the rows not indexed yet from their text,
@@ -174,16 +174,16 @@ def impact_postings(
 
 def _postings_of(
     content: ColumnValue, tool_name: ColumnValue, tool_calls: ColumnValue, avgdl: float,
-    terms_seen: Counter[str] | None = None,
+    sampled: Counter[str] | None = None,
 ) -> tuple[str, str, int]:
     """:func:`impact_postings`, with what :func:`index_text` makes of them ("" for none);
-    each of the row's terms counts once in ``terms_seen``."""
+    each of the row's terms counts once in ``sampled``."""
     text = "\n".join(filter(None, map(fts5_text, (content, tool_name, tool_calls))))
     if not text:
         return "", "", 0
     counts, length = row_counts(text)
-    if terms_seen is not None:
-        terms_seen.update(counts.keys())
+    if sampled is not None:
+        sampled.update(counts.keys())
     least = least_frequency(length, avgdl)
     # A short row posts every word, a long row only its repeated words.
     posted = counts.items() if least == 1 else [(t, f) for t, f in counts.items() if f >= least]
@@ -427,81 +427,95 @@ SELECT m.id, {TEXT_BYTES_SQL}, m.timestamp FROM messages m WHERE m.id > ? ORDER 
 
 def _flush(conn: sqlite3.Connection, index: IndexState) -> None:
     """Index the messages past the batch boundary, up to :data:`MAX_FLUSH_ROWS` of them, and
-    keep the counts of the words common among them."""
+    keep the counts of common words (:func:`_keep_word_counts`)."""
     rows = _index_read(conn, UNFLUSHED_SQL, (index.indexed, MAX_FLUSH_ROWS))
-    terms_seen: Counter[str] = Counter()
-    if rows and _write_postings(conn, index, rows, terms_seen):
+    sampled: Counter[str] = Counter()
+    if rows and _write_postings(conn, index, rows, sampled):
         conn.execute(SET_INDEXED_SQL, (rows[-1][0],))
-        _keep_word_counts(conn, index, terms_seen, len(rows), rows[-1][0])
+        _keep_word_counts(conn, sampled, -(-len(rows) // SAMPLE_EVERY), rows[-1][0])
 
 
-# A word in at least this share of a batch's rows gets its count kept (see search_word_counts):
-# a common word, whose whole list FTS5 would walk to count it.
+# Words common in a batch get their counts kept (see search_word_counts): those in at least
+# COMMON_IN_BATCH of the rows sampled, every SAMPLE_EVERY-th row of the batch.
+SAMPLE_EVERY = 8
 COMMON_IN_BATCH = 1 / 4
+# Each batch carries this many kept counts on to its boundary: those whose rows past their
+# end (which a search counts) are likely the most, at the word's share of the rows counted.
+CARRIED_PER_BATCH = 2
 # New counts a batch takes, in rows of the lists they walk (at least one word a batch): the
 # words wait, commonest first, for later batches.
 NEW_COUNT_ROWS = 65_536
-# The change count and the kept counts' stamp; and whether FTS5 holds each row of the batch
-# (?1, ?2] (a row another client moved to a new id stays in FTS5 under its old one) and is
-# neither stale nor rebuilding.
+# The change count, the count the kept counts hold for, and whether FTS5's index is whole (not
+# stale, not rebuilding).
 KEEP_STATE_SQL = """
-SELECT (SELECT changes FROM search_row_changes), counted_changes, counted_upto,
-       (SELECT count(*) FROM messages_fts_docsize WHERE id > ?1 AND id <= ?2) = ?3
-       AND NOT EXISTS (SELECT 1 FROM state_meta
-                       WHERE key IN ('fts_stale', 'fts_rebuild_high_water'))
+SELECT (SELECT changes FROM search_row_changes), counted_changes,
+       NOT EXISTS (SELECT 1 FROM state_meta
+                   WHERE key IN ('fts_stale', 'fts_rebuild_high_water'))
 FROM search_impact_state
 """
 CLEAR_COUNTS_SQL = "DELETE FROM search_word_counts"
-KEPT_WORDS_SQL = "SELECT term FROM search_word_counts"
-ADD_TO_COUNT_SQL = "UPDATE search_word_counts SET matching = matching + ? WHERE term = ?"
-MATCHING_UP_TO_SQL = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ? AND rowid <= ?"
-NEW_COUNT_SQL = "INSERT INTO search_word_counts (term, matching) VALUES (?, ?)"
-COUNTED_SQL = "UPDATE search_impact_state SET counted_changes = ?, counted_upto = ?"
+COUNTED_SQL = "UPDATE search_impact_state SET counted_changes = ?"
+LONGEST_TAILS_SQL = """
+SELECT term, upto, matching FROM search_word_counts WHERE upto < ?1
+ORDER BY (?1 - upto) * 1.0 * matching / upto DESC LIMIT ?2
+"""
+NOT_KEPT_SQL = """
+SELECT value FROM json_each(?) WHERE value NOT IN (SELECT term FROM search_word_counts)
+ORDER BY key
+"""
+MATCHING_BETWEEN_SQL = """
+SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ? AND rowid > ? AND rowid <= ?
+"""
+KEEP_COUNT_SQL = """
+INSERT OR REPLACE INTO search_word_counts (term, upto, matching) VALUES (?, ?, ?)
+"""
+
+
+def _matching(conn: sqlite3.Connection, term: str, after: int, upto: int) -> int:
+    """The rows of ``messages_fts`` past ``after`` up to ``upto`` that hold ``term``."""
+    return int(conn.execute(MATCHING_BETWEEN_SQL,
+                            (phrase_match((term,)), after, upto)).fetchone()[0])
 
 
 def _keep_word_counts(
-    conn: sqlite3.Connection, index: IndexState, terms_seen: Counter[str], rows: int,
-    boundary: int,
+    conn: sqlite3.Connection, sampled: Counter[str], sampled_rows: int, boundary: int,
 ) -> None:
-    """Carry the kept word counts over a batch just indexed (the ``rows`` past
-    ``index.indexed`` up to ``boundary``): each kept word adds the batch's rows holding it, by
-    the batch's own tokens (FTS5's). Counts kept for other rows (a row below the boundary
-    changed since, or a batch went uncounted) start over. The commonest words of the batch
-    not kept yet are counted by FTS5, :data:`NEW_COUNT_ROWS` a batch. A failure leaves the
-    counts as they were: a search counts what they do not hold."""
-    common = [t for t, n in terms_seen.items()
-              if n >= 2 and n >= rows * COMMON_IN_BATCH and t.isascii()
-              and len(t) <= MAX_TERM_CHARS]
-    common.sort(key=terms_seen.__getitem__, reverse=True)
+    """Keep the counts of common words after a batch up to ``boundary`` was indexed (the
+    caller's transaction): carry :data:`CARRIED_PER_BATCH` on to the boundary, and
+    count the commonest words of the batch's sample not kept yet, :data:`NEW_COUNT_ROWS` a
+    batch, all by FTS5. A change below the boundary starts the counts over; none is kept while
+    FTS5's index is stale or rebuilding. A failure leaves them as they were (a search counts
+    what they do not hold); values the library never writes mark the index damaged."""
+    least = max(2, math.ceil(sampled_rows * COMMON_IN_BATCH))
+    common = sorted((t for t, n in sampled.items()
+                     if n >= least and t.isascii() and len(t) <= MAX_TERM_CHARS),
+                    key=sampled.__getitem__, reverse=True)
     try:
         with transaction(conn):  # a savepoint in the caller's transaction
-            changes, counted, upto, whole = conn.execute(
-                KEEP_STATE_SQL, (index.indexed, boundary, rows)).fetchone()
-            kept: set[str] = set()
-            if (counted, upto) == (changes, index.indexed) and whole:
-                kept = {term for (term,) in conn.execute(KEPT_WORDS_SQL)}
-                conn.executemany(ADD_TO_COUNT_SQL,
-                                 [(terms_seen[t], t) for t in kept if t in terms_seen])
-            else:
+            changes, counted, whole = conn.execute(KEEP_STATE_SQL).fetchone()
+            if counted != changes or not whole:
                 conn.execute(CLEAR_COUNTS_SQL)
+                conn.execute(COUNTED_SQL, (changes if whole else None,))
                 if not whole:
-                    conn.execute(COUNTED_SQL, (None, None))
                     return
+            kept = [(term, boundary, matching + _matching(conn, term, upto, boundary))
+                    for term, upto, matching in conn.execute(
+                        LONGEST_TAILS_SQL, (boundary, CARRIED_PER_BATCH)).fetchall()]
             walked = 0
-            for term in common:
+            for (term,) in conn.execute(NOT_KEPT_SQL, (json.dumps(common),)).fetchall():
                 if walked >= NEW_COUNT_ROWS:
                     break
-                if term in kept:
-                    continue
-                matching = conn.execute(MATCHING_UP_TO_SQL,
-                                        (phrase_match((term,)), index.indexed)).fetchone()[0]
+                matching = _matching(conn, term, 0, boundary)
                 walked += matching
-                conn.execute(NEW_COUNT_SQL, (term, matching + terms_seen[term]))
-            conn.execute(COUNTED_SQL, (changes, boundary))
-    except sqlite3.Error as exc:
-        if is_sqlite_lock_error(exc):
+                kept.append((term, boundary, matching))
+            conn.executemany(KEEP_COUNT_SQL, kept)
+    except INDEX_FAULTS as exc:
+        if index_error(exc):
+            _mark_damaged(conn, exc)
+        elif isinstance(exc, sqlite3.Error) and not is_sqlite_lock_error(exc):
+            logger.debug("word counts not kept for this batch (%s)", exc)
+        else:
             raise
-        logger.debug("word counts not kept for this batch (%s)", exc)
 
 
 def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Any] | None:
@@ -519,7 +533,7 @@ def _index_read(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> l
 def _write_postings(
     conn: sqlite3.Connection, index: IndexState,
     rows: Sequence[tuple[int, ColumnValue, ColumnValue, ColumnValue, float | None]],
-    terms_seen: Counter[str] | None = None,
+    sampled: Counter[str] | None = None,
 ) -> bool:
     """Postings of these messages into ``search_impact`` and ``search_impact_fts``, their times
     into the blocks (a time that is not a number bounds none), all or nothing; False (the
@@ -529,9 +543,9 @@ def _write_postings(
     fts_rows: list[tuple[int, str]] = []
     blocks: dict[int, tuple[float, float]] = {}
     try:
-        for row_id, content, tool_name, tool_calls, stamp in rows:
-            text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl,
-                                            terms_seen)
+        for n, (row_id, content, tool_name, tool_calls, stamp) in enumerate(rows):
+            seen = sampled if sampled is not None and n % SAMPLE_EVERY == 0 else None
+            text, indexed, _ = _postings_of(content, tool_name, tool_calls, index.avgdl, seen)
             postings.append((row_id, index.epoch, text))
             if text:
                 fts_rows.append((row_id, indexed))

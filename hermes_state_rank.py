@@ -133,7 +133,7 @@ FROM (SELECT count(*) AS n, max(rowid) AS last FROM (
           ORDER BY rowid LIMIT ?4))
 """
 KEPT_COUNT_SQL = """
-SELECT s.epoch, s.counted_changes, s.counted_upto, w.matching
+SELECT s.epoch, s.counted_changes, w.upto, w.matching
 FROM search_impact_state AS s JOIN search_word_counts AS w ON w.term = ?
 """
 FILE_SQL = "PRAGMA database_list"
@@ -221,7 +221,7 @@ class _Counter:
             if is_sqlite_lock_error(exc):
                 raise
             return None  # an index of an earlier release, without the table
-        if row is None or (row[0], row[1]) != self.key or row[2] is None:
+        if row is None or (row[0], row[1]) != self.key:
             return None
         return int(row[2]), int(row[3])
 

@@ -416,8 +416,8 @@ CREATE INDEX IF NOT EXISTS idx_delivery_obligations_owed
 # changed) and search_impact_gone (deleted messages whose postings may still be indexed).
 # search_time_blocks bounds the message times of each block of 4,096 ids up to the boundary,
 # for searches sorted by time. search_word_counts holds, for words common in some batch, how
-# many rows of messages_fts up to the state's counted_upto match the word (its idf without
-# walking its whole list): true while search_row_changes's count is counted_changes.
+# many rows of messages_fts up to id ``upto`` match the word (its idf without walking its
+# whole list): true while search_row_changes's count is the state's counted_changes.
 IMPACT_DEFAULT_AVGDL = 256.0
 TIME_BLOCK_SHIFT = 12
 SEARCH_INDEX_SQL = """
@@ -429,8 +429,7 @@ CREATE TABLE IF NOT EXISTS search_impact_state (
     fill_high_water INTEGER,
     fill_progress INTEGER,
     damaged INTEGER NOT NULL DEFAULT 0,
-    counted_changes INTEGER,
-    counted_upto INTEGER
+    counted_changes INTEGER
 );
 CREATE TABLE IF NOT EXISTS search_impact (
     id INTEGER PRIMARY KEY,
@@ -456,6 +455,7 @@ CREATE TABLE IF NOT EXISTS search_row_changes (
 INSERT OR IGNORE INTO search_row_changes (id, changes) VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS search_word_counts (
     term TEXT PRIMARY KEY,
+    upto INTEGER NOT NULL,
     matching INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
