@@ -264,7 +264,7 @@ def bench_append(corpus: list[CorpusSession], repeats: int, n_messages: int) -> 
                "report (ratio < 1: the triggers' share of an append)", None),
         Figure("B1", "append_message CPU, search index kept vs stopped", kept, stopped,
                "µs/append", kept_ratio, (min(kept_ratios), max(kept_ratios)),
-               "≤ 1.10× (the index costs appends ≤ 10%)", kept_ratio <= 1.10,
+               "≤ 1.15× (keeping the search index costs an append ≤ 15%)", kept_ratio <= 1.15,
                {"messages": len(cpu_batch)}),
         Figure("B1", "index cost: postings alone vs the whole index, CPU", posting_us,
                kept - stopped, "µs/message", posting_us / (kept - stopped), None,
