@@ -34,7 +34,7 @@ import hermes_state_lockowners as lockowners
 from hermes_state_arguments import INT64_MAX, INT64_MIN
 from hermes_state_bm25 import TEXT_BYTES_SQL, ColumnValue, fts5_text
 from hermes_state_schema_sql import FTS_SQL, FTS_TRIGGER_NAMES, FTS_TRIGGERS_SQL, TABLES_SQL
-from hermes_state_schema_sql import FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
+from hermes_state_schema_sql import FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM, FTS_UPDATE_OF
 from hermes_state_common import OnStore, quote_identifier
 from hermes_state_connect import set_meta, split_sql, table_exists
 from hermes_state_errors import FtsCorruptError, is_corruption_error, is_fts_corruption_code
@@ -56,6 +56,7 @@ __all__ = [
     "TRIGRAM_STALE_KEY",
     "IndexState",
     "detach_trigram",
+    "earlier_update_trigger",
     "trigram_fed",
     "admission_lock",
     "admission_lock_path",
@@ -69,6 +70,7 @@ __all__ = [
     "integrity_report",
     "iter_cjk_runs",
     "missing_triggers",
+    "replace_earlier_update_trigger",
     "optimize_indexes",
     "other_processes_hold",
     "RebuildStep",
@@ -250,6 +252,38 @@ def optimize_indexes(conn: sqlite3.Connection, /) -> int:
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
             merged += 1
     return merged
+
+
+UPDATE_TRIGGER_SQL = """
+SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'messages_fts_update'
+"""
+
+
+def _earlier_update_trigger(conn: sqlite3.Connection, /) -> str | None:
+    """The text of an update trigger an earlier release installed (one that does not watch a
+    row's ``id``, so a row another client gives a new id stayed in the indexes under its
+    old one), or None."""
+    row = conn.execute(UPDATE_TRIGGER_SQL).fetchone()
+    if row is None or FTS_UPDATE_OF in " ".join(str(row[0]).split()):
+        return None
+    return str(row[0])
+
+
+def earlier_update_trigger(conn: sqlite3.Connection, /) -> bool:
+    return _earlier_update_trigger(conn) is not None
+
+
+def replace_earlier_update_trigger(conn: sqlite3.Connection, /) -> None:
+    """Replace an earlier update trigger by the declared one that feeds the same indexes (the
+    caller's transaction; nothing when the trigger is current or dropped)."""
+    earlier = _earlier_update_trigger(conn)
+    if earlier is None:
+        return
+    conn.execute("DROP TRIGGER messages_fts_update")
+    feeds_trigram = "messages_fts_trigram" in earlier
+    script = FTS_TRIGGERS_SQL if feeds_trigram else FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM
+    for statement in split_sql(script):  # IF NOT EXISTS: only the update trigger is new
+        conn.execute(statement)
 
 
 def missing_triggers(conn: sqlite3.Connection, /) -> list[str]:

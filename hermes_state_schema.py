@@ -254,7 +254,8 @@ def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     names = {r[0] for r in conn.execute(LIVE_OBJECTS_SQL)}
     return (not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
                  and set(fts.FTS_TABLES) <= names)
-            or bool(_requoted_fts_tables(conn)) or impact.declared_otherwise(conn))
+            or bool(_requoted_fts_tables(conn)) or impact.declared_otherwise(conn)
+            or fts.earlier_update_trigger(conn))
 
 
 # --- declarations of the FTS tables ----------------------------------------------------------
@@ -692,6 +693,7 @@ def _complete_current(conn: sqlite3.Connection, /) -> None:
     _migrate_unique_titles(conn)
     _finish(conn)
     _redeclare_fts_tables(conn)
+    fts.replace_earlier_update_trigger(conn)
 
 
 def _run_migration(conn: sqlite3.Connection, /, migration: Migration) -> None:
@@ -911,4 +913,6 @@ def _ensure_without_trigram(conn: sqlite3.Connection, /, write: WriteFn) -> int 
     _bring_forward_without_index(conn, write, found)
     if fts.trigram_fed(conn):
         write(detach_unavailable)
+    if fts.earlier_update_trigger(conn):
+        write(fts.replace_earlier_update_trigger)
     return found

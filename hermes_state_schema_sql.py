@@ -12,6 +12,7 @@ __all__ = [
     "FTS_TRIGGER_NAMES",
     "FTS_SQL_WITHOUT_TRIGRAM",
     "FTS_TRIGGERS_SQL_WITHOUT_TRIGRAM",
+    "FTS_UPDATE_OF",
     "IMPACT_DEFAULT_AVGDL",
     "INDEXES_SQL",
     "LIVE_ADMISSION_STATUSES",
@@ -343,6 +344,28 @@ _TRIGRAM_REMOVE = """
         SELECT 'delete', {row}.id, {row}.content WHERE {row}.role <> 'tool';"""
 
 
+# An update moves a row out of the indexes under its old id and into them under its new one,
+# each where the indexes hold that id (a row another client gives a new id moves too).
+_FTS_MOVE = """
+    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
+        SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {old};{trigram_out}
+    INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, search_cjk)
+        SELECT 'delete', old.id, old.search_cjk WHERE old.search_cjk IS NOT NULL AND {old};
+    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
+        SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {new};{trigram_in}
+    INSERT INTO messages_fts_cjk(rowid, search_cjk)
+        SELECT new.id, new.search_cjk WHERE new.search_cjk IS NOT NULL AND {new};"""
+_TRIGRAM_OUT = """
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content)
+        SELECT 'delete', old.id, old.content WHERE old.role <> 'tool' AND {old};"""
+_TRIGRAM_IN = """
+    INSERT INTO messages_fts_trigram(rowid, content)
+        SELECT new.id, new.content WHERE new.role <> 'tool' AND {new};"""
+# What the update trigger watches: a file whose trigger does not watch ``id`` has it replaced
+# at open (see hermes_state_fts.replace_earlier_update_trigger).
+FTS_UPDATE_OF = "AFTER UPDATE OF id, content, tool_name, tool_calls, role, search_cjk"
+
+
 def _fts_triggers(*, trigram: bool) -> str:
     def add(row: str) -> str:
         return _FTS_ADD.format(row=row, trigram=_TRIGRAM_ADD.format(row=row) if trigram else "")
@@ -351,15 +374,20 @@ def _fts_triggers(*, trigram: bool) -> str:
         return _FTS_REMOVE.format(
             row=row, trigram=_TRIGRAM_REMOVE.format(row=row) if trigram else "")
 
+    gates = {"old": f"({_FTS_GATE.format(row='old')})",
+             "new": f"({_FTS_GATE.format(row='new')})"}
+    move = _FTS_MOVE.format(
+        trigram_out=_TRIGRAM_OUT.format(**gates) if trigram else "",
+        trigram_in=_TRIGRAM_IN.format(**gates) if trigram else "", **gates)
     return f"""
 CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages
 WHEN {_FTS_GATE.format(row="new")}
 BEGIN{add("new")}
 END;
 CREATE TRIGGER IF NOT EXISTS messages_fts_update
-AFTER UPDATE OF content, tool_name, tool_calls, role, search_cjk ON messages
-WHEN {_FTS_GATE.format(row="old")}
-BEGIN{remove("old")}{add("new")}
+{FTS_UPDATE_OF} ON messages
+WHEN {gates["old"]} OR {gates["new"]}
+BEGIN{move}
 END;
 CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages
 WHEN {_FTS_GATE.format(row="old")}

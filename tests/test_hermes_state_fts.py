@@ -707,3 +707,105 @@ def test_garbage_inside_index_blocks_never_costs_a_message(
         assert len(db.search_messages("docker", limit=500)) == 201
         assert db.message_count("s") == 201
         assert db.fts_status()["stale"] is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# A row another client gives a new id
+# ---------------------------------------------------------------------------------------------
+
+# The update trigger of earlier releases: it did not watch ``id``.
+EARLIER_UPDATE_TRIGGER = """
+CREATE TRIGGER messages_fts_update
+AFTER UPDATE OF content, tool_name, tool_calls, role, search_cjk ON messages
+WHEN (SELECT value FROM state_meta WHERE key = 'fts_rebuild_high_water') IS NULL
+    OR old.id > (SELECT CAST(value AS INTEGER) FROM state_meta
+                 WHERE key = 'fts_rebuild_high_water')
+    OR old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta
+                  WHERE key = 'fts_rebuild_progress')
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
+        VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls);
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content)
+        SELECT 'delete', old.id, old.content WHERE old.role <> 'tool';
+    INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, search_cjk)
+        SELECT 'delete', old.id, old.search_cjk WHERE old.search_cjk IS NOT NULL;
+    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
+        VALUES (new.id, new.content, new.tool_name, new.tool_calls);
+    INSERT INTO messages_fts_trigram(rowid, content)
+        SELECT new.id, new.content WHERE new.role <> 'tool';
+    INSERT INTO messages_fts_cjk(rowid, search_cjk)
+        SELECT new.id, new.search_cjk WHERE new.search_cjk IS NOT NULL;
+END
+"""
+
+
+def move_and_fill_the_gap(path: Path) -> None:
+    """Another client moves message 2 to id 100 and writes a new message into id 2."""
+    conn = raw(path)
+    try:
+        conn.execute("UPDATE messages SET id = 100 WHERE id = 2")
+        conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp)"
+                     " VALUES (2, 's1', 'user', 'beta new row', 0)")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("full_text", ["full", "no-trigram"])
+def test_a_row_another_client_gives_a_new_id_is_indexed_under_it_alone(
+    db_path: Path, full_text: str
+) -> None:
+    with SessionDB(db_path, full_text=full_text) as db:
+        db.create_session("s1", "cli")
+        for n in range(5):
+            db.append_message("s1", "user", f"alpha{n} 大阪城 common words")
+    move_and_fill_the_gap(db_path)
+    with SessionDB(db_path, full_text=full_text) as db:
+        assert ids(db.search_messages("alpha1")) == [100]
+        assert ids(db.search_messages("beta")) == [2]
+        assert 100 in ids(db.search_messages("大阪", limit=10))
+    assert fts_match(db_path, "messages_fts", "alpha1") == [100]
+    assert fts_match(db_path, "messages_fts", "beta") == [2]
+    assert 100 in fts_match(db_path, "messages_fts_cjk", "大阪")
+    if full_text == "full":
+        with SessionDB(db_path) as db:
+            assert db.check_fts_integrity() == CLEAN
+
+
+def test_an_earlier_update_trigger_is_replaced_at_the_next_open(db_path: Path) -> None:
+    with SessionDB(db_path) as db:
+        db.create_session("s1", "cli")
+        for n in range(5):
+            db.append_message("s1", "user", f"alpha{n} common words")
+    conn = raw(db_path)
+    conn.execute("DROP TRIGGER messages_fts_update")
+    conn.execute(EARLIER_UPDATE_TRIGGER)
+    conn.close()
+    with SessionDB(db_path) as db:
+        assert triggers(db_path) == TRIGGERS
+        move_and_fill_the_gap(db_path)
+        assert ids(db.search_messages("alpha1")) == [100]
+        assert db.check_fts_integrity() == CLEAN
+
+
+def test_rows_moved_across_a_rebuild_s_progress_are_indexed_once(
+    db: SessionDB, db_path: Path
+) -> None:
+    """A move out of the rows the rebuild has indexed into those it has not reached, and the
+    other way, during a chunked rebuild: each row ends up indexed once, under its new id."""
+    db.create_session("s1", "cli")
+    db.replace_messages("s1", [{"role": "user", "content": f"row{n} 東京{n}"} for n in range(50)])
+    rows = [m["id"] for m in db.get_messages("s1")]
+    rebuilder = raw(db_path)
+    with dbconn.transaction(rebuilder):
+        fts.start_rebuild(rebuilder)
+    with dbconn.transaction(rebuilder):
+        assert fts.rebuild_chunk(rebuilder, chunk_rows=20) == fts.RebuildStep(20, False)
+    rebuilder.execute("UPDATE messages SET id = ? WHERE id = ?", (rows[-1] + 100, rows[3]))
+    rebuilder.execute("UPDATE messages SET id = ? WHERE id = ?", (rows[0] - 1, rows[40]))
+    rebuilder.close()
+    db.close()
+    with SessionDB(db_path) as reopened:
+        wait_until_usable(reopened)
+        assert reopened.check_fts_integrity() == CLEAN
+        assert fts_match(db_path, "messages_fts", "row3") == [rows[-1] + 100]
+        assert fts_match(db_path, "messages_fts", "row40") == [rows[0] - 1]
