@@ -259,7 +259,7 @@ SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'messages_fts_up
 """
 
 
-def _earlier_update_trigger(conn: sqlite3.Connection, /) -> str | None:
+def earlier_update_trigger(conn: sqlite3.Connection, /) -> str | None:
     """The text of an update trigger an earlier release installed (one that does not watch a
     row's ``id``, so a row another client gives a new id stayed in the indexes under its
     old one), or None."""
@@ -269,14 +269,10 @@ def _earlier_update_trigger(conn: sqlite3.Connection, /) -> str | None:
     return str(row[0])
 
 
-def earlier_update_trigger(conn: sqlite3.Connection, /) -> bool:
-    return _earlier_update_trigger(conn) is not None
-
-
 def replace_earlier_update_trigger(conn: sqlite3.Connection, /) -> None:
     """Replace an earlier update trigger by the declared one that feeds the same indexes (the
     caller's transaction; nothing when the trigger is current or dropped)."""
-    earlier = _earlier_update_trigger(conn)
+    earlier = earlier_update_trigger(conn)
     if earlier is None:
         return
     conn.execute("DROP TRIGGER messages_fts_update")

@@ -255,7 +255,7 @@ def _lacks_declared_schema(conn: sqlite3.Connection, /) -> bool:
     return (not (expected_indexes() <= names and set(impact.INDEX_OBJECTS) <= names
                  and set(fts.FTS_TABLES) <= names)
             or bool(_requoted_fts_tables(conn)) or impact.declared_otherwise(conn)
-            or fts.earlier_update_trigger(conn))
+            or fts.earlier_update_trigger(conn) is not None)
 
 
 # --- declarations of the FTS tables ----------------------------------------------------------
@@ -913,6 +913,6 @@ def _ensure_without_trigram(conn: sqlite3.Connection, /, write: WriteFn) -> int 
     _bring_forward_without_index(conn, write, found)
     if fts.trigram_fed(conn):
         write(detach_unavailable)
-    if fts.earlier_update_trigger(conn):
+    if fts.earlier_update_trigger(conn) is not None:
         write(fts.replace_earlier_update_trigger)
     return found
