@@ -1207,7 +1207,8 @@ def _hits(
         CONTEXT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(sorted(around))))}
     marker = snippet_pattern(plan, words=kind == WORD)
     texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
-    learn_characters(text for three in texts.values() for text in three)
+    if marker is not None and marker.folded:  # else no text is read folded
+        learn_characters(text for three in texts.values() for text in three)
     hits = []
     for row_id in ids:
         row = rows.get(row_id)
