@@ -40,6 +40,8 @@ logger = logging.getLogger("hermes_state")
 
 __all__ = [
     "K1",
+    "SEPARATORS",
+    "SEPARATOR_CLASS",
     "TEXT_BYTES_SQL",
     "TEXT_COLUMNS",
     "B",
@@ -260,8 +262,10 @@ def row_counts(text: str) -> tuple[Counter[str], int]:
 # A-Z folded, every other byte kept.
 _ASCII_LOWER = bytes((c + 32) if 65 <= c <= 90 else c for c in range(256))
 # What separates tokens in folded text: every ASCII character but a lower-case letter or digit
-# (a class of a few ASCII ranges, quick to compile; its complement spans most of Unicode).
-_SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
+# (a class of a few ASCII ranges, quick to compile; its complement spans most of Unicode), and
+# the same characters as a set.
+SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
+SEPARATORS = frozenset(re.findall(f"[{SEPARATOR_CLASS}]", bytes(range(128)).decode()))
 
 
 def folded_text(text: str) -> str:
@@ -291,25 +295,20 @@ def folded_origins(text: str) -> list[int]:
 def text_frequency(texts: Sequence[str], word: str) -> int:
     """How often an ASCII ``word`` is a token of the columns, read from their folded text (see
     :func:`folded_text`) without splitting it into tokens: each instance of the word that ends
-    at a token's end and starts at a token's start."""
-    pattern = _word_pattern(word)
+    at a token's end and starts at a token's start (found as plain text: nothing compiled)."""
     found = 0
     for text in texts:
-        for m in pattern.finditer(text):
-            start = m.start()
-            found += start == 0 or not _is_token_char(text[start - 1])
+        start = text.find(word)
+        while start >= 0:
+            end = start + len(word)
+            found += ((start == 0 or not _is_token_char(text[start - 1]))
+                      and (end == len(text) or text[end] in SEPARATORS))
+            start = text.find(word, start + 1)
     return found
 
 
 def _is_token_char(ch: str) -> bool:
     return ord(ch) >= 128 or ch.isalnum()
-
-
-@functools.lru_cache(maxsize=256)
-def _word_pattern(word: str) -> re.Pattern[str]:
-    """Instances of ``word`` in folded text that end at a token's end (a match that starts
-    inside a token cannot hide an instance: the word holds no separator)."""
-    return re.compile(re.escape(word) + f"(?=[{_SEPARATOR_CLASS}]|\\Z)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ import hermes_state_rank as rank
 import hermes_state_scan as scan
 from hermes_state_arguments import INT64_MAX, INT64_MIN, filter_texts, integer
 from hermes_state_bm25 import (
+    SEPARATOR_CLASS,
+    SEPARATORS,
     TEXT_BYTES_SQL,
     ascii_lower,
     column_tokens,
@@ -603,9 +605,8 @@ def _literal_where(
 
 _SEPARATORS = r"[\W_]+"
 # Between words in folded text, where every character unicode61 separates is an ASCII one
-# other than a letter or digit: a class of a few ASCII ranges, quick to compile.
-_FOLDED_SEPARATOR_CLASS = r"\x00-\x2f\x3a-\x60\x7b-\x7f"
-_FOLDED_SEPARATORS = f"[{_FOLDED_SEPARATOR_CLASS}]+"
+# other than a letter or digit.
+_FOLDED_SEPARATORS = f"[{SEPARATOR_CLASS}]+"
 _ASCII_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
@@ -626,12 +627,32 @@ def _needle_words(needle: str, folded: bool = False) -> list[str]:
     return words
 
 
-def _needle_regex(needle: str, folded: bool = False) -> str | None:
-    """A needle as a regex: its words in order, any punctuation or space between them."""
+def _needle_forms(
+    needle: str, folded: bool = False
+) -> tuple[str, tuple[str, ...] | None] | None:
+    """A needle as a regex: its words in order, any punctuation or space between them; with
+    the words, when they can be found as plain text: a single word (or no word: the needle
+    itself), or words in folded text, where a token never begins with a separator, so the
+    separators before it are a plain run (see :func:`_words_after`)."""
     words = _needle_words(needle, folded)
-    if words:
-        return (_FOLDED_SEPARATORS if folded else _SEPARATORS).join(map(re.escape, words))
-    return re.escape(needle) if needle.strip() else None
+    if len(words) > 1:
+        rx = (_FOLDED_SEPARATORS if folded else _SEPARATORS).join(map(re.escape, words))
+        return rx, tuple(words) if folded else None
+    plain = words[0] if words else needle if needle.strip() else None
+    return None if plain is None else (re.escape(plain), (plain,))
+
+
+def _words_after(text: str, pos: int, words: Sequence[str]) -> int | None:
+    """Where ``words`` end in folded ``text`` when each follows a run of separators, the first
+    at ``pos``; None when they do not."""
+    for word in words:
+        start = pos
+        while pos < len(text) and text[pos] in SEPARATORS:
+            pos += 1
+        if pos == start or not text.startswith(word, pos):
+            return None
+        pos += len(word)
+    return pos
 
 
 def _token_char(ch: str) -> bool:
@@ -649,20 +670,33 @@ _TOKEN_CHAR = rf"(?:(?![{CJK_CHAR_CLASS}])[a-z0-9\x80-\U0010ffff])"
 
 @dataclass(frozen=True)
 class _Needle:
-    """One needle of a marker: its text with any separators between its words (a small
-    pattern), and whether it matches whole tokens only, or as a prefix the whole token it
-    begins."""
+    """One needle of a marker: its words in order with any separators between them, and
+    whether it matches whole tokens only, or as a prefix the whole token it begins. A needle
+    of one word, or of several in folded text, is found as plain text (nothing compiled);
+    else by a small pattern."""
 
     text: str
-    pattern: re.Pattern[str]
+    found_as: re.Pattern[str] | tuple[str, ...]
     words: bool
     prefix: bool
     reference: str  # the same as one regular expression, word boundaries included
 
+    def _find(self, text: str, pos: int) -> tuple[int, int] | None:
+        if not isinstance(self.found_as, tuple):
+            match = self.found_as.search(text, pos)
+            return None if match is None else match.span()
+        head, rest = self.found_as[0], self.found_as[1:]
+        while (start := text.find(head, pos)) >= 0:
+            end = _words_after(text, start + len(head), rest)
+            if end is not None:
+                return start, end
+            pos = start + 1
+        return None
+
     def first(self, text: str, pos: int) -> tuple[int, int] | None:
         """(start, end) of the needle's first match at ``pos`` or after."""
-        while (match := self.pattern.search(text, pos)) is not None:
-            start, end = match.span()
+        while (span := self._find(text, pos)) is not None:
+            start, end = span
             pos = start + 1
             if not self.words:
                 return start, end
@@ -682,10 +716,10 @@ class Marker:
     """What a snippet marks: needles in the order they are tried at a position (the first
     that matches there is marked, and the scan goes on where it ends).
 
-    Each needle is a small pattern of its own text; whole words are told by the characters
-    around a match (:func:`_token_char`), not by a character class compiled into every
-    pattern, so a new query compiles nothing costly. :attr:`pattern` is the same marker as
-    one regular expression."""
+    Each needle is found as plain text (a phrase in text read unfolded, by a small pattern of
+    its own); whole words are told by the characters around a match (:func:`_token_char`),
+    not by a character class compiled into a pattern, so a new query compiles nothing
+    costly. :attr:`pattern` is the same marker as one regular expression."""
 
     needles: tuple[_Needle, ...]
     # Whether the needles are folded as unicode61 folds them (``cafe`` for ``Café``), so that
@@ -743,15 +777,17 @@ def _needles(
     prefix_set = set(prefixes)
     found: dict[str, _Needle] = {}
     for needle in needles:
-        rx = _needle_regex(needle, folded)
-        if not rx:
+        found_as = _needle_forms(needle, folded)
+        if found_as is None:
             continue
+        rx, plain = found_as
         prefix = words and needle in prefix_set
         reference = rx
         if words:
             tail = _TOKEN_CHAR + "*" if prefix else ""
             reference = f"(?<!{_TOKEN_CHAR}){rx}{tail}(?!{_TOKEN_CHAR})"
-        found.setdefault(reference, _Needle(needle, re.compile(rx), words, prefix, reference))
+        found.setdefault(reference, _Needle(needle, re.compile(rx) if plain is None else plain,
+                                            words, prefix, reference))
     return [found[rx] for rx in sorted(found, key=lambda rx: (-len(rx), rx))]
 
 
