@@ -384,6 +384,10 @@ class Ranking:
     # ...as is one with fewer than this many times the rows wanted indexed under every word:
     # its best rows are then mostly rows a word's postings leave open, scored one by one.
     everywhere_per_wanted: int = 4
+    # A single word matching at most this many rows is ranked by FTS5 at once (with filters,
+    # over the rows that pass them, a join per match): its whole ranking costs about what a
+    # proof's fixed reads do (the index's state, its queues, the first postings).
+    fts5_word_rows: int = 1024
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
     single_word_probe_postings: int = 1024

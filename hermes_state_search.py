@@ -946,6 +946,7 @@ JOIN sessions s ON s.id = m.session_id
 WHERE {table} MATCH ? {filters} ORDER BY bm25({table}), f.rowid LIMIT ?
 """
 COUNT_SQL = "SELECT count(*) FROM {table} WHERE {table} MATCH ?"
+AT_MOST_SQL = "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)"
 # Whether any session passes the source filters: when none does no row can, and the search ends
 # before it reads an index (else a source no session has costs every route, substrings too).
 SOURCES_EXIST_SQL = "SELECT EXISTS (SELECT 1 FROM sessions s WHERE 1 {filters})"
@@ -962,6 +963,12 @@ WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM
 """
 
 
+def _at_most(conn: sqlite3.Connection, table: str, match: str, limit: int) -> bool:
+    """Whether at most ``limit`` rows match, read no further than one past it."""
+    return bool(conn.execute(AT_MOST_SQL.format(table=table), (match, limit + 1)).fetchone()[0]
+                <= limit)
+
+
 def _match_count(conn: sqlite3.Connection, table: str, match: str) -> int:
     if table == "messages_fts":
         return rank.match_count(conn, match)  # cached counts
@@ -973,7 +980,12 @@ def _ranked(
     filters: str, params: list[str], wanted: int, ranking: rank.Ranking = rank.RANKING,
 ) -> list[int]:
     """The first ``wanted`` rows of ``table`` for ``match`` in relevance order."""
-    if conj is not None:
+    few = (conj is not None and len(set(conj.words)) == 1
+           and _at_most(conn, table, match, ranking.fts5_word_rows))
+    if few and params:  # FTS5 ranks the rows that pass the filters: no prefix falls short
+        sql = FILTERED_RANKED_SQL.format(table=table, filters=filters)
+        return [row[0] for row in conn.execute(sql, (match, *params, wanted))]
+    if conj is not None and not few:
         ids = rank.top_k(conn, conj, filters, params, wanted, ranking)
         if ids is not None:
             return ids

@@ -139,6 +139,16 @@ def counts_matches(statement: str) -> bool:
                      r" MATCH", statement) is not None
 
 
+def proofs(**knobs: Any) -> rank.Ranking:
+    """A ranking that proves the top from the impact index however small the store and however
+    few rows match (by default FTS5 ranks those at once)."""
+    return rank.Ranking(**{"fts5_index_rows": 0, "fts5_word_rows": 0, **knobs})
+
+
+# The impact index's routes on the small stores below, where a word matches a few hundred rows.
+PROOFS = proofs()
+
+
 def impact_reads(db: SessionDB, query: str, **kw: Any) -> tuple[list[int], int]:
     """Search, counting the reads of the impact index's postings."""
     got, statements = traced_search(db, query, **kw)
@@ -168,7 +178,7 @@ def test_the_top_20_are_fts5s_own_bm25_order(
     corpus: SessionDB, filters: dict[str, Any]
 ) -> None:
     # Small enough that this corpus's common words take the impact index's route.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=40)
     through_index = 0
     for query in QUERIES:
         got, reads = impact_reads(corpus, query, ranking=ranking, **filters)
@@ -198,7 +208,7 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 ) -> None:
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0,
                            score_waiting_by=route)
     terms = query_terms(seed=1)
     by_fts5 = 0
@@ -298,7 +308,7 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     passes, likeliest = {}, rank.RANKING.head_rows
     with SessionDB(bench_store, read_only=True) as db:
         for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
-            ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1,
+            ranking = proofs(everywhere_per_wanted=1,
                                    exact_rank_rows=0, head_rows=head)
             passes[head] = 0
             for query in queries:
@@ -321,7 +331,7 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
 
     def walks(share: float) -> tuple[int, int]:
-        ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0,
+        ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0,
                                score_waiting_by="fts5",
                                proof_share=share)
         by_fts5 = settles = 0
@@ -368,7 +378,7 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
                                       "timestamp": float(n)})
         for session, messages in rows.items():
             db.replace_messages(session, messages)
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0)
     with SessionDB(tmp_path / "state.db") as db:
         scored = 0
         for query in NESTED_WORD_QUERIES:
@@ -385,7 +395,7 @@ def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
 ) -> None:
     # Such a row holds the other word below the threshold: its own posting gives its best
     # case, and only the rows indexed under both words have their postings read.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0)
     walked = 0
     with SessionDB(bench_store, read_only=True) as db:
         for query in query_terms(seed=1)["en_2term"]:
@@ -403,7 +413,7 @@ def test_common_words_are_ranked_through_the_impact_index(corpus: SessionDB) -> 
 
 
 def test_deep_pages_stay_exact(corpus: SessionDB) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=40)
     for query in ("session", "gateway config", "deploy"):
         assert ids(corpus.search_messages(
             query, limit=100, offset=150, ranking=ranking)) == fts5_order(
@@ -416,7 +426,7 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
 ) -> None:
     """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
     two tokens tie, and ties go by id, wherever the second token comes from."""
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10,
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10,
                            single_word_probe_postings=10**6)
     db.create_session("s1", "cli")
     long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
@@ -427,7 +437,7 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
     for query in ("session", "session cafe", "cafe"):
         got, _ = impact_reads(db, query, ranking=ranking, limit=50)
         assert got == fts5_order(db, query, 50), query
-    assert impact_reads(db, "session", limit=50)[1]
+    assert impact_reads(db, "session", ranking=ranking, limit=50)[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,13 +734,13 @@ def test_rows_another_client_writes_are_found_and_then_indexed(
     health = on_file(small, impact.index_health)
     assert health["queued"] == 1 and health["indexed"] < on_file(small, 
         lambda c: c.execute("SELECT max(id) FROM messages").fetchone()[0])
-    got, reads = impact_reads(small, "session")
+    got, reads = impact_reads(small, "session", ranking=PROOFS)
     assert reads and got == exact(small, "session")  # these rows are scored from their text
     for _ in range(impact.FLUSH_ROWS + impact.CHECK_EVERY):  # the library's writes index them
         small.append_message("s1", "user", "one more session")
     health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["usable"]
-    assert ids(small.search_messages("session")) == exact(small, "session")
+    assert ids(small.search_messages("session", ranking=PROOFS)) == exact(small, "session")
     small.close()
     assert_search_index_exact(db_path)
 
@@ -743,12 +753,12 @@ def test_changed_and_deleted_rows_never_rank_by_stale_postings(
     conn.execute("UPDATE messages SET content = 'nothing left' WHERE id = ?", (top[0],))
     conn.execute("DELETE FROM messages WHERE id = ?", (top[1],))
     conn.close()
-    assert ids(small.search_messages("gateway")) == exact(small, "gateway")
+    assert ids(small.search_messages("gateway", ranking=PROOFS)) == exact(small, "gateway")
     for _ in range(impact.CHECK_EVERY):  # some of the library's writes drain the queues
         small.append_message("s1", "user", "drain the queues")
     health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
-    got, reads = impact_reads(small, "gateway")
+    got, reads = impact_reads(small, "gateway", ranking=PROOFS)
     assert reads and got == exact(small, "gateway")
 
 
@@ -770,7 +780,7 @@ def test_an_id_deleted_and_written_again_keeps_the_new_rows_postings(
         small.append_message("s1", "user", "drain the queues")
     health = on_file(small, impact.index_health)
     assert health["queued"] == 0 and health["gone"] == 0 and health["usable"]
-    got, reads = impact_reads(small, "zebra")
+    got, reads = impact_reads(small, "zebra", ranking=PROOFS)
     assert reads and got[0] == last and got == exact(small, "zebra")
     small.close()
     assert_search_index_exact(db_path)
@@ -783,18 +793,20 @@ def test_a_damaged_impact_index_never_fails_a_write_and_is_replaced_at_the_next_
     conn.execute("UPDATE search_impact_fts_data SET block = randomblob(length(block))"
                  " WHERE id > 10")
     conn.close()
-    assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
+    # the search finds the damage and notes it
+    assert ids(small.search_messages("session", ranking=PROOFS)) == exact(small, "session")
     for n in range(80):  # writes go on; the index is left alone, marked damaged
         small.append_message("s1", "user", f"session after the damage {n}")
     assert not small.quarantined and small.fts_status()["stale"] is None
     assert on_file(small, impact.index_health)["damaged"]
-    assert ids(small.search_messages("session")) == exact(small, "session")  # FTS5 ranks
+    # FTS5 ranks
+    assert ids(small.search_messages("session", ranking=PROOFS)) == exact(small, "session")
     with SessionDB(db_path) as reopened:  # replaced, then filled, in the background
         assert reopened.started_index_upkeep
         reopened.wait_for_index(30)
         health = on_file(reopened, impact.index_health)
         assert health["usable"] and not health["damaged"] and health["queued"] == 0
-        got, reads = impact_reads(reopened, "session")
+        got, reads = impact_reads(reopened, "session", ranking=PROOFS)
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
 
@@ -829,7 +841,7 @@ def as_earlier_index_table(path: Path) -> None:
 def test_an_index_table_an_earlier_version_made_is_replaced_by_the_declared_one(
     db_path: Path
 ) -> None:
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=40)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=40)
     r = random.Random(21)
     with SessionDB(db_path) as db:
         db.create_session("s1", "cli")
@@ -879,7 +891,8 @@ def test_damage_a_search_finds_is_marked_in_its_own_file_and_no_other(
                      " WHERE id = (SELECT max(id) FROM search_impact)")
         conn.close()
         with SessionDB(db_path, read_only=True) as reader:
-            assert ids(reader.search_messages("session")) == exact(reader, "session")
+            got = ids(reader.search_messages("session", ranking=PROOFS))
+            assert got == exact(reader, "session")
         for n in range(3):  # another file, from this thread and from another
             other.append_message("o1", "user", f"session elsewhere {n}")
         appender = threading.Thread(target=other.append_message,
@@ -930,7 +943,7 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     """Searches rank as FTS5 does (never as substring hits), the library's writes and other
     clients' go on, and a writable open after the damage was found replaces the index."""
     # The impact index's routes, on 300 rows.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10)
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
     conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
@@ -975,16 +988,17 @@ def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_pat
     conn.execute("INSERT INTO search_impact_fts (search_impact_fts) VALUES ('delete-all')")
     conn.close()
     assert not on_file(small, impact.index_health)["usable"]
-    got, reads = impact_reads(small, "session")
+    got, reads = impact_reads(small, "session", ranking=PROOFS)
     assert not reads and got == exact(small, "session")
-    assert ids(small.search_messages("session")) == exact(small, "session")  # and noted it
+    # the search finds the damage and notes it
+    assert ids(small.search_messages("session", ranking=PROOFS)) == exact(small, "session")
     small.append_message("s1", "user", "the next write marks it")
     assert on_file(small, impact.index_health)["damaged"]
     with SessionDB(db_path) as reopened:
         assert reopened.started_index_upkeep
         reopened.wait_for_index(30)
         assert on_file(reopened, impact.index_health)["usable"]
-        got, reads = impact_reads(reopened, "session")
+        got, reads = impact_reads(reopened, "session", ranking=PROOFS)
         assert reads and got == exact(reopened, "session")
     assert_search_index_exact(db_path)
 
@@ -1048,7 +1062,7 @@ def test_a_repeated_query_counts_only_the_rows_past_the_cached_boundary(
     """Counting a phrase reads every row holding its words: a query asked again counts
     only the rows written since, whatever the words."""
     # Counted, however small the corpus.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1)
+    ranking = proofs(everywhere_per_wanted=1)
     for query in ("session gateway", "config token", "gateway config", "retry cache"):
         corpus.search_messages(query, ranking=ranking)
         got, statements = traced_search(corpus, query, ranking=ranking)
@@ -1076,6 +1090,29 @@ def test_several_words_in_a_small_index_are_ranked_by_fts5_before_anything_is_co
             corpus, query, ranking=rank.Ranking(fts5_index_rows=rows - 1))
         assert got == fts5_order(corpus, query), query
         assert any(counts_matches(s) for s in statements), query
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f) or "none")
+def test_a_word_matching_few_rows_is_ranked_by_fts5_at_once(
+    corpus: SessionDB, filters: dict[str, Any]
+) -> None:
+    """A single word matching at most ``fts5_word_rows`` rows is ranked by FTS5 without a read
+    of the impact index; with filters, in one pass over the rows that pass them (no prefix of
+    FTS5's order that could fall short). One row more than that, and a proof reads the index."""
+    for query in (*COMMON, *MEDIUM):
+        matching = on_file(corpus, lambda c, q=query: bm25.count_matches(c, "messages_fts", q))
+        got, statements = traced_search(
+            corpus, query, ranking=proofs(fts5_word_rows=matching), **filters)
+        assert got == fts5_order(corpus, query, **filters), (query, filters)
+        assert not [s for s in statements if "search_impact" in s], query
+        # One FTS5 ranking: of a prefix of its order, else of the rows that pass the filters.
+        ranked = [s for s in statements if "bm25(messages_fts)" in s]
+        assert len(ranked) == 1 and ("WITH ranked" in ranked[0]) == (not filters), ranked
+        got, reads = impact_reads(
+            corpus, query, ranking=proofs(fts5_word_rows=matching - 1, exact_rank_rows=40),
+            **filters)
+        assert got == fts5_order(corpus, query, **filters), (query, filters)
+        assert reads, query
 
 
 FEW_PIECES = ["session", "Session", "SESSION", "cafe", "café", "CAFÉ", "a", "b", "w1",
@@ -1118,7 +1155,7 @@ def test_a_phrase_of_several_words_is_ranked_by_fts5_before_anything_is_counted(
     """FTS5 counts a phrase's matches for its idf as it ranks them: counting them first (half
     the work of its ranking) or reading the impact index would only add to it."""
     # No count is small enough to decide.
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=0)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0)
     for query in ('"session gateway"', '"gateway config" token'):
         got, statements = traced_search(corpus, query, ranking=ranking)
         assert got == fts5_order(corpus, query), query
@@ -1140,7 +1177,7 @@ def test_several_words_few_rows_index_together_are_ranked_by_fts5_before_any_cou
 ) -> None:
     """Fewer rows indexed under every word than the ranking asks for: the best rows are
     mostly rows a word's postings leave open, and FTS5 ranks at once, in its own order."""
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=10**6)
+    ranking = proofs(everywhere_per_wanted=10**6)
     for query in ("session gateway", "config token", "worker session", "retry cache"):
         got, statements = traced_search(corpus, query, ranking=ranking)
         assert got == fts5_order(corpus, query), query
@@ -1161,7 +1198,7 @@ def test_a_count_stopped_at_the_limit_goes_on_from_the_last_row_it_read(db: Sess
     conn = writer(db.db_path)
     conn.execute("UPDATE messages SET content = 'alpha beta again' WHERE id = 1")
     conn.close()
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10)
     got, statements = traced_search(db, "alpha beta", ranking=ranking)
     assert got == fts5_order(db, "alpha beta")
     counted = " ".join(s for s in statements if counts_matches(s))
@@ -1254,7 +1291,7 @@ def test_a_first_search_counts_common_words_only_past_the_count_the_index_keeps(
     for n in range(3 * impact.FLUSH_ROWS):
         text = ("alpha beta", f"alpha w{n} and more words", f"beta w{n} and other words")[n % 3]
         db.append_message("s1", role="user", content=text)
-    ranking = rank.Ranking(fts5_index_rows=0, everywhere_per_wanted=1, exact_rank_rows=10)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10)
     got, statements = traced_search(db, "alpha beta", ranking=ranking)
     assert got == fts5_order(db, "alpha beta")
     counted = " ".join(s for s in statements if counts_matches(s))
