@@ -22,8 +22,9 @@ its text, or with the others in one FTS5 pass, whichever reads less.
 quoted phrase of several words (the index keeps no positions); several words in a small
 index (:attr:`Ranking.fts5_index_rows`), one of which matches few rows
 (:attr:`Ranking.exact_rank_rows`), or few of whose rows are indexed under all of them
-(:attr:`Ranking.everywhere_per_wanted`); a rare single word, a repeated word, many unindexed
-rows, and a damaged or partial index. A proof gives up when it would handle more than
+(:attr:`Ranking.everywhere_per_wanted`); a single word matching few rows (the search asks,
+:attr:`Ranking.fts5_word_rows`) or found rare by its first postings, a repeated word, many
+unindexed rows, and a damaged or partial index. A proof gives up when it would handle more than
 :attr:`Ranking.proof_share` of the rows FTS5 would score.
 
 **Bounds.** Scores use the current avgdl; the index's keys use the avgdl A it was built with.
@@ -384,9 +385,9 @@ class Ranking:
     # ...as is one with fewer than this many times the rows wanted indexed under every word:
     # its best rows are then mostly rows a word's postings leave open, scored one by one.
     everywhere_per_wanted: int = 4
-    # A single word matching at most this many rows is ranked by FTS5 at once (with filters,
-    # over the rows that pass them, a join per match): its whole ranking costs about what a
-    # proof's fixed reads do (the index's state, its queues, the first postings).
+    # A single word matching at most this many rows is ranked by FTS5 at once (with a source or
+    # role filter, over the rows that pass it, a join per match): its whole ranking costs about
+    # what a proof's fixed reads do (the index's state, its queues, the first postings).
     fts5_word_rows: int = 1024
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.

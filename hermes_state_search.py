@@ -63,8 +63,9 @@ A handle without FTS5, or on a file whose index such a handle detached, answers 
 
 **Snippets** (:func:`make_snippet`) are cut from the column that holds the match (content,
 else tool calls, else tool name), centred on it. Word hits mark whole words (a prefix marks
-the word it begins); CJK and substring hits mark the text wherever it occurs. Word boundaries
-are read from the characters around a match, so a new query compiles no large pattern.
+the word it begins); CJK and substring hits mark the text wherever it occurs. Words are found
+as plain text and their boundaries read from the characters around a match, so the snippets
+of a new query compile nothing (a phrase in text read unfolded, a small pattern).
 """
 
 from __future__ import annotations
@@ -965,7 +966,8 @@ WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM
 
 def _at_most(conn: sqlite3.Connection, table: str, match: str, limit: int) -> bool:
     """Whether at most ``limit`` rows match, read no further than one past it."""
-    return bool(conn.execute(AT_MOST_SQL.format(table=table), (match, limit + 1)).fetchone()[0]
+    read = min(limit, MAX_ROWS) + 1
+    return bool(conn.execute(AT_MOST_SQL.format(table=table), (match, read)).fetchone()[0]
                 <= limit)
 
 
@@ -982,7 +984,7 @@ def _ranked(
     """The first ``wanted`` rows of ``table`` for ``match`` in relevance order."""
     few = (conj is not None and len(set(conj.words)) == 1
            and _at_most(conn, table, match, ranking.fts5_word_rows))
-    if few and params:  # FTS5 ranks the rows that pass the filters: no prefix falls short
+    if few and params:  # a source or role filter: FTS5 ranks the rows that pass, in one pass
         sql = FILTERED_RANKED_SQL.format(table=table, filters=filters)
         return [row[0] for row in conn.execute(sql, (match, *params, wanted))]
     if conj is not None and not few:

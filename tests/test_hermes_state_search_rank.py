@@ -208,8 +208,7 @@ def test_rows_the_postings_leave_open_rank_alike_from_their_text_or_by_fts5(
 ) -> None:
     # Such a row waits with its best case; whether it is scored from its text or by FTS5 is a
     # cost estimate, and either way the order is FTS5's.
-    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0,
-                           score_waiting_by=route)
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, score_waiting_by=route)
     terms = query_terms(seed=1)
     by_fts5 = 0
     with SessionDB(bench_store, read_only=True) as db:
@@ -308,8 +307,7 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     passes, likeliest = {}, rank.RANKING.head_rows
     with SessionDB(bench_store, read_only=True) as db:
         for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
-            ranking = proofs(everywhere_per_wanted=1,
-                                   exact_rank_rows=0, head_rows=head)
+            ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, head_rows=head)
             passes[head] = 0
             for query in queries:
                 for offset in (0, 5):
@@ -331,9 +329,8 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
 
     def walks(share: float) -> tuple[int, int]:
-        ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0,
-                               score_waiting_by="fts5",
-                               proof_share=share)
+        ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, score_waiting_by="fts5",
+                         proof_share=share)
         by_fts5 = settles = 0
         with SessionDB(bench_store, read_only=True) as db:
             for query in queries:
@@ -427,7 +424,7 @@ def test_rows_of_any_script_rank_as_fts5_ranks_them(
     """A row's length counts its tokens as FTS5 counts them, whatever the characters: rows of
     two tokens tie, and ties go by id, wherever the second token comes from."""
     ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10,
-                           single_word_probe_postings=10**6)
+                     single_word_probe_postings=10**6)
     db.create_session("s1", "cli")
     long_rows = [{"role": "tool", "content": " ".join(FILLER), "tool_call_id": f"c{n}"}
                  for n in range(200)]  # so that the short rows below stand out
@@ -1113,6 +1110,9 @@ def test_a_word_matching_few_rows_is_ranked_by_fts5_at_once(
             **filters)
         assert got == fts5_order(corpus, query, **filters), (query, filters)
         assert reads, query
+    # Any count is a bound: past the rows a store can hold, every single word goes to FTS5.
+    got, reads = impact_reads(corpus, "session", ranking=proofs(fts5_word_rows=2**70), **filters)
+    assert got == fts5_order(corpus, "session", **filters) and not reads
 
 
 FEW_PIECES = ["session", "Session", "SESSION", "cafe", "café", "CAFÉ", "a", "b", "w1",
@@ -1369,9 +1369,10 @@ def test_rows_that_tie_once_the_idf_is_applied_page_as_fts5_orders_them(
         assert fts5[0] == (x, fts5[1][1]) and y in [r for r, b in fts5 if b == fts5[0][1]]
         expected = [row_id for row_id, _ in fts5]
         for limit in range(1, holding + 1):
-            assert [h["id"] for h in db.search_messages("kiwi", limit=limit)] == expected[:limit]
+            hits = db.search_messages("kiwi", limit=limit, ranking=PROOFS)
+            assert [h["id"] for h in hits] == expected[:limit]
         pages = [h["id"] for offset in range(holding)
-                 for h in db.search_messages("kiwi", limit=1, offset=offset)]
+                 for h in db.search_messages("kiwi", limit=1, offset=offset, ranking=PROOFS)]
         assert pages == expected
 
 
