@@ -25,7 +25,7 @@ from hermes_state import (
     Timing,
 )
 from hermes_state_replay import route_reasoning_carriers
-from state_helpers import raw
+from state_helpers import Connections, raw
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 PHOTO_TURN = [{"type": "text", "text": "what bird is this heron"}, IMAGE]
@@ -139,11 +139,12 @@ def test_the_connection_gives_rows_by_name_and_the_library_still_reads_plain_row
 
 
 def test_a_write_function_runs_in_one_immediate_transaction_and_returns_its_result(
-    db: SessionDB,
+    db: SessionDB, connections: Connections,
 ) -> None:
     db.create_session("s", "cli")
     statements: list[str] = []
-    db._conn.set_trace_callback(statements.append)
+    own = connections.own()  # the handle's connection, as its on_connect hook saw it
+    own.set_trace_callback(statements.append)
 
     def rename(conn: Any) -> bool:
         row = conn.execute("SELECT title FROM sessions WHERE id = ?", ("s",)).fetchone()
@@ -153,7 +154,7 @@ def test_a_write_function_runs_in_one_immediate_transaction_and_returns_its_resu
         return bool(changed.rowcount > 0)
 
     assert db._execute_write(rename) is True
-    db._conn.set_trace_callback(None)
+    own.set_trace_callback(None)
     assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
     assert db.get_session("s")["title"] == "named"
 
