@@ -389,6 +389,12 @@ class Ranking:
     # role filter, over the rows that pass it, a join per match): its whole ranking costs about
     # what a proof's fixed reads do (the index's state, its queues, the first postings).
     fts5_word_rows: int = 1024
+    # A search in time order reads a query's rows a range of ids at a time (the index's time
+    # blocks), in the order of their time bounds, until no range left can hold a row for the
+    # page; each range is a statement of its own. A query matching at most this many rows per
+    # range reads them all in one statement instead: spread that thin, a page needs most
+    # ranges.
+    time_order_rows_per_range: int = 2
     # A single word is read this far before its count is asked for: a rare word is then ranked
     # by FTS5 at once, a common one seldom needs more.
     single_word_probe_postings: int = 1024

@@ -54,7 +54,9 @@ alternative of required terms, none a prefix, carries its ``conjunction``: what
   when the earlier ones run out before ``offset + limit``.
 * ``sort="newest"``/``"oldest"``: the same rows merged by message time, ties by relevance then
   id, rows without a numeric time last. Blocks of 4,096 ids are read in the order of their
-  time bounds (``search_time_blocks``) until no later block can hold a row as new (old).
+  time bounds (``search_time_blocks``) until no later block can hold a row as new (old); a
+  query matching only a few rows a block
+  (:attr:`~hermes_state_rank.Ranking.time_order_rows_per_range`) has them read at once.
 * Substring hits: only when no route finds a row, the rows holding the text inside a word,
   newest first, marked ``"match": "substring"``.
 
@@ -1041,14 +1043,16 @@ def _kept(found: list[tuple[tuple[int, float], int]], wanted: int
 
 def _by_time(
     conn: sqlite3.Connection, table: str, match: str, filters: str, params: list[str],
-    wanted: int, newest: bool,
+    wanted: int, newest: bool, per_range: int,
 ) -> list[tuple[int, Any]]:
     """The first ``wanted`` rows of ``table`` for ``match`` by message time (newest or oldest
     first), ties by relevance, then id, rows without a time last; as (id, timestamp).
 
     Ranges of ids are read in the order of their time bounds, and reading stops at the first
     range that cannot hold a row as new (old) as the last one kept: for a history written in
-    time order that is a range or two, for any history it is exact."""
+    time order that is a range or two, for any history it is exact. A page still short after
+    two ranges asks how many rows match: at most ``per_range`` a range, they are all read in
+    one statement (spread that thin, the page would need most ranges, a statement each)."""
     ranges = impact.time_ranges(conn)
     sign = -1.0 if newest else 1.0  # keys ascend from the best row
     ranges.sort(key=lambda r: (sign * (r[3] if newest else r[2]), r[0]))
@@ -1061,9 +1065,13 @@ def _by_time(
         return [(scan.time_key(ts, sign), row_id) for row_id, ts in rows]
 
     found: list[tuple[tuple[int, float], int]] = []  # (time key, id), the best rows so far
-    for lo, hi, first_at, last_at in ranges:
+    for n, (lo, hi, first_at, last_at) in enumerate(ranges):
         if len(found) >= wanted and (0, sign * (last_at if newest else first_at)) > found[-1][0]:
             break  # no row here, nor in the ranges after, is as new (old) as the last kept
+        if n == 2 and len(found) < wanted and _at_most(conn, table, match,
+                                                       per_range * len(ranges)):
+            found = _kept(sorted(read(INT64_MIN, INT64_MAX)), wanted)  # every id, at once
+            break
         found = _kept(sorted(found + read(lo, hi)), wanted)
     else:  # every range was read: rows without a time outside them follow, if there is room
         if len(found) < wanted or found[wanted - 1][0] == scan.UNTIMED_KEY:
@@ -1089,7 +1097,8 @@ def _route_ids(
     if order is None:
         return [(row_id, float(n)) for n, row_id in
                 enumerate(_ranked(conn, table, match, conj, filters, params, wanted, ranking))]
-    return _by_time(conn, table, match, filters, params, wanted, order == "newest")
+    return _by_time(conn, table, match, filters, params, wanted, order == "newest",
+                    ranking.time_order_rows_per_range)
 
 
 # One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);

@@ -526,7 +526,17 @@ def test_newest_and_oldest_order_by_time_then_relevance(db: SessionDB) -> None:
     assert ids(db.search_messages("kiwi", sort="newest", limit=2, offset=1)) == [twice, once]
 
 
-def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB) -> None:
+# A search in time order reads a query's rows range by range of ids; a page still short after
+# two ranges reads them all at once (by default when they are at most
+# ``time_order_rows_per_range`` a range). Both must give the same order.
+TIME_READS = {"at once": rank.Ranking(time_order_rows_per_range=2**62),
+              "range by range": rank.Ranking(time_order_rows_per_range=0)}
+time_reads = pytest.mark.parametrize("reads", sorted(TIME_READS))
+
+
+@time_reads
+def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB, reads: str) -> None:
+    ranking = TIME_READS[reads]
     db.create_session("s1", "cli")
     r = random.Random(3)
     stamps = [r.uniform(0, 1e6) for _ in range(9000)]  # ids in no time order at all
@@ -534,10 +544,39 @@ def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB) -> None:
                                for i, t in enumerate(stamps)])
     rows = db.get_messages("s1")
     by_time = sorted(rows, key=lambda m: (-m["timestamp"], m["id"]))
-    assert ids(db.search_messages("kiwi", sort="newest", limit=30)) == [
+    assert ids(db.search_messages("kiwi", sort="newest", limit=30, ranking=ranking)) == [
         m["id"] for m in by_time[:30]]
-    assert ids(db.search_messages("kiwi", sort="oldest", limit=30)) == [
+    assert ids(db.search_messages("kiwi", sort="oldest", limit=30, ranking=ranking)) == [
         m["id"] for m in by_time[::-1][:30]]
+
+
+@pytest.mark.parametrize("sort", ["newest", "oldest"])
+def test_a_time_sort_reads_a_rare_words_rows_at_once_and_a_common_ones_range_by_range(
+    db: SessionDB, sort: str
+) -> None:
+    """Each range of ids is a statement of its own: a word in a few rows a range, which would
+    leave every range to be read, has its rows read in one statement once two ranges leave
+    the page short; a common word is read range by range, newest (oldest) first, and stops
+    early. The same rows in the same order either way."""
+    db.create_session("s1", "cli")
+    db.replace_messages("s1", [  # written in time order, as a history is
+        {"role": "user", "content": f"kiwi {'plum' if i % 1500 == 7 else i % 7}",
+         "timestamp": float(i)} for i in range(9000)])
+
+    def block_reads(query: str, ranking: rank.Ranking) -> tuple[list[int], int]:
+        got, statements = traced_search(db, query, sort=sort, limit=30, ranking=ranking)
+        return got, sum("FROM messages_fts f" in s and "f.rowid BETWEEN" in s
+                        for s in statements)
+
+    rare, reads = block_reads("plum", rank.RANKING)  # 6 rows, 4 ranges (2 rows each at most)
+    assert len(rare) == 6 and reads == 3  # two ranges, then every id
+    # Range by range, every range is read: three blocks of ids, the ids past the batch
+    # boundary, the ids below the first block.
+    assert block_reads("plum", TIME_READS["range by range"]) == (rare, 5)
+    assert block_reads("plum", rank.Ranking(time_order_rows_per_range=1)) == (rare, 5)
+    common, reads = block_reads("kiwi", rank.RANKING)
+    assert len(common) == 30 and reads <= 2  # a range or two of the five
+    assert block_reads("kiwi", TIME_READS["at once"]) == (common, reads)  # a full page
 
 
 # The order by time: rows without a time (not a number) after every timed row, in both
@@ -563,9 +602,10 @@ def _older_file_without_a_time_column_constraint(db_path: Path) -> None:
     conn.close()
 
 
+@time_reads
 @pytest.mark.parametrize("sort", ["newest", "oldest"])
 def test_rows_without_a_time_sort_after_every_timed_row(
-    db_path: Path, sort: str
+    db_path: Path, sort: str, reads: str
 ) -> None:
     """Rows whose time is text another client stored, or NULL in an older file, come after
     every timed row in both directions, by relevance then id; and are found even in a block of
@@ -588,8 +628,9 @@ def test_rows_without_a_time_sort_after_every_timed_row(
         expected = [r[0] for r in on_file(db, lambda c: c.execute(
             TIME_ORDER_SQL.format(direction=direction), ("kiwi",)).fetchall())]
         assert set(expected[-4:]) == {5000, 5001, 9001, 9002}
-        assert ids(db.search_messages("kiwi", sort=sort, limit=400)) == expected
-        pages = [ids(db.search_messages("kiwi", sort=sort, limit=20, offset=o))
+        ranking = TIME_READS[reads]
+        assert ids(db.search_messages("kiwi", sort=sort, limit=400, ranking=ranking)) == expected
+        pages = [ids(db.search_messages("kiwi", sort=sort, limit=20, offset=o, ranking=ranking))
                  for o in range(0, 320, 20)]
         assert [i for page in pages for i in page] == expected
 
@@ -613,8 +654,9 @@ def test_substring_pages_with_rows_without_a_time_are_slices_of_one_order(
     assert whole[:2] == ([1, 4] if sort == "newest" else [4, 1])  # the timed rows first
 
 
+@time_reads
 def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
-    db_path: Path
+    db_path: Path, reads: str
 ) -> None:
     """A file written before the triggers skipped times that are not numbers: its trigger
     stores text another client wrote as a time in a block's bound, which a time sort then
@@ -635,23 +677,29 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
     assert conn.execute("SELECT count(*) FROM search_time_blocks WHERE typeof(last_at) = 'text'"
                         ).fetchone() == (1,)
     conn.close()
+    ranking = TIME_READS[reads]
     with SessionDB(db_path) as db:
-        newest = ids(db.search_messages("kiwi", sort="newest", limit=400))
+        newest = ids(db.search_messages("kiwi", sort="newest", limit=400, ranking=ranking))
         assert newest[:3] == [300, 299, 298] and newest[-1] == 5
-        assert ids(db.search_messages("kiwi", sort="oldest", limit=3)) == [1, 2, 3]
+        assert ids(db.search_messages("kiwi", sort="oldest", limit=3, ranking=ranking)) == [
+            1, 2, 3]
         db.append_message("s1", "user", "kiwi after", timestamp=1000.0)
         assert on_file(db, impact.index_health)["usable"]
 
 
-def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path) -> None:
+@time_reads
+def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path, reads: str) -> None:
     db.create_session("s1", "cli")
     conn = writer(db_path)
     conn.executemany("INSERT INTO messages (id, session_id, role, content, timestamp)"
                      " VALUES (?, 's1', 'user', 'kiwi', ?)",
                      [(-7, 1.0), (0, 2.0), (2**62 + 10, 3.0), (2**63 - 1, 4.0)])
     conn.close()
-    assert ids(db.search_messages("kiwi", sort="newest")) == [2**63 - 1, 2**62 + 10, 0, -7]
-    assert ids(db.search_messages("kiwi", sort="oldest")) == [-7, 0, 2**62 + 10, 2**63 - 1]
+    ranking = TIME_READS[reads]
+    assert ids(db.search_messages("kiwi", sort="newest", ranking=ranking)) == [
+        2**63 - 1, 2**62 + 10, 0, -7]
+    assert ids(db.search_messages("kiwi", sort="oldest", ranking=ranking)) == [
+        -7, 0, 2**62 + 10, 2**63 - 1]
 
 
 def test_a_prefix_query_finds_every_word_it_begins(db: SessionDB) -> None:
@@ -939,8 +987,9 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
 ) -> None:
     """Searches rank as FTS5 does (never as substring hits), the library's writes and other
     clients' go on, and a writable open after the damage was found replaces the index."""
-    # The impact index's routes, on 300 rows.
-    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10)
+    # The impact index's routes, on 300 rows (a time sort through its time blocks).
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=10,
+                     time_order_rows_per_range=0)
     newest = small.search_messages("session", sort="newest", limit=30, ranking=ranking)
     conn = writer(db_path)
     conn.execute(IMPACT_DAMAGE[damage])
