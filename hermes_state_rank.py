@@ -100,6 +100,7 @@ __all__ = [
     "Ranking",
     "conjunction",
     "match_count",
+    "passing",
     "top_k",
 ]
 
@@ -442,6 +443,15 @@ WAITING_ROWS_BY = ("estimate", "text", "fts5")
 RANKING = Ranking()
 
 
+def passing(conn: sqlite3.Connection, ids: Sequence[int], filters: str,
+            params: Sequence[object]) -> set[int]:
+    """The rows among ``ids`` that pass the ``filters`` (as :func:`top_k` takes them)."""
+    if not ids:
+        return set()
+    sql = CANDIDATES_SQL.format(filters=filters)
+    return {r[0] for r in conn.execute(sql, (json.dumps(list(ids)), *params))}
+
+
 def _posted(token: str) -> tuple[int, int]:
     """A posting token's frequency and row length (``term_kkkk_f_D``)."""
     _, _, f, length = token.rsplit("_", 3)
@@ -596,11 +606,7 @@ class _Walk:
 
     def passing(self, ids: Iterable[int]) -> set[int]:
         """The rows among ``ids`` that pass the caller's filters."""
-        sql = CANDIDATES_SQL.format(filters=self.filters)
-        ids = list(ids)
-        if not ids:
-            return set()
-        return {r[0] for r in self.conn.execute(sql, (json.dumps(ids), *self.params))}
+        return passing(self.conn, list(ids), self.filters, self.params)
 
     def resolve_texts(self, ids: Sequence[int]) -> None:
         """Exact scores from the rows' text, for the rows among ``ids`` that pass the

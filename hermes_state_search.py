@@ -930,16 +930,10 @@ def search_filters(
 
 
 # Relevance on one index: FTS5's own bm25(), ties by id. FTS5 ranks on its own first (a prefix
-# of the order, no join per match); the filters then keep what they keep of that prefix. With
-# each row, the length of the prefix: a shorter one than asked for holds every match.
+# of the order, no join per match); the filters then keep what they keep of that prefix
+# (:func:`_passing`). A shorter prefix than asked for holds every match.
 RANKED_SQL = """
-WITH ranked AS MATERIALIZED (
-    SELECT rowid AS id, bm25({table}) AS score FROM {table} WHERE {table} MATCH ?
-    ORDER BY score, rowid LIMIT ?)
-SELECT r.id, (SELECT count(*) FROM ranked) FROM ranked r JOIN messages m ON m.id = r.id
-JOIN sessions s ON s.id = m.session_id
-WHERE 1 {filters}
-ORDER BY r.score, r.id LIMIT ?
+SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}), rowid LIMIT ?
 """
 # The same order over the rows that pass the filters, each match joined to its session (FTS5
 # scores only the rows that pass).
@@ -979,6 +973,19 @@ def _match_count(conn: sqlite3.Connection, table: str, match: str) -> int:
     return int(conn.execute(COUNT_SQL.format(table=table), (match,)).fetchone()[0])
 
 
+def _passing(
+    conn: sqlite3.Connection, ids: list[int], filters: str, params: list[str], wanted: int,
+) -> list[int]:
+    """The first ``wanted`` of ``ids`` that pass the filters, in their order: the first
+    ``wanted`` are checked, and the rest only when some of those fail (each check reads the
+    rows and their sessions)."""
+    passing: set[int] = set()
+    for checked in (ids[:wanted], ids[wanted:]):
+        if len(passing) < wanted:
+            passing |= rank.passing(conn, checked, filters, params)
+    return [row_id for row_id in ids if row_id in passing][:wanted]
+
+
 def _ranked(
     conn: sqlite3.Connection, table: str, match: str, conj: rank.Conjunction | None,
     filters: str, params: list[str], wanted: int, ranking: rank.Ranking = rank.RANKING,
@@ -993,11 +1000,11 @@ def _ranked(
         ids = rank.top_k(conn, conj, filters, params, wanted, ranking)
         if ids is not None:
             return ids
-    sql = RANKED_SQL.format(table=table, filters=filters)
+    sql = RANKED_SQL.format(table=table)
     prefix = 2 * wanted + 16
-    rows = conn.execute(sql, (match, prefix, *params, wanted)).fetchall()
-    ids = [row[0] for row in rows]
-    if len(ids) >= wanted or (rows and rows[0][1] < prefix):
+    ranked = [row[0] for row in conn.execute(sql, (match, prefix))]
+    ids = _passing(conn, ranked, filters, params, wanted)
+    if len(ids) >= wanted or len(ranked) < prefix:
         return ids
     count = _match_count(conn, table, match)
     if count <= prefix:
@@ -1009,7 +1016,8 @@ def _ranked(
     # in one pass, a join per match.
     longer = 4 * prefix * wanted // len(ids) if ids else count
     if longer < count // 2:
-        ids = [row[0] for row in conn.execute(sql, (match, longer, *params, wanted))]
+        ranked = [row[0] for row in conn.execute(sql, (match, longer))]
+        ids = _passing(conn, ranked, filters, params, wanted)
         if len(ids) >= wanted:
             return ids
     sql = FILTERED_RANKED_SQL.format(table=table, filters=filters)

@@ -512,6 +512,31 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
     assert ids(db.search_messages(query, source_filter=["discord"], ranking=fts5))[:5] == some[:5]
 
 
+def test_fts5s_prefix_is_checked_against_the_filters_only_as_far_as_the_page_needs(
+    db: SessionDB
+) -> None:
+    """FTS5 ranks a prefix of its order: the first rows of the page are read to check the
+    filters, and the rest of the prefix only when some of those fail."""
+    db.create_session("many", "cli")
+    db.create_session("few", "telegram")
+    db.replace_messages("many", [{"role": "user", "content": f"kiwi {n}"} for n in range(100)])
+    db.replace_messages("few", [{"role": "user", "content": "kiwi"} for _ in range(10)])
+
+    def checked(**filters: Any) -> list[int]:
+        fts5 = rank.Ranking(proofs=False, fts5_word_rows=0)  # FTS5 ranks a prefix
+        got, statements = traced_search(db, "kiwi", ranking=fts5, **filters)
+        assert got == fts5_order(db, "kiwi", **filters), filters
+        checks = [s for s in statements  # not the page's rows, read with their sessions
+                  if s.lstrip().startswith("SELECT m.id FROM messages m JOIN sessions s")]
+        return [len(json.loads(s.split("json_each('", 1)[1].split("'", 1)[0]))
+                for s in checks]  # the ids, the first list of each
+
+    assert checked() == [20]
+    # The ten best rows are telegram's: ten more of the page are read, then the prefix's rest.
+    assert checked(source_filter=["cli"]) == [20, 36]
+    assert checked(source_filter=["telegram"]) == [20, 36]  # then every row that passes
+
+
 def test_newest_and_oldest_order_by_time_then_relevance(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     once = db.append_message("s1", "user", "kiwi and many other words here", timestamp=50.0)
@@ -1153,7 +1178,7 @@ def test_a_word_matching_few_rows_is_ranked_by_fts5_at_once(
         assert not [s for s in statements if "search_impact" in s], query
         # One FTS5 ranking: of a prefix of its order, else of the rows that pass the filters.
         ranked = [s for s in statements if "bm25(messages_fts)" in s]
-        assert len(ranked) == 1 and ("WITH ranked" in ranked[0]) == (not filters), ranked
+        assert len(ranked) == 1 and ("JOIN" not in ranked[0]) == (not filters), ranked
         got, reads = impact_reads(
             corpus, query, ranking=proofs(fts5_word_rows=matching - 1, exact_rank_rows=40),
             **filters)
