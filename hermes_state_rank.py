@@ -536,6 +536,7 @@ class _Walk:
     # Scores of rows left out of the top (or not let in), for :meth:`tie_at_the_edge`.
     passed_over: set[float] = field(default_factory=set)
     heads_read: int = 0  # the tokens of the likeliest pending rows' text read so far
+    text_heads: int = 0  # the heads of pending rows read by text instead of all of them
 
     def kth(self) -> float | None:
         """The score a row must beat to enter the top (None while it has room)."""
@@ -638,10 +639,11 @@ class _Walk:
         False when there were none.
 
         Their text scores them, or FTS5 in one pass, whichever reads fewer (tokens of their
-        text, rows of the words' lists). Before such a pass the text of the
-        :attr:`Ranking.head_rows` × wanted likeliest (highest best cases) that pass the filters
-        is read instead, while the tokens those reads take stay fewer than the pass walks: the
-        top they make leaves most of the others out, and the others wait on."""
+        text, rows of the words' lists). Either way the likeliest (highest best cases) come
+        first, and the top they make leaves most of the others out: by text, the
+        :attr:`Ranking.head_rows` × wanted likeliest, twice as many each time; before an FTS5
+        pass, as many of the likeliest that pass the filters, while the tokens those reads
+        take stay fewer than the pass walks."""
         due = [item for item in self.pending if floor is None or -item[0] >= floor]
         if not due:
             return False
@@ -649,6 +651,8 @@ class _Walk:
         by = "text" if self.list_rows is None else self.ranking.score_waiting_by
         walked = self.list_rows() if self.list_rows and by == "estimate" else 0  # by FTS5
         by_text = by == "text" or (by == "estimate" and tokens <= walked)
+        if by_text and self._read_a_text_head(len(due)):
+            return True
         if by == "estimate" and not by_text and self._read_a_head(due, walked):
             return True
         self.pending = [] if floor is None else [i for i in self.pending if -i[0] < floor]
@@ -659,6 +663,17 @@ class _Walk:
             self.resolve_texts(ids)
         else:
             self._resolve_by_fts5(ids)
+        return True
+
+    def _read_a_text_head(self, due: int) -> bool:
+        """Score the likeliest of the ``due`` rows from their text (the filters checked as it
+        is read), before the others; False when the head would take them all."""
+        head = (self.ranking.head_rows * self.wanted) << self.text_heads
+        if not 0 < head < due:
+            return False
+        self.text_heads += 1
+        self.handled += head
+        self.resolve_texts(sorted(heapq.heappop(self.pending)[1] for _ in range(head)))
         return True
 
     def _read_a_head(self, due: Sequence[tuple[float, int]], walked: int) -> bool:

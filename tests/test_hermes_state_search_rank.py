@@ -319,6 +319,34 @@ def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
     assert passes[likeliest] < passes[0], passes
 
 
+@pytest.mark.parametrize("filters", [{}, {"source_filter": ["telegram", "email"]}],
+                         ids=["none", "sources"])
+def test_the_likeliest_waiting_rows_are_read_before_the_text_of_the_others(
+    bench_store: Path, filters: dict[str, Any]
+) -> None:
+    # Rows that wait with a best case, scored from their text: the likeliest few are read
+    # first, twice as many each time, and the top they make leaves the others out: the same
+    # order from fewer rows read.
+    terms = query_terms(seed=1)
+    queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
+    read, likeliest = {}, rank.RANKING.head_rows
+    with SessionDB(bench_store, read_only=True) as db:
+        for head in (likeliest, 0):  # 0: every waiting row at once
+            ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, head_rows=head,
+                             score_waiting_by="text")
+            read[head] = 0
+            for query in queries:
+                for offset in (0, 5):
+                    got, statements = traced_search(db, query, limit=5, offset=offset,
+                                                    ranking=ranking, **filters)
+                    want = fts5_order(db, query, limit=offset + 5, **filters)[offset:]
+                    assert got == want, (query, head, offset)
+                    read[head] += sum(
+                        len(json.loads(s.split("json_each('", 1)[1].split("'", 1)[0]))
+                        for s in statements if "messages_fts_docsize AS d" in s)
+    assert read[likeliest] < read[0], read
+
+
 def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     bench_store: Path
 ) -> None:
