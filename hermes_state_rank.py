@@ -475,8 +475,8 @@ class Postings:
         self._rows.close()
 
     def _read(self) -> tuple[str, int] | None:
-        if not self._buffer:
-            self._buffer = self._rows.fetchmany(512)[::-1]
+        if not self._buffer:  # as many as the batch being read: a proof often needs no more
+            self._buffer = self._rows.fetchmany(self.batch)[::-1]
             if not self._buffer:
                 return None
         return self._buffer.pop()
