@@ -293,58 +293,45 @@ def _fts5_passes(statements: list[str]) -> int:
     return sum("+rowid IN" in s and "bm25(messages_fts)" in s for s in statements)
 
 
-@pytest.mark.parametrize("filters", [{}, {"source_filter": ["telegram", "email"]}],
-                         ids=["none", "sources"])
-def test_the_likeliest_waiting_rows_are_read_before_fts5_would_score_them_all(
-    bench_store: Path, filters: dict[str, Any]
-) -> None:
-    # Rows that wait with a best case, more than their text is worth reading: FTS5 would score
-    # them in one pass. The text of the likeliest few that pass the filters is read first, and
-    # the top they make leaves the others out: the same order, from fewer passes. (Pages of
-    # five rows: at this size few rows wait, and the likeliest are fewer.)
-    terms = query_terms(seed=1)
-    queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
-    passes, likeliest = {}, rank.RANKING.head_rows
-    with SessionDB(bench_store, read_only=True) as db:
-        for head in (likeliest, 0):  # 0: every waiting row at once, as FTS5 scores them
-            ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, head_rows=head)
-            passes[head] = 0
-            for query in queries:
-                for offset in (0, 5):
-                    got, statements = traced_search(db, query, limit=5, offset=offset,
-                                                    ranking=ranking, **filters)
-                    want = fts5_order(db, query, limit=offset + 5, **filters)[offset:]
-                    assert got == want, (query, head, offset)
-                    passes[head] += _fts5_passes(statements)
-    assert passes[likeliest] < passes[0], passes
+def listed_ids(statement: str) -> list[int]:
+    """The ids a traced statement passes in its first JSON list (``json_each('[...]')``)."""
+    return list(json.loads(statement.split("json_each('", 1)[1].split("'", 1)[0]))
+
+
+def _texts_read(statements: list[str]) -> int:
+    """How many rows' text a search's statements read to score rows the proof left waiting."""
+    return sum(len(listed_ids(s)) for s in statements if "messages_fts_docsize AS d" in s)
 
 
 @pytest.mark.parametrize("filters", [{}, {"source_filter": ["telegram", "email"]}],
                          ids=["none", "sources"])
-def test_the_likeliest_waiting_rows_are_read_before_the_text_of_the_others(
-    bench_store: Path, filters: dict[str, Any]
+@pytest.mark.parametrize("waiting", ["estimate", "text"])
+def test_the_likeliest_waiting_rows_are_read_first(
+    bench_store: Path, filters: dict[str, Any], waiting: str
 ) -> None:
-    # Rows that wait with a best case, scored from their text: the likeliest few are read
-    # first, twice as many each time, and the top they make leaves the others out: the same
-    # order from fewer rows read.
+    # Rows that wait with a best case. Where FTS5 would score them in one pass ("estimate":
+    # more of them than their text is worth reading), the text of the likeliest few that pass
+    # the filters is read first; scored from their text, the likeliest few are read first,
+    # twice as many each time. Either way the top they make leaves the others out: the same
+    # order, from fewer FTS5 passes or fewer rows read. (Pages of five rows: at this size few
+    # rows wait, and the likeliest are fewer.)
+    work = _fts5_passes if waiting == "estimate" else _texts_read
     terms = query_terms(seed=1)
     queries = terms["en_2term"] + [f'"{p}"' for p in terms["en_phrase"]]
-    read, likeliest = {}, rank.RANKING.head_rows
+    done, likeliest = {}, rank.RANKING.head_rows
     with SessionDB(bench_store, read_only=True) as db:
         for head in (likeliest, 0):  # 0: every waiting row at once
             ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0, head_rows=head,
-                             score_waiting_by="text")
-            read[head] = 0
+                             score_waiting_by=waiting)
+            done[head] = 0
             for query in queries:
                 for offset in (0, 5):
                     got, statements = traced_search(db, query, limit=5, offset=offset,
                                                     ranking=ranking, **filters)
                     want = fts5_order(db, query, limit=offset + 5, **filters)[offset:]
                     assert got == want, (query, head, offset)
-                    read[head] += sum(
-                        len(json.loads(s.split("json_each('", 1)[1].split("'", 1)[0]))
-                        for s in statements if "messages_fts_docsize AS d" in s)
-    assert read[likeliest] < read[0], read
+                    done[head] += work(statements)
+    assert done[likeliest] < done[0], done
 
 
 def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
@@ -554,10 +541,8 @@ def test_fts5s_prefix_is_checked_against_the_filters_only_as_far_as_the_page_nee
         fts5 = rank.Ranking(proofs=False, fts5_word_rows=0)  # FTS5 ranks a prefix
         got, statements = traced_search(db, "kiwi", ranking=fts5, **filters)
         assert got == fts5_order(db, "kiwi", **filters), filters
-        checks = [s for s in statements  # not the page's rows, read with their sessions
-                  if s.lstrip().startswith("SELECT m.id FROM messages m JOIN sessions s")]
-        return [len(json.loads(s.split("json_each('", 1)[1].split("'", 1)[0]))
-                for s in checks]  # the ids, the first list of each
+        return [len(listed_ids(s)) for s in statements  # not the page's rows and sessions
+                if s.lstrip().startswith("SELECT m.id FROM messages m JOIN sessions s")]
 
     assert checked() == [20]
     # The ten best rows are telegram's: ten more of the page are read, then the prefix's rest.
