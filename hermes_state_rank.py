@@ -51,7 +51,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hermes_state_bm25 import (
@@ -73,7 +73,11 @@ from hermes_state_bm25 import (
     text_frequency,
     varints,
 )
-from hermes_state_errors import InvalidInputError, is_sqlite_lock_error
+from hermes_state_errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    is_sqlite_lock_error,
+)
 from hermes_state_impact import (
     INDEX_FAULTS,
     KEY_SCALE,
@@ -431,13 +435,33 @@ class Ranking:
     proofs: bool = True
 
     def __post_init__(self) -> None:
-        if self.score_waiting_by not in WAITING_ROWS_BY:
-            raise InvalidInputError(
-                f"score_waiting_by must be one of {WAITING_ROWS_BY}, got "
-                f"{self.score_waiting_by!r}", argument="score_waiting_by")
+        for knob in fields(self):
+            _check_knob(knob.name, str(knob.type), getattr(self, knob.name))
 
 
 WAITING_ROWS_BY = ("estimate", "text", "fts5")
+# Knobs a proof cannot read postings without: a batch of none would never move.
+_AT_LEAST_ONE = ("first_batch_postings", "max_batch_postings")
+
+
+def _check_knob(name: str, kind: str, value: object) -> None:
+    """Refuse a knob of :class:`Ranking` of the wrong type or out of its range: counts and
+    shares are numbers from 0 (the postings' batches from 1), ``proofs`` a bool."""
+    if kind == "str":
+        if value not in WAITING_ROWS_BY:
+            raise InvalidInputError(f"{name} must be one of {WAITING_ROWS_BY}, got {value!r}",
+                                    argument=name)
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (isinstance(value, bool) if kind == "bool" else
+            number and (kind == "float" or isinstance(value, int))):
+        what = {"bool": "a bool", "int": "an int"}.get(kind, "a number")
+        raise InvalidTypeError(f"{name} must be {what}, got {type(value).__name__}",
+                               argument=name)
+    least = 1 if name in _AT_LEAST_ONE else 0
+    if isinstance(value, int | float) and number and not value >= least:  # NaN too
+        raise InvalidInputError(f"{name} must be at least {least}, got {value!r}",
+                                argument=name)
 
 
 RANKING = Ranking()

@@ -6,6 +6,7 @@ damage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -28,7 +29,7 @@ import hermes_state_impact as impact
 import hermes_state_rank as rank
 import hermes_state_search as search
 from bench.corpus import generate_corpus, query_terms
-from hermes_state import SessionDB
+from hermes_state import InvalidInputError, InvalidTypeError, SessionDB
 
 COMMON = ["session", "gateway", "config", "token"]  # most rows
 MEDIUM = ["worker", "retry", "cache", "deploy", "deployment", "deployed"]  # about one in ten
@@ -99,6 +100,37 @@ def on_file(db: SessionDB, inspect: Callable[[sqlite3.Connection], T]) -> T:
     """``inspect`` run on the store's file, opened from outside, read-only."""
     with raw(db.db_path) as conn:
         return inspect(conn)
+
+
+@pytest.mark.parametrize(("knobs", "error"), [
+    ({"fts5_word_rows": 1.5}, InvalidTypeError),
+    ({"exact_rank_rows": "12000"}, InvalidTypeError),
+    ({"head_rows": True}, InvalidTypeError),
+    ({"proofs": 1}, InvalidTypeError),
+    ({"proof_share": None}, InvalidTypeError),
+    ({"time_order_rows_per_range": -1}, InvalidInputError),
+    ({"abort_margin": -0.5}, InvalidInputError),
+    ({"proof_share": math.nan}, InvalidInputError),
+    ({"first_batch_postings": 0}, InvalidInputError),  # a batch of none would never move
+    ({"max_batch_postings": 0}, InvalidInputError),
+    ({"score_waiting_by": "guess"}, InvalidInputError),
+])
+def test_a_ranking_refuses_a_knob_of_the_wrong_type_or_range(
+    knobs: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(InvalidInputError) as raised:
+        rank.Ranking(**knobs)
+    assert type(raised.value) is error and raised.value.argument == next(iter(knobs))
+
+
+def test_every_knob_of_a_ranking_is_checked_and_the_edges_of_its_ranges_are_taken() -> None:
+    for knob in dataclasses.fields(rank.Ranking):
+        with pytest.raises(InvalidInputError) as raised:
+            rank.Ranking(**{knob.name: object()})
+        assert raised.value.argument == knob.name
+    edges = rank.Ranking(fts5_word_rows=2**70, proof_share=math.inf, head_rows=0,
+                         first_batch_postings=1, abort_margin=0)
+    assert (edges.fts5_word_rows, edges.proof_share) == (2**70, math.inf)
 
 
 def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> list[int]:
