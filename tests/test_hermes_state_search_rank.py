@@ -596,17 +596,7 @@ def test_newest_and_oldest_order_by_time_then_relevance(db: SessionDB) -> None:
     assert ids(db.search_messages("kiwi", sort="newest", limit=2, offset=1)) == [twice, once]
 
 
-# A search in time order reads a query's rows range by range of ids; a page still short after
-# two ranges reads them all at once (by default when they are at most
-# ``time_order_rows_per_range`` a range). Both must give the same order.
-TIME_READS = {"at once": rank.Ranking(time_order_rows_per_range=2**62),
-              "range by range": rank.Ranking(time_order_rows_per_range=0)}
-time_reads = pytest.mark.parametrize("reads", sorted(TIME_READS))
-
-
-@time_reads
-def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB, reads: str) -> None:
-    ranking = TIME_READS[reads]
+def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB) -> None:
     db.create_session("s1", "cli")
     r = random.Random(3)
     stamps = [r.uniform(0, 1e6) for _ in range(9000)]  # ids in no time order at all
@@ -614,32 +604,48 @@ def test_time_sorts_are_exact_across_blocks_of_ids(db: SessionDB, reads: str) ->
                                for i, t in enumerate(stamps)])
     rows = db.get_messages("s1")
     by_time = sorted(rows, key=lambda m: (-m["timestamp"], m["id"]))
-    assert ids(db.search_messages("kiwi", sort="newest", limit=30, ranking=ranking)) == [
+    assert ids(db.search_messages("kiwi", sort="newest", limit=30)) == [
         m["id"] for m in by_time[:30]]
-    assert ids(db.search_messages("kiwi", sort="oldest", limit=30, ranking=ranking)) == [
+    assert ids(db.search_messages("kiwi", sort="oldest", limit=30)) == [
         m["id"] for m in by_time[::-1][:30]]
+
+
+# A search in time order reads a query's rows range by range of ids; a page still short after
+# two ranges reads them all at once (by default when they are at most
+# ``time_order_rows_per_range`` a range). Both must give the same order.
+TIME_READS = {"at once": rank.Ranking(time_order_rows_per_range=2**62),
+              "range by range": rank.Ranking(time_order_rows_per_range=0)}
 
 
 @pytest.mark.parametrize("sort", ["newest", "oldest"])
 def test_a_time_sort_reads_a_rare_words_rows_at_once_and_a_common_ones_range_by_range(
-    db: SessionDB, sort: str
+    db: SessionDB, db_path: Path, sort: str
 ) -> None:
     """Each range of ids is a statement of its own: a word in a few rows a range, which would
     leave every range to be read, has its rows read in one statement once two ranges leave
     the page short; a common word is read range by range, newest (oldest) first, and stops
-    early. The same rows in the same order either way."""
+    early. The same rows in the same order either way, those without a time last."""
     db.create_session("s1", "cli")
     db.replace_messages("s1", [  # written in time order, as a history is
         {"role": "user", "content": f"kiwi {'plum' if i % 1500 == 7 else i % 7}",
          "timestamp": float(i)} for i in range(9000)])
+    conn = writer(db_path)  # another client's rows, their times text
+    conn.executemany("INSERT INTO messages (id, session_id, role, content, timestamp)"
+                     " VALUES (?, 's1', 'user', ?, ?)",
+                     [(20000, "plum later", "soon"), (20001, "plum", "yesterday")])
+    conn.close()
+    direction = "DESC" if sort == "newest" else "ASC"
+    oracle = TIME_ORDER_SQL.format(direction=direction)
+    expected = [r[0] for r in on_file(db, lambda c: c.execute(oracle, ("plum",)).fetchall())]
 
     def block_reads(query: str, ranking: rank.Ranking) -> tuple[list[int], int]:
         got, statements = traced_search(db, query, sort=sort, limit=30, ranking=ranking)
         return got, sum("FROM messages_fts f" in s and "f.rowid BETWEEN" in s
                         for s in statements)
 
-    rare, reads = block_reads("plum", rank.RANKING)  # 6 rows, 4 ranges (2 rows each at most)
-    assert len(rare) == 6 and reads == 3  # two ranges, then every id
+    rare, reads = block_reads("plum", rank.RANKING)  # 8 rows, 4 ranges (2 rows each at most)
+    assert rare == expected and expected[-2:] == [20001, 20000]
+    assert reads == 3  # two ranges, then every id
     # Range by range, every range is read: three blocks of ids, the ids past the batch
     # boundary, the ids below the first block.
     assert block_reads("plum", TIME_READS["range by range"]) == (rare, 5)
@@ -672,10 +678,9 @@ def _older_file_without_a_time_column_constraint(db_path: Path) -> None:
     conn.close()
 
 
-@time_reads
 @pytest.mark.parametrize("sort", ["newest", "oldest"])
 def test_rows_without_a_time_sort_after_every_timed_row(
-    db_path: Path, sort: str, reads: str
+    db_path: Path, sort: str
 ) -> None:
     """Rows whose time is text another client stored, or NULL in an older file, come after
     every timed row in both directions, by relevance then id; and are found even in a block of
@@ -698,9 +703,8 @@ def test_rows_without_a_time_sort_after_every_timed_row(
         expected = [r[0] for r in on_file(db, lambda c: c.execute(
             TIME_ORDER_SQL.format(direction=direction), ("kiwi",)).fetchall())]
         assert set(expected[-4:]) == {5000, 5001, 9001, 9002}
-        ranking = TIME_READS[reads]
-        assert ids(db.search_messages("kiwi", sort=sort, limit=400, ranking=ranking)) == expected
-        pages = [ids(db.search_messages("kiwi", sort=sort, limit=20, offset=o, ranking=ranking))
+        assert ids(db.search_messages("kiwi", sort=sort, limit=400)) == expected
+        pages = [ids(db.search_messages("kiwi", sort=sort, limit=20, offset=o))
                  for o in range(0, 320, 20)]
         assert [i for page in pages for i in page] == expected
 
@@ -724,9 +728,8 @@ def test_substring_pages_with_rows_without_a_time_are_slices_of_one_order(
     assert whole[:2] == ([1, 4] if sort == "newest" else [4, 1])  # the timed rows first
 
 
-@time_reads
 def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
-    db_path: Path, reads: str
+    db_path: Path
 ) -> None:
     """A file written before the triggers skipped times that are not numbers: its trigger
     stores text another client wrote as a time in a block's bound, which a time sort then
@@ -747,17 +750,15 @@ def test_a_text_time_under_a_file_of_the_older_triggers_never_damages_the_index(
     assert conn.execute("SELECT count(*) FROM search_time_blocks WHERE typeof(last_at) = 'text'"
                         ).fetchone() == (1,)
     conn.close()
-    ranking = TIME_READS[reads]
     with SessionDB(db_path) as db:
-        newest = ids(db.search_messages("kiwi", sort="newest", limit=400, ranking=ranking))
+        newest = ids(db.search_messages("kiwi", sort="newest", limit=400))
         assert newest[:3] == [300, 299, 298] and newest[-1] == 5
-        assert ids(db.search_messages("kiwi", sort="oldest", limit=3, ranking=ranking)) == [
-            1, 2, 3]
+        assert ids(db.search_messages("kiwi", sort="oldest", limit=3)) == [1, 2, 3]
         db.append_message("s1", "user", "kiwi after", timestamp=1000.0)
         assert on_file(db, impact.index_health)["usable"]
 
 
-@time_reads
+@pytest.mark.parametrize("reads", sorted(TIME_READS))
 def test_a_time_sort_finds_rows_of_any_id(db: SessionDB, db_path: Path, reads: str) -> None:
     db.create_session("s1", "cli")
     conn = writer(db_path)
