@@ -442,6 +442,9 @@ class Ranking:
 WAITING_ROWS_BY = ("estimate", "text", "fts5")
 # Knobs a proof cannot read postings without: a batch of none would never move.
 _AT_LEAST_ONE = ("first_batch_postings", "max_batch_postings")
+# A declared type's accepted values (a bool is no count), and how a refusal names them.
+_KNOB_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "a bool"), "int": ((int,), "an int"), "float": ((int, float), "a number")}
 
 
 def _check_knob(name: str, kind: str, value: object) -> None:
@@ -452,14 +455,12 @@ def _check_knob(name: str, kind: str, value: object) -> None:
             raise InvalidInputError(f"{name} must be one of {WAITING_ROWS_BY}, got {value!r}",
                                     argument=name)
         return
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (isinstance(value, bool) if kind == "bool" else
-            number and (kind == "float" or isinstance(value, int))):
-        what = {"bool": "a bool", "int": "an int"}.get(kind, "a number")
+    types, what = _KNOB_TYPES[kind]
+    if not isinstance(value, types) or isinstance(value, bool) != (kind == "bool"):
         raise InvalidTypeError(f"{name} must be {what}, got {type(value).__name__}",
                                argument=name)
     least = 1 if name in _AT_LEAST_ONE else 0
-    if isinstance(value, int | float) and number and not value >= least:  # NaN too
+    if kind != "bool" and isinstance(value, int | float) and not value >= least:  # NaN too
         raise InvalidInputError(f"{name} must be at least {least}, got {value!r}",
                                 argument=name)
 

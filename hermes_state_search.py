@@ -606,7 +606,7 @@ def _literal_where(
 # Snippets
 # ---------------------------------------------------------------------------------------------
 
-_SEPARATORS = r"[\W_]+"
+_UNFOLDED_SEPARATORS = r"[\W_]+"
 # Between words in folded text, where every character unicode61 separates is an ASCII one
 # other than a letter or digit.
 _FOLDED_SEPARATORS = f"[{SEPARATOR_CLASS}]+"
@@ -639,7 +639,7 @@ def _needle_forms(
     separators before it are a plain run (see :func:`_words_after`)."""
     words = _needle_words(needle, folded)
     if len(words) > 1:
-        rx = (_FOLDED_SEPARATORS if folded else _SEPARATORS).join(map(re.escape, words))
+        rx = (_FOLDED_SEPARATORS if folded else _UNFOLDED_SEPARATORS).join(map(re.escape, words))
         return rx, tuple(words) if folded else None
     plain = words[0] if words else needle if needle.strip() else None
     return None if plain is None else (re.escape(plain), (plain,))

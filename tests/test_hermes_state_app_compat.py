@@ -180,7 +180,7 @@ def test_a_write_function_is_refused_on_a_read_only_handle(db: SessionDB, db_pat
     with SessionDB(db_path, read_only=True) as reader:
         with pytest.raises(HermesStateError, match="read-only"):
             reader._execute_write(lambda conn: conn.execute("DELETE FROM sessions"))
-        assert reader._conn.execute("SELECT COUNT(*) AS n FROM sessions").fetchone()["n"] == 1
+        assert reader.get_session("s") is not None  # nothing was deleted
 
 
 @pytest.mark.slow
