@@ -136,27 +136,56 @@ def _without_fts5(ch: str) -> str:
 
 
 def _learn(chars: Iterable[str]) -> None:
-    """What unicode61 makes of each of ``chars``: each is tokenized between two ``a``s (by
-    :func:`_without_fts5` on an SQLite without FTS5)."""
+    """What unicode61 makes of each of ``chars``. Those likely kept as they are (most, CJK
+    among them: :func:`_likely_kept`) are asked in runs, a token each, and known kept when a
+    run comes back whole, which costs FTS5 far less than a token a character; the others,
+    and those of a run that does not come back whole, are each tokenized alone between two
+    ``a``s (by :func:`_without_fts5` on an SQLite without FTS5)."""
     global _kept
     with _PROBE_LOCK:
-        todo = [ch for ch in chars if ord(ch) not in _CHARS]
+        todo = [ch for ch in dict.fromkeys(chars) if ord(ch) not in _CHARS]
         if not todo:
             return
+        likely = [ch for ch in todo if _likely_kept(ch)]
+        alone = [ch for ch in todo if not _likely_kept(ch)]
+        runs = ["".join(likely[i:i + _RUN_CHARS]) for i in range(0, len(likely), _RUN_CHARS)]
         try:
-            made = _probe_terms([" ".join(f"a{ch}a" for ch in todo)])[0]
+            *made, terms = _probe_terms([*(f"a{run}a" for run in runs), _one_by_one(alone)])
+            for run, made_of_run in zip(runs, made):
+                if made_of_run == [f"a{run}a"]:
+                    _CHARS.update((ord(ch), ch) for ch in run)
+                else:
+                    alone += run
+                    terms += _probe_terms([_one_by_one(run)])[0]
         except sqlite3.OperationalError:
             _CHARS.update((ord(ch), _without_fts5(ch)) for ch in todo)
         else:
-            terms = iter(made)
-            for ch in todo:
-                term = next(terms)
+            each = iter(terms)
+            for ch in alone:
+                term = next(each)
                 if term == "a":  # a separator: "a", "a"
-                    next(terms)
+                    next(each)
                     _CHARS[ord(ch)] = " "
                 else:
                     _CHARS[ord(ch)] = term[1:-1]
         _kept = _kept | {ch for ch in todo if _CHARS[ord(ch)] == ch}
+
+
+# Characters asked of FTS5 in one token at most (FTS5 cuts a token past 32 KB).
+_RUN_CHARS = 2_000
+
+
+def _likely_kept(ch: str) -> bool:
+    """Whether Python's tables make ``ch`` a token character unicode61 keeps as it is: a letter
+    or digit without case to fold and, below the CJK blocks, without a diacritic to remove. A
+    guess only, cheap to make, which FTS5 confirms (:func:`_learn`)."""
+    return ch.isalnum() and ch.lower() == ch and (
+        ch >= "\u2e80" or not unicodedata.decomposition(ch))
+
+
+def _one_by_one(chars: Iterable[str]) -> str:
+    """A text of ``chars``, each between two ``a``s."""
+    return " ".join(f"a{ch}a" for ch in chars)
 
 
 def learn_characters(texts: Iterable[str | None]) -> None:

@@ -3,11 +3,13 @@ characters, and its BM25 score is this SQLite's ``bm25()`` bit for bit."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import RunPython
 from state_helpers import TRICKY
 
 import hermes_state_bm25 as bm25
@@ -123,6 +125,28 @@ def test_characters_learned_for_a_page_of_texts_at_once_give_fts5s_tokens(
 ) -> None:
     bm25.learn_characters([*texts, None, ""])
     assert [bm25.column_tokens(t) for t in texts] == [fts5_tokens(t) for t in texts]
+
+
+# A fresh process learns a page at once: CJK letters and others kept as they are, letters
+# Python's tables keep but unicode61 folds (final sigma) or separates (U+19B0, a mark before
+# Unicode 8), letters with diacritics, punctuation, a letter with case.
+_LEARNT_IN_A_FRESH_PROCESS = r"""
+import json, sys
+import hermes_state_bm25 as bm25
+texts = json.loads(sys.argv[1])
+bm25.learn_characters(texts)
+print(json.dumps([bm25.column_tokens(t) for t in texts]))
+"""
+
+
+def test_a_fresh_process_learns_a_page_of_characters_as_fts5_tokenizes_them(
+    run_python: RunPython,
+) -> None:
+    cjk = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 3_000, 7))
+    texts = [f"東京{cjk[:200]}ς都 ᦰx ábc", f"{cjk}、。", "Ωmega ЖЖ ß ﬁne ᦰᦱ δς", "plain"]
+    done = run_python(_LEARNT_IN_A_FRESH_PROCESS, json.dumps(texts))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [fts5_tokens(t) for t in texts]
 
 
 def test_every_character_python_splits_at_is_a_unicode61_separator() -> None:
