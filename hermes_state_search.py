@@ -1114,7 +1114,7 @@ def _route_ids(
 TRIGRAM_SEARCH_SQL = """
 SELECT m.id, m.timestamp FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
 JOIN sessions s ON s.id = m.session_id
-WHERE t.content LIKE ? AND {exact} {filters}
+WHERE t.messages_fts_trigram MATCH ? AND {exact} {filters}
 ORDER BY {untimed}, CASE WHEN {untimed} THEN NULL ELSE m.timestamp END {direction},
          m.id {direction} LIMIT ?
 """
@@ -1204,10 +1204,22 @@ def _substring_rows(
                                                                           group.words)
         sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
                                         untimed=UNTIMED_SQL)
-        index_pattern = max(group.index_patterns, key=len)
-        for row_id, ts in conn.execute(sql, (index_pattern, *exact_params, *params, wanted)):
+        match = _trigram_cover(max(group.index_patterns, key=len))
+        for row_id, ts in conn.execute(sql, (match, *exact_params, *params, wanted)):
             found[row_id] = ts
     return scan.in_time_order(found, order, wanted)
+
+
+def _trigram_cover(index_pattern: str) -> str:
+    """The trigram index's MATCH for the rows that may hold ``index_pattern``'s text: the
+    trigrams that cover it end to end, overlapping only to reach its end (every third one,
+    and the last). ``LIKE`` would read every trigram's list, three times as many, when the
+    index (``detail='none'``) cannot tell where in a row a trigram is anyway: the rows are
+    checked exactly after (``"atomicresulthandler"``: seven lists, not seventeen)."""
+    piece = index_pattern[1:-1]
+    starts = sorted({*range(0, len(piece) - 2, 3), len(piece) - 3})
+    trigrams = dict.fromkeys(piece[i:i + 3].replace('"', '""') for i in starts)
+    return " AND ".join(f'"{trigram}"' for trigram in trigrams)
 
 
 def _like_hits(

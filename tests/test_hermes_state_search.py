@@ -124,24 +124,32 @@ def test_any_text_becomes_a_query_fts5_accepts_and_search_never_raises(
     assert found(stale.search_messages(query, role_filter="user")) == [] or sanitized
 
 
-def test_the_trigram_index_is_only_ever_sent_one_like(shared: tuple[SessionDB, Path]) -> None:
-    """SQLite 3.40 can crash on a trigram query with several LIKE constraints."""
+def test_the_trigram_index_is_sent_whole_trigrams_and_never_a_like(
+    shared: tuple[SessionDB, Path],
+) -> None:
+    """SQLite 3.40 can crash on a trigram query with several LIKE constraints, or one of under
+    three bytes: the index is asked one MATCH of trigrams instead, each of three characters,
+    covering the longest plain piece of the query's text end to end."""
     _, path = shared
     statements: list[str] = []
     with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
         conn.set_trace_callback(statements.append)
         for query in ("ployment", "ployment OR gateway", "ploy ment", "ate/run.py TODO",
-                      "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail"):
+                      "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail", "don't"):
             search.search_messages(conn, query, limit=50)
     conn.close()
     trigram = [sql for sql in statements if "FROM messages_fts_trigram t" in sql]
     assert trigram
+    covered = set()
     for sql in trigram:
-        assert len(re.findall(r"\bt\.content LIKE", sql)) == 1, sql
-        like = re.search(r"\bt\.content LIKE '((?:[^']|'')*)' (?!ESCAPE)", sql)
-        assert like is not None, sql  # the trace shows the bound pattern
-        literal = like.group(1).removeprefix("%").removesuffix("%")
-        assert len(literal) >= 3 and not set(literal) & set("%_"), sql
+        assert not re.search(r"\bt\.content LIKE", sql), sql
+        [literal] = re.findall(r"\bt\.messages_fts_trigram MATCH '((?:[^']|'')*)'", sql)
+        match = literal.replace("''", "'")  # the trace shows the bound text as SQL
+        terms = [t.replace('""', '"') for t in re.findall(r'"((?:[^"]|"")*)"', match)]
+        assert match == " AND ".join('"' + t.replace('"', '""') + '"' for t in terms), sql
+        assert all(len(t) == 3 and not set(t) & set("%_") for t in terms), sql
+        covered.add((terms[0], terms[-1], len(terms)))
+    assert {("plo", "ent", 3), ("ate", ".py", 4), ("don", "n't", 2)} <= covered
 
 
 _word_sources = itertools.count()
@@ -659,6 +667,18 @@ def test_substring_hits_only_when_no_row_holds_the_word_and_they_say_so(db: Sess
     assert all(">>>iwifrui<<<" in hit["snippet"] for hit in substring)
     assert found(db.search_messages("iwifrui", sort="oldest", limit=3)) == inside[:3]
     assert db.search_messages("iwifrui", role_filter=["assistant"]) == []
+
+
+def test_a_row_holding_a_substrings_trigrams_apart_is_no_hit(db: SessionDB) -> None:
+    """The trigram index finds the rows holding trigrams that cover the text (``wit``,
+    ``urn``, ``rni`` for ``witurni``), wherever they are in the row: each is checked for the
+    text itself, its ASCII letters in any case."""
+    db.create_session("s1", "cli")
+    add(db, "s1", "wit urn rni, and wiT uRNi")
+    inside = [add(db, "s1", text) for text in ("KIWITURNIP", "xwiturnix", "a xwiTurni b")]
+    hits = db.search_messages("witurni")
+    assert found(hits) == inside[::-1]
+    assert {hit["match"] for hit in hits} == {"substring"}
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["indexed", "stale"])
