@@ -7,9 +7,9 @@ import json
 import sqlite3
 from collections import Counter
 
+from conftest import RunPython
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import RunPython
 from state_helpers import TRICKY
 
 import hermes_state_bm25 as bm25
