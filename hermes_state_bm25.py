@@ -146,8 +146,10 @@ def _learn(chars: Iterable[str]) -> None:
         todo = [ch for ch in dict.fromkeys(chars) if ord(ch) not in _CHARS]
         if not todo:
             return
-        likely = [ch for ch in todo if _likely_kept(ch)]
-        alone = [ch for ch in todo if not _likely_kept(ch)]
+        likely: list[str] = []
+        alone: list[str] = []
+        for ch in todo:
+            (likely if _likely_kept(ch) else alone).append(ch)
         runs = ["".join(likely[i:i + _RUN_CHARS]) for i in range(0, len(likely), _RUN_CHARS)]
         try:
             *made, terms = _probe_terms([*(f"a{run}a" for run in runs), _one_by_one(alone)])
@@ -191,10 +193,19 @@ def _one_by_one(chars: Iterable[str]) -> str:
 def learn_characters(texts: Iterable[str | None]) -> None:
     """Ask FTS5 at once about every character of ``texts`` it was not asked about yet: one
     probe for a page of texts instead of one for each text that holds a new character."""
-    found = set().union(*(t for t in texts if t and not t.isascii())) - _kept
+    found = set().union(*map(_beyond_ascii, filter(None, texts))) - _kept
     unknown = [ch for ch in found if ord(ch) not in _CHARS]
     if unknown:
         _learn(unknown)
+
+
+def _beyond_ascii(text: str) -> str:
+    """``text`` without its ASCII characters, which are known from the start (dropped as
+    bytes: a character at a time costs more on a long text)."""
+    if text.isascii():
+        return ""
+    return text.encode(errors="surrogatepass").translate(None, _ASCII_BYTES).decode(
+        errors="surrogatepass")
 
 
 def _changes(raw: bytes) -> dict[str, str]:
