@@ -310,6 +310,7 @@ SELECT count(*) FROM (
     UNION ALL SELECT 1 FROM search_impact_vocab WHERE term > ?1 AND term < ?3 LIMIT ?4)
 """
 INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
+INDEXED_COUNT_SQL = f"SELECT count(*) FROM ({INDEXED_ROWS_SQL} LIMIT ?)"
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
@@ -991,6 +992,8 @@ def _top_k(
     index = read_state(conn)
     if index is None or not index.whole:
         return None
+    if not single and _few_indexed_under_all(conn, distinct, wanted, ranking):
+        return None  # asked first: FTS5 then ranks, whatever the rest of the index holds
     if not consistent(conn, index):
         notice_damage(conn)  # a copy that kept one table without the other
         return None
@@ -999,7 +1002,7 @@ def _top_k(
     count = _Counter(conn, index)
     everywhere: list[int] = []
     if not single:
-        found = _indexed_under_all(conn, distinct, wanted, count, ranking)
+        found = _indexed_under_all(conn, distinct, count, ranking)
         if found is None:
             return None
         everywhere = found
@@ -1019,28 +1022,32 @@ def _top_k(
         proof.close()
 
 
+def _few_indexed_under_all(
+    conn: sqlite3.Connection, words: Sequence[str], wanted: int, ranking: Ranking,
+) -> bool:
+    """Whether fewer rows than :attr:`Ranking.everywhere_per_wanted` times the rows wanted are
+    indexed under every one of several ``words``: FTS5 then ranks them faster than a proof (the
+    best rows are mostly rows a word's postings leave open)."""
+    least = ranking.everywhere_per_wanted * wanted
+    found = conn.execute(INDEXED_COUNT_SQL, (_under_all(words), least)).fetchone()[0]
+    return bool(found < least)
+
+
 def _indexed_under_all(
-    conn: sqlite3.Connection, words: Sequence[str], wanted: int, count: _Counter,
-    ranking: Ranking,
+    conn: sqlite3.Connection, words: Sequence[str], count: _Counter, ranking: Ranking,
 ) -> list[int] | None:
     """The rows indexed under every one of several ``words``, or None when FTS5 ranks them
-    faster than a proof: fewer such rows than :attr:`Ranking.everywhere_per_wanted` times
-    the rows wanted (the best rows are then mostly rows a word's postings leave open), or a
-    word matching at most :attr:`Ranking.exact_rank_rows` rows (no more match them all; its
-    count stops there, and a proof's count goes on from the last row it read). The list is
-    read past its first rows only once a proof is due."""
-    expression = " AND ".join(f'"{w}"' for w in words)
-    rows = conn.execute(INDEXED_ROWS_SQL, (expression,))
-    try:
-        least = ranking.everywhere_per_wanted * wanted
-        found = [r[0] for r in rows.fetchmany(least)]
-        if len(found) < least:
-            return None
-        if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows) for w in words):
-            return None
-        return found + [r[0] for r in rows]
-    finally:
-        rows.close()
+    faster than a proof: a word matches at most :attr:`Ranking.exact_rank_rows` rows (no more
+    match them all; its count stops there, and a proof's count goes on from the last row it
+    read)."""
+    if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows) for w in words):
+        return None
+    return [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (_under_all(words),))]
+
+
+def _under_all(words: Sequence[str]) -> str:
+    """The MATCH of ``search_impact_fts`` for the rows indexed under every one of ``words``."""
+    return " AND ".join(f'"{w}"' for w in words)
 
 
 def _start(

@@ -1209,6 +1209,30 @@ def test_several_words_in_a_small_index_are_ranked_by_fts5_before_anything_is_co
         assert any(counts_matches(s) for s in statements), query
 
 
+def test_several_words_few_rows_hold_together_are_ranked_by_fts5_after_one_read(
+    corpus: SessionDB,
+) -> None:
+    """When fewer than ``everywhere_per_wanted`` times the rows wanted are indexed under every
+    word of a query, FTS5 ranks it: the impact index is asked that alone, not checked whole
+    nor a word counted first. With that many rows, the proof goes on to count the words."""
+    for words in (("session", "gateway"), ("config", "token"), ("worker", "session")):
+        query = " ".join(words)
+        under_all = on_file(corpus, lambda c, w=words: c.execute(
+            "SELECT count(*) FROM search_impact_fts WHERE search_impact_fts MATCH ?",
+            (" AND ".join(w),)).fetchone()[0])
+        assert under_all >= 20, query
+        for per_wanted, ranked_by_fts5 in ((under_all // 20 + 1, True), (under_all // 20, False)):
+            got, statements = traced_search(
+                corpus, query, ranking=proofs(everywhere_per_wanted=per_wanted))
+            assert got == fts5_order(corpus, query), query
+            asked = [s for s in statements if "search_impact_fts MATCH" in s]
+            if ranked_by_fts5:
+                assert len(asked) == 1 and "LIMIT" in asked[0], (query, asked)
+                assert not any(counts_matches(s) for s in statements), query
+            else:
+                assert len(asked) > 1 and any(counts_matches(s) for s in statements), query
+
+
 @pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f) or "none")
 def test_a_word_matching_few_rows_is_ranked_by_fts5_at_once(
     corpus: SessionDB, filters: dict[str, Any]
