@@ -43,7 +43,8 @@ def configure_connection(conn: sqlite3.Connection, /) -> sqlite3.Connection:
     leaf whose cells hold random bytes (its header intact) still takes an append, and the next
     checkpoint writes that page back into the damaged file. With the check on, such a page
     fails with ``SQLITE_CORRUPT`` the first time it is loaded, so the damage is met before
-    anything is written. Its cost on appends and searches is within noise (see README)."""
+    anything is written. Appends do not notice it; FTS5 reading a quoted phrase's position
+    lists does (see docs/performance.md)."""
     conn.execute(CELL_SIZE_CHECK_SQL)
     return conn
 

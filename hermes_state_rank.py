@@ -395,6 +395,10 @@ class Ranking:
     # role filter, over the rows that pass it, a join per match): its whole ranking costs about
     # what a proof's fixed reads do (the index's state, its queues, the first postings).
     fts5_word_rows: int = 1024
+    # A substring search asks the trigram index for the trigrams covering the text, and reads
+    # the rows holding them when at most this many do (each is then checked for the text);
+    # with more, for every trigram of the text (see hermes_state_search._substring_rows).
+    trigram_cover_rows: int = 256
     # A search in time order reads a query's rows a range of ids at a time (the index's time
     # blocks), in the order of their time bounds, until no range left can hold a row for the
     # page; each range is a statement of its own. A query matching at most this many rows per

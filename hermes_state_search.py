@@ -37,8 +37,9 @@ queries:
   ``concatenate``; ASCII case folding), ``%``, ``_`` and ``\\`` literal, a word keeping those
   at its edges (``50%`` finds ``50% off``). It serves the canonical fallback while the
   indexes are stale, and substring search through ``messages_fts_trigram``. That index is
-  driven by plain ``'%piece%'`` patterns of at least 3 characters (``index_patterns``; SQLite
-  3.40 counts bytes and can crash on shorter ones); the escaped patterns then filter exactly.
+  asked for trigrams of the longest plain piece of at least 3 characters (``index_patterns``,
+  :func:`_substring_rows`), never with ``LIKE`` (SQLite 3.40 counts a pattern's bytes there
+  and can crash on shorter ones); the escaped patterns then filter exactly.
 
 A query with no usable term has no plan and finds nothing. A plan that is one Latin
 alternative of required terms, none a prefix, carries its ``conjunction``: what
@@ -1109,15 +1110,16 @@ def _route_ids(
                     ranking.time_order_rows_per_range)
 
 
-# One LIKE reaches the trigram table (SQLite 3.40 can crash on several beside a short one);
-# the exact, escaped conditions of the group then filter the canonical content.
+# The rows holding a group's text: those the trigram index lists (``{rows}``), checked by the
+# exact, escaped conditions of the group on the canonical content.
 TRIGRAM_SEARCH_SQL = """
-SELECT m.id, m.timestamp FROM messages_fts_trigram t JOIN messages m ON m.id = t.rowid
-JOIN sessions s ON s.id = m.session_id
-WHERE t.messages_fts_trigram MATCH ? AND {exact} {filters}
+SELECT m.id, m.timestamp FROM messages m JOIN sessions s ON s.id = m.session_id
+WHERE m.id IN ({rows}) AND {exact} {filters}
 ORDER BY {untimed}, CASE WHEN {untimed} THEN NULL ELSE m.timestamp END {direction},
          m.id {direction} LIMIT ?
 """
+TRIGRAM_ROWS_SQL = "SELECT rowid FROM messages_fts_trigram WHERE messages_fts_trigram MATCH ?"
+LISTED_ROWS_SQL = "SELECT value FROM json_each(?)"
 # The canonical fallback, with no index at all.
 LIKE_SEARCH_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
@@ -1156,7 +1158,8 @@ def _word_hits(
 
     def route(position: int, wanted: int) -> list[tuple[int, Any]]:
         if position == len(routes):  # CJK text inside longer words, as substrings mean it
-            return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order)
+            return _substring_rows(conn, plan.cjk_groups, filters, params, wanted, order,
+                                   ranking)
         table, match, conj, route_order, (where, where_params) = routes[position]
         return _route_ids(conn, table, match, conj, filters + where, [*params, *where_params],
                           wanted, route_order, ranking)
@@ -1184,13 +1187,19 @@ def _word_hits(
 
 def _substring_rows(
     conn: sqlite3.Connection, groups: Sequence[LikeGroup], filters: str, params: list[str],
-    wanted: int, order: str | None,
+    wanted: int, order: str | None, ranking: rank.Ranking,
 ) -> list[tuple[int, Any]]:
     """Rows of user and assistant text holding a group's text anywhere, through the trigram
     index: newest first (oldest with ``order="oldest"``), as (id, timestamp). A group of the
     user's own "quoted phrases" asks for that phrase and is left out. An SQLite without the
     trigram tokenizer, or while the trigram index is stale, reads the canonical rows instead
-    (``hermes_state_scan``)."""
+    (``hermes_state_scan``).
+
+    The index keeps no positions (``detail='none'``): whichever trigrams it is asked for, the
+    rows it lists are checked for the text itself. It is asked first for the trigrams that
+    cover the text end to end (:func:`_trigrams`), a third of them, at most
+    :attr:`~hermes_state_rank.Ranking.trigram_cover_rows` rows; when more rows hold those,
+    common ones scattered through the rows, for every trigram of the text."""
     if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
         return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
@@ -1202,22 +1211,25 @@ def _substring_rows(
         if group.words is not None:
             exact, exact_params = f"{exact} AND {CJK_ROW_MATCHES_SQL}", (*exact_params,
                                                                           group.words)
-        sql = TRIGRAM_SEARCH_SQL.format(exact=exact, filters=filters, direction=direction,
-                                        untimed=UNTIMED_SQL)
-        match = _trigram_cover(max(group.index_patterns, key=len))
-        for row_id, ts in conn.execute(sql, (match, *exact_params, *params, wanted)):
+        piece = max(group.index_patterns, key=len)[1:-1]
+        most = ranking.trigram_cover_rows
+        listed = [r[0] for r in conn.execute(f"{TRIGRAM_ROWS_SQL} LIMIT ?",
+                                              (_trigrams(piece), most + 1))]
+        rows, rows_params = LISTED_ROWS_SQL, json.dumps(listed)
+        if len(listed) > most:
+            rows, rows_params = TRIGRAM_ROWS_SQL, _trigrams(piece, step=1)
+        sql = TRIGRAM_SEARCH_SQL.format(rows=rows, exact=exact, filters=filters,
+                                        direction=direction, untimed=UNTIMED_SQL)
+        for row_id, ts in conn.execute(sql, (rows_params, *exact_params, *params, wanted)):
             found[row_id] = ts
     return scan.in_time_order(found, order, wanted)
 
 
-def _trigram_cover(index_pattern: str) -> str:
-    """The trigram index's MATCH for the rows that may hold ``index_pattern``'s text: the
-    trigrams that cover it end to end, overlapping only to reach its end (every third one,
-    and the last). ``LIKE`` would read every trigram's list, three times as many, when the
-    index (``detail='none'``) cannot tell where in a row a trigram is anyway: the rows are
-    checked exactly after (``"atomicresulthandler"``: seven lists, not seventeen)."""
-    piece = index_pattern[1:-1]
-    starts = sorted({*range(0, len(piece) - 2, 3), len(piece) - 3})
+def _trigrams(piece: str, step: int = 3) -> str:
+    """The trigram index's MATCH for the rows holding every ``step``-th trigram of ``piece``
+    and its last: by default the trigrams that cover it end to end, overlapping only to reach
+    its end (``atomicresulthandler``: seven, of seventeen); every trigram with a step of 1."""
+    starts = sorted({*range(0, len(piece) - 2, step), len(piece) - 3})
     trigrams = dict.fromkeys(piece[i:i + 3].replace('"', '""') for i in starts)
     return " AND ".join(f'"{trigram}"' for trigram in trigrams)
 
@@ -1410,7 +1422,8 @@ def _indexed_hits(
         ids = _word_hits(conn, plan, filters, params, wanted, order, ranking)
         if ids:
             return _hits(conn, ids[offset:wanted], plan, WORD)
-        rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order)
+        rows = _substring_rows(conn, plan.like_groups, filters, params, wanted, order,
+                               ranking)
         return _hits(conn, [row_id for row_id, _ in rows[offset:wanted]], plan, SUBSTRING)
     except (sqlite3.Error, MemoryError) as exc:
         damaged = isinstance(exc, MemoryError) or is_corruption_error(exc)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from state_helpers import Connections, raw, spell_as_earlier_version
 
+import hermes_state_rank as rank
 import hermes_state_search as search
 from hermes_state import SessionDB
 
@@ -124,32 +125,45 @@ def test_any_text_becomes_a_query_fts5_accepts_and_search_never_raises(
     assert found(stale.search_messages(query, role_filter="user")) == [] or sanitized
 
 
+@pytest.mark.parametrize("cover_rows", [0, 256], ids=["every-trigram", "cover"])
 def test_the_trigram_index_is_sent_whole_trigrams_and_never_a_like(
-    shared: tuple[SessionDB, Path],
+    shared: tuple[SessionDB, Path], cover_rows: int
 ) -> None:
     """SQLite 3.40 can crash on a trigram query with several LIKE constraints, or one of under
-    three bytes: the index is asked one MATCH of trigrams instead, each of three characters,
-    covering the longest plain piece of the query's text end to end."""
+    three bytes: the index is asked MATCHes of trigrams instead, each of three characters,
+    of the longest plain piece of the query's text. First those covering it end to end, for
+    at most ``trigram_cover_rows`` rows; when more rows hold them, every trigram of the piece.
+    Either way the rows found are the ones holding the text."""
     _, path = shared
+    queries = ("ployment", "ployment OR gateway", "ploy ment", "ate/run.py TODO",
+               "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail", "don't")
+    ranking = rank.Ranking(trigram_cover_rows=cover_rows)
     statements: list[str] = []
     with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
-        conn.set_trace_callback(statements.append)
-        for query in ("ployment", "ployment OR gateway", "ploy ment", "ate/run.py TODO",
-                      "北京学习 OR 텍스트 검색", '"50% wrong"', "cker NOT fail", "don't"):
-            search.search_messages(conn, query, limit=50)
+        for query in queries:
+            every = search.search_messages(conn, query, limit=50, ranking=rank.Ranking(
+                trigram_cover_rows=0))
+            conn.set_trace_callback(statements.append)
+            assert search.search_messages(conn, query, limit=50, ranking=ranking) == every
+            conn.set_trace_callback(None)
     conn.close()
-    trigram = [sql for sql in statements if "FROM messages_fts_trigram t" in sql]
-    assert trigram
-    covered = set()
-    for sql in trigram:
-        assert not re.search(r"\bt\.content LIKE", sql), sql
-        [literal] = re.findall(r"\bt\.messages_fts_trigram MATCH '((?:[^']|'')*)'", sql)
-        match = literal.replace("''", "'")  # the trace shows the bound text as SQL
-        terms = [t.replace('""', '"') for t in re.findall(r'"((?:[^"]|"")*)"', match)]
-        assert match == " AND ".join('"' + t.replace('"', '""') + '"' for t in terms), sql
-        assert all(len(t) == 3 and not set(t) & set("%_") for t in terms), sql
-        covered.add((terms[0], terms[-1], len(terms)))
-    assert {("plo", "ent", 3), ("ate", ".py", 4), ("don", "n't", 2)} <= covered
+    asked = [s for s in statements if "messages_fts_trigram" in s and not s.startswith("--")]
+    assert asked
+    pieces = set()
+    for sql in asked:
+        assert not re.search(r"(?<!m\.)\bcontent LIKE", sql), sql  # messages' own text only
+        for literal in re.findall(r"messages_fts_trigram MATCH '((?:[^']|'')*)'", sql):
+            match = literal.replace("''", "'")  # the trace shows the bound text as SQL
+            terms = [t.replace('""', '"') for t in re.findall(r'"((?:[^"]|"")*)"', match)]
+            assert match == " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+            assert all(len(t) == 3 and not set(t) & set("%_") for t in terms), sql
+            probe = sql.startswith("SELECT rowid FROM messages_fts_trigram")
+            pieces.add((terms[0], terms[-1], len(terms), probe))
+    covers = {("plo", "ent", 3, True), ("ate", ".py", 4, True), ("don", "n't", 2, True)}
+    assert covers <= pieces
+    # With no row allowed for the cover, every trigram is asked for next.
+    every_trigram = {("plo", "ent", 6, False), ("ate", ".py", 8, False)}
+    assert (every_trigram <= pieces) == (cover_rows == 0)
 
 
 _word_sources = itertools.count()
