@@ -102,6 +102,7 @@ __all__ = [
     "Conjunction",
     "Postings",
     "Ranking",
+    "bounded_rows",
     "conjunction",
     "match_count",
     "passing",
@@ -110,6 +111,17 @@ __all__ = [
 
 # Relative slack on every bound: the proof must survive a last-bit rounding difference.
 _BOUND_SLACK = 1e-9
+
+
+# The most rows a statement of a search is asked for, or a fetch returns, at once: more than
+# any store holds, so that a count knob of any size (see Ranking) is no limit, and within what
+# SQLite's integers and a cursor's fetch take (a number they refuse would read as damage).
+_MOST_ROWS = 2**31 - 1
+
+
+def bounded_rows(rows: int) -> int:
+    """A count of rows as a statement's LIMIT or a fetch's size (see :data:`_MOST_ROWS`)."""
+    return min(rows, _MOST_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +256,7 @@ class _Counter:
             past, unflushed = (int(v) for v in self.conn.execute(COUNT_PAST_SQL, args).fetchone())
             past += read
         else:
-            most = max(limit - rows + 1, 0)
+            most = bounded_rows(max(limit - rows + 1, 0))
             up_to = (expression, upto, self.boundary, most)
             n, end, flushed = self.conn.execute(COUNT_PAST_UP_TO_SQL, up_to).fetchone()
             past, unflushed = int(n), int(flushed)
@@ -506,7 +518,7 @@ class Postings:
 
     def _read(self) -> tuple[str, int] | None:
         if not self._buffer:  # as many as the batch being read: a proof often needs no more
-            self._buffer = self._rows.fetchmany(self.batch)[::-1]
+            self._buffer = self._rows.fetchmany(bounded_rows(self.batch))[::-1]
             if not self._buffer:
                 return None
         return self._buffer.pop()
@@ -810,7 +822,7 @@ class _Walk:
         cursor = self.conn.execute(sql, (*params, -1))  # sorted once, read cut by cut
         try:
             for _ in range(self.ranking.everywhere_cuts):
-                cut = cursor.fetchmany(limit - len(rows))
+                cut = cursor.fetchmany(bounded_rows(limit - len(rows)))
                 rows += cut
                 if not rows or rows[0][-1] != len(ids):
                     break  # a row without the postings it should have: score every one here
@@ -920,10 +932,10 @@ def _outside_the_index(
 ) -> tuple[set[int], list[int]] | None:
     """(Rows whose postings must be ignored, those of them that match), or None."""
     limit = ranking.queue_scan_limit
-    queued = [r[0] for r in conn.execute(QUEUED_SQL, (limit + 1,))]
+    queued = [r[0] for r in conn.execute(QUEUED_SQL, (bounded_rows(limit + 1),))]
     if len(queued) > limit:
         return None
-    args = (conj.match, index.indexed, ranking.max_unflushed_scored + 1)
+    args = (conj.match, index.indexed, bounded_rows(ranking.max_unflushed_scored + 1))
     unflushed = [r[0] for r in conn.execute(UNFLUSHED_MATCHES_SQL, args)]
     if len(unflushed) > ranking.max_unflushed_scored:
         return None
@@ -1033,7 +1045,7 @@ def _few_indexed_under_all(
     indexed under every one of several ``words``: FTS5 then ranks them faster than a proof (the
     best rows are mostly rows a word's postings leave open)."""
     least = ranking.everywhere_per_wanted * wanted
-    found = conn.execute(INDEXED_COUNT_SQL, (_under_all(words), least)).fetchone()[0]
+    found = conn.execute(INDEXED_COUNT_SQL, (_under_all(words), bounded_rows(least))).fetchone()[0]
     return bool(found < least)
 
 

@@ -1214,7 +1214,7 @@ def _substring_rows(
         piece = max(group.index_patterns, key=len)[1:-1]
         most = ranking.trigram_cover_rows
         listed = [r[0] for r in conn.execute(f"{TRIGRAM_ROWS_SQL} LIMIT ?",
-                                              (_trigrams(piece), most + 1))]
+                                              (_trigrams(piece), rank.bounded_rows(most + 1)))]
         rows, rows_params = LISTED_ROWS_SQL, json.dumps(listed)
         if len(listed) > most:
             rows, rows_params = TRIGRAM_ROWS_SQL, _trigrams(piece, step=1)

@@ -133,6 +133,25 @@ def test_every_knob_of_a_ranking_is_checked_and_the_edges_of_its_ranges_are_take
     assert (edges.fts5_word_rows, edges.proof_share) == (2**70, math.inf)
 
 
+@pytest.mark.parametrize("knob", [f.name for f in dataclasses.fields(rank.Ranking)
+                                  if f.type in ("int", int)])
+def test_a_count_knob_of_any_size_is_no_limit_and_never_reads_as_damage(
+    corpus: SessionDB, knob: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A knob counting rows may be any integer: past every row a store can hold it sets no
+    limit. None reaches SQLite or a fetch as a number they refuse, which the search would take
+    for a damaged index (a warning, FTS5 ranking instead, the index marked for a rebuild)."""
+    ranking = proofs(**{"exact_rank_rows": 0, "everywhere_per_wanted": 1, knob: 2**70})
+    with caplog.at_level("WARNING"):
+        for query in ("session gateway", "session", "zebra"):
+            for sort in (None, "newest"):
+                got = ids(corpus.search_messages(query, sort=sort, ranking=ranking))
+                assert got == ids(corpus.search_messages(query, sort=sort)), (query, sort)
+        inside = corpus.search_messages("essio", ranking=ranking)
+    assert inside and all(hit["match"] == "substring" for hit in inside)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
 def fts5_order(db: SessionDB, query: str, limit: int = 20, **filters: Any) -> list[int]:
     """FTS5's own exact order for ``query`` under the same filters: the oracle."""
     plan = search.plan_search(query)
