@@ -538,7 +538,7 @@ class Postings:
         token, row_id = self.next
         if token >= end:
             return 0
-        limit = most + 1 if most >= 0 else -1
+        limit = bounded_rows(most + 1) if most >= 0 else -1
         return int(self.conn.execute(LEFT_SQL, (token, row_id, end, limit)).fetchone()[0])
 
     def take(self) -> list[tuple[str, int]]:
