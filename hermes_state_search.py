@@ -1197,9 +1197,9 @@ def _substring_rows(
 
     The index keeps no positions (``detail='none'``): whichever trigrams it is asked for, the
     rows it lists are checked for the text itself. It is asked first for the trigrams that
-    cover the text end to end (:func:`_trigrams`), a third of them, at most
-    :attr:`~hermes_state_rank.Ranking.trigram_cover_rows` rows; when more rows hold those,
-    common ones scattered through the rows, for every trigram of the text."""
+    cover the text end to end (a third of them, :func:`_trigrams`), for at most
+    :attr:`~hermes_state_rank.Ranking.trigram_cover_rows` rows, checked by id; when more rows
+    hold those (common trigrams, scattered through the rows), for every trigram of the text."""
     if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
         return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
