@@ -453,7 +453,10 @@ class Ranking:
 
     def __post_init__(self) -> None:
         for knob in fields(self):
-            _check_knob(knob.name, str(knob.type), getattr(self, knob.name))
+            value = getattr(self, knob.name)
+            _check_knob(knob.name, str(knob.type), value)
+            if str(knob.type) == "float":  # a share given as an int, of any size
+                object.__setattr__(self, knob.name, _as_float(value))
 
 
 WAITING_ROWS_BY = ("estimate", "text", "fts5")
@@ -480,6 +483,15 @@ def _check_knob(name: str, kind: str, value: object) -> None:
     if kind != "bool" and isinstance(value, int | float) and not value >= least:  # NaN too
         raise InvalidInputError(f"{name} must be at least {least}, got {value!r}",
                                 argument=name)
+
+
+def _as_float(value: float) -> float:
+    """A share as a float: an int past every float is no limit either (infinite), never a
+    number the proof's arithmetic overflows on (which would read as a damaged index)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 RANKING = Ranking()

@@ -131,19 +131,25 @@ def test_every_knob_of_a_ranking_is_checked_and_the_edges_of_its_ranges_are_take
     edges = rank.Ranking(fts5_word_rows=2**70, proof_share=math.inf, head_rows=0,
                          first_batch_postings=1, abort_margin=0)
     assert (edges.fts5_word_rows, edges.proof_share) == (2**70, math.inf)
+    # A share is a float, whatever number it was given as: past every float, infinite.
+    shares = rank.Ranking(proof_share=1, abort_margin=2**1024)
+    assert (shares.proof_share, shares.abort_margin) == (1.0, math.inf)
+    assert isinstance(shares.proof_share, float)
 
 
-@pytest.mark.parametrize("knob", [f.name for f in dataclasses.fields(rank.Ranking)
-                                  if f.type in ("int", int)])
-def test_a_count_knob_of_any_size_is_no_limit_and_never_reads_as_damage(
-    corpus: SessionDB, knob: str, caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize(("knob", "size"), [
+    pytest.param(f.name, 2**70 if f.type in ("int", int) else 2**1024, id=f.name)
+    for f in dataclasses.fields(rank.Ranking) if f.type in ("int", int, "float", float)])
+def test_a_knob_of_any_size_is_no_limit_and_never_reads_as_damage(
+    corpus: SessionDB, knob: str, size: int, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A knob counting rows may be any integer: past every row a store can hold it sets no
-    limit. None reaches SQLite or a fetch as a number they refuse, which the search would take
-    for a damaged index (a warning, FTS5 ranking instead, the index marked for a rebuild)."""
-    ranking = proofs(**{"exact_rank_rows": 0, "everywhere_per_wanted": 1, knob: 2**70})
+    """A knob counting rows may be any integer, and a share any number (an int past every
+    float too): past every row a store can hold it sets no limit. None reaches SQLite, a fetch
+    or the proof's arithmetic as a number they refuse, which the search would take for a
+    damaged index (a warning, FTS5 ranking instead, the index marked for a rebuild)."""
+    ranking = proofs(**{"exact_rank_rows": 0, "everywhere_per_wanted": 1, knob: size})
     with caplog.at_level("WARNING"):
-        for query in ("session gateway", "session", "zebra"):
+        for query in ("session gateway", "worker session", "session", "zebra"):
             for sort in (None, "newest"):
                 got = ids(corpus.search_messages(query, sort=sort, ranking=ranking))
                 assert got == ids(corpus.search_messages(query, sort=sort)), (query, sort)
