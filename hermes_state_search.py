@@ -1245,23 +1245,23 @@ def _like_hits(
     return [r[0] for r in conn.execute(sql, (*exact_params, *params, limit, offset))]
 
 
-# The text columns come as bytes, decoded here (see :func:`_column_text`). With each hit, the
-# ids of its neighbours in its session, by time then id, whatever their state (the context).
+# The text columns come as bytes, decoded here (see :func:`_column_text`). With each hit, its
+# neighbours in its session, by time then id, whatever their state (the context): each one's
+# id, role and the start of its content (?1 characters).
 HIT_ROWS_SQL = f"""
 SELECT m.id, m.session_id, m.role, m.timestamp, {TEXT_BYTES_SQL}, s.source, s.model, s.started_at,
-       (SELECT b.id FROM messages b
-        WHERE b.session_id = m.session_id AND (b.timestamp, b.id) < (m.timestamp, m.id)
-        ORDER BY b.timestamp DESC, b.id DESC LIMIT 1),
-       (SELECT a.id FROM messages a
-        WHERE a.session_id = m.session_id AND (a.timestamp, a.id) > (m.timestamp, m.id)
-        ORDER BY a.timestamp, a.id LIMIT 1)
+       b.id, b.role, CAST(substr(COALESCE(b.content, ''), 1, ?1) AS BLOB),
+       a.id, a.role, CAST(substr(COALESCE(a.content, ''), 1, ?1) AS BLOB)
 FROM messages m JOIN sessions s ON s.id = m.session_id
-WHERE m.id IN (SELECT value FROM json_each(?))
-"""
-# The start of the neighbours' content, all in one read.
-CONTEXT_ROWS_SQL = """
-SELECT id, role, CAST(substr(COALESCE(content, ''), 1, ?) AS BLOB) FROM messages
-WHERE id IN (SELECT value FROM json_each(?))
+LEFT JOIN messages b ON b.id = (
+    SELECT n.id FROM messages n
+    WHERE n.session_id = m.session_id AND (n.timestamp, n.id) < (m.timestamp, m.id)
+    ORDER BY n.timestamp DESC, n.id DESC LIMIT 1)
+LEFT JOIN messages a ON a.id = (
+    SELECT n.id FROM messages n
+    WHERE n.session_id = m.session_id AND (n.timestamp, n.id) > (m.timestamp, m.id)
+    ORDER BY n.timestamp, n.id LIMIT 1)
+WHERE m.id IN (SELECT value FROM json_each(?2))
 """
 
 
@@ -1292,10 +1292,7 @@ def _hits(
     conn: sqlite3.Connection, ids: Sequence[int], plan: SearchPlan, kind: str,
 ) -> list[dict[str, Any]]:
     """The hit dicts of ``ids``, in that order (see :func:`search_messages`)."""
-    rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (json.dumps(list(ids)),))}
-    around = {n for r in rows.values() for n in r[-2:] if n is not None}
-    neighbours = {r[0]: {"role": r[1], "content": _column_text(r[2])} for r in conn.execute(
-        CONTEXT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(sorted(around))))}
+    rows = {r[0]: r for r in conn.execute(HIT_ROWS_SQL, (CONTEXT_CHARS, json.dumps(list(ids))))}
     marker = snippet_pattern(plan, words=kind == WORD)
     texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
     if marker is not None and marker.folded:  # else no text is read folded
@@ -1305,14 +1302,11 @@ def _hits(
         row = rows.get(row_id)
         if row is None:
             continue
-        _, session_id, role, timestamp, _, _, _, source, model, started, before, after = row
+        _, session_id, role, timestamp, _, _, _, source, model, started = row[:10]
         content, tool_name, tool_calls = texts[row_id]
-        context = []
-        if before is not None:
-            context.append(dict(neighbours[before]))
-        context.append({"role": role, "content": (content or "")[:CONTEXT_CHARS]})
-        if after is not None:
-            context.append(dict(neighbours[after]))
+        context = [*_neighbour(row[10:13]),
+                   {"role": role, "content": (content or "")[:CONTEXT_CHARS]},
+                   *_neighbour(row[13:16])]
         hit = {
             "id": row_id, "session_id": session_id, "role": role,
             "snippet": _snippet_of(content, tool_name, tool_calls, marker),
@@ -1323,6 +1317,13 @@ def _hits(
             hit["match"] = SUBSTRING
         hits.append(hit)
     return hits
+
+
+def _neighbour(columns: Sequence[Any]) -> list[dict[str, Any]]:
+    """A hit's neighbour in its context, from its (id, role, start of content) columns: none
+    when the id is NULL (the hit is first or last in its session)."""
+    row_id, role, content = columns
+    return [] if row_id is None else [{"role": role, "content": _column_text(content)}]
 
 
 def _some_source_passes(
