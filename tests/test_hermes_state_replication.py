@@ -97,7 +97,11 @@ class Replicator:
         return self.proc.wait(timeout=60)
 
     def kill(self) -> None:
-        """The machine dies: Litestream and its supervisor end at once, nothing more ships."""
+        """The machine dies: Litestream and its supervisor end at once, nothing more ships.
+        The supervisor is stopped first: run between the two kills, it would see Litestream
+        die and clean up after it, as no dead machine does."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
         pid = self.record_pid()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
