@@ -193,10 +193,7 @@ def _one_by_one(chars: Iterable[str]) -> str:
 def learn_characters(texts: Iterable[str | None]) -> None:
     """Ask FTS5 at once about every character of ``texts`` it was not asked about yet: one
     probe for a page of texts instead of one for each text that holds a new character."""
-    found = set().union(*map(_beyond_ascii, filter(None, texts))) - _kept
-    unknown = [ch for ch in found if ord(ch) not in _CHARS]
-    if unknown:
-        _learn(unknown)
+    _unkept(set().union(*map(_beyond_ascii, filter(None, texts))))
 
 
 def _beyond_ascii(text: str) -> str:
@@ -208,15 +205,20 @@ def _beyond_ascii(text: str) -> str:
         errors="surrogatepass")
 
 
-def _changes(raw: bytes) -> dict[str, str]:
-    """Each non-ASCII character of the text encoded as ``raw`` that unicode61 does not keep as
-    it is, with what it makes of it (see :data:`_CHARS`)."""
-    found = set(raw.translate(None, _ASCII_BYTES).decode()) - _kept
-    if not found:
-        return {}
+def _unkept(found: set[str]) -> set[str]:
+    """``found`` less the characters known to be kept as they are, every one of the rest known
+    once this returns (the new ones asked of FTS5 together)."""
+    found = found - _kept
     unknown = [ch for ch in found if ord(ch) not in _CHARS]
     if unknown:
         _learn(unknown)
+    return found
+
+
+def _changes(raw: bytes) -> dict[str, str]:
+    """Each non-ASCII character of the text encoded as ``raw`` that unicode61 does not keep as
+    it is, with what it makes of it (see :data:`_CHARS`)."""
+    found = _unkept(set(raw.translate(None, _ASCII_BYTES).decode()))
     return {ch: _CHARS[ord(ch)] for ch in found if _CHARS[ord(ch)] != ch}
 
 

@@ -963,7 +963,7 @@ WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN (SELECT value FROM
 
 def _at_most(conn: sqlite3.Connection, table: str, match: str, limit: int) -> bool:
     """Whether at most ``limit`` rows match, read no further than one past it."""
-    read = min(limit, MAX_ROWS) + 1
+    read = rank.bounded_rows(limit + 1)
     return bool(conn.execute(AT_MOST_SQL.format(table=table), (match, read)).fetchone()[0]
                 <= limit)
 
