@@ -339,20 +339,24 @@ POSTED_TOKEN_TAIL = 48
 # The best rows indexed under every word of a query of single words, scored by SQLite from
 # their postings (a posting's key has four digits, so a word's frequency starts len(word) + 6
 # characters into its posting, and its length follows; :data:`POSTED_NUMBERS` characters hold
-# both): a first cut, whose rows are scored again exactly and checked against the filters;
-# ``well_formed`` counts the rows whose postings read as the library writes them (text, each
-# number from 1 up); with one that does not, the rows are settled one by one, which tells the
-# damage. Each word's posting is cut once, into a short string.
+# both): a first cut, whose rows are scored again exactly and checked against the filters.
+# Each word's posting is cut once, into a short string. SQLite keeps only the rows of the
+# widest cut as it sorts. ``well_formed`` is 1 for a row whose postings read as the library
+# writes them (text, each number from 1 up); the others sort first, and ``found`` counts the
+# rows with postings of the index's epoch: with a row of either kind missing, the rows are
+# settled one by one, which tells the damage.
 POSTED_NUMBERS = 24
 POSTED_TAIL_SQL = f"substr(postings, nullif(instr(' ' || postings, ?), 0) + ?, {POSTED_NUMBERS})"
 EVERYWHERE_TOP_SQL = """
 WITH t AS MATERIALIZED (
     SELECT id, {tails} FROM search_impact
     WHERE id IN (SELECT value FROM json_each(?)) AND epoch = ?),
-r AS (SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d FROM t
-      WHERE {present})
-SELECT id, {score} AS score, d, {fs}, (SELECT count(*) FROM r) AS well_formed FROM r
-ORDER BY score DESC, id LIMIT ?
+r AS MATERIALIZED (
+    SELECT id, {frequencies}, CAST(substr(t0, instr(t0, '_') + 1) AS INTEGER) AS d, {text} AS text
+    FROM t)
+SELECT id, {score} AS score, d, {fs}, (text AND d >= 1 AND {counted}) AS well_formed,
+       (SELECT count(*) FROM t) AS found
+FROM r ORDER BY well_formed, score DESC, id LIMIT ?
 """
 # The text of the rows that pass the filters, and their length in tokens as FTS5 keeps it (the
 # column sizes in %_docsize). Most rows waiting on a word's frequency lack it, and a row of
@@ -439,9 +443,10 @@ class Ranking:
     # ...the likeliest of them that pass the filters, among this many times as many.
     head_look: int = 4
     # The rows indexed under every word that SQLite hands over first, beyond the rows wanted,
-    # and how many times that cut is widened (four times each) before they are all scored here.
+    # and how many cuts it hands over, each four times the last, before they are all scored
+    # here (SQLite's sort keeps only the rows of the widest cut).
     everywhere_first_cut: int = 48
-    everywhere_cuts: int = 3
+    everywhere_cuts: int = 2
     # The proof of a query of several words handles at most this share of the rows FTS5
     # would score to rank it (a row is handled in Python, scored by FTS5 in C).
     proof_share: float = 0.25
@@ -814,15 +819,14 @@ class _Walk:
         top; else every row is scored here (see :meth:`settle`)."""
         words = self.words
         tails = ", ".join(f"{POSTED_TAIL_SQL} AS t{j}" for j in range(len(words)))
-        present = " AND ".join(
-            f"typeof(t{j}) = 'text' AND t{j} GLOB '[1-9]*'"
-            f" AND substr(t{j}, instr(t{j}, '_') + 1) GLOB '[1-9]*'" for j in range(len(words)))
         frequencies = ", ".join(f"CAST(t{j} AS INTEGER) AS f{j}" for j in range(len(words)))
+        text = " AND ".join(f"typeof(t{j}) = 'text'" for j in range(len(words)))
         column = {w: j for j, w in enumerate(words)}
         score = bm25_sql([f"f{column[w]}" for w in self.conj.words], "d")
         fs = ", ".join(f"f{j}" for j in range(len(words)))
-        sql = EVERYWHERE_TOP_SQL.format(tails=tails, present=present, frequencies=frequencies,
-                                        score=score, fs=fs)
+        counted = " AND ".join(f"f{j} >= 1" for j in range(len(words)))
+        sql = EVERYWHERE_TOP_SQL.format(tails=tails, frequencies=frequencies, text=text,
+                                        score=score, fs=fs, counted=counted)
         params: list[object] = []
         for word in words:
             params += [" " + word + "_", len(word) + 6]
@@ -831,12 +835,14 @@ class _Walk:
         rows: list[Any] = []
         passing: set[int] = set()
         limit = self.ranking.everywhere_first_cut + self.wanted
-        cursor = self.conn.execute(sql, (*params, -1))  # sorted once, read cut by cut
+        # (Past 16 widenings a cut holds more rows than any statement returns.)
+        widest = limit * 4 ** min(max(0, self.ranking.everywhere_cuts - 1), 16)
+        cursor = self.conn.execute(sql, (*params, bounded_rows(widest)))
         try:
             for _ in range(self.ranking.everywhere_cuts):
                 cut = cursor.fetchmany(bounded_rows(limit - len(rows)))
                 rows += cut
-                if not rows or rows[0][-1] != len(ids):
+                if not rows or rows[0][-2] != 1 or rows[0][-1] != len(ids):
                     break  # a row without the postings it should have: score every one here
                 passing |= self.passing(row[0] for row in cut)
                 scored = sorted(

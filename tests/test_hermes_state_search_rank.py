@@ -1124,6 +1124,42 @@ def test_a_damaged_impact_index_under_an_open_handle_answers_exactly_and_never_f
     assert_search_index_exact(db_path)
 
 
+# Damage to one row's postings: its posting of "gateway" with a "?" for the frequency's first
+# digit (the token is gateway_kkkk_f_D), its postings missing, or of another epoch (read as a
+# row whose postings are not current: scored from its text, and no damage).
+ONE_ROW_DAMAGE = {
+    "a frequency unreadable": "UPDATE search_impact SET postings = substr(postings, 1, instr("
+                              "' ' || postings, ' gateway_') + 12) || '?' || substr(postings,"
+                              " instr(' ' || postings, ' gateway_') + 14) WHERE id = ?",
+    "postings gone": "DELETE FROM search_impact WHERE id = ?",
+    "postings of another epoch": "UPDATE search_impact SET epoch = epoch + 1 WHERE id = ?",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ONE_ROW_DAMAGE))
+def test_a_damaged_row_among_those_every_word_indexes_is_never_scored_from_its_postings(
+    small: SessionDB, db_path: Path, damage: str
+) -> None:
+    """SQLite scores the rows indexed under every word and hands over the best: one whose
+    postings do not read, or are missing, would be scored low or not at all. The search
+    notices it and ranks as FTS5 does; the next write marks damage the postings show."""
+    query = "session gateway"
+    ranking = proofs(everywhere_per_wanted=1, exact_rank_rows=0)
+    got, statements = traced_search(small, query, ranking=ranking)
+    assert got == exact(small, query)
+    assert any(re.search(r"FROM search_impact\s+WHERE id IN", s) for s in statements)
+    both = set(on_file(small, lambda c: [r[0] for r in c.execute(
+        "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?",
+        ('"session" AND "gateway"',))]))
+    best = next(row for row in got if row in both)
+    conn = writer(db_path)
+    assert conn.execute(ONE_ROW_DAMAGE[damage], (best,)).rowcount == 1
+    conn.close()
+    assert ids(small.search_messages(query, ranking=ranking)) == exact(small, query)
+    small.append_message("s1", "user", "a write marks what the search found")
+    assert on_file(small, impact.index_health)["damaged"] == ("epoch" not in damage)
+
+
 def test_a_copy_that_lost_the_fts5_table_is_not_trusted(small: SessionDB, db_path: Path) -> None:
     """A salvage that skips virtual tables keeps the postings rows but not the index."""
     conn = writer(db_path)
