@@ -342,7 +342,7 @@ POSTED_TOKEN_TAIL = 48
 # both): a first cut, whose rows are scored again exactly and checked against the filters.
 # Each word's posting is cut once, into a short string. SQLite keeps only the rows of the
 # widest cut as it sorts. ``well_formed`` is 1 for a row whose postings read as the library
-# writes them (text, each number from 1 up); the others sort first, and ``found`` counts the
+# writes them (text, each number read from 1 up); the others sort first, and ``found`` counts the
 # rows with postings of the index's epoch: with a row of either kind missing, the rows are
 # settled one by one, which tells the damage.
 POSTED_NUMBERS = 24
