@@ -1197,9 +1197,10 @@ def _substring_rows(
 
     The index keeps no positions (``detail='none'``): whichever trigrams it is asked for, the
     rows it lists are checked for the text itself. It is asked first for the trigrams that
-    cover the text end to end (a third of them, :func:`_trigrams`), for at most
-    :attr:`~hermes_state_rank.Ranking.trigram_cover_rows` rows, checked by id; when more rows
-    hold those (common trigrams, scattered through the rows), for every trigram of the text."""
+    cover each plain piece of a group's text end to end (a third of them, :func:`_trigrams`;
+    a row holds every piece), for at most :attr:`~hermes_state_rank.Ranking.trigram_cover_rows`
+    rows, checked by id; when more rows hold those (common trigrams, scattered through the
+    rows), for every trigram of the pieces."""
     if fulltext.level_of(conn) != fulltext.FULL or index_state(conn).trigram_stale is not None:
         return scan.substring_rows(conn, groups, filters, params, wanted, order)
     direction = "ASC" if order == "oldest" else "DESC"
@@ -1211,13 +1212,13 @@ def _substring_rows(
         if group.words is not None:
             exact, exact_params = f"{exact} AND {CJK_ROW_MATCHES_SQL}", (*exact_params,
                                                                           group.words)
-        piece = max(group.index_patterns, key=len)[1:-1]
+        pieces = [pattern[1:-1] for pattern in group.index_patterns]
         most = ranking.trigram_cover_rows
         listed = [r[0] for r in conn.execute(f"{TRIGRAM_ROWS_SQL} LIMIT ?",
-                                              (_trigrams(piece), rank.bounded_rows(most + 1)))]
+                                              (_trigrams(pieces), rank.bounded_rows(most + 1)))]
         rows, rows_params = LISTED_ROWS_SQL, json.dumps(listed)
         if len(listed) > most:
-            rows, rows_params = TRIGRAM_ROWS_SQL, _trigrams(piece, step=1)
+            rows, rows_params = TRIGRAM_ROWS_SQL, _trigrams(pieces, step=1)
         sql = TRIGRAM_SEARCH_SQL.format(rows=rows, exact=exact, filters=filters,
                                         direction=direction, untimed=UNTIMED_SQL)
         for row_id, ts in conn.execute(sql, (rows_params, *exact_params, *params, wanted)):
@@ -1225,12 +1226,15 @@ def _substring_rows(
     return scan.in_time_order(found, order, wanted)
 
 
-def _trigrams(piece: str, step: int = 3) -> str:
-    """The trigram index's MATCH for the rows holding every ``step``-th trigram of ``piece``
-    and its last: by default the trigrams that cover it end to end, overlapping only to reach
-    its end (``atomicresulthandler``: seven, of seventeen); every trigram with a step of 1."""
-    starts = sorted({*range(0, len(piece) - 2, step), len(piece) - 3})
-    trigrams = dict.fromkeys(piece[i:i + 3].replace('"', '""') for i in starts)
+def _trigrams(pieces: Sequence[str], step: int = 3) -> str:
+    """The trigram index's MATCH for the rows holding every ``step``-th trigram of each of
+    ``pieces`` and its last: by default the trigrams that cover each piece end to end,
+    overlapping only to reach its end (``atomicresulthandler``: seven, of seventeen); every
+    trigram with a step of 1."""
+    trigrams: dict[str, None] = {}
+    for piece in pieces:
+        starts = sorted({*range(0, len(piece) - 2, step), len(piece) - 3})
+        trigrams.update(dict.fromkeys(piece[i:i + 3].replace('"', '""') for i in starts))
     return " AND ".join(f'"{trigram}"' for trigram in trigrams)
 
 
