@@ -1112,7 +1112,11 @@ def _start(
     if not single:
         # Score the rows indexed under every word; any other row has a word below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
+        # Each is a row the proof handles: with more of them than its budget, FTS5 ranks.
         new = [r for r in everywhere if r not in walk.seen]
+        walk.handled += len(new)
+        if walk.handled > budget:
+            return None
         walk.seen.update(new)
         if new:
             walk.settle_everywhere(new)
