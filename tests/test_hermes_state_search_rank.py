@@ -555,10 +555,11 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
     # FTS5 ranks a prefix of its order and the filters keep what they keep of it; when that
     # is too few, one longer prefix at most, then the rows that pass the filters in one pass:
     # not ever longer prefixes of the whole list, each of which scores every matching row;
-    # none at all for a source that no session has.
+    # none at all for a source that no session has. Under a source filter the first ranking
+    # sorts eight prefixes at once, so a longer prefix within them is read from it.
     fts5 = rank.Ranking(proofs=False)  # FTS5 ranks, whatever the words
     for session, source in (("many", "cli"), ("weak", "telegram"), ("some", "discord"),
-                            ("quiet", "email")):
+                            ("quiet", "email"), ("mixed", "matrix")):
         db.create_session(session, source)
     db.append_message("quiet", "user", "none of the words")
     db.replace_messages("many", [{"role": "user", "content": f"kiwi tart 東京大学 {n} x"}
@@ -567,12 +568,17 @@ def test_a_filter_that_keeps_few_of_the_best_matches_ranks_in_at_most_three_pass
     weak = [db.append_message("weak", "user", f"{long_text} {n}") for n in range(3)]
     some = [db.append_message("some", "user", "kiwi tart 東京大学") for _ in range(5)]
     some += [db.append_message("some", "user", f"{long_text} {n}") for n in range(30)]
+    # Ten of the best 56, the rest far down: a page's share says 448 rows (eight prefixes).
+    for _ in range(10):
+        db.append_message("mixed", "user", "kiwi tart 東京大学")
+    for n in range(20):
+        db.append_message("mixed", "user", f"{long_text} {n}")
     plan = search.plan_search(query)
     assert plan is not None
     table, match = (("messages_fts", plan.fts_match) if plan.fts_match
                     else ("messages_fts_cjk", plan.cjk_match))
     for sources, passes in ((["telegram"], 2), (["discord"], 3), (["cli"], 1), (["email"], 2),
-                            (["nowhere"], 0)):
+                            (["nowhere"], 0), (["matrix"], 2)):
         got, statements = traced_search(db, query, source_filter=sources, ranking=fts5)
         where, params = search.search_filters(sources, None, None, False)
         oracle = EXACT_ORDER_SQL.replace("messages_fts", table).format(filters=where)
