@@ -396,6 +396,7 @@ def load_session(conn: sqlite3.Connection, session: CorpusSession) -> None:
 
 SEARCH_CLASSES = {
     "random": ("random word", 20.0),
+    "random_pair": ("random 2-word", 20.0),
     "en_1term": ("English 1-term", 20.0),
     "en_2term": ("English 2-term", 20.0),
     "en_phrase": ("English phrase", 20.0),
@@ -410,7 +411,7 @@ SMALL_SIZE = 20_000
 # slower on it.
 FAST_FTS5_MS = 5.0
 FAST_SLACK_MS = 2.0
-WORD_CLASSES = ("random", "en_1term", "en_2term", "en_phrase")
+WORD_CLASSES = ("random", "random_pair", "en_1term", "en_2term", "en_phrase")
 RANDOM_WORDS = 24
 
 # The baselines: FTS5 ranking the same query exactly, with nothing else (relevance for words,
@@ -463,18 +464,20 @@ def _baseline(query: str, source: list[str] | None) -> tuple[str, str, tuple]:
             filters=filters), (match, *params))
 
 
-def random_words(raw: sqlite3.Connection, n: int, seed: int = 1) -> list[str]:
-    """Words as a user might pick them: a word of a random user or assistant message."""
+def random_words(raw: sqlite3.Connection, n: int, seed: int = 1, words: int = 1) -> list[str]:
+    """Queries as a user might type them: ``words`` different words of a random user or
+    assistant message (one message each, so they are found together)."""
     r = random.Random(f"hermes-bench:{seed}:random-words")
     top = raw.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
-    words: list[str] = []
-    while len(words) < n and top:
+    queries: list[str] = []
+    while len(queries) < n and top:
         row = raw.execute(RANDOM_MESSAGE_SQL, (r.randint(1, top),)).fetchone()
         tokens = [t for t in column_tokens(row[0] if row else "")
                   if t.isascii() and t.isalpha() and len(t) >= 3]
-        if tokens and (word := r.choice(tokens)) not in words:
-            words.append(word)
-    return words
+        choices = tokens if words == 1 else list(dict.fromkeys(tokens))  # one word: as used
+        if len(choices) >= words and (query := " ".join(r.sample(choices, words))) not in queries:
+            queries.append(query)
+    return queries
 
 
 def _previous_search(raw: sqlite3.Connection, match: str) -> None:
@@ -508,6 +511,7 @@ def _search_classes(raw: sqlite3.Connection) -> dict[str, tuple[list[str], list[
         key: ([f'"{q}"' if key == "en_phrase" else q for q in queries.get(key, [])], None)
         for key in SEARCH_CLASSES}
     classes["random"] = (random_words(raw, RANDOM_WORDS), None)
+    classes["random_pair"] = (random_words(raw, RANDOM_WORDS, seed=2, words=2), None)
     others = query_terms(seed=2)
     classes["filtered"] = (others["en_1term"] + others["cjk_2char"], ["telegram"])
     asked: set[str] = set()
