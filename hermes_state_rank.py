@@ -341,10 +341,11 @@ POSTED_TOKEN_TAIL = 48
 # characters into its posting, and its length follows; :data:`POSTED_NUMBERS` characters hold
 # both): a first cut, whose rows are scored again exactly and checked against the filters.
 # Each word's posting is cut once, into a short string. SQLite keeps only the rows of the
-# widest cut as it sorts. ``well_formed`` is 1 for a row whose postings read as the library
-# writes them (text, each number read from 1 up); the others sort first, and ``found`` counts the
-# rows with postings of the index's epoch: with a row of either kind missing, the rows are
-# settled one by one, which tells the damage.
+# widest cut as it sorts. ``well_formed`` is 1 for a row whose postings are text and read as
+# numbers from 1 up (each word's frequency, and the length in the first word's posting:
+# damage that still reads as such numbers is not told here); the others sort first, and
+# ``found`` counts the rows with postings of the index's epoch: with a row of either kind
+# missing, the rows are settled one by one, which tells the damage.
 POSTED_NUMBERS = 24
 POSTED_TAIL_SQL = f"substr(postings, nullif(instr(' ' || postings, ?), 0) + ?, {POSTED_NUMBERS})"
 EVERYWHERE_TOP_SQL = """
