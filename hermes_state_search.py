@@ -37,7 +37,7 @@ queries:
   ``concatenate``; ASCII case folding), ``%``, ``_`` and ``\\`` literal, a word keeping those
   at its edges (``50%`` finds ``50% off``). It serves the canonical fallback while the
   indexes are stale, and substring search through ``messages_fts_trigram``. That index is
-  asked for trigrams of the longest plain piece of at least 3 characters (``index_patterns``,
+  asked for trigrams of every plain piece of at least 3 characters (``index_patterns``,
   :func:`_substring_rows`), never with ``LIKE`` (SQLite 3.40 counts a pattern's bytes there
   and can crash on shorter ones); the escaped patterns then filter exactly.
 
