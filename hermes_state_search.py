@@ -68,7 +68,9 @@ A handle without FTS5, or on a file whose index such a handle detached, answers 
 else tool calls, else tool name), centred on it. Word hits mark whole words (a prefix marks
 the word it begins); CJK and substring hits mark the text wherever it occurs. Words are found
 as plain text and their boundaries read from the characters around a match, so the snippets
-of a new query compile nothing (a phrase in text read unfolded, a small pattern).
+of a new query compile nothing (a phrase in text read unfolded, a small pattern). Text read
+folded (a word hit's, beyond ASCII) is folded from its head as far as the snippet needs, and a
+page's new characters are learnt from those heads (:meth:`Marker.window_spans`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "MAX_QUERY_TERMS",
     "MAX_ROWS",
+    "SNIPPET_HEAD_CHARS",
     "SNIPPET_WIDTH",
     "SORTS",
     "LikeGroup",
@@ -142,6 +145,9 @@ MAX_QUERY_TERMS = 32
 MAX_INPUT_CHARS = 2048
 MAX_QUERY_CHARS = MAX_INPUT_CHARS
 SNIPPET_WIDTH = 120
+# A snippet of text read folded is looked for in a head of this many characters first (four
+# times longer each time that cannot tell the window): folding costs per character.
+SNIPPET_HEAD_CHARS = 256
 # More rows than any SQLite file holds (its largest is 2⁴⁸ bytes).
 MAX_ROWS = 2**48
 MATCH_START = ">>>"
@@ -753,6 +759,40 @@ class Marker:
         origins = folded_origins(text)
         yield from ((origins[start], origins[end]) for start, end in self.finditer(folded))
 
+    @functools.cached_property
+    def longest(self) -> int | None:
+        """The most characters a match spans, when every needle matches text as long as its
+        own (one word or run, not a prefix); else None."""
+        lengths = [len(n.found_as[0]) for n in self.needles
+                   if isinstance(n.found_as, tuple) and len(n.found_as) == 1 and not n.prefix]
+        return max(lengths) if len(lengths) == len(self.needles) else None
+
+    def window_spans(self, text: str, width: int, head: int = SNIPPET_HEAD_CHARS
+                     ) -> Iterator[tuple[int, int]]:
+        """The matches a snippet ``width`` characters wide needs, its first and those after
+        it, as :meth:`spans` finds them. A text read folded is folded a head at a time
+        (``head`` characters, then four times as many) until the head holds the window: its
+        first match starts a window's width and the longest match's length before the head's
+        end, so every match that can show in the window, and every match before it, ends
+        inside the head as it does in the whole text. Where folding changes the text's
+        length, or a match's length has no bound (a prefix, several words), the whole text is
+        read."""
+        longest = self.longest
+        if not self.folded or longest is None or text.isascii():
+            return self.spans(text)
+        folded = ""  # the head's, grown a piece at a time: unicode61 folds each character alone
+        while True:
+            end = min(head, len(text))
+            more = folded_text(text[len(folded):end])
+            if len(more) != end - len(folded):
+                return self.spans(text)
+            folded += more
+            found = self.finditer(folded)
+            first = next(found, None)
+            if end == len(text) or (first is not None and first[0] + width + longest < end):
+                return iter(()) if first is None else itertools.chain((first,), found)
+            head *= 4
+
     def finditer(self, text: str) -> Iterator[tuple[int, int]]:
         """(start, end) of each match in ``text`` (read as :meth:`spans` reads it), left to
         right without overlaps, as ``pattern.finditer`` finds them."""
@@ -814,6 +854,7 @@ def make_snippet(
     needles: Sequence[str] | Marker | None,
     *,
     width: int = SNIPPET_WIDTH,
+    head: int = SNIPPET_HEAD_CHARS,
 ) -> str:
     """``width`` characters of ``text`` centred on the first match of any needle.
 
@@ -821,15 +862,18 @@ def make_snippet(
     matches any such run in the text (as a phrase query would); a :class:`Marker` (see
     :func:`snippet_pattern`) may be given instead. Every match inside the window is wrapped in
     ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and ellipses are not
-    counted in ``width``. Without a match the snippet is the start of the text.
+    counted in ``width``. Without a match the snippet is the start of the text. A long text
+    read folded is searched from its first ``head`` characters first (see
+    :meth:`Marker.window_spans`); the snippet is the same for any ``head``.
     """
     if needles is None or isinstance(needles, Marker):
         marker = needles
     else:
         listed = [ascii_lower(n) for n in needles]
         marker = _marker([_needles(listed)])
-    spans = marker.spans(text) if marker is not None else iter(())
-    return _window(text, next(spans, None), spans, max(width, 1))
+    width = max(width, 1)
+    spans = marker.window_spans(text, width, max(head, 1)) if marker is not None else iter(())
+    return _window(text, next(spans, None), spans, width)
 
 
 def _window(text: str, first: tuple[int, int] | None, rest: Iterator[tuple[int, int]],
@@ -1296,7 +1340,7 @@ def _snippet_of(
     if marker is not None:
         for text in (content, tool_calls, tool_name):
             if text:
-                spans = marker.spans(text)
+                spans = marker.window_spans(text, SNIPPET_WIDTH)
                 first = next(spans, None)
                 if first is not None:
                     return _window(text, first, spans, SNIPPET_WIDTH)
@@ -1311,7 +1355,10 @@ def _hits(
     marker = snippet_pattern(plan, words=kind == WORD)
     texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
     if marker is not None and marker.folded:  # else no text is read folded
-        learn_characters(text for three in texts.values() for text in three)
+        # Their heads, where snippets are mostly found (see Marker.window_spans): a character
+        # met further on is learnt when a text is folded that far.
+        learn_characters(text[:4 * SNIPPET_HEAD_CHARS] for three in texts.values()
+                         for text in three if text)
     hits = []
     for row_id in ids:
         row = rows.get(row_id)

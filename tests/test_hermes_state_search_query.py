@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_bm25 as bm25
@@ -664,3 +664,37 @@ def test_a_word_hit_marks_the_word_however_the_text_spells_it(
     for span in marked:
         found = bm25.column_tokens(span)
         assert found[:1] and (found[0].startswith(words[0]) if prefix else found == words)
+
+
+# Text of a long message read folded: words spelled several ways, CJK, separators, and
+# characters whose folding changes the text's length (a combining acute dropped).
+_HEAD_PIECES = ["cafe", "café", "CAFÉ", "Zürich", "zurich", "東京", "。", "，", " ", "-", "x",
+                "tokyo", "TOKYO", "Tōkyō", "cafés", "xcafe", "🙂", "ca\u0301fe"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_HEAD_PIECES), min_size=1, max_size=80),
+       st.sampled_from(["cafe", "zurich", "tokyo", "cafe tokyo", "東京", "cafe 東京", "caf*",
+                        '"cafe tokyo"', "cafes"]),
+       st.integers(min_value=1, max_value=40), st.integers(min_value=1, max_value=120),
+       st.booleans())
+# The window's last match (tokyo) starts in the head and ends past it.
+@example(["cafe", " ", "tokyo", " ", "東京"], "cafe tokyo", 6, 7, True)
+# A phrase's match in the window runs past the head.
+@example(["TOKYO", "x", "，", "Tōkyō", " ", " ", "xcafe", "xcafe", "東京", "CAFÉ", " ", "tokyo",
+          "CAFÉ"], '"cafe tokyo"', 2, 9, True)
+# Folding drops a combining acute: the folded head is shorter than the text's.
+@example(["ca\u0301fe", "CAFÉ", "東京", "CAFÉ", "Tōkyō", "東京", "CAFÉ", "ca\u0301fe", "Tōkyō",
+          "Tōkyō", "，", "Tōkyō", "xcafe", "🙂", "，", "-", "Tōkyō", " ", "CAFÉ"], "cafe 東京", 12, 1,
+         True)
+def test_a_snippet_looked_for_in_the_head_of_a_long_text_is_the_whole_texts(
+    pieces: list[str], query: str, width: int, head: int, words: bool
+) -> None:
+    """A snippet is looked for in a head of the text first, longer each time it cannot tell
+    the window; whatever the head, the snippet is the one of the whole text."""
+    text = "".join(pieces)
+    plan = plan_search(query)
+    assert plan is not None
+    marker = snippet_pattern(plan, words=words)
+    whole = make_snippet(text, marker, width=width, head=len(text) + 1)
+    assert make_snippet(text, marker, width=width, head=head) == whole
