@@ -321,8 +321,8 @@ SELECT count(*) FROM (
     SELECT 1 FROM search_impact_vocab WHERE term = ?1 AND doc >= ?2
     UNION ALL SELECT 1 FROM search_impact_vocab WHERE term > ?1 AND term < ?3 LIMIT ?4)
 """
-INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ?"
-INDEXED_COUNT_SQL = f"SELECT count(*) FROM ({INDEXED_ROWS_SQL} LIMIT ?)"
+INDEXED_ROWS_SQL = "SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH ? LIMIT ?"
+INDEXED_COUNT_SQL = f"SELECT count(*) FROM ({INDEXED_ROWS_SQL})"
 CANDIDATES_SQL = """
 SELECT m.id FROM messages m JOIN sessions s ON s.id = m.session_id
 WHERE m.id IN (SELECT value FROM json_each(?)) {filters}
@@ -1037,17 +1037,15 @@ def _top_k(
     if stats.rows == 0 or stats.tokens == 0:
         return []
     count = _Counter(conn, index)
-    everywhere: list[int] = []
-    if not single:
-        found = _indexed_under_all(conn, distinct, count, ranking)
-        if found is None:
-            return None
-        everywhere = found
+    # A word matching at most exact_rank_rows rows: no more match them all, and FTS5 ranks
+    # that many faster than a proof (its count stops one past; a proof's goes on from there).
+    if not single and any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows)
+                          for w in distinct):
+        return None
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
-    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside,
-                   everywhere, ranking)
+    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside, ranking)
     if proof is None:
         return None
     try:
@@ -1071,15 +1069,13 @@ def _few_indexed_under_all(
 
 
 def _indexed_under_all(
-    conn: sqlite3.Connection, words: Sequence[str], count: _Counter, ranking: Ranking,
+    conn: sqlite3.Connection, words: Sequence[str], most: float,
 ) -> list[int] | None:
-    """The rows indexed under every one of several ``words``, or None when FTS5 ranks them
-    faster than a proof: a word matches at most :attr:`Ranking.exact_rank_rows` rows (no more
-    match them all; its count stops there, and a proof's count goes on from the last row it
-    read)."""
-    if any(count.at_most(phrase_match((w,)), ranking.exact_rank_rows) for w in words):
-        return None
-    return [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (_under_all(words),))]
+    """The rows indexed under every one of several ``words``, or None when there are more
+    than ``most`` (read no further than one past it)."""
+    limit = bounded_rows(math.floor(most) + 1) if math.isfinite(most) else -1
+    rows = [r[0] for r in conn.execute(INDEXED_ROWS_SQL, (_under_all(words), limit))]
+    return None if len(rows) > most else rows
 
 
 def _under_all(words: Sequence[str]) -> str:
@@ -1090,10 +1086,10 @@ def _under_all(words: Sequence[str]) -> str:
 def _start(
     conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
     wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
-    outside: tuple[set[int], list[int]], everywhere: list[int], ranking: Ranking,
+    outside: tuple[set[int], list[int]], ranking: Ranking,
 ) -> _Proof | None:
     """The proof of a query's top, its rows outside the index scored, and for a query of
-    several words the rows ``everywhere`` (indexed under every one) (None: FTS5 ranks)."""
+    several words the rows indexed under every one (None: FTS5 ranks)."""
     distinct = list(dict.fromkeys(conj.words))
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each word weighs its own idf.
@@ -1115,7 +1111,11 @@ def _start(
     if not single:
         # Score the rows indexed under every word; any other row has a word below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
-        # Each is a row the proof handles: with more of them than its budget, FTS5 ranks.
+        # Each is a row the proof handles: with more of them than its budget, FTS5 ranks
+        # (as soon as the list has more rows than the budget and the rows already seen).
+        everywhere = _indexed_under_all(conn, distinct, budget + len(walk.seen))
+        if everywhere is None:
+            return None
         new = [r for r in everywhere if r not in walk.seen]
         walk.handled += len(new)
         if walk.handled > budget:

@@ -421,6 +421,37 @@ def test_a_proof_that_would_cost_more_than_fts5s_own_ranking_gives_up(
     assert walks(0.0) == (0, 0)
 
 
+def test_the_rows_indexed_under_every_word_are_read_no_further_than_the_budget(
+    bench_store: Path
+) -> None:
+    # Each row indexed under every word is a row the proof handles: a list longer than the
+    # budget (with the rows scored before it) is read one past that and no further.
+    budget = 10
+    read = 0
+    with SessionDB(bench_store, read_only=True) as db:
+        for query in query_terms(seed=1)["en_2term"]:
+            words = " AND ".join(f'"{w}"' for w in query.split())
+            under_all = on_file(db, lambda c, m=words: c.execute(
+                "SELECT count(*) FROM search_impact_fts WHERE search_impact_fts MATCH ?",
+                (m,)).fetchone()[0])
+            rarest = min(on_file(db, lambda c, m=word: c.execute(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?",
+                (f'"{m}"',)).fetchone()[0]) for word in query.split())
+            unindexed = on_file(db, lambda c, m=words: c.execute(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?"
+                " AND rowid > (SELECT max(id) FROM search_impact)", (m,)).fetchone()[0])
+            ranking = proofs(everywhere_per_wanted=0, exact_rank_rows=0,
+                             proof_share=budget / rarest)
+            got, statements = traced_search(db, query, ranking=ranking)
+            assert got == fts5_order(db, query), query
+            listed = [int(m.group(1)) for s in statements if (m := re.match(
+                r"SELECT rowid FROM search_impact_fts WHERE search_impact_fts MATCH '[^']*' "
+                r"LIMIT (-?\d+)", s))]
+            assert len(listed) == 1 and 0 <= listed[0] <= budget + unindexed + 1, listed
+            read += under_all > listed[0]
+    assert read >= 3  # lists longer than the budget allows
+
+
 # Words that begin or end one another: a row's posting of one must never be read as the
 # other's (the proof cuts each query word's posting out of the row's postings).
 NESTED = ["deploy", "deployment", "deployed", "redeploy", "re"]
