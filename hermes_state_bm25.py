@@ -39,6 +39,7 @@ from dataclasses import dataclass
 logger = logging.getLogger("hermes_state")
 
 __all__ = [
+    "IDF_FLOOR",
     "K1",
     "SEPARATORS",
     "SEPARATOR_CLASS",
@@ -68,6 +69,8 @@ __all__ = [
 
 K1 = 1.2
 B = 0.75
+# FTS5's idf of a word in at least half the rows (its formula's value is not above 0 there).
+IDF_FLOOR = 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,7 +372,7 @@ class Bm25Stats:
 
     def idf(self, hits: int) -> float:
         value = math.log((self.rows - hits + 0.5) / (hits + 0.5))
-        return 1e-6 if value <= 0.0 else value
+        return IDF_FLOOR if value <= 0.0 else value
 
 
 def varints(blob: bytes) -> list[int]:

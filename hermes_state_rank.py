@@ -12,7 +12,8 @@ is proven after reading a small part of them.
 
 **How** (:class:`_Proof`). Rows the index does not hold yet are scored from their text. For
 several words, the rows indexed under every word are scored next; SQLite hands back the best
-few when the rest provably cannot enter the top. Then each word's postings are read best first
+few when the rest provably cannot enter the top. (Not at first when a word is in at least
+half the rows: it weighs next to nothing and indexes most rows, see :func:`_proven`.) Then each word's postings are read best first
 (:class:`Postings`) until the k-th best row that passes the filters beats the best score an
 unread row can have (:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown
 waits with its best case. It is scored only if that best case can still enter the top: from
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hermes_state_bm25 import (
+    IDF_FLOOR,
     K1,
     TEXT_BYTES_SQL,
     TEXT_COLUMNS,
@@ -1045,16 +1047,37 @@ def _top_k(
     outside = _outside_the_index(conn, conj, index, ranking)
     if outside is None:
         return None
-    proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside, ranking)
-    if proof is None:
-        return None
-    try:
-        unseen = proof.run()
-        if unseen is None:
-            return None
-        return proof.ranked(unseen, stats)
-    finally:
-        proof.close()
+    return _proven(conn, conj, filters, params, wanted, index, stats, count, outside, ranking)
+
+
+def _proven(
+    conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
+    wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
+    outside: tuple[set[int], list[int]], ranking: Ranking,
+) -> list[int] | None:
+    """The top the proof settles (None: FTS5 ranks).
+
+    A word in at least half the rows has FTS5's floor for its idf: it weighs next to
+    nothing, so it hardly bounds a row the other words' postings have not found yet, and
+    most rows are indexed under it. A query holding one is proven first from the postings
+    alone, each row they find scored whichever words index it; then, should that not settle
+    the top within the budget, with the rows indexed under every word scored first, as any
+    other query of several words is."""
+    distinct = set(conj.words)
+    light = len(distinct) > 1 and any(stats.idf(count(phrase_match((w,)))) <= IDF_FLOOR
+                                      for w in distinct)
+    for under_all_first in ((False, True) if light else (True,)):
+        proof = _start(conn, conj, filters, params, wanted, index, stats, count, outside,
+                       ranking, under_all_first)
+        if proof is None:
+            continue
+        try:
+            unseen = proof.run()
+            if unseen is not None:
+                return proof.ranked(unseen, stats)
+        finally:
+            proof.close()
+    return None
 
 
 def _few_indexed_under_all(
@@ -1086,10 +1109,11 @@ def _under_all(words: Sequence[str]) -> str:
 def _start(
     conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
     wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
-    outside: tuple[set[int], list[int]], ranking: Ranking,
+    outside: tuple[set[int], list[int]], ranking: Ranking, under_all_first: bool = True,
 ) -> _Proof | None:
     """The proof of a query's top, its rows outside the index scored, and for a query of
-    several words the rows indexed under every one (None: FTS5 ranks)."""
+    several words the rows indexed under every one, unless not ``under_all_first`` (None:
+    FTS5 ranks)."""
     distinct = list(dict.fromkeys(conj.words))
     # A single word: idf scales every score alike, so it is left out until a near tie needs
     # it. Otherwise each word weighs its own idf.
@@ -1105,10 +1129,10 @@ def _start(
         budget = ranking.proof_share * min(hits.values())
         list_rows = functools.partial(_list_rows, distinct, count)
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
-                 [idf_of[w] for w in conj.words], ranking, seen=outside[0],
+                 [idf_of[w] for w in conj.words], ranking, seen=set(outside[0]),
                  list_rows=list_rows)
     walk.resolve_texts(sorted(outside[1]))
-    if not single:
+    if not single and under_all_first:
         # Score the rows indexed under every word; any other row has a word below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
         # Each is a row the proof handles: with more of them than its budget, FTS5 ranks
@@ -1127,7 +1151,7 @@ def _start(
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     weight = {w: sum(idf_of[q] for q in conj.words if q == w) for w in distinct}
     cursors = {w: Postings(conn, w, ranking) for w in distinct}
-    return _Proof(walk, cursors, weight, budget, count, ranking)
+    return _Proof(walk, cursors, weight, budget, count, ranking, under_all_first)
 
 
 @dataclass
@@ -1140,6 +1164,9 @@ class _Proof:
     budget: float  # the rows the proof may handle (a share of those FTS5 would score)
     count: _Counter
     ranking: Ranking
+    # Whether the rows indexed under every word were scored first: then a row the postings
+    # find has some word below the threshold.
+    under_all_first: bool = True
     read: int = 0  # postings read
     settled: int = 0  # rows those postings found, scored or left waiting
     foresee_at: int = 1
@@ -1154,13 +1181,14 @@ class _Proof:
 
     def frontier(self) -> tuple[float, dict[str, float], list[str]]:
         """(The best score of a row not found yet, each word's best share of it, the words
-        whose postings can still find one)."""
+        whose postings can still find one). When the rows indexed under every word were not
+        scored first, such a row may be one of them."""
         shares = {w: self.weight[w] * self.walk.most(c.bound()) for w, c in self.cursors.items()}
-        if self.single:
-            return next(iter(shares.values())), shares, list(shares)
+        total = sum(shares.values())
+        if self.single or not self.under_all_first:
+            return total, shares, list(shares)
         # The unseen row's word below the threshold, whichever it is, weighs least.
         floor = self.walk.most(THRESHOLD)
-        total = sum(shares.values())
         below = max(shares, key=lambda w: total - shares[w] + self.weight[w] * floor)
         unseen = total - shares[below] + self.weight[below] * floor
         return unseen, shares, [w for w in shares if w != below]
@@ -1234,9 +1262,9 @@ class _Proof:
             fresh = self._able_to_enter(word, fresh, kth)
         if fresh:
             self.settled += len(fresh)
-            # Two words: a row the postings of one of them find later is not indexed under
-            # the other.
-            if len(self.cursors) == 2:
+            # Two words, the rows indexed under both scored first: a row the postings of one
+            # of them find later is not indexed under the other.
+            if len(self.cursors) == 2 and self.under_all_first:
                 walk.wait_below(word, fresh)
             else:
                 walk.settle([row_id for _, row_id in fresh])
@@ -1251,7 +1279,8 @@ class _Proof:
         best: dict[str, float] = {}
         for token, _ in postings:
             if token not in best:
-                best[token] = _token_best(self.walk, self.weight[word], token, others)
+                best[token] = _token_best(self.walk, self.weight[word], token, others,
+                                          below=self.under_all_first)
         return [(t, r) for t, r in postings if best[t] >= kth]
 
     def ranked(self, unseen: float, stats: Bm25Stats) -> list[int] | None:
@@ -1269,18 +1298,20 @@ class _Proof:
 
 
 def _token_best(
-    walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]]
+    walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]],
+    below: bool = True,
 ) -> float:
     """The best score a row first found under ``token`` (of a word of this ``weight``) can
-    have: it was not indexed under every word, so another word is below the
-    threshold — for a row this short, absent — and the others, (weight, best share) each, have
-    not been read down to it."""
+    have: the others, (weight, best share) each, have not been read down to it; and with
+    ``below``, it was not indexed under every word (those were scored first), so another
+    word is below the threshold — for a row this short, absent."""
     f, n = _posted(token)
+    best = weight * walk.share(f, n) + sum(high for _, high in others)
+    if not below:
+        return best
     least = least_frequency(n, walk.index.avgdl)
     low_share = walk.share(least - 1, n) if least > 1 else -math.inf
-    best = weight * walk.share(f, n)
-    return (best + sum(high for _, high in others)
-            - min(high - w * low_share for w, high in others))
+    return best - min(high - w * low_share for w, high in others)
 
 
 # Scores this close (relatively) may be equal once multiplied by the idf.

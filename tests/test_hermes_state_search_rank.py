@@ -491,6 +491,59 @@ def test_words_that_begin_one_another_are_scored_each_from_its_own_posting(
         assert scored >= len(NESTED_WORD_QUERIES)  # scored from postings, not ranked by FTS5
 
 
+def proven_alone(statements: list[str]) -> bool:
+    """Whether a search proved its top from the postings alone: neither FTS5's ranking of the
+    query nor the list of the rows indexed under every word."""
+    return (any("FROM search_impact_vocab" in s for s in statements)
+            and not any("ORDER BY bm25(messages_fts)" in s for s in statements)
+            and not any(s.startswith("SELECT rowid FROM search_impact_fts") for s in statements))
+
+
+def test_a_word_in_most_rows_beside_another_is_proven_from_the_postings(
+    bench_store: Path
+) -> None:
+    # "the" is in most rows, so FTS5's idf of it is its floor: it weighs next to nothing, and
+    # most rows are indexed under it. The rows indexed under both words are not scored
+    # first: the postings are read, each row they find scored whichever words index it.
+    proven = 0
+    with SessionDB(bench_store, read_only=True) as db:
+        for query in ("run the", "the tools", "and the", "database the", "the run tools"):
+            for filters in ({}, {"source_filter": ["telegram"]}, {"role_filter": ["tool"]}):
+                for limit, offset in ((20, 0), (5, 10)):
+                    for share in (0.1, math.inf):
+                        ranking = proofs(everywhere_per_wanted=0, exact_rank_rows=0,
+                                         proof_share=share)
+                        got, statements = traced_search(db, query, ranking=ranking,
+                                                        limit=limit, offset=offset, **filters)
+                        want = fts5_order(db, query, limit + offset, **filters)[offset:]
+                        assert got == want, (query, filters, limit, offset, share)
+                        proven += proven_alone(statements)
+    assert proven >= 30  # of 60 (the others fall back to the usual proof, or to FTS5)
+
+
+def test_a_word_in_most_rows_still_orders_rows_the_other_word_ties(tmp_path: Path) -> None:
+    # Rows alike for "zeta" (once, in four tokens) rank by how often they hold "the", whose
+    # share is a millionth of zeta's: read one posting at a time, zeta's postings find the
+    # rows holding "the" three times last, and the proof must still reach them.
+    group = ["zeta the w1 w2"] * 40 + ["zeta the the the"] * 25
+    sessions = [{"id": "zeta", "source": "cli",
+                 "messages": [{"role": "user", "content": c, "timestamp": 1.0} for c in group]}]
+    sessions += [
+        {"id": s.session_id, "source": s.source, "model": s.model, "started_at": s.started_at,
+         "messages": [m.as_append_kwargs() for m in s.messages]}
+        for s in generate_corpus(3_000, seed=2)]
+    with SessionDB(tmp_path / "state.db") as db:  # imported: the index is built at once
+        assert db.import_sessions(sessions, limited=False)["ok"]
+    ranking = proofs(everywhere_per_wanted=0, exact_rank_rows=0, first_batch_postings=1,
+                     max_batch_postings=1)
+    with SessionDB(tmp_path / "state.db") as db:
+        got, statements = traced_search(db, "zeta the", ranking=ranking)
+        assert got == fts5_order(db, "zeta the")
+        content = {m["id"]: m["content"] for m in db.get_messages("zeta")}
+        assert {content[i] for i in got} == {"zeta the the the"}
+        assert proven_alone(statements)
+
+
 def test_a_two_word_query_reads_no_postings_of_rows_one_word_alone_indexes(
     bench_store: Path
 ) -> None:
