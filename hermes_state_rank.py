@@ -1131,22 +1131,25 @@ def _start(
     walk = _Walk(conn, conj, filters, params, wanted, index, stats.avgdl,
                  [idf_of[w] for w in conj.words], ranking, seen=set(outside[0]),
                  list_rows=list_rows)
+    everywhere: list[int] = []
+    if not single and under_all_first:
+        # Each row indexed under every word is a row the proof handles: with more of them
+        # than its budget, FTS5 ranks (known once the list has more rows than the budget and
+        # the rows already seen, before any row is scored).
+        listed = _indexed_under_all(conn, distinct, budget + len(walk.seen))
+        if listed is None:
+            return None
+        everywhere = [r for r in listed if r not in walk.seen]
+        walk.handled += len(everywhere)
+        if walk.handled > budget:
+            return None
+        walk.seen.update(everywhere)
     walk.resolve_texts(sorted(outside[1]))
     if not single and under_all_first:
         # Score the rows indexed under every word; any other row has a word below the
         # threshold, which bounds it far lower than the postings' frontiers alone would.
-        # Each is a row the proof handles: with more of them than its budget, FTS5 ranks
-        # (as soon as the list has more rows than the budget and the rows already seen).
-        everywhere = _indexed_under_all(conn, distinct, budget + len(walk.seen))
-        if everywhere is None:
-            return None
-        new = [r for r in everywhere if r not in walk.seen]
-        walk.handled += len(new)
-        if walk.handled > budget:
-            return None
-        walk.seen.update(new)
-        if new:
-            walk.settle_everywhere(new)
+        if everywhere:
+            walk.settle_everywhere(everywhere)
         if len(walk.top) + len(walk.unchecked) + len(walk.pending) < wanted:
             return None  # the best rows are not all indexed under every word: FTS5 ranks
     weight = {w: sum(idf_of[q] for q in conj.words if q == w) for w in distinct}

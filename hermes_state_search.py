@@ -148,6 +148,9 @@ SNIPPET_WIDTH = 120
 # A snippet of text read folded is looked for in a head of this many characters first (four
 # times longer each time that cannot tell the window): folding costs per character.
 SNIPPET_HEAD_CHARS = 256
+# A page's new characters are learnt from the heads of its texts this long, the snippet's
+# first two heads (a character met further on is learnt when a text is folded that far).
+LEARNT_HEAD_CHARS = 4 * SNIPPET_HEAD_CHARS
 # More rows than any SQLite file holds (its largest is 2⁴⁸ bytes).
 MAX_ROWS = 2**48
 MATCH_START = ">>>"
@@ -864,7 +867,8 @@ def make_snippet(
     ``>>>`` and ``<<<``; ``...`` marks where the text was cut. Markers and ellipses are not
     counted in ``width``. Without a match the snippet is the start of the text. A long text
     read folded is searched from its first ``head`` characters first (see
-    :meth:`Marker.window_spans`); the snippet is the same for any ``head``.
+    :meth:`Marker.window_spans`); the snippet is the same for any ``head`` (of text a message
+    can hold: a lone surrogate is read as U+FFFD there, and folding refuses it).
     """
     if needles is None or isinstance(needles, Marker):
         marker = needles
@@ -1355,9 +1359,7 @@ def _hits(
     marker = snippet_pattern(plan, words=kind == WORD)
     texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
     if marker is not None and marker.folded:  # else no text is read folded
-        # Their heads, where snippets are mostly found (see Marker.window_spans): a character
-        # met further on is learnt when a text is folded that far.
-        learn_characters(text[:4 * SNIPPET_HEAD_CHARS] for three in texts.values()
+        learn_characters(text[:LEARNT_HEAD_CHARS] for three in texts.values()
                          for text in three if text)
     hits = []
     for row_id in ids:
