@@ -12,12 +12,12 @@ is proven after reading a small part of them.
 
 **How** (:class:`_Proof`). Rows the index does not hold yet are scored from their text. For
 several words, the rows indexed under every word are scored next; SQLite hands back the best
-few when the rest provably cannot enter the top. (Not at first when a word is in at least
-half the rows: it weighs next to nothing and indexes most rows, see :func:`_proven`.) Then each word's postings are read best first
-(:class:`Postings`) until the k-th best row that passes the filters beats the best score an
-unread row can have (:meth:`_Proof.frontier`). A row whose postings leave a frequency unknown
-waits with its best case. It is scored only if that best case can still enter the top: from
-its text, or with the others in one FTS5 pass, whichever reads less.
+few when the rest provably cannot enter the top (not at first beside a word in at least half
+the rows, which weighs next to nothing: :func:`_proven`). Then each word's postings are read
+best first (:class:`Postings`) until the k-th best row that passes the filters beats the best
+score an unread row can have (:meth:`_Proof.frontier`). A row whose postings leave a
+frequency unknown waits with its best case. It is scored only if that best case can still
+enter the top: from its text, or with the others in one FTS5 pass, whichever reads less.
 
 **When FTS5 ranks instead.** Costs are counted in rows, never timed. FTS5 ranks at once a
 quoted phrase of several words (the index keeps no positions); several words in a small
@@ -1109,7 +1109,7 @@ def _under_all(words: Sequence[str]) -> str:
 def _start(
     conn: sqlite3.Connection, conj: Conjunction, filters: str, params: Sequence[object],
     wanted: int, index: IndexState, stats: Bm25Stats, count: _Counter,
-    outside: tuple[set[int], list[int]], ranking: Ranking, under_all_first: bool = True,
+    outside: tuple[set[int], list[int]], ranking: Ranking, under_all_first: bool,
 ) -> _Proof | None:
     """The proof of a query's top, its rows outside the index scored, and for a query of
     several words the rows indexed under every one, unless not ``under_all_first`` (None:
@@ -1169,7 +1169,7 @@ class _Proof:
     ranking: Ranking
     # Whether the rows indexed under every word were scored first: then a row the postings
     # find has some word below the threshold.
-    under_all_first: bool = True
+    under_all_first: bool
     read: int = 0  # postings read
     settled: int = 0  # rows those postings found, scored or left waiting
     foresee_at: int = 1
@@ -1302,7 +1302,7 @@ class _Proof:
 
 def _token_best(
     walk: _Walk, weight: float, token: str, others: Sequence[tuple[float, float]],
-    below: bool = True,
+    below: bool,
 ) -> float:
     """The best score a row first found under ``token`` (of a word of this ``weight``) can
     have: the others, (weight, best share) each, have not been read down to it; and with

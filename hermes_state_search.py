@@ -149,7 +149,8 @@ SNIPPET_WIDTH = 120
 # times longer each time that cannot tell the window): folding costs per character.
 SNIPPET_HEAD_CHARS = 256
 # A page's new characters are learnt from the heads of its texts this long, the snippet's
-# first two heads (a character met further on is learnt when a text is folded that far).
+# first two heads, when its snippets are looked for from the heads (a character met further
+# on is learnt when a text is folded that far).
 LEARNT_HEAD_CHARS = 4 * SNIPPET_HEAD_CHARS
 # More rows than any SQLite file holds (its largest is 2⁴⁸ bytes).
 MAX_ROWS = 2**48
@@ -1359,8 +1360,8 @@ def _hits(
     marker = snippet_pattern(plan, words=kind == WORD)
     texts = {row_id: tuple(map(_column_text, row[4:7])) for row_id, row in rows.items()}
     if marker is not None and marker.folded:  # else no text is read folded
-        learn_characters(text[:LEARNT_HEAD_CHARS] for three in texts.values()
-                         for text in three if text)
+        head = LEARNT_HEAD_CHARS if marker.longest is not None else None  # else read whole
+        learn_characters(text[:head] for three in texts.values() for text in three if text)
     hits = []
     for row_id in ids:
         row = rows.get(row_id)
