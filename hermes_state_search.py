@@ -784,6 +784,7 @@ class Marker:
         longest = self.longest
         if not self.folded or longest is None or text.isascii():
             return self.spans(text)
+        head = max(head, 1)
         folded = ""  # the head's, grown a piece at a time: unicode61 folds each character alone
         while True:
             end = min(head, len(text))
@@ -877,7 +878,7 @@ def make_snippet(
         listed = [ascii_lower(n) for n in needles]
         marker = _marker([_needles(listed)])
     width = max(width, 1)
-    spans = marker.window_spans(text, width, max(head, 1)) if marker is not None else iter(())
+    spans = marker.window_spans(text, width, head) if marker is not None else iter(())
     return _window(text, next(spans, None), spans, width)
 
 

@@ -676,7 +676,7 @@ _HEAD_PIECES = ["cafe", "café", "CAFÉ", "Zürich", "zurich", "東京", "。", 
 @given(st.lists(st.sampled_from(_HEAD_PIECES), min_size=1, max_size=80),
        st.sampled_from(["cafe", "zurich", "tokyo", "cafe tokyo", "東京", "cafe 東京", "caf*",
                         '"cafe tokyo"', "cafes"]),
-       st.integers(min_value=1, max_value=40), st.integers(min_value=1, max_value=120),
+       st.integers(min_value=1, max_value=40), st.integers(min_value=-1, max_value=120),
        st.booleans())
 # The window's last match (tokyo) starts in the head and ends past it.
 @example(["cafe", " ", "tokyo", " ", "東京"], "cafe tokyo", 6, 7, True)
