@@ -89,7 +89,8 @@ _ASCII_BYTES = bytes(range(128))
 # Every character looked up so far → what unicode61 makes of it: " " for a separator, else its
 # folded form (possibly empty). unicode61 decides and folds one code point at a time, from
 # tables of its own Unicode version (not Python's), so each new character is asked of FTS5
-# itself, once per process (:func:`_learn`); ASCII is known from the start.
+# itself, once per process, unless both Unicode versions Python knows make it an other letter
+# (:func:`_learn`); ASCII is known from the start.
 _CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
 _PROBE_LOCK = threading.Lock()
 _probe: sqlite3.Connection | None = None
@@ -139,11 +140,8 @@ def _without_fts5(ch: str) -> str:
 
 
 def _learn(chars: Iterable[str]) -> None:
-    """What unicode61 makes of each of ``chars``. Those likely kept as they are (most, CJK
-    among them: :func:`_likely_kept`) are asked in runs, a token each, and known kept when a
-    run comes back whole, which costs FTS5 far less than a token a character; the others,
-    and those of a run that does not come back whole, are each tokenized alone between two
-    ``a``s (by :func:`_without_fts5` on an SQLite without FTS5)."""
+    """What unicode61 makes of each of ``chars``: other letters of both Unicode versions
+    Python knows are kept as they are (:func:`_surely_kept`), the rest are asked of FTS5."""
     global _kept
     with _PROBE_LOCK:
         todo = [ch for ch in dict.fromkeys(chars) if ord(ch) not in _CHARS]
@@ -152,38 +150,62 @@ def _learn(chars: Iterable[str]) -> None:
         likely: list[str] = []
         alone: list[str] = []
         for ch in todo:
-            (likely if _likely_kept(ch) else alone).append(ch)
-        runs = ["".join(likely[i:i + _RUN_CHARS]) for i in range(0, len(likely), _RUN_CHARS)]
-        try:
-            *made, terms = _probe_terms([*(f"a{run}a" for run in runs), _one_by_one(alone)])
-            for run, made_of_run in zip(runs, made):
-                if made_of_run == [f"a{run}a"]:
-                    _CHARS.update((ord(ch), ch) for ch in run)
-                else:
-                    alone += run
-                    terms += _probe_terms([_one_by_one(run)])[0]
-        except sqlite3.OperationalError:
-            _CHARS.update((ord(ch), _without_fts5(ch)) for ch in todo)
-        else:
-            each = iter(terms)
-            for ch in alone:
-                term = next(each)
-                if term == "a":  # a separator: "a", "a"
-                    next(each)
-                    _CHARS[ord(ch)] = " "
-                else:
-                    _CHARS[ord(ch)] = term[1:-1]
+            if _surely_kept(ch):
+                _CHARS[ord(ch)] = ch
+            else:
+                (likely if _likely_kept(ch) else alone).append(ch)
+        if likely or alone:
+            _ask_fts5(likely, alone)
         _kept = _kept | {ch for ch in todo if _CHARS[ord(ch)] == ch}
+
+
+def _ask_fts5(likely: list[str], alone: list[str]) -> None:
+    """What unicode61 makes of each character, into :data:`_CHARS` (the caller holds the
+    lock). Those ``likely`` kept as they are (:func:`_likely_kept`) are asked in runs, a token
+    each, and known kept when a run comes back whole, which costs FTS5 far less than a token
+    a character; those ``alone``, and those of a run that does not come back whole, are each
+    tokenized alone between two ``a``s (by :func:`_without_fts5` on an SQLite without
+    FTS5)."""
+    runs = ["".join(likely[i:i + _RUN_CHARS]) for i in range(0, len(likely), _RUN_CHARS)]
+    alone = list(alone)
+    try:
+        *made, terms = _probe_terms([*(f"a{run}a" for run in runs), _one_by_one(alone)])
+        for run, made_of_run in zip(runs, made):
+            if made_of_run == [f"a{run}a"]:
+                _CHARS.update((ord(ch), ch) for ch in run)
+            else:
+                alone += run
+                terms += _probe_terms([_one_by_one(run)])[0]
+    except sqlite3.OperationalError:
+        _CHARS.update((ord(ch), _without_fts5(ch)) for ch in (*likely, *alone))
+        return
+    each = iter(terms)
+    for ch in alone:
+        term = next(each)
+        if term == "a":  # a separator: "a", "a"
+            next(each)
+            _CHARS[ord(ch)] = " "
+        else:
+            _CHARS[ord(ch)] = term[1:-1]
 
 
 # Characters asked of FTS5 in one token at most (FTS5 cuts a token past 32 KB).
 _RUN_CHARS = 2_000
 
 
+def _surely_kept(ch: str) -> bool:
+    """Whether ``ch`` is an other letter (Lo: CJK ideographs, kana, Hangul syllables...) in
+    both Unicode versions Python knows, 3.2 and its own. unicode61 keeps every such character
+    as it is: its tables, of Unicode 6.1 between the two, make it a token character, and it
+    has no case to fold nor a diacritic unicode61 removes. A test asks the running SQLite
+    about every one of them."""
+    return unicodedata.category(ch) == "Lo" and unicodedata.ucd_3_2_0.category(ch) == "Lo"
+
+
 def _likely_kept(ch: str) -> bool:
     """Whether Python's tables make ``ch`` a token character unicode61 keeps as it is: a letter
     or digit without case to fold and, below the CJK blocks, without a diacritic to remove. A
-    guess only, cheap to make, which FTS5 confirms (:func:`_learn`)."""
+    guess only, cheap to make, which FTS5 confirms (:func:`_ask_fts5`)."""
     return ch.isalnum() and ch.lower() == ch and (
         ch >= "\u2e80" or not unicodedata.decomposition(ch))
 

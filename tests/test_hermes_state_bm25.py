@@ -156,6 +156,30 @@ def test_every_character_python_splits_at_is_a_unicode61_separator() -> None:
     assert fts5_tokens(" ".join(f"a{ch}a" for ch in spaces)) == ["a", "a"] * len(spaces)
 
 
+_OTHER_LETTERS_OF_BOTH_VERSIONS = r"""
+import json, sys, unicodedata
+import hermes_state_bm25 as bm25
+letters = [chr(c) for c in range(0x80, 0x110000) if unicodedata.category(chr(c)) == "Lo"
+           and unicodedata.ucd_3_2_0.category(chr(c)) == "Lo"]
+text = " ".join(f"a{ch}a" for ch in letters)
+print(json.dumps([text, bm25.column_tokens(text)]))
+"""
+
+
+def test_every_other_letter_of_both_unicode_versions_is_one_unicode61_keeps(
+    run_python: RunPython,
+) -> None:
+    """A letter both Unicode versions Python knows (3.2 and its own) call an other letter (Lo)
+    is taken as unicode61 keeping it, FTS5 unasked: this SQLite keeps every one of them, and a
+    fresh process's tokens of them are FTS5's."""
+    done = run_python(_OTHER_LETTERS_OF_BOTH_VERSIONS)
+    assert done.returncode == 0, done.stderr
+    text, ours = json.loads(done.stdout)
+    theirs = fts5_tokens(text)
+    assert len(theirs) > 80_000
+    assert ours == theirs == [token for token in text.split(" ") if token]
+
+
 def test_changes_that_make_changed_characters_are_made_one_code_point_at_a_time() -> None:
     assert bm25.with_changes("ÄÖÄ", {"Ä": "Ö", "Ö": "o"}) == "ÖoÖ"
     assert bm25.with_changes("ÄÖÄ", {"Ä": "a", "Ö": ""}) == "aa"
