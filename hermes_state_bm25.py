@@ -4,7 +4,9 @@
 characters, folded to lower case; every other ASCII byte separates tokens. Other characters
 are decided one code point at a time from SQLite's own Unicode tables, which need not be
 Python's. So each new character is asked of FTS5 itself, once per process (:func:`_learn`),
-and only the characters unicode61 changes are replaced in a text: a text's set of characters,
+unless both Unicode versions Python knows, 3.2 and its own, make it an other letter (CJK,
+kana, Hangul), which unicode61 keeps as it is (a test asks the running SQLite about each).
+Only the characters unicode61 changes are replaced in a text: a text's set of characters,
 less those known to be kept as they are, is all there is to look at.
 :func:`column_tokens` gives exactly FTS5's tokens of a column; :func:`fts5_text` reads a blob
 another client stored as FTS5 reads it. :func:`text_frequency` counts a word in folded text
@@ -216,8 +218,9 @@ def _one_by_one(chars: Iterable[str]) -> str:
 
 
 def learn_characters(texts: Iterable[str | None]) -> None:
-    """Ask FTS5 at once about every character of ``texts`` it was not asked about yet: one
-    probe for a page of texts instead of one for each text that holds a new character."""
+    """Learn what unicode61 makes of every character of ``texts`` not known yet, at once: one
+    question to FTS5 for a page of texts instead of one for each text that holds a new
+    character."""
     _unkept(set().union(*map(_beyond_ascii, filter(None, texts))))
 
 
