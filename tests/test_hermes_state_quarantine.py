@@ -51,12 +51,13 @@ from hermes_state_errors import SQLITE_CORRUPT, SQLITE_CORRUPT_VTAB, SQLITE_NOTA
 PAGE = 4096
 
 
-def make_store(db_path: Path, messages: int = 300) -> None:
-    """A closed store (checkpointed, no -wal) whose ``messages`` b-tree has many leaves."""
+def make_store(db_path: Path, messages: int = 300, width: int = 200) -> None:
+    """A closed store (checkpointed, no -wal) whose ``messages`` b-tree has many leaves, each
+    message ``width`` characters past its number and word."""
     with SessionDB(db_path) as db:
         db.create_session("s", "cli")
         for n in range(messages):
-            db.append_message("s", "user", f"message {n} quokka " + "x" * 200)
+            db.append_message("s", "user", f"message {n} quokka " + "x" * width)
     assert not db_path.with_name("state.db-wal").exists()
 
 
@@ -748,6 +749,25 @@ def test_random_bytes_in_leaf_cells_quarantine_the_first_append(
     assert report["first"] & 0xFF == SQLITE_CORRUPT
     assert report["second"] == SQLITE_CORRUPT
     assert before == at_first_refusal == at_exit
+    marker = marker_of(db_path)
+    assert marker is not None and marker["inode"] == db_path.stat().st_ino
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4])
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_a_search_over_random_bytes_in_leaf_cells_fails_instead_of_finding_nothing(
+    db_path: Path, seed: int, read_only: bool
+) -> None:
+    """The search index is whole, so FTS5 finds the rows. Read without the cell size check,
+    leaves of a row or two of random bytes pass no filter under these seeds: the search would
+    answer with no hits and no error, as if the messages had never been written."""
+    make_store(db_path, width=2000)
+    scramble_cells(db_path, table_pages(db_path, "messages", "leaf"), seed)
+    with SessionDB(db_path, read_only=read_only) as db:
+        with pytest.raises(StateDbCorruptError) as met:
+            db.search_messages("quokka")
+        assert code(met.value) & 0xFF == SQLITE_CORRUPT
+        assert db.quarantined
     marker = marker_of(db_path)
     assert marker is not None and marker["inode"] == db_path.stat().st_ino
 
