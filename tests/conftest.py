@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -37,6 +39,18 @@ settings.load_profile("suite")
 # in a child) lets them be interrupted as at a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's temporary directories go in one made for the run and removed when it ends,
+    the workers' inside it: pytest would keep its last three runs in the system's temporary
+    folder (gigabytes, for this suite). ``--basetemp DIR`` keeps a run's in ``DIR``."""
+    if config.option.basetemp is not None or hasattr(config, "workerinput"):
+        return  # a directory the caller chose, or a worker inside the run's
+    scratch = tempfile.mkdtemp(prefix="hermes-state-tests-")
+    config.option.basetemp = scratch
+    config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
 
 
 @pytest.fixture(autouse=True)

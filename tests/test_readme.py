@@ -6,6 +6,7 @@ of it is still there afterwards. The README's set-up commands are the ones CI us
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import sqlite3
@@ -173,6 +174,23 @@ def test_readme_gives_exactly_two_setup_commands_and_ci_runs_the_test_one() -> N
     tests_run, modules_read = lines.index("pytest"), lines.index("modules=$(python - <<'EOF'")
     assert tests_run < modules_read, "the test suite runs first"
     assert '["tool"]["setuptools"]["py-modules"]' in "\n".join(lines[modules_read:])
+
+
+@pytest.mark.slow
+def test_the_test_command_leaves_nothing_in_the_system_temporary_folder(tmp_path: Path) -> None:
+    """pytest keeps the temporary directories of its last runs in the system's temporary
+    folder (gigabytes, for this suite): the suite's own go when the run ends, its workers'
+    with them."""
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    outer = {key: None for key in os.environ if key.startswith("PYTEST_")}
+    one_test = "tests/test_readme.py::test_the_examples_are_found"
+    env = subprocess_env({**outer, "TMPDIR": str(system_temp)})
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", one_test], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    assert list(system_temp.iterdir()) == [], "the run left its temporary files"
 
 
 def anchors(doc: Path) -> set[str]:
