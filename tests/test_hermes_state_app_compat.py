@@ -21,6 +21,7 @@ from hermes_state import (
     InvalidInputError,
     InvalidTypeError,
     SessionDB,
+    StateDbConstraintError,
     StateDbLockedError,
     Timing,
 )
@@ -173,6 +174,19 @@ def test_a_write_function_that_raises_leaves_nothing_written(db: SessionDB) -> N
     with pytest.raises(HermesStateError):  # SQLite's own refusal, typed
         db._execute_write(lambda conn: conn.execute("INSERT INTO sessions (id) VALUES ('s')"))
     assert db.get_session("s")["title"] is None
+
+
+def test_a_constraint_broken_through_the_facade_is_typed_and_rolled_back(db: SessionDB) -> None:
+    db.create_session("s", "cli")
+
+    def duplicate(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('t', 'cli', 0)")
+        conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 0)")
+
+    with pytest.raises(StateDbConstraintError) as info:
+        db._execute_write(duplicate)
+    assert isinstance(info.value.__cause__, sqlite3.IntegrityError)
+    assert db.get_session("t") is None  # the whole transaction was rolled back
 
 
 def test_a_write_function_is_refused_on_a_read_only_handle(db: SessionDB, db_path: Path) -> None:

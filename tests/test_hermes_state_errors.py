@@ -368,19 +368,6 @@ def test_the_context_manager_raises_the_translation_from_the_original(tmp_path: 
     conn.close()
 
 
-def test_a_constraint_broken_through_the_facade_is_typed_and_rolled_back(db: SessionDB) -> None:
-    db.create_session("s", "cli")
-
-    def duplicate(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('t', 'cli', 0)")
-        conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 0)")
-
-    with pytest.raises(StateDbConstraintError) as info:
-        db._execute_write(duplicate)  # the documented write path of the application
-    assert isinstance(info.value.__cause__, sqlite3.IntegrityError)
-    assert db.get_session("t") is None  # the whole transaction was rolled back
-
-
 # --- is_malformed_db_error: errors of the caller's own connections to damaged files ------
 
 
