@@ -5,7 +5,8 @@ characters, folded to lower case; every other ASCII byte separates tokens. Other
 are decided one code point at a time from SQLite's own Unicode tables, which need not be
 Python's. So each new character is asked of FTS5 itself, once per process (:func:`_learn`),
 unless both Unicode versions Python knows, 3.2 and its own, make it an other letter (CJK,
-kana, Hangul), which unicode61 keeps as it is (a test asks the running SQLite about each).
+kana, Hangul), which unicode61 keeps as it is, or punctuation, a symbol or a space, at which it
+separates tokens (a test asks the running SQLite about each).
 Only the characters unicode61 changes are replaced in a text: a text's set of characters,
 less those known to be kept as they are, is all there is to look at.
 :func:`column_tokens` gives exactly FTS5's tokens of a column; :func:`fts5_text` reads a blob
@@ -92,7 +93,7 @@ _ASCII_BYTES = bytes(range(128))
 # folded form (possibly empty). unicode61 decides and folds one code point at a time, from
 # tables of its own Unicode version (not Python's), so each new character is asked of FTS5
 # itself, once per process, unless both Unicode versions Python knows make it an other letter
-# (:func:`_learn`); ASCII is known from the start.
+# or a separator (:func:`_learn`); ASCII is known from the start.
 _CHARS: dict[int, str] = {c: chr(_ASCII_FOLD[c]) for c in range(128)}
 _PROBE_LOCK = threading.Lock()
 _probe: sqlite3.Connection | None = None
@@ -143,7 +144,8 @@ def _without_fts5(ch: str) -> str:
 
 def _learn(chars: Iterable[str]) -> None:
     """What unicode61 makes of each of ``chars``: other letters of both Unicode versions
-    Python knows are kept as they are (:func:`_surely_kept`), the rest are asked of FTS5."""
+    Python knows are kept as they are (:func:`_surely_kept`), their punctuation, symbols and
+    spaces separate tokens (:func:`_surely_separates`), the rest are asked of FTS5."""
     global _kept
     with _PROBE_LOCK:
         todo = [ch for ch in dict.fromkeys(chars) if ord(ch) not in _CHARS]
@@ -154,6 +156,8 @@ def _learn(chars: Iterable[str]) -> None:
         for ch in todo:
             if _surely_kept(ch):
                 _CHARS[ord(ch)] = ch
+            elif _surely_separates(ch):
+                _CHARS[ord(ch)] = " "
             else:
                 (likely if _likely_kept(ch) else alone).append(ch)
         if likely or alone:
@@ -202,6 +206,17 @@ def _surely_kept(ch: str) -> bool:
     has no case to fold nor a diacritic unicode61 removes. A test asks the running SQLite
     about every one of them."""
     return unicodedata.category(ch) == "Lo" and unicodedata.ucd_3_2_0.category(ch) == "Lo"
+
+
+def _surely_separates(ch: str) -> bool:
+    """Whether both Unicode versions Python knows, 3.2 and its own, call ``ch`` punctuation, a
+    symbol, a space, or a control or format character (``—``, ``…``, ``€``, a zero-width
+    space). unicode61's tables, between the two, then separate tokens at it: it keeps letters,
+    numbers, private use and unassigned code points in tokens and drops the diacritics it
+    removes. Emoji newer than Unicode 3.2 are asked. A test asks the running SQLite about
+    every one of them."""
+    return all(category[0] in "PSZ" or category in ("Cc", "Cf")
+               for category in (unicodedata.category(ch), unicodedata.ucd_3_2_0.category(ch)))
 
 
 def _likely_kept(ch: str) -> bool:

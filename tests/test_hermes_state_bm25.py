@@ -143,7 +143,10 @@ def test_a_fresh_process_learns_a_page_of_characters_as_fts5_tokenizes_them(
     run_python: RunPython,
 ) -> None:
     cjk = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 3_000, 7))
-    texts = [f"東京{cjk[:200]}ς都 ᦰx ábc", f"{cjk}、。", "Ωmega ЖЖ ß ﬁne ᦰᦱ δς", "plain"]
+    # The last text: characters one Unicode version Python knows calls punctuation or a
+    # symbol and the other does not (unassigned then), unassigned ones, marks, emoji.
+    texts = [f"東京{cjk[:200]}ς都 ᦰx ábc", f"{cjk}、。", "Ωmega ЖЖ ß ﬁne ᦰᦱ δς", "plain",
+             "a\u0378b a\u058db a😀b a👍b a✅b a\u20b9b a\u0301b a\ufe0fb a\U000e0001b"]
     done = run_python(_LEARNT_IN_A_FRESH_PROCESS, json.dumps(texts))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [fts5_tokens(t) for t in texts]
@@ -178,6 +181,33 @@ def test_every_other_letter_of_both_unicode_versions_is_one_unicode61_keeps(
     theirs = fts5_tokens(text)
     assert len(theirs) > 80_000
     assert ours == theirs == [token for token in text.split(" ") if token]
+
+
+_SEPARATORS_OF_BOTH_VERSIONS = r"""
+import json, sys, unicodedata
+import hermes_state_bm25 as bm25
+def separates(cat):
+    return cat[0] in "PSZ" or cat in ("Cc", "Cf")
+marks = [chr(c) for c in range(0x80, 0x110000) if separates(unicodedata.category(chr(c)))
+         and separates(unicodedata.ucd_3_2_0.category(chr(c)))]
+text = " ".join(f"a{ch}b" for ch in marks)
+print(json.dumps([text, bm25.column_tokens(text)]))
+"""
+
+
+def test_every_separator_of_both_unicode_versions_is_one_unicode61_separates_at(
+    run_python: RunPython,
+) -> None:
+    """A character both Unicode versions Python knows call punctuation, a symbol, a space, or a
+    control or format character (``—``, ``…``, ``€``, ``©``, a zero-width space) is taken as
+    unicode61 separating tokens there, FTS5 unasked: this SQLite separates at every one of
+    them, and a fresh process's tokens of them are FTS5's."""
+    done = run_python(_SEPARATORS_OF_BOTH_VERSIONS)
+    assert done.returncode == 0, done.stderr
+    text, ours = json.loads(done.stdout)
+    theirs = fts5_tokens(text)
+    assert len(theirs) > 2 * 3_000
+    assert ours == theirs == ["a", "b"] * (len(theirs) // 2)
 
 
 def test_changes_that_make_changed_characters_are_made_one_code_point_at_a_time() -> None:
