@@ -74,18 +74,22 @@ class WriteFn(Protocol):
 
 # A database with tables but no schema_version row predates version tracking.
 _UNTRACKED_VERSION = 1
+VERSION_SQL = "SELECT version FROM schema_version LIMIT 1"
 
 
 def read_version(conn: sqlite3.Connection, /) -> int | None:
     """The schema version of the database; None for an empty (uninitialised) database."""
     try:
-        row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
+        row = conn.execute(VERSION_SQL).fetchone()
     except sqlite3.OperationalError as exc:
         # A lock error is not a missing table: asking again would wait out the busy timeout
         # a second time.
-        if is_sqlite_lock_error(exc) or table_exists(conn, "schema_version"):
+        if is_sqlite_lock_error(exc):
             raise
-        row = None
+        if not table_exists(conn, "schema_version"):
+            row = None
+        else:  # created since, by another process opening the new file, or broken: read again
+            row = conn.execute(VERSION_SQL).fetchone()
     if row is not None and row[0] is not None:
         return int(row[0])
     if table_exists(conn, "sessions"):

@@ -657,3 +657,53 @@ def test_an_index_removed_from_the_schema_comes_back_rebuilt(
         hits = db.search_messages("gateway", limit=50)
         assert len(hits) == 30 and all(h.get("match") != "substring" for h in hits)
         assert len(db.search_messages("東京", limit=50)) == 30
+
+
+# --- processes creating one new store together -------------------------------------------------
+
+
+def test_a_version_table_created_while_the_version_is_read_is_read(tmp_path: Path) -> None:
+    """Processes opening one new file together: another one can commit the version table
+    between the read that found no such table and the look that tells a missing table from a
+    broken one. The version it committed is read (it was the error "no such table")."""
+    path = tmp_path / "new.db"
+    creator = sqlite3.connect(path, isolation_level=None)
+    reader = sqlite3.connect(path, isolation_level=None)
+
+    def create_at_the_next_statement(_sql: str) -> None:
+        reader.set_trace_callback(None)
+        creator.executescript(
+            "BEGIN; CREATE TABLE schema_version (version INTEGER NOT NULL);"
+            f" INSERT INTO schema_version VALUES ({SCHEMA_VERSION}); COMMIT;")
+
+    reader.set_trace_callback(create_at_the_next_statement)
+    try:
+        assert hermes_state_schema.read_version(reader) == SCHEMA_VERSION
+    finally:
+        reader.close()
+        creator.close()
+
+
+# Creates a session in a new store argv[1] once the clock reaches argv[2].
+FIRST_OPEN_SCRIPT = """
+import os, sys, time
+from hermes_state import SessionDB
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+with SessionDB(sys.argv[1]) as db:
+    db.create_session(f"s{os.getpid()}", "cli")
+"""
+
+
+@pytest.mark.slow
+def test_processes_opening_one_new_store_together_all_succeed(
+    tmp_path: Path, spawn_python
+) -> None:
+    for attempt in range(4):
+        path = tmp_path / f"new-{attempt}.db"
+        start = f"{time.time() + 0.8:.3f}"
+        procs = [spawn_python(FIRST_OPEN_SCRIPT, str(path), start) for _ in range(6)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        with SessionDB(path) as db:
+            assert db.session_count() == len(procs)
