@@ -157,6 +157,26 @@ def test_a_writable_open_never_checkpoints_a_wal_damaged_in_the_middle(
     assert file_state(db_path) == damaged
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("field", "offset"), [("magic", 0), ("page size", 10)])
+def test_a_writable_open_never_checkpoints_a_wal_whose_header_says_it_is_none(
+    field: str, offset: int, db_path: Path, hermes_home: Path, tmp_path: Path
+) -> None:
+    """A flipped bit in the -wal header's magic number or page size: SQLite takes the file for
+    no WAL and reads none of its commits, and the first checkpoint would delete them all."""
+    store_of(db_path, "base", 1, 30, 7)
+    acknowledged = append_and_die(db_path, "base-0", 40)
+    flip_byte(db_path.with_name("state.db-wal"), offset)
+    damaged = file_state(db_path)
+
+    restart = run_child(_GATEWAY_RESTART, str(db_path), "base-0", "3", home=hermes_home)
+    assert restart["born_quarantined"] and restart["acked"] == [] and restart["refused"] == 3
+    assert file_state(db_path) == damaged  # main file and -wal byte for byte
+    marker = marker_of(db_path)
+    assert marker is not None and "the -wal is damaged at its header" in marker["reason"]
+    assert set(acknowledged) <= recovered_ids(db_path, tmp_path / "recovered.db")
+
+
 # A read-only handle on argv[1] that has read the store and stays open until stdin closes.
 _READER_THAT_STAYS = r"""
 import sys

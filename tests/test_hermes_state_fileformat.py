@@ -196,12 +196,22 @@ def test_a_damaged_early_frame_hides_later_commits_from_sqlite_but_not_from_the_
     assert len(ours) == len(pages_of(intact)) and differ == unreplaced
 
 
-def test_a_damaged_header_is_frame_zero_of_the_damage(db_path: Path, tmp_path: Path) -> None:
+# Bytes of the -wal header: the checkpoint sequence number (the header's checksum fails), the
+# magic number and the page size (SQLite takes the file for no WAL at all). Either way SQLite
+# ignores every frame.
+HEADER_BYTES = {"sequence": 13, "magic": 0, "page size": 10}
+
+
+@pytest.mark.parametrize("field", sorted(HEADER_BYTES))
+def test_a_damaged_header_is_frame_zero_of_the_damage(
+    db_path: Path, tmp_path: Path, field: str
+) -> None:
     store_of(db_path, "base", 1, 60, 4)
     append_and_die(db_path, "base-0", 5)
     wal = db_path.with_name("state.db-wal")
     intact = sqlite_reads(db_path, wal, tmp_path / "intact")
-    flip_byte(wal, 13)  # the checkpoint sequence number: the header checksum fails
+    flip_byte(wal, HEADER_BYTES[field])
+    assert sqlite_reads(db_path, wal, tmp_path / "sqlite") != intact
     scan = ff.scan_wal(wal)
     assert scan.damaged == [0] and scan.readable == 0 and scan.later_commits >= 5
     assert folded(db_path, wal, tmp_path / "ours.db") == intact
