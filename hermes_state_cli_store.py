@@ -392,12 +392,14 @@ def cmd_clear_quarantine(args: argparse.Namespace) -> int:
 
 def _doctor_wal(path: Path, report: dict[str, Any], problems: list[str], nxt: list[str]) -> None:
     """A damaged -wal frame hides every later commit from SQLite, so opening the store shows
-    nothing wrong: verify the frames themselves (the -wal is only read)."""
+    nothing wrong: verify the frames themselves (the -wal is only read), judged as a writable
+    open judges them (a live -wal that changed between two scans is not judged: a frame read
+    half-written beside a writer is no damage)."""
     wal = db_files.sidecar_paths(path)[0]
     if not path.is_file():
         return
-    scan = ff.scan_wal(wal)
-    if not scan.problem:
+    scan = quarantine.wal_damage_scan(path)
+    if scan is None:
         return
     rows = ff.wal_damage_rows(path, wal, scan)
     report["wal_damage"] = {"damaged_frames": scan.damaged[:100], "readable": scan.readable,

@@ -57,6 +57,7 @@ __all__ = [
     "recorded_note",
     "record_found_damage",
     "wal_damage",
+    "wal_damage_scan",
     "protect",
     "track",
     "untrack",
@@ -308,6 +309,15 @@ def wal_damage(
     SQLite's write lock, while no writer appends to the ``-wal`` or starts it over (a scan
     beside a writer can take frames of two moments for damage); the lock is released
     without a write."""
+    scan = wal_damage_scan(db_path, conn)
+    return None if scan is None else _damage_error(db_path, scan)
+
+
+def wal_damage_scan(
+    db_path: Path, conn: sqlite3.Connection | None = None
+) -> ff.WalScan | None:
+    """The scan of the ``-wal`` of ``db_path`` when it found damage that hides commits, judged
+    as :func:`wal_damage` judges it; None when there is none."""
     wal = sidecar_paths(db_path)[0]
     try:
         if wal.stat().st_size <= _WAL_HEADER_BYTES:
@@ -318,7 +328,7 @@ def wal_damage(
         with _write_lock(conn) as held:
             if held:
                 scan = ff.scan_wal(wal)
-                return _damage_error(db_path, scan) if _hides_commits(scan) else None
+                return scan if _hides_commits(scan) else None
     # Without the write lock a writer may append to the -wal, or start it over, while it is
     # read, and a frame read half-written with whole frames after it looks like damage: only
     # a -wal that stood still across two scans a moment apart is judged.
@@ -328,9 +338,7 @@ def wal_damage(
         return None
     time.sleep(_WAL_SECOND_LOOK_S)
     again = ff.scan_wal(wal)
-    if again != scan or _wal_stamp(wal) != stamp:
-        return None
-    return _damage_error(db_path, again)
+    return again if again == scan and _wal_stamp(wal) == stamp else None
 
 
 def _wal_stamp(wal: Path) -> tuple[int, int, int] | None:

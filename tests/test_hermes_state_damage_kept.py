@@ -496,6 +496,49 @@ def test_doctor_records_a_wal_damaged_in_the_middle(db_path: Path, hermes_home: 
     assert marker_of(db_path) is not None and file_state(db_path) == damaged
 
 
+# Appends to a session of its own on argv[1] until killed, a long message now and then (frames
+# of many pages) and a compaction every 15 (a whole rewrite of the session).
+_BUSY_WRITER = r"""
+import os, sys
+from hermes_state import SessionDB
+db = SessionDB(sys.argv[1])
+sid = f"w{os.getpid()}"
+db.create_session(sid, "cli")
+n = 0
+while True:
+    n += 1
+    db.append_message(sid, "user", f"m{n} " + "x" * (30_000 if n % 4 == 0 else 100))
+    if n % 15 == 0:
+        seen = db.get_messages(sid)
+        db.archive_and_compact(sid, [{"role": "user", "content": f"summary {n}"}],
+                               seen_through_id=seen[-1]["id"])
+"""
+
+
+@pytest.mark.slow
+def test_doctor_beside_busy_writers_finds_no_damage_in_their_wal(
+    db_path: Path, hermes_home: Path
+) -> None:
+    """doctor reads the -wal while writers append to it and start it over: a frame it reads
+    half-written, or frames of two generations, are no damage, and the store is not
+    quarantined (it was, within a few runs)."""
+    SessionDB(db_path).close()
+    env = subprocess_env({"HERMES_HOME": str(hermes_home)})
+    writers = [subprocess.Popen([sys.executable, "-c", _BUSY_WRITER, str(db_path)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    try:
+        for _ in range(8):
+            doctor = cli(hermes_home, "--db", str(db_path), "--json", "doctor")
+            assert "wal_damage" not in json.loads(doctor.stdout), doctor.stdout
+            assert marker_of(db_path) is None
+        assert all(writer.poll() is None for writer in writers)
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.communicate()
+
+
 def test_damage_only_in_the_search_index_is_not_recorded_by_doctor(
     db_path: Path, hermes_home: Path
 ) -> None:
