@@ -699,41 +699,42 @@ class _WalHeader:
 def _read_wal_header(wal: Any, scan: WalScan) -> _WalHeader | None:
     """The header's byte order, salts and checksum, or None when it is no WAL header.
 
-    A header whose own checksum fails is frame 0 of the damage: SQLite then ignores the whole
-    WAL; the scan seeds frame 1 with the stored checksum and with the one the header's
-    bytes give (whichever part was damaged, one of them is right). So is a header whose magic
-    number or page size is not valid, which SQLite takes for no WAL at all, when frame 1
-    verifies under one byte order and page size (:func:`_damaged_header`)."""
+    A header that fails is frame 0 of the damage: SQLite then ignores the whole WAL (a
+    magic number or page size that is not valid makes it no WAL at all, a checksum that
+    fails an ignored one). The scan takes the byte order and page size under which frame 1
+    verifies (:func:`_damaged_header`); failing that, when the stored checksum or the salts
+    were what was damaged, it seeds frame 1 with the stored checksum and with the one the
+    header's bytes give, and takes frame 1's salts."""
     header = wal.read(32)
     if len(header) < 32:
         return None
     magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
-    if magic not in _WAL_MAGIC or page_size not in _PAGE_SIZES:
-        found = _damaged_header(wal, header)
-        if found is None:
-            scan.notes.append("the -wal header is not valid; the WAL was not applied")
-            return None
-        scan.notes.append("the -wal header's magic number or page size is damaged; the WAL "
-                          "was not applied")
+    valid = magic in _WAL_MAGIC and page_size in _PAGE_SIZES
+    big = magic & 1 == 1
+    computed = _wal_checksum(header[:24], 0, 0, big)
+    if valid and computed == (c0, c1):
+        scan.page_size = page_size
+        return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1)}), False)
+    found = _damaged_header(wal, header)
+    if found is not None:
         scan.page_size, big = found
         return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1)}), True)
-    big = magic & 1 == 1
+    if not valid:
+        scan.notes.append("the -wal header is not valid; the WAL was not applied")
+        return None
     scan.page_size = page_size
-    computed = _wal_checksum(header[:24], 0, 0, big)
-    return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1), computed}),
-                      computed != (c0, c1))
+    return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1), computed}), True)
 
 
 _PAGE_SIZES = tuple(1 << n for n in range(9, 17))
 
 
 def _damaged_header(wal: Any, header: bytes) -> tuple[int, bool] | None:
-    """The page size and byte order of a header whose magic number or page size was damaged:
-    the only ones under which frame 1 carries the header's salts and the checksum seeded with
-    the header's stored one (the fields left intact narrow the choice); None when not exactly
-    one fits."""
-    magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
-    orders = [magic & 1 == 1] if magic in _WAL_MAGIC else [False, True]
+    """The page size and byte order of a damaged header: the only ones under which frame 1
+    carries the header's salts and the checksum seeded with the header's stored one (either
+    byte order: a flipped low bit of the magic number makes it the other valid one; the
+    stored page size when it is valid); None when not exactly one fits."""
+    _magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
     sizes = (page_size,) if page_size in _PAGE_SIZES else _PAGE_SIZES
     fits: list[tuple[int, bool]] = []
     for size in sizes:
@@ -744,7 +745,7 @@ def _damaged_header(wal: Any, header: bytes) -> tuple[int, bool] | None:
         pgno, _db_size, f_salt1, f_salt2, f0, f1 = _FRAME_HEADER.unpack_from(frame)
         if not pgno or (f_salt1, f_salt2) != (salt1, salt2):
             continue
-        fits += [(size, big) for big in orders
+        fits += [(size, big) for big in (False, True)
                  if _wal_checksum(frame[24:], *_wal_checksum(frame[:8], c0, c1, big), big)
                  == (f0, f1)]
     wal.seek(32)

@@ -445,13 +445,13 @@ def point_freelist_at_live_pages(db_path: Path, table: str, seed: int) -> list[i
     return named
 
 
-def flip_byte(path: Path, offset: int) -> None:
+def flip_byte(path: Path, offset: int, bit: int = 0x10) -> None:
     """Flip one bit of the byte at ``offset`` of a closed file."""
     with open(path, "r+b") as fh:
         fh.seek(offset)
         byte = fh.read(1)[0]
         fh.seek(offset)
-        fh.write(bytes([byte ^ 0x10]))
+        fh.write(bytes([byte ^ bit]))
 
 
 def wal_frame_offset(wal: Path, frame: int, page_size: int = 4096) -> int:

@@ -158,15 +158,17 @@ def test_a_writable_open_never_checkpoints_a_wal_damaged_in_the_middle(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("field", "offset"), [("magic", 0), ("page size", 10)])
+@pytest.mark.parametrize(("field", "offset", "bit"),
+                         [("magic", 0, 0x10), ("byte order", 3, 0x01), ("page size", 10, 0x10)])
 def test_a_writable_open_never_checkpoints_a_wal_whose_header_says_it_is_none(
-    field: str, offset: int, db_path: Path, hermes_home: Path, tmp_path: Path
+    field: str, offset: int, bit: int, db_path: Path, hermes_home: Path, tmp_path: Path
 ) -> None:
     """A flipped bit in the -wal header's magic number or page size: SQLite takes the file for
-    no WAL and reads none of its commits, and the first checkpoint would delete them all."""
+    no WAL, or for one in the other byte order whose checksum fails, and reads none of its
+    commits; the first checkpoint would delete them all."""
     store_of(db_path, "base", 1, 30, 7)
     acknowledged = append_and_die(db_path, "base-0", 40)
-    flip_byte(db_path.with_name("state.db-wal"), offset)
+    flip_byte(db_path.with_name("state.db-wal"), offset, bit)
     damaged = file_state(db_path)
 
     restart = run_child(_GATEWAY_RESTART, str(db_path), "base-0", "3", home=hermes_home)

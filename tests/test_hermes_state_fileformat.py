@@ -196,13 +196,15 @@ def test_a_damaged_early_frame_hides_later_commits_from_sqlite_but_not_from_the_
     assert len(ours) == len(pages_of(intact)) and differ == unreplaced
 
 
-# Bytes of the -wal header: the checkpoint sequence number (the header's checksum fails), the
-# magic number and the page size (SQLite takes the file for no WAL at all). Either way SQLite
-# ignores every frame.
-HEADER_BYTES = {"sequence": 13, "magic": 0, "page size": 10}
+# Bits of the -wal header: of the checkpoint sequence number (the header's checksum fails), of
+# the magic number, the byte-order one (another valid magic, whose checksum fails) or another
+# (SQLite takes the file for no WAL at all), and of the page size (no WAL either). Either way
+# SQLite ignores every frame.
+HEADER_BITS = {"sequence": (13, 0x10), "magic": (0, 0x10), "byte order": (3, 0x01),
+               "page size": (10, 0x10)}
 
 
-@pytest.mark.parametrize("field", sorted(HEADER_BYTES))
+@pytest.mark.parametrize("field", sorted(HEADER_BITS))
 def test_a_damaged_header_is_frame_zero_of_the_damage(
     db_path: Path, tmp_path: Path, field: str
 ) -> None:
@@ -210,7 +212,7 @@ def test_a_damaged_header_is_frame_zero_of_the_damage(
     append_and_die(db_path, "base-0", 5)
     wal = db_path.with_name("state.db-wal")
     intact = sqlite_reads(db_path, wal, tmp_path / "intact")
-    flip_byte(wal, HEADER_BYTES[field])
+    flip_byte(wal, *HEADER_BITS[field])
     assert sqlite_reads(db_path, wal, tmp_path / "sqlite") != intact
     scan = ff.scan_wal(wal)
     assert scan.damaged == [0] and scan.readable == 0 and scan.later_commits >= 5
