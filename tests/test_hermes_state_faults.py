@@ -100,13 +100,15 @@ print(json.dumps({"ids": ids, "retries": db.write_retries, "elapsed": elapsed, "
 db.close()
 """
 
-# Until argv[2] exists: a checkpoint and a search on argv[1] every 50 ms. Prints the counts.
+# Once its store is open it creates the file argv[3]; then, until argv[2] exists (at least
+# once): a checkpoint and a search on argv[1] every 50 ms. Prints the counts.
 _CHECKPOINTER = """
 import json, os, sys, time
 from hermes_state import SessionDB
 db = SessionDB(sys.argv[1])
+open(sys.argv[3], "w").close()
 checkpoints = searches = incomplete = 0
-while not os.path.exists(sys.argv[2]):
+while checkpoints == 0 or not os.path.exists(sys.argv[2]):
     busy, frames, copied = db.checkpoint()
     checkpoints += 1
     incomplete += bool(busy or copied < frames)
@@ -118,13 +120,15 @@ print(json.dumps({"checkpoints": checkpoints, "incomplete": incomplete, "searche
 db.close()
 """
 
-# Until argv[2] exists: a read-only handle lists sessions and reads one of them. Prints counts.
+# Once open it creates the file argv[3]; then, until argv[2] exists (at least once): a
+# read-only handle lists sessions and reads one of them. Prints counts.
 _READER = """
 import json, os, sys
 from hermes_state import SessionDB
 db = SessionDB(sys.argv[1], read_only=True)
+open(sys.argv[3], "w").close()
 reads = 0
-while not os.path.exists(sys.argv[2]):
+while reads == 0 or not os.path.exists(sys.argv[2]):
     listed = db.list_sessions_rich(limit=50)
     for row in listed[:2]:
         messages = db.get_messages(row["id"])
@@ -147,17 +151,19 @@ def test_a_lock_storm_loses_nothing_and_leaks_no_error(
     for n in range(writers):
         db.create_session(_session_of(n), "cli")
     stop = tmp_path / "stop"
-    side = [spawn_python(script, str(db.path), str(stop)) for script in (_CHECKPOINTER, _READER)]
+    side = [spawn_python(script, str(db.path), str(stop), str(tmp_path / f"{name}.ready"))
+            for name, script in (("checkpointer", _CHECKPOINTER), ("reader", _READER))]
     go = tmp_path / "go"
     procs = [
         spawn_python(_WRITER, str(db.path), f"w{n}", _session_of(n), str(per_writer), str(go))
         for n in range(writers)
     ]
     ready = [tmp_path / f"go.w{n}.ready" for n in range(writers)]
+    ready += [tmp_path / "checkpointer.ready", tmp_path / "reader.ready"]
     deadline = time.monotonic() + 120
-    while not all(r.exists() for r in ready):  # every writer is up and open
-        assert time.monotonic() < deadline, "the writers did not open the store"
-        assert all(p.poll() is None for p in procs), "a writer ended before the start"
+    while not all(r.exists() for r in ready):  # every process is up and open
+        assert time.monotonic() < deadline, "the processes did not open the store"
+        assert all(p.poll() is None for p in procs + side), "one ended before the start"
         time.sleep(0.01)
     go.touch()
     reports = []
