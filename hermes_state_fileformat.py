@@ -715,7 +715,7 @@ def _read_wal_header(wal: Any, scan: WalScan) -> _WalHeader | None:
     if valid and computed == (c0, c1):
         scan.page_size = page_size
         return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1)}), False)
-    found = _damaged_header(wal, header)
+    found = _damaged_header(wal, page_size, (salt1, salt2), (c0, c1))
     if found is not None:
         scan.page_size, big = found
         return _WalHeader(big, (salt1, salt2), frozenset({(c0, c1)}), True)
@@ -729,12 +729,13 @@ def _read_wal_header(wal: Any, scan: WalScan) -> _WalHeader | None:
 _PAGE_SIZES = tuple(1 << n for n in range(9, 17))
 
 
-def _damaged_header(wal: Any, header: bytes) -> tuple[int, bool] | None:
+def _damaged_header(
+    wal: Any, page_size: int, salts: tuple[int, int], checksum: tuple[int, int]
+) -> tuple[int, bool] | None:
     """The page size and byte order of a damaged header: the only ones under which frame 1
-    carries the header's salts and the checksum seeded with the header's stored one (either
-    byte order: a flipped low bit of the magic number makes it the other valid one; the
-    stored page size when it is valid); None when not exactly one fits."""
-    _magic, _version, page_size, _seq, salt1, salt2, c0, c1 = _WAL_HEADER.unpack(header)
+    carries the header's ``salts`` and the checksum seeded with its stored ``checksum``
+    (either byte order: a flipped low bit of the magic number makes it the other valid one;
+    the stored ``page_size`` when it is valid); None when not exactly one fits."""
     sizes = (page_size,) if page_size in _PAGE_SIZES else _PAGE_SIZES
     fits: list[tuple[int, bool]] = []
     for size in sizes:
@@ -743,10 +744,10 @@ def _damaged_header(wal: Any, header: bytes) -> tuple[int, bool] | None:
         if len(frame) < 24 + size:
             continue
         pgno, _db_size, f_salt1, f_salt2, f0, f1 = _FRAME_HEADER.unpack_from(frame)
-        if not pgno or (f_salt1, f_salt2) != (salt1, salt2):
+        if not pgno or (f_salt1, f_salt2) != salts:
             continue
         fits += [(size, big) for big in (False, True)
-                 if _wal_checksum(frame[24:], *_wal_checksum(frame[:8], c0, c1, big), big)
+                 if _wal_checksum(frame[24:], *_wal_checksum(frame[:8], *checksum, big), big)
                  == (f0, f1)]
     wal.seek(32)
     return fits[0] if len(fits) == 1 else None
